@@ -1,0 +1,209 @@
+"""Save and resume full training state, atomically; load only plain data.
+
+A checkpoint is one file ``checkpoints/epoch-NNNNNN.pt`` written by rank 0 through a
+temporary file, fsync and rename: it is complete or absent. It holds the model (no
+``module.`` prefix), the optimizer, the number of finished epochs, every rank's RNG
+states and the config. Files load with ``weights_only=True``: a checkpoint cannot run code.
+"""
+from __future__ import annotations
+
+import os
+import pickle
+import random
+import re
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from .errors import DdpkitError
+
+FORMAT = "ddpkit-checkpoint"
+VERSION = 1
+CKPT_DIR = "checkpoints"
+_NAME = re.compile(r"^epoch-(\d+)\.pt$")
+
+
+def atomic_save(obj: Any, path: str | os.PathLike) -> Path:
+    """torch.save to a temporary file in the same folder, fsync, then rename over `path`."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            torch.save(obj, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+        dir_fd = os.open(path.parent, os.O_RDONLY)
+        try:
+            os.fsync(dir_fd)
+        finally:
+            os.close(dir_fd)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        raise
+    return path
+
+
+def load_file(path: str | os.PathLike) -> Any:
+    """torch.load with weights_only=True; anything unreadable becomes a DdpkitError naming the file."""
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except FileNotFoundError:
+        raise DdpkitError(f"{path}: no such file") from None
+    except pickle.UnpicklingError as e:
+        raise DdpkitError(f"{path}: refused to load: it is not plain data ({_first_line(e)})") from None
+    except Exception as e:  # garbage makes the unpickler fail in many ways (IndexError, EOFError, ...)
+        raise DdpkitError(f"{path}: not a readable checkpoint, truncated or corrupt ({_first_line(e)})") from None
+
+
+def _first_line(e: BaseException) -> str:
+    lines = str(e).strip().splitlines()
+    return lines[0][:200] if lines else type(e).__name__
+
+
+def save_state(path: str | os.PathLike, model: nn.Module, optimizer: torch.optim.Optimizer | None = None, **extra: Any) -> Path:
+    """For own loops: model (unwrapped, no `module.` prefix), optimizer and plain extras."""
+    from .parallel import plain_state_dict
+
+    state = {"format": "ddpkit-state", "model": plain_state_dict(model), "extra": extra}
+    if optimizer is not None:
+        state["optimizer"] = optimizer.state_dict()
+    return atomic_save(state, path)
+
+
+def load_state(path: str | os.PathLike, model: nn.Module, optimizer: torch.optim.Optimizer | None = None) -> dict[str, Any]:
+    """Restore what save_state wrote; returns the extras. Mismatches are DdpkitErrors."""
+    from .parallel import unwrap
+
+    state = load_file(path)
+    if not isinstance(state, dict) or state.get("format") != "ddpkit-state":
+        raise DdpkitError(f"{path}: not a file written by ddpkit's save (Runtime.save / save_state)")
+    target = unwrap(model)
+    want, have = model_signature(target.state_dict()), model_signature(state["model"])
+    if want != have:
+        raise DdpkitError(f"{path}: saved model does not match this model (different parameter names or shapes)")
+    target.load_state_dict(state["model"])
+    if optimizer is not None:
+        if "optimizer" not in state:
+            raise DdpkitError(f"{path}: holds no optimizer state")
+        optimizer.load_state_dict(state["optimizer"])
+    return state.get("extra", {})
+
+
+def rng_state() -> dict[str, Any]:
+    """This process's random states, as tensors and plain Python values only."""
+    np_state = np.random.get_state()
+    state: dict[str, Any] = {
+        "torch": torch.get_rng_state(),
+        "python": random.getstate(),
+        "numpy": {"name": np_state[0], "keys": torch.from_numpy(np_state[1].astype(np.int64)),
+                  "pos": int(np_state[2]), "has_gauss": int(np_state[3]), "gauss": float(np_state[4])},
+    }
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        state["cuda"] = torch.cuda.get_rng_state()
+    return state
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    torch.set_rng_state(state["torch"])
+    py = state["python"]
+    random.setstate((py[0], tuple(py[1]), py[2]))
+    n = state["numpy"]
+    np.random.set_state((n["name"], n["keys"].numpy().astype(np.uint32), n["pos"], n["has_gauss"], n["gauss"]))
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state(state["cuda"])
+
+
+def model_signature(state_dict: dict[str, torch.Tensor]) -> dict[str, list[int]]:
+    return {k: list(v.shape) for k, v in state_dict.items()}
+
+
+def checkpoint_path(run_dir: str | os.PathLike, epoch: int) -> Path:
+    return Path(run_dir) / CKPT_DIR / f"epoch-{epoch:06d}.pt"
+
+
+def list_checkpoints(run_dir: str | os.PathLike) -> list[tuple[int, Path]]:
+    """(epoch, path) of every checkpoint file in the run, newest first (temporaries ignored)."""
+    folder = Path(run_dir) / CKPT_DIR
+    if not folder.is_dir():
+        return []
+    found = [(int(m.group(1)), p) for p in folder.iterdir() if (m := _NAME.match(p.name))]
+    return sorted(found, reverse=True)
+
+
+def make_checkpoint(
+    model_state: dict[str, torch.Tensor],
+    optimizer_state: dict[str, Any],
+    epoch: int,
+    rng_states: list[dict[str, Any]],
+    config: dict[str, Any],
+    world_size: int,
+) -> dict[str, Any]:
+    return {
+        "format": FORMAT,
+        "version": VERSION,
+        "epoch": epoch,
+        "model": model_state,
+        "optimizer": optimizer_state,
+        "rng": rng_states,
+        "sampler_epoch": epoch,
+        "world_size": world_size,
+        "config": config,
+        "model_signature": model_signature(model_state),
+    }
+
+
+def validate_checkpoint(ckpt: Any, path: Path, model: nn.Module, optimizer: torch.optim.Optimizer | None) -> None:
+    """Refuse a checkpoint that is not ddpkit's or does not fit this model/optimizer."""
+    if not isinstance(ckpt, dict) or ckpt.get("format") != FORMAT:
+        raise DdpkitError(f"{path}: not a ddpkit checkpoint (a plain state_dict? load it with torch.load instead)")
+    if ckpt.get("version") != VERSION:
+        raise DdpkitError(f"{path}: checkpoint version {ckpt.get('version')} is not supported (this ddpkit writes {VERSION})")
+    want = model_signature(model.state_dict())
+    have = ckpt["model"] and model_signature(ckpt["model"])
+    if want != have:
+        missing = sorted(set(want) - set(have))[:3]
+        extra = sorted(set(have) - set(want))[:3]
+        shapes = [f"{k}: {have[k]} vs {want[k]}" for k in want if k in have and have[k] != want[k]][:3]
+        detail = "; ".join(
+            s for s in (
+                f"missing {missing}" if missing else "",
+                f"unexpected {extra}" if extra else "",
+                f"shape mismatch {shapes}" if shapes else "",
+            ) if s
+        )
+        raise DdpkitError(f"{path}: checkpoint is of a different model ({detail}); use another --run-dir or the matching task")
+    if optimizer is not None:
+        saved_groups = ckpt["optimizer"].get("param_groups", [])
+        if [len(g["params"]) for g in saved_groups] != [len(g["params"]) for g in optimizer.param_groups]:
+            raise DdpkitError(f"{path}: checkpoint's optimizer has different parameter groups than this task's optimizer")
+
+
+def find_resumable(run_dir: str | os.PathLike, model: nn.Module, optimizer: torch.optim.Optimizer | None) -> tuple[dict[str, Any], Path, list[str]]:
+    """The newest checkpoint that loads and fits; the reasons newer ones were skipped."""
+    candidates = list_checkpoints(run_dir)
+    if not candidates:
+        raise DdpkitError(
+            f"--resume: no checkpoint in {Path(run_dir) / CKPT_DIR}; run without --resume to start fresh"
+        )
+    skipped: list[str] = []
+    last_error: DdpkitError | None = None
+    for _, path in candidates:
+        try:
+            ckpt = load_file(path)
+            validate_checkpoint(ckpt, path, model, optimizer)
+            return ckpt, path, skipped
+        except DdpkitError as e:
+            skipped.append(str(e))
+            last_error = e
+    raise DdpkitError(
+        f"--resume: no usable checkpoint in {Path(run_dir) / CKPT_DIR}: " + " | ".join(skipped)
+    ) from last_error

@@ -1,0 +1,120 @@
+"""Command line: argument parsing only; every command calls the Python API."""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from typing import Any, Sequence
+
+from .errors import DdpkitError
+
+TRAIN_HELP = """Train a task with DDP over local worker processes (or as one worker, when started by
+torchrun / srun). TASK is a built-in (wine, digits), MODULE:FUNCTION or path/to/file.py:FUNCTION;
+the function returns ddpkit.Task(model=, train_set=, optimizer=, [eval_set=, loss_fn=, metric=])."""
+
+LAUNCH_HELP = """Run any script on N local worker processes, with the environment torchrun gives
+(RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT, ...). In the script,
+`rt = ddpkit.init()` joins the job; the same script runs unchanged under torchrun."""
+
+
+def _nproc(value: str) -> int | None:
+    if value == "auto":
+        return None
+    try:
+        n = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a positive integer or 'auto', got {value!r}") from None
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"must be a positive integer or 'auto', got {value!r}")
+    return n
+
+
+def _add_process_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--nproc", "--nproc-per-node", dest="nproc", type=_nproc, default=None, metavar="N|auto",
+                   help="worker processes on this node (default auto: one per GPU; 2 on a machine without GPUs)")
+    p.add_argument("--max-restarts", type=int, default=0, help="restart all workers this many times after a failure (default 0)")
+    p.add_argument("--threads", type=int, default=None, help="CPU threads per process (default: cores / processes)")
+    p.add_argument("--start-method", choices=("auto", "fork", "spawn"), default="auto",
+                   help="how workers are created: fork (fast, CPU only) or spawn (default auto: fork on CPU, spawn with GPUs)")
+    p.add_argument("--timeout", type=float, default=300.0,
+                   help="seconds any collective or rendezvous may wait before the job fails instead of hanging (default 300)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="ddpkit",
+        description="Run a PyTorch training task on one process, every GPU of a node, or many nodes, with DDP.",
+    )
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+
+    t = sub.add_parser("train", help="train a task (default: the guide's Wine task)", description=TRAIN_HELP)
+    t.add_argument("task", nargs="?", default="wine", help="wine (default), digits, MODULE:FUNCTION or FILE.py:FUNCTION")
+    _add_process_flags(t)
+    t.add_argument("--epochs", type=int, default=100, help="epochs to train (default 100)")
+    t.add_argument("--batch-size", type=int, default=32, help="batch size PER PROCESS, as in the guide; the global batch is nproc x this (default 32)")
+    t.add_argument("--lr", type=float, default=None, help="learning rate (default: the task's own; Wine: 1e-3)")
+    t.add_argument("--seed", type=int, default=0, help="seed for the model and the sample order; same seed = same result at any --nproc (default 0)")
+    t.add_argument("--no-shuffle", dest="shuffle", action="store_false", help="train in data-set order")
+    t.add_argument("--save-every", type=int, default=50, help="write a full checkpoint every N epochs, and at the end; 0 = final model only (default 50)")
+    t.add_argument("--eval-every", type=int, default=1, help="evaluate the held-out split every N epochs (default 1)")
+    t.add_argument("--run-dir", default=None, help="where model.pt, metrics.jsonl and checkpoints/ go (default runs/TASK-TIME)")
+    t.add_argument("--resume", action="store_true", help="continue from the newest valid checkpoint in --run-dir")
+    t.add_argument("--backend", choices=("auto", "gloo", "nccl"), default="auto", help="process-group backend (default auto: nccl with GPUs, gloo on CPU)")
+    t.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto", help="device (default auto: cuda when a GPU is visible)")
+    t.add_argument("--num-workers", type=int, default=0, help="DataLoader worker processes per rank for data sets that are not in-memory tensors (default 0)")
+    t.add_argument("--quiet", action="store_true", help="no per-epoch progress or summary; only errors (the run directory still gets everything)")
+    t.add_argument("--verbose", action="store_true", help="show the elastic agent's own logs (rendezvous, restarts, failures)")
+
+    la = sub.add_parser("launch", help="run any script on N local workers (like torchrun)", description=LAUNCH_HELP)
+    _add_process_flags(la)
+    la.add_argument("-m", dest="module", action="store_true", help="run SCRIPT as a module (python -m SCRIPT)")
+    la.add_argument("script", help="the script (or module with -m) to run in every worker")
+    la.add_argument("args", nargs=argparse.REMAINDER, help="arguments passed to the script")
+    return parser
+
+
+def train_config(ns: argparse.Namespace) -> Any:
+    from .config import RunConfig
+
+    return RunConfig(
+        task=ns.task, nproc=ns.nproc, epochs=ns.epochs, batch_size=ns.batch_size, lr=ns.lr, seed=ns.seed,
+        shuffle=ns.shuffle, save_every=ns.save_every, eval_every=ns.eval_every, run_dir=ns.run_dir,
+        resume=ns.resume, backend=ns.backend, device=ns.device, timeout=ns.timeout, threads=ns.threads,
+        start_method=ns.start_method, max_restarts=ns.max_restarts, num_workers=ns.num_workers,
+        quiet=ns.quiet, verbose=ns.verbose,
+    )
+
+
+def cmd_train(ns: argparse.Namespace) -> int:
+    from .api import train
+
+    train(train_config(ns), _clean_parent=True)
+    return 0
+
+
+def cmd_launch(ns: argparse.Namespace) -> int:
+    from .api import launch
+
+    argv = (["-m", ns.script] if ns.module else [ns.script]) + list(ns.args)
+    return launch(argv, nproc=ns.nproc, max_restarts=ns.max_restarts, threads=ns.threads, timeout=ns.timeout)
+
+
+COMMANDS = {"train": cmd_train, "launch": cmd_launch}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    os.environ.setdefault("DDPKIT_LAUNCH_TIME", repr(time.time()))
+    parser = build_parser()
+    ns = parser.parse_args(argv)
+    if ns.command is None:
+        parser.print_help()
+        return 2
+    try:
+        return COMMANDS[ns.command](ns)
+    except DdpkitError as e:
+        print(f"ddpkit: error: {e}", file=sys.stderr, flush=True)
+        return 2
+    except KeyboardInterrupt:
+        print("ddpkit: interrupted", file=sys.stderr, flush=True)
+        return 130

@@ -1,0 +1,1 @@
+"""Launchers: how many processes, where. Each starts workers; none trains."""

@@ -1,0 +1,119 @@
+"""Start workers on this node with torch's own elastic agent (what torchrun runs).
+
+Rendezvous is c10d on a port the OS picks (never a fixed 12355), with the rendezvous store
+kept apart from the workers' store (TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1): in torch 2.13
+that is the configuration in which restarts after a worker failure work.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import sys
+import tempfile
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from ..errors import DdpkitError
+
+ERROR_DIR_VAR = "DDPKIT_ERROR_DIR"
+
+
+@dataclass
+class LaunchPlan:
+    """Where the workers of this node go and how they meet."""
+
+    nproc_per_node: int
+    nnodes: str = "1"  # "N" or "MIN:MAX"
+    node_rank: int | None = None  # static rendezvous only
+    rdzv_backend: str = "c10d"
+    rdzv_endpoint: str = "127.0.0.1:0"
+    rdzv_id: str = field(default_factory=lambda: uuid.uuid4().hex[:16])
+    rdzv_configs: dict[str, Any] = field(default_factory=dict)
+    local_addr: str | None = "127.0.0.1"
+    max_restarts: int = 0
+    start_method: str = "spawn"
+    timeout: float = 300.0
+    threads_per_process: int = 1
+
+    @property
+    def min_nodes(self) -> int:
+        return int(self.nnodes.split(":")[0])
+
+    @property
+    def max_nodes(self) -> int:
+        return int(self.nnodes.split(":")[-1])
+
+
+def run_elastic(plan: LaunchPlan, entrypoint: Callable[..., Any] | str, args: list[Any], env: dict[str, str] | None = None,
+                verbose: bool = False) -> dict[int, Any]:
+    """Run `entrypoint(*args)` (a function, or an executable path) in nproc workers.
+    Returns each local rank's return value. A worker's DdpkitError becomes ours; any other
+    failure becomes a DdpkitError that names the rank and exit code. Workers never outlive
+    this call: the agent stops the whole group when one fails or on SIGINT/SIGTERM."""
+    from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, Std
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.launcher.api import LaunchConfig, elastic_launch
+
+    scratch = Path(tempfile.mkdtemp(prefix="ddpkit-"))
+    errors = scratch / "errors"
+    errors.mkdir()
+    saved_env = dict(os.environ)
+    os.environ.update(env or {})
+    os.environ[ERROR_DIR_VAR] = str(errors)
+    os.environ["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"
+    os.environ["OMP_NUM_THREADS"] = str(plan.threads_per_process)
+    rdzv_configs = {"join_timeout": int(plan.timeout), **plan.rdzv_configs}
+    if plan.rdzv_backend == "static":
+        rdzv_configs["rank"] = plan.node_rank
+    config = LaunchConfig(
+        min_nodes=plan.min_nodes,
+        max_nodes=plan.max_nodes,
+        nproc_per_node=plan.nproc_per_node,
+        run_id=plan.rdzv_id,
+        rdzv_backend=plan.rdzv_backend,
+        rdzv_endpoint=plan.rdzv_endpoint,
+        rdzv_configs=rdzv_configs,
+        rdzv_timeout=int(plan.timeout),
+        max_restarts=plan.max_restarts,
+        monitor_interval=0.1,
+        start_method=plan.start_method,
+        logs_specs=DefaultLogsSpecs(log_dir=str(scratch / "logs"), redirects=Std.NONE, tee=Std.NONE),
+        local_addr=plan.local_addr,
+    )
+    # The agent logs every failure with a traceback at ERROR level; ddpkit reports failures
+    # itself (one line, plus the failing rank's own traceback), so keep the agent quiet.
+    agent_log = logging.getLogger("torch.distributed.elastic")
+    saved_level = agent_log.level
+    if not verbose:
+        agent_log.setLevel(logging.CRITICAL)
+    try:
+        return elastic_launch(config, entrypoint)(*args)
+    except ChildFailedError as e:
+        raise DdpkitError(_failure_message(e, errors)) from None
+    finally:
+        agent_log.setLevel(saved_level)
+        os.environ.clear()
+        os.environ.update(saved_env)
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
+def _failure_message(e: Any, errors: Path) -> str:
+    user_errors = sorted(errors.glob("rank-*.txt"), key=lambda p: int(p.stem.split("-")[1]))
+    if user_errors:
+        return user_errors[0].read_text().strip()
+    rank, failure = e.get_first_failure()
+    how = f"was killed by signal {-failure.exitcode}" if failure.exitcode < 0 else f"exited with code {failure.exitcode}"
+    return f"worker rank {rank} {how}; the other workers were stopped (see its output above)"
+
+
+def start_method_for(requested: str, device_type: str, clean_parent: bool) -> str:
+    """fork is ~2 s faster per run (torch is already imported), but is only safe while the
+    parent has touched neither CUDA nor OpenMP (a forked child inherits a broken thread
+    pool). So 'auto' forks only for CPU runs from a parent known to be clean (the CLI);
+    GPU runs and the Python API, called from anyone's process, spawn."""
+    if requested != "auto":
+        return requested
+    return "fork" if clean_parent and device_type == "cpu" and sys.platform == "linux" else "spawn"

@@ -1,0 +1,149 @@
+"""A training task: what the user's function builds (model, data, optimizer, loss, metric).
+
+A task function is named as a built-in (``wine``), ``package.module:function`` or
+``path/to/file.py:function``. It is called in every worker after the seed is set, so every
+rank builds the same model. It may take no argument, or one: the RunConfig.
+"""
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import inspect
+import os
+import sys
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import torch
+from torch import nn
+
+from .errors import DdpkitError
+
+BUILTIN_TASKS = {
+    "wine": "ddpkit.tasks.wine:build",
+    "digits": "ddpkit.tasks.digits:build",
+}
+
+OptimizerSpec = torch.optim.Optimizer | Callable[..., torch.optim.Optimizer]
+Metric = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+@dataclass
+class Task:
+    """What one training run needs. `metric(outputs, targets)` returns the batch's SUM
+    (e.g. the number of correct predictions); ddpkit divides by the sample count."""
+
+    model: nn.Module
+    train_set: Any
+    optimizer: OptimizerSpec
+    eval_set: Any = None
+    loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None
+    metric: Metric | None = None
+    metric_name: str = "accuracy"
+
+
+def accuracy_sum(outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """Number of correct class predictions in a batch."""
+    return (outputs.argmax(dim=-1) == targets).sum()
+
+
+def load_task_function(spec: str) -> Callable[..., Any]:
+    """Find the function a task spec names; errors say how to name it right."""
+    target = BUILTIN_TASKS.get(spec, spec)
+    if ":" not in target:
+        raise DdpkitError(
+            f"unknown task {spec!r}: use a built-in ({', '.join(BUILTIN_TASKS)}), "
+            "MODULE:FUNCTION or path/to/file.py:FUNCTION"
+        )
+    where, _, name = target.rpartition(":")
+    if where.endswith(".py") or os.sep in where:
+        path = os.path.abspath(where)
+        if not os.path.isfile(path):
+            raise DdpkitError(f"task file {where!r} does not exist")
+        mod_name = "ddpkit_user_task_" + os.path.splitext(os.path.basename(path))[0]
+        module = sys.modules.get(mod_name)
+        if module is None or getattr(module, "__file__", None) != path:
+            file_spec = importlib.util.spec_from_file_location(mod_name, path)
+            assert file_spec and file_spec.loader
+            module = importlib.util.module_from_spec(file_spec)
+            sys.modules[mod_name] = module
+            sys.path.insert(0, os.path.dirname(path))  # let the file import its neighbours
+            file_spec.loader.exec_module(module)
+    else:
+        if os.getcwd() not in sys.path and "" not in sys.path:
+            sys.path.insert(0, os.getcwd())
+        try:
+            module = importlib.import_module(where)
+        except ModuleNotFoundError as e:
+            if e.name and where.startswith(e.name) or e.name == where:
+                raise DdpkitError(
+                    f"task module {where!r} not found: check the name, or run from the folder that holds it"
+                ) from None
+            raise
+    fn = getattr(module, name, None)
+    if fn is None or not callable(fn):
+        raise DdpkitError(f"task {spec!r}: {where} has no function {name!r}")
+    return fn
+
+
+def build_task(spec: str, config: Any = None) -> Task:
+    """Call the task function and check what it returned."""
+    fn = load_task_function(spec)
+    try:
+        takes_arg = len(inspect.signature(fn).parameters) > 0
+    except (TypeError, ValueError):
+        takes_arg = False
+    built = fn(config) if takes_arg else fn()
+    return as_task(built, spec)
+
+
+def as_task(built: Any, spec: str = "task") -> Task:
+    """Accept a Task, a dict of its fields, or the guide's (train_set, model, optimizer)."""
+    if isinstance(built, Task):
+        task = built
+    elif isinstance(built, dict):
+        unknown = set(built) - set(Task.__dataclass_fields__)
+        if unknown:
+            raise DdpkitError(f"task {spec!r} returned unknown keys {sorted(unknown)}; allowed: {sorted(Task.__dataclass_fields__)}")
+        missing = {"model", "train_set", "optimizer"} - set(built)
+        if missing:
+            raise DdpkitError(f"task {spec!r} returned a dict without {sorted(missing)}")
+        task = Task(**built)
+    elif isinstance(built, (tuple, list)) and len(built) == 3:
+        train_set, model, optimizer = built
+        task = Task(model=model, train_set=train_set, optimizer=optimizer)
+    else:
+        raise DdpkitError(
+            f"task {spec!r} returned {type(built).__name__}; return ddpkit.Task(...), a dict with "
+            "model/train_set/optimizer (optionally eval_set, loss_fn, metric), or (train_set, model, optimizer)"
+        )
+    if not isinstance(task.model, nn.Module):
+        raise DdpkitError(f"task {spec!r}: model must be a torch.nn.Module, got {type(task.model).__name__}")
+    for name in ("train_set", "eval_set"):
+        ds = getattr(task, name)
+        if ds is None and name == "eval_set":
+            continue
+        if not (hasattr(ds, "__len__") and hasattr(ds, "__getitem__")):
+            raise DdpkitError(f"task {spec!r}: {name} must be a map-style data set (with __len__ and __getitem__), got {type(ds).__name__}")
+        if len(ds) == 0:
+            raise DdpkitError(f"task {spec!r}: {name} is empty")
+    if not (isinstance(task.optimizer, torch.optim.Optimizer) or callable(task.optimizer)):
+        raise DdpkitError(f"task {spec!r}: optimizer must be a torch.optim.Optimizer or a function of the parameters")
+    return task
+
+
+def make_optimizer(task: Task, model: nn.Module, lr: float | None) -> torch.optim.Optimizer:
+    """The task's optimizer over `model`'s parameters, with --lr applied when given."""
+    opt = task.optimizer
+    if not isinstance(opt, torch.optim.Optimizer):
+        opt = opt(model.parameters())
+        if not isinstance(opt, torch.optim.Optimizer):
+            raise DdpkitError("the task's optimizer function must return a torch.optim.Optimizer")
+    else:
+        own = {id(p) for p in model.parameters()}
+        if not any(id(p) in own for g in opt.param_groups for p in g["params"]):
+            raise DdpkitError("the task's optimizer does not optimise the task's model parameters")
+    if lr is not None:
+        for group in opt.param_groups:
+            group["lr"] = lr
+    return opt

@@ -1,0 +1,184 @@
+"""The training loop: the same on 1 or N ranks, whoever started the processes.
+
+Reads like the guide's Trainer: for each epoch, set the epoch on the sampler, step through
+this rank's batches, average the loss across ranks, evaluate, checkpoint. The differences
+are the guide's bugs fixed: the global loss is printed (not rank 0's shard), evaluation
+counts every sample once, checkpoints hold the full state and are written atomically.
+"""
+from __future__ import annotations
+
+import math
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from . import checkpoint as ckpt_io
+from .config import RunConfig
+from .data import ShardedLoader, eval_batches
+from .errors import DdpkitError
+from .metrics import MetricsLog
+from .parallel import plain_state_dict, unwrap, wrap_model
+from .runtime import Runtime, all_sum
+from .task import Task, accuracy_sum, make_optimizer
+
+
+def fit(cfg: RunConfig, task: Task, rt: Runtime, run_dir: Path, should_stop: Callable[[], bool] | None = None) -> dict[str, Any]:
+    """Train `task` as `cfg` says; returns the run's summary (the same on every rank)."""
+    loss_fn = task.loss_fn or nn.CrossEntropyLoss()
+    metric = task.metric or (accuracy_sum if isinstance(loss_fn, nn.CrossEntropyLoss) else None)
+    model = task.model.to(rt.device)  # before the optimizer, so its state lands on the device
+    optimizer = make_optimizer(task, model, cfg.lr)
+    start_epoch = 0
+    if cfg.resume:
+        start_epoch = _resume(cfg, rt, run_dir, model, optimizer)
+    ddp_model = wrap_model(model, rt)
+    log = MetricsLog(run_dir, enabled=rt.is_main, keep_until_epoch=start_epoch)
+    loader = ShardedLoader(task.train_set, cfg.batch_size, rt.rank, rt.world_size, cfg.seed, cfg.shuffle, num_workers=cfg.num_workers)
+    n_train = loader.n
+    world = rt.world_size
+    last: dict[str, Any] = {}
+    train_time = 0.0
+    samples = 0
+    stopped_early = False
+    for epoch in range(start_epoch, cfg.epochs):
+        loader.set_epoch(epoch)
+        ddp_model.train()
+        loss_sum = torch.zeros((), dtype=torch.float64, device=rt.device)
+        t0 = time.perf_counter()
+        for step, (batch, n_local, n_global) in enumerate(loader.iter_steps()):
+            *inputs, target = _to_device(batch, rt.device)
+            out = ddp_model(*inputs)
+            if n_local:
+                loss = loss_fn(out, target)
+                # Weight by this rank's share so DDP's average is the mean over the global batch.
+                scale = n_local * world / n_global
+                (loss if scale == 1.0 else loss * scale).backward()
+                loss_sum += loss.detach().double() * n_local
+            else:  # no sample for this rank in a short last batch: join the gradient sync with zeros
+                (_first_tensor(out).sum() * 0.0).backward()
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+        train_loss = all_sum(loss_sum).item() / n_train
+        epoch_s = time.perf_counter() - t0
+        train_time += epoch_s
+        samples += n_train
+        if not math.isfinite(train_loss):
+            raise DdpkitError(f"the training loss is {train_loss} in epoch {epoch + 1}; no checkpoint of these weights was written (lower --lr?)")
+        record: dict[str, Any] = {"epoch": epoch + 1, "train_loss": train_loss}
+        if task.eval_set is not None and ((epoch + 1) % cfg.eval_every == 0 or epoch + 1 == cfg.epochs):
+            record.update(evaluate(ddp_model, task.eval_set, loss_fn, metric, task.metric_name, rt, cfg))
+        record.update(epoch_s=round(epoch_s, 6), samples_per_s=round(n_train / epoch_s, 2) if epoch_s > 0 else None,
+                      lr=optimizer.param_groups[0]["lr"])
+        log.write(record)
+        last = record
+        if not cfg.quiet:
+            rt.print(_epoch_line(record, cfg.epochs))
+        stop = bool(should_stop and should_stop())
+        done = epoch + 1 == cfg.epochs
+        if cfg.save_every and ((epoch + 1) % cfg.save_every == 0 or done or stop):
+            save_checkpoint(rt, run_dir, ddp_model, optimizer, epoch + 1, cfg)
+        if stop and not done:
+            stopped_early = True
+            break
+    if rt.is_main and not stopped_early:
+        ckpt_io.atomic_save(plain_state_dict(ddp_model), run_dir / "model.pt")
+    return {
+        "epochs_done": last.get("epoch", start_epoch),
+        "train_loss": last.get("train_loss"),
+        "eval_loss": last.get("eval_loss"),
+        f"eval_{task.metric_name}": last.get(f"eval_{task.metric_name}"),
+        "train_s": train_time,
+        "samples_per_s": samples / train_time if train_time > 0 else None,
+        "resumed_from_epoch": start_epoch,
+        "stopped_early": stopped_early,
+    }
+
+
+def evaluate(model: nn.Module, dataset: Any, loss_fn: Callable, metric: Callable | None, metric_name: str,
+             rt: Runtime, cfg: RunConfig) -> dict[str, float]:
+    """Loss (and metric) over the whole eval set, each sample counted exactly once."""
+    module = unwrap(model)  # no DDP forward: ranks may run different numbers of eval batches
+    was_training = module.training
+    module.eval()
+    sums = torch.zeros(3, dtype=torch.float64, device=rt.device)  # loss, metric, count
+    with torch.no_grad():
+        for batch in eval_batches(dataset, cfg.batch_size, rt.rank, rt.world_size, cfg.num_workers):
+            *inputs, target = _to_device(batch, rt.device)
+            out = module(*inputs)
+            n = len(target)
+            sums[0] += loss_fn(out, target).double() * n
+            if metric is not None:
+                sums[1] += torch.as_tensor(metric(out, target), dtype=torch.float64, device=rt.device)
+            sums[2] += n
+    module.train(was_training)
+    total = all_sum(sums)
+    count = total[2].item()
+    result = {"eval_loss": total[0].item() / count}
+    if metric is not None:
+        result[f"eval_{metric_name}"] = total[1].item() / count
+    return result
+
+
+def save_checkpoint(rt: Runtime, run_dir: Path, model: nn.Module, optimizer: torch.optim.Optimizer, epoch: int, cfg: RunConfig) -> None:
+    """Rank 0 writes the full state; every rank contributes its RNG state."""
+    states = [ckpt_io.rng_state()]
+    if dist.is_initialized() and rt.world_size > 1:
+        gathered: list[Any] = [None] * rt.world_size
+        dist.all_gather_object(gathered, states[0])
+        states = gathered
+    if rt.is_main:
+        state = ckpt_io.make_checkpoint(plain_state_dict(model), optimizer.state_dict(), epoch, states, cfg.as_dict(), rt.world_size)
+        ckpt_io.atomic_save(state, ckpt_io.checkpoint_path(run_dir, epoch))
+
+
+def _resume(cfg: RunConfig, rt: Runtime, run_dir: Path, model: nn.Module, optimizer: torch.optim.Optimizer) -> int:
+    """Rank 0 finds the newest valid checkpoint and sends it to all ranks (no shared disk needed)."""
+    message: list[Any] = [None]
+    if rt.is_main:
+        try:
+            ckpt, path, skipped = ckpt_io.find_resumable(run_dir, model, optimizer)
+            for reason in skipped:
+                print(f"ddpkit: skipping checkpoint: {reason}", flush=True)
+            message = [("ok", ckpt, str(path))]
+        except DdpkitError as e:
+            message = [("error", str(e), None)]
+    if dist.is_initialized() and rt.world_size > 1:
+        dist.broadcast_object_list(message, src=0)
+    status, payload, path = message[0]
+    if status == "error":
+        raise DdpkitError(payload)
+    ckpt = payload
+    model.load_state_dict(ckpt["model"])
+    optimizer.load_state_dict(ckpt["optimizer"])
+    rngs = ckpt["rng"]
+    ckpt_io.set_rng_state(rngs[rt.rank] if len(rngs) == rt.world_size else rngs[0])
+    if not cfg.quiet:
+        rt.print(f"ddpkit: resuming from {path} (epoch {ckpt['epoch']} done)")
+    return int(ckpt["epoch"])
+
+
+def _to_device(batch: Any, device: torch.device) -> list[Any]:
+    if not isinstance(batch, (list, tuple)) or len(batch) < 2:
+        raise DdpkitError("each item of the training set must be (inputs..., target); got a single value")
+    if device.type == "cpu":
+        return list(batch)
+    return [b.to(device, non_blocking=True) if isinstance(b, torch.Tensor) else b for b in batch]
+
+
+def _first_tensor(out: Any) -> torch.Tensor:
+    if isinstance(out, torch.Tensor):
+        return out
+    if isinstance(out, dict):
+        out = list(out.values())
+    return next(o for o in out if isinstance(o, torch.Tensor))
+
+
+def _epoch_line(r: dict[str, Any], epochs: int) -> str:
+    width = len(str(epochs))
+    parts = [f"epoch {r['epoch']:>{width}}/{epochs}", f"train_loss {r['train_loss']:.4f}"]
+    parts += [f"{k} {v:.4f}" for k, v in r.items() if k.startswith("eval_")]
+    return "  ".join(parts)

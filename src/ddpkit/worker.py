@@ -1,0 +1,103 @@
+"""What runs in every worker process of `ddpkit train`, whoever started it."""
+from __future__ import annotations
+
+import json
+import os
+import random
+import sys
+import traceback
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from .config import RunConfig
+from .env import DistEnv
+from .errors import DdpkitError
+from .runtime import Runtime
+from .task import build_task
+from .trainer import fit
+
+ERROR_DIR_VAR = "DDPKIT_ERROR_DIR"
+LAUNCH_TIME_VAR = "DDPKIT_LAUNCH_TIME"
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+def train_worker(config: dict[str, Any]) -> dict[str, Any]:
+    """Entry point of one worker. Returns the run summary. A DdpkitError is also written
+    where the launcher looks for it, so the user sees one clear line, not N tracebacks."""
+    cfg = RunConfig.from_dict(config)
+    env = DistEnv.detect()
+    error_dir = os.environ.get(ERROR_DIR_VAR)
+    try:
+        return _train(cfg, env)
+    except DdpkitError as e:
+        if not error_dir:  # started by torchrun/srun/in-process: the caller reports it
+            raise
+        Path(error_dir, f"rank-{env.rank}.txt").write_text(str(e))
+        sys.exit(2)
+    except Exception:
+        if not error_dir:
+            raise
+        # One traceback, from the rank that failed; the launcher adds one line naming it.
+        print(f"[rank {env.rank}] " + traceback.format_exc(), file=sys.stderr, flush=True)
+        sys.exit(1)
+
+
+def _train(cfg: RunConfig, env: DistEnv) -> dict[str, Any]:
+    run_dir = Path(cfg.run_dir or "runs/latest")
+    with Runtime(env, cfg.device, cfg.backend, cfg.timeout, cfg.threads) as rt:
+        seed_everything(cfg.seed)  # the same model on every rank, whatever the world size
+        task = build_task(cfg.task, cfg)
+        seed_everything(cfg.seed + 1 + env.rank)  # then per-rank streams (dropout, augmentation)
+        if rt.is_main:
+            run_dir.mkdir(parents=True, exist_ok=True)
+            (run_dir / "config.json").write_text(json.dumps(cfg.as_dict(), indent=2) + "\n")
+        stats = fit(cfg, task, rt, run_dir)
+        del task  # holds the model; drop it before the process group goes
+        summary = {
+            "world_size": env.world_size,
+            "nnodes": env.nnodes,
+            "backend": rt.backend if env.distributed else "none",
+            "device": str(rt.device),
+            "batch_size": cfg.batch_size,
+            "global_batch": cfg.batch_size * env.world_size,
+            "epochs": cfg.epochs,
+            **stats,
+            "run_dir": str(run_dir),
+        }
+    launched = float(os.environ.get(LAUNCH_TIME_VAR, "0") or 0)
+    if launched:
+        summary["wall_s"] = time.time() - launched
+    if env.is_main:
+        (run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+        if not cfg.quiet or os.environ.get("DDPKIT_BENCH_RESULT"):
+            print(format_summary(summary), flush=True)
+        if os.environ.get("DDPKIT_BENCH_RESULT"):
+            print("RESULT " + json.dumps(summary), flush=True)
+    return summary
+
+
+def format_summary(s: dict[str, Any]) -> str:
+    def num(v: Any, fmt: str) -> str:
+        return "-" if v is None else format(v, fmt)
+
+    metric_key = next((k for k in s if k.startswith("eval_") and k != "eval_loss"), None)
+    lines = [
+        "ddpkit: run finished" if not s.get("stopped_early") else "ddpkit: run stopped early (checkpoint saved; continue with --resume)",
+        f"  world size   {s['world_size']} ({s['nnodes']} node{'s' if s['nnodes'] != 1 else ''}), backend {s['backend']}, device {s['device']}",
+        f"  global batch {s['global_batch']} ({s['batch_size']} per process), epochs {s['epochs_done']}/{s['epochs']}",
+        f"  train loss   {num(s['train_loss'], '.4f')}",
+    ]
+    if s.get("eval_loss") is not None:
+        lines.append(f"  eval loss    {num(s['eval_loss'], '.4f')}" + (f", {metric_key[5:]} {num(s[metric_key], '.4f')}" if metric_key else ""))
+    lines.append(f"  samples/s    {num(s['samples_per_s'], ',.0f')} (training {s['train_s']:.2f} s" + (f", wall {s['wall_s']:.2f} s)" if "wall_s" in s else ")"))
+    lines.append(f"  written to   {s['run_dir']}")
+    return "\n".join(lines)

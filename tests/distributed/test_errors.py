@@ -1,0 +1,69 @@
+"""Bad input: one line that says what was wrong and what to do, exit code 2, no worker left."""
+import os
+import subprocess
+
+import pytest
+
+from conftest import run_ddpkit
+
+BAD_TASKS = """
+import torch
+def wrong():
+    return 42
+def other_model():
+    m = torch.nn.Linear(13, 3)
+    ds = torch.utils.data.TensorDataset(torch.randn(40, 13), torch.randint(0, 3, (40,)))
+    return ds, m, torch.optim.SGD(m.parameters(), lr=0.1)
+def crashes():
+    raise RuntimeError("bug in the user's task")
+"""
+
+
+def _no_process_mentions(marker: str) -> bool:
+    out = subprocess.run(["pgrep", "-f", marker], capture_output=True, text=True).stdout.split()
+    return [p for p in out if int(p) != os.getpid()] == []
+
+
+@pytest.mark.parametrize("args, fragment", [
+    (["--nproc", "0"], "must be a positive integer"),
+    (["--nproc", "-2"], "must be a positive integer"),
+    (["--backend", "nccl"], "--backend nccl needs a CUDA GPU"),
+    (["--device", "cuda"], "--device cuda was asked for but no CUDA GPU"),
+    (["no_such_task"], "unknown task"),
+    (["no_such_module_q:build"], "not found"),
+    (["json:nope"], "has no function 'nope'"),
+    (["--resume"], "--resume needs --run-dir"),
+])
+def test_refused_before_any_worker_starts(tmp_path, args, fragment):
+    proc = run_ddpkit("train", *args, "--epochs", "1", cwd=tmp_path, check=False, timeout=60)
+    assert proc.returncode == 2
+    assert fragment in proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+@pytest.mark.parametrize("task, extra, fragment", [
+    ("bad.py:wrong", [], "returned int"),
+    ("bad.py:other_model", ["--resume", "--run-dir", "prev"], "checkpoint is of a different model"),
+    ("wine", ["--resume", "--run-dir", "empty"], "no checkpoint in"),
+])
+def test_errors_found_in_the_workers_are_one_clean_line(tmp_path, task, extra, fragment):
+    (tmp_path / "bad.py").write_text(BAD_TASKS)
+    if "prev" in extra:
+        run_ddpkit("train", "--nproc", "1", "--epochs", "1", "--quiet", "--run-dir", "prev", cwd=tmp_path)
+    proc = run_ddpkit("train", task, "--nproc", "2", "--epochs", "1", "--seed", "0", *extra,
+                      "--timeout", "30", "--threads", "1", "--eval-every", "1", cwd=tmp_path, check=False, timeout=90)
+    assert proc.returncode == 2, proc.stderr
+    assert fragment in proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert proc.stderr.strip().splitlines()[-1].startswith("ddpkit: error: ")
+
+
+def test_a_crash_in_user_code_names_the_rank_and_stops_every_worker(tmp_path):
+    (tmp_path / "bad.py").write_text(BAD_TASKS)
+    run_dir = tmp_path / f"crashrun{os.getpid()}"
+    proc = run_ddpkit("train", "bad.py:crashes", "--nproc", "2", "--run-dir", str(run_dir), cwd=tmp_path,
+                      check=False, timeout=90)
+    assert proc.returncode == 2
+    assert "bug in the user's task" in proc.stderr  # the failing rank's own traceback
+    assert "ddpkit: error: worker rank" in proc.stderr
+    assert _no_process_mentions(run_dir.name)

@@ -1,0 +1,73 @@
+import textwrap
+
+import pytest
+import torch
+from torch import nn
+from torch.utils.data import TensorDataset
+
+from ddpkit import DdpkitError, Task
+from ddpkit.task import as_task, build_task, load_task_function, make_optimizer
+
+
+def test_wine_task_is_the_guides_workload():
+    task = build_task("wine")
+    assert len(task.train_set) == 142 and len(task.eval_set) == 36
+    x, y = task.train_set.tensors
+    assert x.dtype == torch.float32 and y.dtype == torch.int64 and x.shape[1] == 13
+    # the scaler was fit on the training split only: its columns are standardised exactly
+    torch.testing.assert_close(x.mean(0), torch.zeros(13), atol=1e-5, rtol=0)
+    assert [type(m) for m in task.model] == [nn.Linear, nn.ReLU, nn.Linear]
+    assert (task.model[0].in_features, task.model[0].out_features, task.model[2].out_features) == (13, 64, 3)
+    opt = make_optimizer(task, task.model, None)
+    assert isinstance(opt, torch.optim.Adam) and opt.param_groups[0]["lr"] == 1e-3
+    assert make_optimizer(task, task.model, 0.5).param_groups[0]["lr"] == 0.5
+
+
+def test_task_from_a_file_path(tmp_path):
+    f = tmp_path / "mytask.py"
+    f.write_text(textwrap.dedent("""
+        import torch
+        def build():
+            m = torch.nn.Linear(2, 2)
+            ds = torch.utils.data.TensorDataset(torch.zeros(4, 2), torch.zeros(4, dtype=torch.long))
+            return ds, m, torch.optim.SGD(m.parameters(), lr=0.1)
+    """))
+    task = build_task(f"{f}:build")
+    assert isinstance(task, Task) and len(task.train_set) == 4
+
+
+@pytest.mark.parametrize("spec, fragment", [
+    ("nosuch", "unknown task"),
+    ("no_such_module_xyz:build", "not found"),
+    ("json:no_such_function", "has no function"),
+    ("/does/not/exist.py:build", "does not exist"),
+])
+def test_bad_task_names(spec, fragment):
+    with pytest.raises(DdpkitError, match=fragment):
+        load_task_function(spec)
+
+
+def _parts():
+    m = nn.Linear(2, 2)
+    return m, TensorDataset(torch.zeros(4, 2), torch.zeros(4, dtype=torch.long))
+
+
+@pytest.mark.parametrize("make, fragment", [
+    (lambda m, ds: 42, "returned int"),
+    (lambda m, ds: {"model": m}, "without"),
+    (lambda m, ds: {"model": m, "train_set": ds, "optimizer": None, "bogus": 1}, "unknown keys"),
+    (lambda m, ds: {"model": "m", "train_set": ds, "optimizer": lambda p: None}, "must be a torch.nn.Module"),
+    (lambda m, ds: {"model": m, "train_set": 5, "optimizer": lambda p: None}, "map-style"),
+    (lambda m, ds: {"model": m, "train_set": [], "optimizer": lambda p: None}, "empty"),
+    (lambda m, ds: {"model": m, "train_set": ds, "optimizer": 3}, "optimizer must be"),
+])
+def test_wrong_return_values_are_explained(make, fragment):
+    with pytest.raises(DdpkitError, match=fragment):
+        as_task(make(*_parts()))
+
+
+def test_optimizer_of_another_model_is_refused():
+    m, ds = _parts()
+    task = as_task({"model": m, "train_set": ds, "optimizer": torch.optim.SGD(nn.Linear(2, 2).parameters(), lr=1)})
+    with pytest.raises(DdpkitError, match="does not optimise"):
+        make_optimizer(task, m, None)
