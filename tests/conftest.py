@@ -10,6 +10,7 @@ import pytest
 import torch
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "src"))  # this checkout's ddpkit, whatever is installed
 
 
 def run_ddpkit(*args: str, cwd: Path | str | None = None, timeout: float = 240, env: dict | None = None,
