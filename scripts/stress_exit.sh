@@ -14,7 +14,7 @@ for i in $(seq 1 "$n"); do
     ok=$((ok + 1))
   else
     rc=$?; fail=$((fail + 1))
-    echo "run $i: exit code $rc"; tail -5 "$work/log$i"
+    echo "run $i: exit code $rc"; cat "$work/log$i"
   fi
   rm -rf "$work/run$i"
 done

@@ -9,18 +9,21 @@ from typing import Any
 from .config import RunConfig
 from .env import DistEnv
 from .errors import DdpkitError
-from .launch.local import LaunchPlan, run_elastic, start_method_for
+from .launch.local import LaunchPlan, run_elastic
+from .launch.plan import describe, make_launch_plan
 from .runtime import Runtime, cuda_device_count, default_threads, resolve_backend, resolve_device_type
 
 LAUNCH_TIME_VAR = "DDPKIT_LAUNCH_TIME"
 
 
-def train(config: RunConfig | None = None, *, _clean_parent: bool = False, **overrides: Any) -> dict[str, Any]:
+def train(config: RunConfig | None = None, *, dry_run: bool = False, _clean_parent: bool = False,
+          **overrides: Any) -> dict[str, Any]:
     """Train a task with the given settings and return rank 0's summary.
 
     Inside a launcher (torchrun, `ddpkit launch`, an srun task) this process is one worker;
-    otherwise ddpkit starts the local workers itself. (`_clean_parent`: the caller, the CLI,
-    guarantees this process has run no torch op, so workers may be forked from it.)
+    otherwise ddpkit starts this node's workers itself. With dry_run, print the launch plan
+    and start nothing. (`_clean_parent`: the caller, the CLI, guarantees this process has run
+    no torch op, so workers may be forked from it.)
     """
     cfg = (config or RunConfig()).replace(**overrides) if overrides else (config or RunConfig())
     os.environ.setdefault(LAUNCH_TIME_VAR, repr(time.time()))
@@ -28,23 +31,57 @@ def train(config: RunConfig | None = None, *, _clean_parent: bool = False, **ove
 
     env = DistEnv.detect()
     if env.launcher != "single":
+        check_request_matches_launcher(cfg, env)
+        if dry_run:
+            print(describe_worker(env, cfg))
+            return {"plan": env.as_dict()}
+        if env.launcher == "slurm" and not cfg.run_dir:
+            cfg = cfg.replace(run_dir=f"runs/{_task_slug(cfg.task)}-job{os.environ.get('SLURM_JOB_ID', 'x')}")
         return train_worker(cfg.as_dict())
-    cfg = prepare_local_run(cfg)
     device_type = resolve_device_type(cfg.device)
-    resolve_backend(cfg.backend, device_type)  # refuse nccl without GPU before starting anything
+    backend = resolve_backend(cfg.backend, device_type)  # refuse nccl without GPU before starting anything
     nproc = resolve_nproc(cfg.nproc, device_type)
-    if nproc == 1 and cfg.max_restarts == 0:
+    plan = make_launch_plan(cfg, nproc, device_type, _clean_parent, cfg.threads or default_threads(nproc))
+    if dry_run:
+        print(describe(plan, backend if nproc * plan.max_nodes > 1 else "none (one process)", device_type))
+        return {"plan": plan}
+    cfg = prepare_local_run(cfg)
+    if nproc == 1 and not cfg.multi_node and not cfg.rdzv_endpoint and cfg.max_restarts == 0:
         return train_worker(cfg.as_dict())
     _check_task_exists(cfg.task)
-    plan = LaunchPlan(
-        nproc_per_node=nproc,
-        max_restarts=cfg.max_restarts,
-        start_method=start_method_for(cfg.start_method, device_type, _clean_parent),
-        timeout=cfg.timeout,
-        threads_per_process=cfg.threads or default_threads(nproc),
-    )
     results = run_elastic(plan, train_worker, [cfg.as_dict()], verbose=cfg.verbose)
-    return results[0]
+    return results.get(0, {}) if isinstance(results, dict) else results[0]
+
+
+def check_request_matches_launcher(cfg: RunConfig, env: DistEnv) -> None:
+    """Inside torchrun or srun the processes already exist: asking ddpkit to start more
+    would multiply them (the guide's GPUs-squared bug). Refuse requests that disagree."""
+    who = "srun" if env.launcher == "slurm" else "torchrun"
+    if cfg.nproc is not None and cfg.nproc != env.local_world_size:
+        fix = ("set --ntasks-per-node (one task per GPU) in the job instead" if who == "srun"
+               else "set --nproc-per-node of torchrun instead")
+        raise DdpkitError(
+            f"{who} already started {env.local_world_size} process(es) on this node, each one ddpkit worker; "
+            f"--nproc {cfg.nproc} would start more inside each: drop --nproc, or {fix}"
+        )
+    if cfg.nnodes != "1" and cfg.node_range[1] != env.nnodes:
+        raise DdpkitError(
+            f"--nnodes {cfg.nnodes} but {who} started this job on {env.nnodes} node(s): drop --nnodes, "
+            "or ask the scheduler for that many nodes (sbatch --nodes)"
+        )
+    if env.launcher == "slurm":
+        from .launch.slurm_env import check_gpus_per_node
+
+        check_gpus_per_node(env, resolve_device_type(cfg.device))
+
+
+def describe_worker(env: DistEnv, cfg: RunConfig) -> str:
+    return "\n".join([
+        f"ddpkit: started by {env.launcher} (dry run: nothing trained)",
+        f"  rank {env.rank} of world size {env.world_size}; local rank {env.local_rank} of {env.local_world_size}; node {env.node_rank} of {env.nnodes}",
+        f"  master {env.master_addr}:{env.master_port}",
+        f"  device {resolve_device_type(cfg.device)}, backend {resolve_backend(cfg.backend, resolve_device_type(cfg.device))}",
+    ])
 
 
 def resolve_nproc(nproc: int | None, device_type: str) -> int:
@@ -62,7 +99,9 @@ def resolve_nproc(nproc: int | None, device_type: str) -> int:
 def prepare_local_run(cfg: RunConfig) -> RunConfig:
     """Pick the run directory and make sure starting (or resuming) there loses nothing."""
     run_dir = Path(cfg.run_dir) if cfg.run_dir else Path("runs") / f"{_task_slug(cfg.task)}-{time.strftime('%Y%m%d-%H%M%S')}"
-    if cfg.resume:
+    if cfg.auto_resume:
+        pass  # continue whatever is there, or start fresh
+    elif cfg.resume:
         if not (run_dir / "checkpoints").is_dir():
             raise DdpkitError(f"--resume: no checkpoint in {run_dir / 'checkpoints'}; run without --resume to start fresh")
     elif (run_dir / "checkpoints").exists() or (run_dir / "model.pt").exists():
@@ -97,19 +136,22 @@ def init(device: str = "auto", backend: str = "auto", timeout: float = 300.0, th
     return Runtime(DistEnv.detect(), device=device, backend=backend, timeout=timeout, threads=threads)
 
 
-def launch(argv: list[str], nproc: int | None = None, max_restarts: int = 0, threads: int | None = None,
-           timeout: float = 300.0, device: str = "auto") -> int:
-    """Run `python ARGV...` in nproc local workers with torchrun's environment. Returns 0,
-    or raises DdpkitError naming the failed rank (all other workers are stopped)."""
+def launch(argv: list[str], config: RunConfig | None = None, *, dry_run: bool = False) -> int:
+    """Run `python ARGV...` in this node's workers with torchrun's environment (the process
+    flags of `config`: nproc, nodes, rendezvous, restarts, threads, timeout). Returns 0, or
+    raises DdpkitError naming the failed rank (all other workers are stopped)."""
     import sys
 
+    cfg = config or RunConfig()
     if not argv:
         raise DdpkitError("no script given: ddpkit launch [--nproc N] SCRIPT.py [ARGS...]")
     if argv[0] != "-m" and not os.path.isfile(argv[0]):
         raise DdpkitError(f"script {argv[0]!r} does not exist")
-    device_type = resolve_device_type(device)
-    n = resolve_nproc(nproc, device_type)
-    plan = LaunchPlan(nproc_per_node=n, max_restarts=max_restarts, start_method="spawn", timeout=timeout,
-                      threads_per_process=threads or default_threads(n))
-    run_elastic(plan, sys.executable, ["-u", *argv])
+    device_type = resolve_device_type(cfg.device)
+    n = resolve_nproc(cfg.nproc, device_type)
+    plan = make_launch_plan(cfg.replace(start_method="spawn"), n, device_type, False, cfg.threads or default_threads(n))
+    if dry_run:
+        print(describe(plan, resolve_backend(cfg.backend, device_type), device_type))
+        return 0
+    run_elastic(plan, sys.executable, ["-u", *argv], verbose=cfg.verbose)
     return 0

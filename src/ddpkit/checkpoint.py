@@ -24,7 +24,7 @@ from .errors import DdpkitError
 FORMAT = "ddpkit-checkpoint"
 VERSION = 1
 CKPT_DIR = "checkpoints"
-_NAME = re.compile(r"^epoch-(\d+)\.pt$")
+_NAME = re.compile(r"^epoch-(\d+)(?:-step-(\d+))?\.pt$")
 
 
 def atomic_save(obj: Any, path: str | os.PathLike) -> Path:
@@ -126,16 +126,17 @@ def model_signature(state_dict: dict[str, torch.Tensor]) -> dict[str, list[int]]
     return {k: list(v.shape) for k, v in state_dict.items()}
 
 
-def checkpoint_path(run_dir: str | os.PathLike, epoch: int) -> Path:
-    return Path(run_dir) / CKPT_DIR / f"epoch-{epoch:06d}.pt"
+def checkpoint_path(run_dir: str | os.PathLike, epoch: int, step: int = 0) -> Path:
+    """epoch-000003.pt: 3 epochs done; epoch-000003-step-000012.pt: and 12 steps of the 4th."""
+    return Path(run_dir) / CKPT_DIR / (f"epoch-{epoch:06d}.pt" if not step else f"epoch-{epoch:06d}-step-{step:06d}.pt")
 
 
-def list_checkpoints(run_dir: str | os.PathLike) -> list[tuple[int, Path]]:
-    """(epoch, path) of every checkpoint file in the run, newest first (temporaries ignored)."""
+def list_checkpoints(run_dir: str | os.PathLike) -> list[tuple[tuple[int, int], Path]]:
+    """((epoch, step), path) of every checkpoint file in the run, newest first (temporaries ignored)."""
     folder = Path(run_dir) / CKPT_DIR
     if not folder.is_dir():
         return []
-    found = [(int(m.group(1)), p) for p in folder.iterdir() if (m := _NAME.match(p.name))]
+    found = [((int(m.group(1)), int(m.group(2) or 0)), p) for p in folder.iterdir() if (m := _NAME.match(p.name))]
     return sorted(found, reverse=True)
 
 
@@ -146,11 +147,15 @@ def make_checkpoint(
     rng_states: list[dict[str, Any]],
     config: dict[str, Any],
     world_size: int,
+    step: int = 0,
+    loss_sum: float = 0.0,
 ) -> dict[str, Any]:
     return {
         "format": FORMAT,
         "version": VERSION,
         "epoch": epoch,
+        "step": step,  # steps done in epoch `epoch + 1` (0: at the epoch boundary)
+        "loss_sum": loss_sum,  # global training-loss sum of those steps
         "model": model_state,
         "optimizer": optimizer_state,
         "rng": rng_states,

@@ -31,14 +31,32 @@ def _nproc(value: str) -> int | None:
 
 
 def _add_process_flags(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--nproc", "--nproc-per-node", dest="nproc", type=_nproc, default=None, metavar="N|auto",
+    g = p.add_argument_group("processes")
+    g.add_argument("--nproc", "--nproc-per-node", dest="nproc", type=_nproc, default=None, metavar="N|auto",
                    help="worker processes on this node (default auto: one per GPU; 2 on a machine without GPUs)")
-    p.add_argument("--max-restarts", type=int, default=0, help="restart all workers this many times after a failure (default 0)")
-    p.add_argument("--threads", type=int, default=None, help="CPU threads per process (default: cores / processes)")
-    p.add_argument("--start-method", choices=("auto", "fork", "spawn"), default="auto",
+    g.add_argument("--max-restarts", type=int, default=0, help="restart all workers this many times after a failure; they resume from the newest checkpoint (default 0)")
+    g.add_argument("--threads", type=int, default=None, help="CPU threads per process (default: cores / processes)")
+    g.add_argument("--start-method", choices=("auto", "fork", "spawn"), default="auto",
                    help="how workers are created: fork (fast, CPU only) or spawn (default auto: fork on CPU, spawn with GPUs)")
-    p.add_argument("--timeout", type=float, default=300.0,
+    g.add_argument("--timeout", type=float, default=300.0,
                    help="seconds any collective or rendezvous may wait before the job fails instead of hanging (default 300)")
+    g.add_argument("--dry-run", action="store_true", help="print the launch plan (nodes, ranks, master, backend, device) and start nothing")
+    g.add_argument("--verbose", action="store_true", help="show the elastic agent's own logs (rendezvous, restarts, failures)")
+    n = p.add_argument_group("several nodes (run the same command on every node)")
+    n.add_argument("--nnodes", default="1", help="number of nodes, or MIN:MAX for an elastic job with --rdzv-endpoint (default 1)")
+    n.add_argument("--node-rank", type=int, default=None, help="this node's index, 0 on the master node (static rendezvous with --master-addr)")
+    n.add_argument("--master-addr", default=None, help="address of node 0 (static rendezvous)")
+    n.add_argument("--master-port", type=int, default=None, help="port on node 0 for the static rendezvous (default 29500)")
+    n.add_argument("--rdzv-endpoint", default=None, metavar="HOST:PORT", help="c10d rendezvous: every node names the same HOST:PORT (hosted by the node that owns HOST); node ranks are assigned, no --node-rank")
+    n.add_argument("--rdzv-id", default=None, help="job id shared by all nodes of a c10d rendezvous (default: random; give one for several nodes)")
+    n.add_argument("--local-addr", default=None, help="this node's address as the other nodes reach it (default: the address that routes to the master)")
+
+
+def _process_config(ns: argparse.Namespace) -> dict[str, Any]:
+    return dict(nproc=ns.nproc, max_restarts=ns.max_restarts, threads=ns.threads, start_method=ns.start_method,
+                timeout=ns.timeout, verbose=ns.verbose, nnodes=ns.nnodes, node_rank=ns.node_rank,
+                master_addr=ns.master_addr, master_port=ns.master_port, rdzv_endpoint=ns.rdzv_endpoint,
+                rdzv_id=ns.rdzv_id, local_addr=ns.local_addr)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -63,8 +81,10 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--backend", choices=("auto", "gloo", "nccl"), default="auto", help="process-group backend (default auto: nccl with GPUs, gloo on CPU)")
     t.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto", help="device (default auto: cuda when a GPU is visible)")
     t.add_argument("--num-workers", type=int, default=0, help="DataLoader worker processes per rank for data sets that are not in-memory tensors (default 0)")
+    t.add_argument("--auto-resume", action="store_true", help="continue from the newest checkpoint in --run-dir if there is one, else start fresh (for requeued jobs)")
+    t.add_argument("--save-on-signal", default="", metavar="SIGNALS", help="on one of these signals (e.g. USR1,TERM) save a checkpoint at the next step boundary and stop")
+    t.add_argument("--requeue", action="store_true", help="under SLURM: after a --save-on-signal stop, requeue the job (it resumes with --auto-resume)")
     t.add_argument("--quiet", action="store_true", help="no per-epoch progress or summary; only errors (the run directory still gets everything)")
-    t.add_argument("--verbose", action="store_true", help="show the elastic agent's own logs (rendezvous, restarts, failures)")
 
     la = sub.add_parser("launch", help="run any script on N local workers (like torchrun)", description=LAUNCH_HELP)
     _add_process_flags(la)
@@ -78,26 +98,26 @@ def train_config(ns: argparse.Namespace) -> Any:
     from .config import RunConfig
 
     return RunConfig(
-        task=ns.task, nproc=ns.nproc, epochs=ns.epochs, batch_size=ns.batch_size, lr=ns.lr, seed=ns.seed,
+        task=ns.task, epochs=ns.epochs, batch_size=ns.batch_size, lr=ns.lr, seed=ns.seed,
         shuffle=ns.shuffle, save_every=ns.save_every, eval_every=ns.eval_every, run_dir=ns.run_dir,
-        resume=ns.resume, backend=ns.backend, device=ns.device, timeout=ns.timeout, threads=ns.threads,
-        start_method=ns.start_method, max_restarts=ns.max_restarts, num_workers=ns.num_workers,
-        quiet=ns.quiet, verbose=ns.verbose,
+        resume=ns.resume, auto_resume=ns.auto_resume, save_on_signal=ns.save_on_signal, requeue=ns.requeue,
+        backend=ns.backend, device=ns.device, num_workers=ns.num_workers, quiet=ns.quiet, **_process_config(ns),
     )
 
 
 def cmd_train(ns: argparse.Namespace) -> int:
     from .api import train
 
-    train(train_config(ns), _clean_parent=True)
+    train(train_config(ns), dry_run=ns.dry_run, _clean_parent=True)
     return 0
 
 
 def cmd_launch(ns: argparse.Namespace) -> int:
     from .api import launch
+    from .config import RunConfig
 
     argv = (["-m", ns.script] if ns.module else [ns.script]) + list(ns.args)
-    return launch(argv, nproc=ns.nproc, max_restarts=ns.max_restarts, threads=ns.threads, timeout=ns.timeout)
+    return launch(argv, RunConfig(**_process_config(ns)), dry_run=ns.dry_run)
 
 
 COMMANDS = {"train": cmd_train, "launch": cmd_launch}

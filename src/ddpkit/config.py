@@ -28,12 +28,23 @@ class RunConfig:
     eval_every: int = 1
     run_dir: str | None = None
     resume: bool = False
+    auto_resume: bool = False  # resume when the run dir has a checkpoint, else start fresh
+    save_on_signal: str = ""  # e.g. "USR1,TERM": save at the next step boundary and stop
+    requeue: bool = False  # under SLURM: after such a stop, `scontrol requeue` the job
     backend: str = "auto"
     device: str = "auto"
     timeout: float = DEFAULT_TIMEOUT_S  # seconds any collective or rendezvous may wait
     threads: int | None = None  # per process; None: cores / local processes
     start_method: str = "auto"
     max_restarts: int = 0
+    # where the other nodes are (torchrun's flags); one node by default
+    nnodes: str = "1"  # "N", or "MIN:MAX" for an elastic c10d job
+    node_rank: int | None = None  # static rendezvous: this node's index
+    master_addr: str | None = None  # static rendezvous: node 0's address
+    master_port: int | None = None
+    rdzv_endpoint: str | None = None  # c10d rendezvous HOST:PORT (node ranks assigned at rendezvous)
+    rdzv_id: str | None = None
+    local_addr: str | None = None  # this node's address as the others reach it (default: derived)
     num_workers: int = 0  # DataLoader workers for datasets that are not in-memory tensors
     quiet: bool = False
     verbose: bool = False
@@ -67,8 +78,45 @@ class RunConfig:
             raise DdpkitError("--backend nccl needs --device cuda (NCCL only moves GPU tensors); use --backend gloo for CPU")
         if not self.task:
             raise DdpkitError("no task given: name a built-in task (wine, digits) or MODULE:FUNCTION")
+        self._validate_nodes()
         if self.resume and not self.run_dir:
             raise DdpkitError("--resume needs --run-dir: the run directory whose checkpoints to continue from")
+
+    @property
+    def node_range(self) -> tuple[int, int]:
+        lo, _, hi = self.nnodes.partition(":")
+        return int(lo), int(hi or lo)
+
+    @property
+    def multi_node(self) -> bool:
+        return self.node_range[1] > 1
+
+    def _validate_nodes(self) -> None:
+        try:
+            lo, hi = self.node_range
+        except ValueError:
+            raise DdpkitError(f"--nnodes must be N or MIN:MAX, got {self.nnodes!r}") from None
+        if lo < 1 or hi < lo:
+            raise DdpkitError(f"--nnodes must be N or MIN:MAX with 1 <= MIN <= MAX, got {self.nnodes!r}")
+        if self.master_port is not None and not 0 < self.master_port < 65536:
+            raise DdpkitError(f"--master-port must be a TCP port (1-65535), got {self.master_port}")
+        if self.rdzv_endpoint:
+            if self.master_addr:
+                raise DdpkitError("give either --rdzv-endpoint (c10d rendezvous) or --master-addr (static), not both")
+            if self.node_rank is not None:
+                raise DdpkitError("--node-rank is for a static rendezvous; with --rdzv-endpoint the rendezvous assigns node ranks: drop --node-rank")
+            host, sep, port = self.rdzv_endpoint.rpartition(":")
+            if not sep or not host or not port.isdigit():
+                raise DdpkitError(f"--rdzv-endpoint must be HOST:PORT, got {self.rdzv_endpoint!r}")
+        elif self.multi_node:
+            if lo != hi:
+                raise DdpkitError("--nnodes MIN:MAX (elastic) needs a c10d rendezvous: give --rdzv-endpoint HOST:PORT")
+            if not self.master_addr:
+                raise DdpkitError(f"--nnodes {self.nnodes} needs --master-addr (node 0's address) and --node-rank, or --rdzv-endpoint HOST:PORT")
+            if self.node_rank is None:
+                raise DdpkitError(f"--nnodes {self.nnodes} with --master-addr needs --node-rank (0 on the master node, 1..{hi - 1} on the others)")
+        if self.node_rank is not None and not 0 <= self.node_rank < hi:
+            raise DdpkitError(f"--node-rank must be in 0..{hi - 1} for --nnodes {self.nnodes}, got {self.node_rank}")
 
     def replace(self, **changes: Any) -> "RunConfig":
         return dataclasses.replace(self, **changes)

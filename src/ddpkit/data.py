@@ -102,9 +102,10 @@ class ShardedLoader:
             out.append(Step(batch[lo:hi], len(batch)))
         return out
 
-    def iter_steps(self) -> Iterator[tuple[Any, int, int]]:
-        """Yields (batch, local_count, global_count) for each step of the epoch."""
-        steps = self.steps()
+    def iter_steps(self, skip: int = 0) -> Iterator[tuple[Any, int, int]]:
+        """Yields (batch, local_count, global_count) for each step of the epoch, after the
+        first `skip` steps (resuming mid-epoch)."""
+        steps = self.steps()[skip:]
         for step, batch in zip(steps, fetch_batches(self.dataset, [s.indices for s in steps], self.num_workers)):
             yield batch, len(step.indices), step.global_count
 

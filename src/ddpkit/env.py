@@ -25,7 +25,7 @@ class DistEnv:
     local_world_size: int = 1
     master_addr: str = "127.0.0.1"
     master_port: int = 0
-    launcher: str = "single"  # "torchrun" (torch's elastic agent, ddpkit's own included), "slurm", "single"
+    launcher: str = "single"  # "torchrun" (torch's elastic agent, ddpkit's own included), "slurm" (srun tasks), "single"
 
     @property
     def is_main(self) -> bool:
@@ -48,10 +48,12 @@ class DistEnv:
         e = os.environ if environ is None else environ
         if "LOCAL_RANK" in e and "WORLD_SIZE" in e:
             return cls._from_torchrun(e)
-        if "SLURM_PROCID" in e and "SLURM_NTASKS" in e and int(e.get("SLURM_NTASKS", "1")) > 1:
-            from .launch.slurm_env import slurm_dist_env  # only when SLURM is really there
+        if "SLURM_JOB_ID" in e:
+            from .launch import slurm_env  # only when SLURM is really there
 
-            return slurm_dist_env(e)
+            if slurm_env.in_srun_step(e) and int(e.get("SLURM_NTASKS", "1")) > 1:
+                return slurm_env.slurm_dist_env(e)  # one srun task = one worker
+            slurm_env.check_started_by_srun(e)  # a lone task: ddpkit starts this node's workers
         return cls()
 
     @classmethod

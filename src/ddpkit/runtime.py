@@ -70,12 +70,16 @@ class Runtime:
         self.backend = resolve_backend(backend, device_type)
         if device_type == "cuda":
             ngpu = torch.cuda.device_count()
-            if env.local_rank >= ngpu:
+            if env.local_rank < ngpu:
+                index = env.local_rank
+            elif ngpu == 1 and env.launcher == "slurm":
+                index = 0  # SLURM bound one GPU to this task (--gpus-per-task / --gpu-bind)
+            else:
                 raise DdpkitError(
                     f"local rank {env.local_rank} has no GPU: this node runs {env.local_world_size} "
                     f"processes but sees {ngpu} GPU(s); start at most one process per GPU"
                 )
-            self.device = torch.device("cuda", env.local_rank)
+            self.device = torch.device("cuda", index)
             torch.cuda.set_device(self.device)  # before the process group, as NCCL requires
         else:
             self.device = torch.device("cpu")

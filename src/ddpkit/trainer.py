@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
@@ -23,20 +24,22 @@ from .errors import DdpkitError
 from .metrics import MetricsLog
 from .parallel import plain_state_dict, unwrap, wrap_model
 from .runtime import Runtime, all_sum
+from .signals import StopRequest
 from .task import Task, accuracy_sum, make_optimizer
 
 
-def fit(cfg: RunConfig, task: Task, rt: Runtime, run_dir: Path, should_stop: Callable[[], bool] | None = None) -> dict[str, Any]:
-    """Train `task` as `cfg` says; returns the run's summary (the same on every rank)."""
+def fit(cfg: RunConfig, task: Task, rt: Runtime, run_dir: Path, stop: StopRequest | None = None) -> dict[str, Any]:
+    """Train `task` as `cfg` says; returns the run's summary (the same on every rank).
+    With `stop`, a signal makes every rank save a checkpoint at the same step boundary and return."""
     loss_fn = task.loss_fn or nn.CrossEntropyLoss()
     metric = task.metric or (accuracy_sum if isinstance(loss_fn, nn.CrossEntropyLoss) else None)
     model = task.model.to(rt.device)  # before the optimizer, so its state lands on the device
     optimizer = make_optimizer(task, model, cfg.lr)
-    start_epoch = 0
-    if cfg.resume:
-        start_epoch = _resume(cfg, rt, run_dir, model, optimizer)
+    position = Position()
+    if cfg.resume or cfg.auto_resume:
+        position = _resume(cfg, rt, run_dir, model, optimizer)
     ddp_model = wrap_model(model, rt)
-    log = MetricsLog(run_dir, enabled=rt.is_main, keep_until_epoch=start_epoch)
+    log = MetricsLog(run_dir, enabled=rt.is_main, keep_until_epoch=position.epoch)
     loader = ShardedLoader(task.train_set, cfg.batch_size, rt.rank, rt.world_size, cfg.seed, cfg.shuffle, num_workers=cfg.num_workers)
     n_train = loader.n
     world = rt.world_size
@@ -44,12 +47,15 @@ def fit(cfg: RunConfig, task: Task, rt: Runtime, run_dir: Path, should_stop: Cal
     train_time = 0.0
     samples = 0
     stopped_early = False
-    for epoch in range(start_epoch, cfg.epochs):
+    for epoch in range(position.epoch, cfg.epochs):
         loader.set_epoch(epoch)
         ddp_model.train()
+        first_step = position.step if epoch == position.epoch else 0
         loss_sum = torch.zeros((), dtype=torch.float64, device=rt.device)
+        if first_step and rt.is_main:
+            loss_sum += position.loss_sum  # the global sum of the steps done before the stop
         t0 = time.perf_counter()
-        for step, (batch, n_local, n_global) in enumerate(loader.iter_steps()):
+        for step, (batch, n_local, n_global) in enumerate(loader.iter_steps(skip=first_step), start=first_step):
             *inputs, target = _to_device(batch, rt.device)
             out = ddp_model(*inputs)
             if n_local:
@@ -62,6 +68,14 @@ def fit(cfg: RunConfig, task: Task, rt: Runtime, run_dir: Path, should_stop: Cal
                 (_first_tensor(out).sum() * 0.0).backward()
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
+            if stop is not None and step + 1 < len(loader) and stop.agreed(rt.device):
+                partial = all_sum(loss_sum).item()
+                train_time += time.perf_counter() - t0
+                save_checkpoint(rt, run_dir, ddp_model, optimizer, Position(epoch, step + 1, partial), cfg)
+                stopped_early = True
+                break
+        if stopped_early:
+            break
         train_loss = all_sum(loss_sum).item() / n_train
         epoch_s = time.perf_counter() - t0
         train_time += epoch_s
@@ -77,25 +91,36 @@ def fit(cfg: RunConfig, task: Task, rt: Runtime, run_dir: Path, should_stop: Cal
         last = record
         if not cfg.quiet:
             rt.print(_epoch_line(record, cfg.epochs))
-        stop = bool(should_stop and should_stop())
         done = epoch + 1 == cfg.epochs
-        if cfg.save_every and ((epoch + 1) % cfg.save_every == 0 or done or stop):
-            save_checkpoint(rt, run_dir, ddp_model, optimizer, epoch + 1, cfg)
-        if stop and not done:
+        stopping = not done and stop is not None and stop.agreed(rt.device)
+        if stopping or (cfg.save_every and ((epoch + 1) % cfg.save_every == 0 or done)):
+            save_checkpoint(rt, run_dir, ddp_model, optimizer, Position(epoch + 1), cfg)
+        if stopping:
             stopped_early = True
             break
     if rt.is_main and not stopped_early:
         ckpt_io.atomic_save(plain_state_dict(ddp_model), run_dir / "model.pt")
     return {
-        "epochs_done": last.get("epoch", start_epoch),
+        "epochs_done": last.get("epoch", position.epoch),
         "train_loss": last.get("train_loss"),
         "eval_loss": last.get("eval_loss"),
         f"eval_{task.metric_name}": last.get(f"eval_{task.metric_name}"),
         "train_s": train_time,
-        "samples_per_s": samples / train_time if train_time > 0 else None,
-        "resumed_from_epoch": start_epoch,
+        "samples_per_s": samples / train_time if train_time > 0 and samples else None,
+        "resumed_from_epoch": position.epoch,
         "stopped_early": stopped_early,
+        "stop_signal": stop.received if stop is not None and stopped_early else None,
     }
+
+
+@dataclass(frozen=True)
+class Position:
+    """Where training stands: `epoch` epochs done, plus `step` steps of the next one
+    (a stop between steps), with the global loss sum of those steps."""
+
+    epoch: int = 0
+    step: int = 0
+    loss_sum: float = 0.0
 
 
 def evaluate(model: nn.Module, dataset: Any, loss_fn: Callable, metric: Callable | None, metric_name: str,
@@ -123,7 +148,7 @@ def evaluate(model: nn.Module, dataset: Any, loss_fn: Callable, metric: Callable
     return result
 
 
-def save_checkpoint(rt: Runtime, run_dir: Path, model: nn.Module, optimizer: torch.optim.Optimizer, epoch: int, cfg: RunConfig) -> None:
+def save_checkpoint(rt: Runtime, run_dir: Path, model: nn.Module, optimizer: torch.optim.Optimizer, pos: Position, cfg: RunConfig) -> None:
     """Rank 0 writes the full state; every rank contributes its RNG state."""
     states = [ckpt_io.rng_state()]
     if dist.is_initialized() and rt.world_size > 1:
@@ -131,19 +156,24 @@ def save_checkpoint(rt: Runtime, run_dir: Path, model: nn.Module, optimizer: tor
         dist.all_gather_object(gathered, states[0])
         states = gathered
     if rt.is_main:
-        state = ckpt_io.make_checkpoint(plain_state_dict(model), optimizer.state_dict(), epoch, states, cfg.as_dict(), rt.world_size)
-        ckpt_io.atomic_save(state, ckpt_io.checkpoint_path(run_dir, epoch))
+        state = ckpt_io.make_checkpoint(plain_state_dict(model), optimizer.state_dict(), pos.epoch, states, cfg.as_dict(),
+                                        rt.world_size, step=pos.step, loss_sum=pos.loss_sum)
+        ckpt_io.atomic_save(state, ckpt_io.checkpoint_path(run_dir, pos.epoch, pos.step))
 
 
-def _resume(cfg: RunConfig, rt: Runtime, run_dir: Path, model: nn.Module, optimizer: torch.optim.Optimizer) -> int:
-    """Rank 0 finds the newest valid checkpoint and sends it to all ranks (no shared disk needed)."""
+def _resume(cfg: RunConfig, rt: Runtime, run_dir: Path, model: nn.Module, optimizer: torch.optim.Optimizer) -> Position:
+    """Rank 0 finds the newest valid checkpoint and sends it to all ranks (no shared disk
+    needed). With --auto-resume, no checkpoint at all means a fresh start."""
     message: list[Any] = [None]
     if rt.is_main:
         try:
-            ckpt, path, skipped = ckpt_io.find_resumable(run_dir, model, optimizer)
-            for reason in skipped:
-                print(f"ddpkit: skipping checkpoint: {reason}", flush=True)
-            message = [("ok", ckpt, str(path))]
+            if not cfg.resume and not ckpt_io.list_checkpoints(run_dir):
+                message = [("fresh", None, None)]
+            else:
+                ckpt, path, skipped = ckpt_io.find_resumable(run_dir, model, optimizer)
+                for reason in skipped:
+                    print(f"ddpkit: skipping checkpoint: {reason}", flush=True)
+                message = [("ok", ckpt, str(path))]
         except DdpkitError as e:
             message = [("error", str(e), None)]
     if dist.is_initialized() and rt.world_size > 1:
@@ -151,14 +181,18 @@ def _resume(cfg: RunConfig, rt: Runtime, run_dir: Path, model: nn.Module, optimi
     status, payload, path = message[0]
     if status == "error":
         raise DdpkitError(payload)
+    if status == "fresh":
+        return Position()
     ckpt = payload
     model.load_state_dict(ckpt["model"])
     optimizer.load_state_dict(ckpt["optimizer"])
     rngs = ckpt["rng"]
     ckpt_io.set_rng_state(rngs[rt.rank] if len(rngs) == rt.world_size else rngs[0])
+    pos = Position(int(ckpt["epoch"]), int(ckpt.get("step", 0)), float(ckpt.get("loss_sum", 0.0)))
     if not cfg.quiet:
-        rt.print(f"ddpkit: resuming from {path} (epoch {ckpt['epoch']} done)")
-    return int(ckpt["epoch"])
+        where = f"epoch {pos.epoch} done" + (f", {pos.step} steps into epoch {pos.epoch + 1}" if pos.step else "")
+        rt.print(f"ddpkit: resuming from {path} ({where})")
+    return pos
 
 
 def _to_device(batch: Any, device: torch.device) -> list[Any]:

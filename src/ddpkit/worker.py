@@ -4,6 +4,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import subprocess
 import sys
 import traceback
 import time
@@ -17,6 +18,7 @@ from .config import RunConfig
 from .env import DistEnv
 from .errors import DdpkitError
 from .runtime import Runtime
+from .signals import StopRequest
 from .task import build_task
 from .trainer import fit
 
@@ -60,8 +62,17 @@ def _train(cfg: RunConfig, env: DistEnv) -> dict[str, Any]:
         if rt.is_main:
             run_dir.mkdir(parents=True, exist_ok=True)
             (run_dir / "config.json").write_text(json.dumps(cfg.as_dict(), indent=2) + "\n")
-        stats = fit(cfg, task, rt, run_dir)
+        if os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") != "0":
+            cfg = cfg.replace(auto_resume=True)  # restarted after a failure: continue, don't redo
+        stop = StopRequest(cfg.save_on_signal.split(",")) if cfg.save_on_signal else None
+        try:
+            stats = fit(cfg, task, rt, run_dir, stop)
+        finally:
+            if stop is not None:
+                stop.restore()
         del task  # holds the model; drop it before the process group goes
+        if stats["stopped_early"] and cfg.requeue and env.is_main:
+            requeue_slurm_job()
         summary = {
             "world_size": env.world_size,
             "nnodes": env.nnodes,
@@ -83,6 +94,19 @@ def _train(cfg: RunConfig, env: DistEnv) -> dict[str, Any]:
         if os.environ.get("DDPKIT_BENCH_RESULT"):
             print("RESULT " + json.dumps(summary), flush=True)
     return summary
+
+
+def requeue_slurm_job() -> None:
+    """Put this SLURM job back in the queue; it will resume from the checkpoint just written."""
+    job = os.environ.get("SLURM_JOB_ID")
+    if not job:
+        print("ddpkit: --requeue: not inside a SLURM job; stopping after the checkpoint instead", flush=True)
+        return
+    done = subprocess.run(["scontrol", "requeue", job], capture_output=True, text=True, timeout=60)
+    if done.returncode != 0:
+        print(f"ddpkit: scontrol requeue {job} failed: {done.stderr.strip()}", file=sys.stderr, flush=True)
+    else:
+        print(f"ddpkit: checkpoint saved; SLURM job {job} requeued", flush=True)
 
 
 def format_summary(s: dict[str, Any]) -> str:

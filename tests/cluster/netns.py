@@ -345,7 +345,7 @@ class Network:
 
     def run_all(self, commands: Sequence[tuple[Node, Sequence[str]]], *, timeout: float,
                 env: Mapping[str, str] | None = None, cwd=None, log_dir=None,
-                fail_grace: float | None = 15.0, uts: bool = False) -> list[RunResult]:
+                fail_grace: float | None = 15.0, uts: bool = False, worker_env: bool = True) -> list[RunResult]:
         """Start every (node, argv) at once, wait for all (stdout+stderr to a log file each).
 
         On the overall timeout, or `fail_grace` seconds after the first non-zero exit
@@ -360,7 +360,8 @@ class Network:
             for i, (node, argv) in enumerate(commands):
                 log = log_dir / f"{i}-{node.name}.log"
                 with open(log, "wb") as f:
-                    p = node.popen(argv, env=env, cwd=cwd, stdout=f, stderr=subprocess.STDOUT, uts=uts)
+                    p = node.popen(argv, env=env, cwd=cwd, stdout=f, stderr=subprocess.STDOUT, uts=uts,
+                                   worker_env=worker_env)
                 started.append((node, list(map(str, argv)), p, log))
             deadline = t0 + timeout
 

@@ -37,6 +37,7 @@ class LaunchPlan:
     start_method: str = "spawn"
     timeout: float = 300.0
     threads_per_process: int = 1
+    extra_env: dict[str, str] = field(default_factory=dict)
 
     @property
     def min_nodes(self) -> int:
@@ -61,9 +62,13 @@ def run_elastic(plan: LaunchPlan, entrypoint: Callable[..., Any] | str, args: li
     errors = scratch / "errors"
     errors.mkdir()
     saved_env = dict(os.environ)
+    os.environ.update(plan.extra_env)
     os.environ.update(env or {})
     os.environ[ERROR_DIR_VAR] = str(errors)
-    os.environ["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"
+    if plan.rdzv_backend == "c10d":
+        # Workers get a store of their own: with the shared one, restarted workers read stale
+        # addresses (pytorch/pytorch#135712). Static rendezvous serves workers from its store.
+        os.environ["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"
     os.environ["OMP_NUM_THREADS"] = str(plan.threads_per_process)
     rdzv_configs = {"join_timeout": int(plan.timeout), **plan.rdzv_configs}
     if plan.rdzv_backend == "static":
