@@ -91,7 +91,35 @@ def build_parser() -> argparse.ArgumentParser:
     la.add_argument("-m", dest="module", action="store_true", help="run SCRIPT as a module (python -m SCRIPT)")
     la.add_argument("script", help="the script (or module with -m) to run in every worker")
     la.add_argument("args", nargs=argparse.REMAINDER, help="arguments passed to the script")
+    s = sub.add_parser("slurm", help="write (and submit) an sbatch script that runs `ddpkit train` on N nodes",
+                       description=SLURM_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
+    s.add_argument("--nodes", type=int, default=1, help="nodes to ask for (default 1)")
+    s.add_argument("--gpus-per-node", type=int, default=0, help="GPUs per node; one task (worker) per GPU (default 0: CPU nodes)")
+    s.add_argument("--ntasks-per-node", type=int, default=None, help="workers per node on CPU nodes (default: GPUs per node, or 1)")
+    s.add_argument("--cpus-per-task", type=int, default=None, help="CPU cores per worker")
+    s.add_argument("--time", default=None, help="time limit, e.g. 02:00:00")
+    s.add_argument("--partition", default=None)
+    s.add_argument("--account", default=None)
+    s.add_argument("--job-name", default="ddpkit")
+    s.add_argument("--output", default=None, help="log file pattern (default RUN_DIR/slurm-%%j.out)")
+    s.add_argument("--signal", default="USR1@90", help="warning signal before the time limit: save, requeue, resume (default USR1@90; '' = none)")
+    s.add_argument("--script", default=None, help="where to write the script (default RUN_DIR/job.sbatch)")
+    s.add_argument("--dry-run", action="store_true", help="print the script; write and submit nothing")
+    s.add_argument("--submit", action="store_true", help="submit it with sbatch; print the job id and log path")
+    s.add_argument("--wait", action="store_true", help="with --submit: follow the job (through requeues) to its end and exit with its status")
+    s.add_argument("--wait-timeout", type=float, default=None, help="give up waiting after this many seconds (the job keeps running)")
+    s.add_argument("train_args", nargs=argparse.REMAINDER, help="-- then the arguments of `ddpkit train` (task and flags)")
     return parser
+
+
+SLURM_HELP = """Write an sbatch script that runs `ddpkit train` on every node of a SLURM allocation:
+one srun task per GPU (per worker on CPU nodes), each task one ddpkit worker that reads its
+rank from SLURM, started through `srun --kill-on-bad-exit=1`. The job asks for a warning
+signal before its time limit; ddpkit then checkpoints at the next step, requeues the job,
+and the requeued job resumes. Example:
+
+  ddpkit slurm --nodes 2 --gpus-per-node 8 --time 04:00:00 --submit -- wine --epochs 100
+"""
 
 
 def train_config(ns: argparse.Namespace) -> Any:
@@ -120,7 +148,53 @@ def cmd_launch(ns: argparse.Namespace) -> int:
     return launch(argv, RunConfig(**_process_config(ns)), dry_run=ns.dry_run)
 
 
-COMMANDS = {"train": cmd_train, "launch": cmd_launch}
+def cmd_slurm(ns: argparse.Namespace) -> int:
+    import shlex
+    from pathlib import Path
+
+    from .launch import slurm
+
+    args = list(ns.train_args)
+    if args[:1] == ["--"]:
+        args = args[1:]
+    # Check the training arguments now, not in the job an hour later.
+    try:
+        train_ns = build_parser().parse_args(["train", *args])
+    except SystemExit:
+        raise DdpkitError("the arguments after -- are not valid `ddpkit train` arguments (see the message above)") from None
+    for flag in ("--nproc", "--nproc-per-node", "--nnodes", "--node-rank", "--master-addr", "--rdzv-endpoint", "--master-port"):
+        if any(a == flag or a.startswith(flag + "=") for a in args):
+            raise DdpkitError(f"{flag} does not belong after --: SLURM starts the workers (use --nodes / --gpus-per-node / --ntasks-per-node of `ddpkit slurm`)")
+    train_config(train_ns)  # validates values
+    run_dir = Path(train_ns.run_dir or f"runs/{ns.job_name}-{time.strftime('%Y%m%d-%H%M%S')}").resolve()
+    if not train_ns.run_dir:
+        args += ["--run-dir", str(run_dir)]
+    job = slurm.SlurmJob(train_args=args, nodes=ns.nodes, gpus_per_node=ns.gpus_per_node, tasks_per_node=ns.ntasks_per_node,
+                         cpus_per_task=ns.cpus_per_task, time=ns.time, partition=ns.partition, account=ns.account,
+                         job_name=ns.job_name, output=ns.output, signal=ns.signal, run_dir=str(run_dir))
+    text = slurm.render_sbatch(job, "ddpkit " + " ".join(shlex.quote(a) for a in sys.argv[1:]))
+    if ns.dry_run:
+        print(text, end="")
+        return 0
+    script = Path(ns.script) if ns.script else run_dir / "job.sbatch"
+    run_dir.mkdir(parents=True, exist_ok=True)  # SLURM cannot create the log file's folder
+    script.parent.mkdir(parents=True, exist_ok=True)
+    script.write_text(text)
+    script.chmod(0o755)
+    if not ns.submit:
+        print(f"ddpkit: wrote {script}; submit it with: sbatch {shlex.quote(str(script))}")
+        return 0
+    job_id = slurm.submit(script)
+    log = (ns.output or str(run_dir / "slurm-%j.out")).replace("%j", job_id)
+    print(f"ddpkit: submitted job {job_id}; log: {log}", flush=True)
+    if not ns.wait:
+        return 0
+    code = slurm.wait(job_id, timeout=ns.wait_timeout, report=lambda m: print(m, flush=True))
+    print(f"ddpkit: job {job_id} ended with exit status {code}; log: {log}", flush=True)
+    return code
+
+
+COMMANDS = {"train": cmd_train, "launch": cmd_launch, "slurm": cmd_slurm}
 
 
 def main(argv: Sequence[str] | None = None) -> int:

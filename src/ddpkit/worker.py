@@ -97,16 +97,17 @@ def _train(cfg: RunConfig, env: DistEnv) -> dict[str, Any]:
 
 
 def requeue_slurm_job() -> None:
-    """Put this SLURM job back in the queue; it will resume from the checkpoint just written."""
+    """Put this SLURM job back in the queue; it will resume from the checkpoint just written.
+    SLURM kills this job's processes as soon as the requeue is accepted: say it first."""
     job = os.environ.get("SLURM_JOB_ID")
     if not job:
         print("ddpkit: --requeue: not inside a SLURM job; stopping after the checkpoint instead", flush=True)
         return
+    print(f"ddpkit: checkpoint saved; requeueing SLURM job {job}", flush=True)
     done = subprocess.run(["scontrol", "requeue", job], capture_output=True, text=True, timeout=60)
     if done.returncode != 0:
-        print(f"ddpkit: scontrol requeue {job} failed: {done.stderr.strip()}", file=sys.stderr, flush=True)
-    else:
-        print(f"ddpkit: checkpoint saved; SLURM job {job} requeued", flush=True)
+        print(f"ddpkit: scontrol requeue {job} failed: {done.stderr.strip()}; resubmit the job to continue",
+              file=sys.stderr, flush=True)
 
 
 def format_summary(s: dict[str, Any]) -> str:

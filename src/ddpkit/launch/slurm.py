@@ -1,0 +1,166 @@
+"""`ddpkit slurm`: write a correct sbatch script, submit it, follow it to its end.
+
+Choice: ONE SRUN TASK PER GPU (per process on CPU nodes). srun starts every worker on every
+node; each task is one ddpkit worker that reads its rank from SLURM (SLURM_PROCID,
+SLURM_LOCALID, SLURM_NODEID, SLURM_NTASKS). So the script holds no per-node variable at all,
+nothing can expand on the wrong node, and ddpkit spawns nothing inside a task (which would
+multiply processes). Restarts come from SLURM: the job requeues itself after the time-limit
+warning signal and resumes from its checkpoint (--auto-resume).
+"""
+from __future__ import annotations
+
+import re
+import shlex
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ..errors import DdpkitError
+
+_TIME = re.compile(r"^(\d+-)?\d{1,2}(:\d{2}){0,2}$")
+_SIGNAL = re.compile(r"^(B:|R:)?(SIG)?[A-Z0-9]+(@\d+)?$")
+_SAFE_NAME = re.compile(r"^[A-Za-z0-9_.\-]+$")
+FINAL_OK = {"COMPLETED"}
+RUNNING = {"PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "REQUEUED", "REQUEUE_FED", "REQUEUE_HOLD",
+           "RESIZING", "SUSPENDED", "STAGE_OUT", "SIGNALING"}
+
+
+@dataclass
+class SlurmJob:
+    """What to ask SLURM for, and the ddpkit train arguments to run in every task."""
+
+    train_args: list[str]
+    nodes: int = 1
+    gpus_per_node: int = 0
+    tasks_per_node: int | None = None  # default: gpus_per_node, or 1 on CPU nodes
+    cpus_per_task: int | None = None
+    time: str | None = None
+    partition: str | None = None
+    account: str | None = None
+    job_name: str = "ddpkit"
+    output: str | None = None  # default: RUN_DIR/slurm-%j.out
+    signal: str = "USR1@90"  # time-limit warning: save at the next step, requeue, resume
+    python: str = field(default_factory=lambda: sys.executable)
+    run_dir: str = ""
+
+    def __post_init__(self) -> None:
+        if self.nodes < 1:
+            raise DdpkitError(f"--nodes must be at least 1, got {self.nodes}")
+        if self.gpus_per_node < 0:
+            raise DdpkitError(f"--gpus-per-node must be 0 or more, got {self.gpus_per_node}")
+        if self.tasks_per_node is not None and self.tasks_per_node < 1:
+            raise DdpkitError(f"--ntasks-per-node must be at least 1, got {self.tasks_per_node}")
+        if self.gpus_per_node and self.tasks_per_node and self.tasks_per_node > self.gpus_per_node:
+            raise DdpkitError(
+                f"--ntasks-per-node {self.tasks_per_node} is more than --gpus-per-node {self.gpus_per_node}: "
+                "ddpkit runs one task per GPU; drop --ntasks-per-node"
+            )
+        if self.time is not None and not _TIME.match(self.time):
+            raise DdpkitError(f"--time {self.time!r} is not a SLURM time (MM, HH:MM:SS or D-HH:MM:SS)")
+        if self.signal and not _SIGNAL.match(self.signal.upper()):
+            raise DdpkitError(f"--signal {self.signal!r} is not SIG[@SECONDS], e.g. USR1@90")
+        for flag, value in (("--job-name", self.job_name), ("--partition", self.partition), ("--account", self.account)):
+            if value is not None and not _SAFE_NAME.match(value):
+                raise DdpkitError(f"{flag} {value!r}: use letters, digits, '.', '_' and '-' only")
+
+    @property
+    def ntasks_per_node(self) -> int:
+        return self.tasks_per_node or self.gpus_per_node or 1
+
+    @property
+    def signal_name(self) -> str:
+        return self.signal.upper().split(":")[-1].split("@")[0].removeprefix("SIG")
+
+
+def render_sbatch(job: SlurmJob, command_line: str = "") -> str:
+    """The sbatch script. Every value from the user is quoted for the shell (or checked
+    to be a plain name), so a hostile value cannot become a command."""
+    q = shlex.quote
+    output = job.output or str(Path(job.run_dir) / "slurm-%j.out")
+    lines = ["#!/bin/bash", f"# written by ddpkit slurm{': ' + command_line if command_line else ''}".replace("\n", " ")]
+    directives = [
+        f"--job-name={job.job_name}",
+        f"--nodes={job.nodes}",
+        f"--ntasks-per-node={job.ntasks_per_node}",
+    ]
+    if job.gpus_per_node:
+        directives.append(f"--gpus-per-node={job.gpus_per_node}")
+    if job.cpus_per_task:
+        directives.append(f"--cpus-per-task={job.cpus_per_task}")
+    if job.time:
+        directives.append(f"--time={job.time}")
+    if job.partition:
+        directives.append(f"--partition={job.partition}")
+    if job.account:
+        directives.append(f"--account={job.account}")
+    directives += [f"--output={output}", "--open-mode=append", "--requeue"]
+    if job.signal:
+        directives.append(f"--signal={job.signal.upper()}")
+    for d in directives:
+        if any(ch.isspace() or ch in "'\"" for ch in d):
+            raise DdpkitError(f"sbatch directive {d!r} would hold a space or quote, which #SBATCH lines cannot carry "
+                              "safely: choose a --run-dir / --output path without spaces")
+        lines.append(f"#SBATCH {d}")
+    srun = [
+        "srun", "--kill-on-bad-exit=1", job.python, "-m", "ddpkit", "train", *job.train_args,
+        "--auto-resume",
+    ]
+    if job.signal:
+        srun += ["--save-on-signal", job.signal_name, "--requeue"]
+    lines += [
+        "set -euo pipefail",
+        "",
+        "# The master is the first node of the allocation; the port is derived from the job id, so",
+        "# two jobs sharing a node do not collide. Both are read by ddpkit in every task.",
+        'export MASTER_ADDR="$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)"',
+        'export MASTER_PORT="$(( 15000 + SLURM_JOB_ID % 20000 ))"',
+        "",
+        f"# One task per {'GPU' if job.gpus_per_node else 'process'}: {job.nodes} node(s) x {job.ntasks_per_node} = "
+        f"world size {job.nodes * job.ntasks_per_node}. Each task is one ddpkit worker and reads its",
+        "# own rank from SLURM on its own node; --kill-on-bad-exit stops every task if one fails.",
+        "# After the warning signal, ddpkit saves at the next step and requeues the job; the requeued",
+        "# job continues from that checkpoint (--auto-resume).",
+        " ".join(q(a) for a in srun),
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def submit(script: Path, cwd: Path | None = None) -> str:
+    proc = subprocess.run(["sbatch", "--parsable", str(script)], capture_output=True, text=True, cwd=cwd, timeout=60)
+    if proc.returncode != 0:
+        raise DdpkitError(f"sbatch refused the job: {proc.stderr.strip() or proc.stdout.strip()}")
+    return proc.stdout.strip().split(";")[0]
+
+
+def job_state(job_id: str) -> dict[str, str] | None:
+    """`scontrol show job -o` as a dict; None once the controller forgot the job."""
+    proc = subprocess.run(["scontrol", "show", "job", "-o", job_id], capture_output=True, text=True, timeout=30)
+    if proc.returncode != 0 or not proc.stdout.strip():
+        return None
+    return dict(kv.split("=", 1) for kv in proc.stdout.split() if "=" in kv)
+
+
+def wait(job_id: str, timeout: float | None = None, poll: float = 1.0, report=print) -> int:
+    """Follow the job (through requeues) to its end; its exit status (0 when COMPLETED)."""
+    deadline = None if timeout is None else time.monotonic() + timeout
+    last = None
+    while True:
+        info = job_state(job_id)
+        if info is None:
+            raise DdpkitError(f"job {job_id} is no longer known to SLURM (finished long ago?); see its log")
+        state = info.get("JobState", "UNKNOWN")
+        shown = (state, info.get("Restarts", "0"))
+        if shown != last:
+            report(f"ddpkit: job {job_id} {state}" + (f" (requeued {shown[1]}x)" if shown[1] != "0" else ""))
+            last = shown
+        if state not in RUNNING:
+            code, _, sig = info.get("ExitCode", "0:0").partition(":")
+            if state in FINAL_OK:
+                return 0
+            return int(code) if code.isdigit() and int(code) else (128 + int(sig) if sig.isdigit() and int(sig) else 1)
+        if deadline is not None and time.monotonic() > deadline:
+            raise DdpkitError(f"job {job_id} still {state} after {timeout:.0f} s; it keeps running (scancel {job_id} to stop it)")
+        time.sleep(poll)

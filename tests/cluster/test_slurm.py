@@ -1,0 +1,68 @@
+"""A real 2-node SLURM cluster (Debian's slurm-wlm, started by the fixture) runs the script
+`ddpkit slurm` writes. Results must equal a single-node run with the same world size."""
+import json
+import subprocess
+import sys
+import time
+
+import pytest
+
+from conftest import REPO, assert_state_equal, load_model, run_ddpkit
+
+pytestmark = pytest.mark.cluster
+
+
+def _slurm_env(slurm):
+    return {**slurm.env, "PYTHONPATH": str(REPO / "src")}
+
+
+def test_generated_script_trains_on_two_nodes_like_one_node(slurm, tmp_path):
+    train = ["wine", "--epochs", "6", "--batch-size", "16", "--seed", "4", "--save-every", "3"]
+    run_ddpkit("train", "--nproc", "2", "--quiet", "--run-dir", str(tmp_path / "ref"), *train[1:])
+    run_dir = tmp_path / "job"
+    proc = run_ddpkit("slurm", "--nodes", "2", "--job-name", "two-nodes", "--submit", "--wait", "--wait-timeout", "150",
+                      "--", *train, "--run-dir", str(run_dir), cwd=tmp_path, env=_slurm_env(slurm), timeout=200, check=False)
+    log = next(run_dir.glob("slurm-*.out"), None)
+    assert proc.returncode == 0, proc.stdout + proc.stderr + (log.read_text() if log else "no log")
+    assert "ddpkit: submitted job" in proc.stdout and str(run_dir / "slurm-") in proc.stdout
+    assert "COMPLETED" in proc.stdout
+    assert (run_dir / "job.sbatch").read_text().count("srun --kill-on-bad-exit=1") == 1
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["world_size"] == 2 and summary["nnodes"] == 2, summary
+    assert "world size   2 (2 nodes)" in log.read_text()
+    assert_state_equal(load_model(run_dir), load_model(tmp_path / "ref"))
+
+
+def test_a_batch_script_without_srun_on_two_nodes_is_refused(slurm, tmp_path):
+    script = tmp_path / "bare.sbatch"
+    script.write_text(f"#!/bin/bash\n#SBATCH --nodes=2\n#SBATCH --output={tmp_path}/bare-%j.out\n"
+                      f"{sys.executable} -m ddpkit train --epochs 1 --run-dir {tmp_path}/r\n")
+    job = slurm.submit(script, cwd=tmp_path, env={"PYTHONPATH": str(REPO / "src")})
+    result = slurm.wait(job, timeout=90)
+    log = next(tmp_path.glob("bare-*.out")).read_text()
+    assert result.state == "FAILED" and result.exit_code == 2, (result, log)
+    assert "has 2 nodes but ddpkit runs in the batch script itself" in log and "srun" in log
+
+
+def test_warning_signal_checkpoints_requeues_and_the_job_resumes_to_the_same_model(slurm, tmp_path):
+    train = ["--epochs", "300", "--batch-size", "16", "--seed", "9", "--save-every", "0", "--eval-every", "50"]
+    run_ddpkit("train", "--nproc", "2", "--quiet", "--run-dir", str(tmp_path / "ref"), *train, timeout=300)
+    run_dir = tmp_path / "job"
+    proc = run_ddpkit("slurm", "--nodes", "2", "--job-name", "requeue", "--submit", "--", "wine", *train,
+                      "--run-dir", str(run_dir), cwd=tmp_path, env=_slurm_env(slurm), timeout=60)
+    job = int(proc.stdout.split("submitted job ")[1].split(";")[0])
+    metrics = run_dir / "metrics.jsonl"
+    deadline = time.monotonic() + 120
+    while not (metrics.exists() and metrics.read_text().strip()):  # training is under way
+        assert time.monotonic() < deadline, slurm.diagnostics(job)
+        time.sleep(0.2)
+    slurm.signal(job, "USR1", scope="steps")  # what --signal=USR1@90 sends before the time limit
+    result = slurm.wait(job, timeout=240)
+    log = next(run_dir.glob("slurm-*.out")).read_text()
+    assert result.state == "COMPLETED" and result.restarts >= 1, (result, log)
+    assert f"requeueing SLURM job {job}" in log and "ddpkit: resuming from" in log, log
+    saved = [p.name for p in (run_dir / "checkpoints").iterdir()]
+    assert any(n.startswith("epoch-") for n in saved), saved
+    assert_state_equal(load_model(run_dir), load_model(tmp_path / "ref"))
+    epochs = [json.loads(x)["epoch"] for x in metrics.read_text().splitlines()]
+    assert epochs == list(range(1, 301)), epochs  # no epoch lost or logged twice
