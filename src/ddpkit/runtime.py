@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import gc
 import os
+import socket
 from datetime import timedelta
 from typing import Any
 
@@ -91,7 +92,7 @@ class Runtime:
                 kwargs["device_id"] = self.device
             dist.init_process_group(
                 self.backend,
-                init_method=f"tcp://{_bracket(env.master_addr)}:{env.master_port}",
+                store=make_store(env, timeout),
                 rank=env.rank,
                 world_size=env.world_size,
                 timeout=timedelta(seconds=timeout),
@@ -161,6 +162,36 @@ class Runtime:
 
     def __exit__(self, *exc: Any) -> None:
         self.close()
+
+
+def make_store(env: DistEnv, timeout: float) -> dist.Store:
+    """The workers' key-value store. Rank 0 serves it on the master address only (torch's
+    default listens on every interface); under torch's elastic agent with a shared store
+    (static rendezvous), every rank is a client of the agent's store, as torchrun does."""
+    wait = timedelta(seconds=timeout)
+    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE", "").lower() == "true":
+        store = dist.TCPStore(env.master_addr, env.master_port, env.world_size, False, wait)
+        return dist.PrefixStore(f"/worker/attempt_{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}", store)
+    if env.rank != 0:
+        return dist.TCPStore(env.master_addr, env.master_port, env.world_size, False, wait)
+    fd = bound_listener(env.master_addr, env.master_port).detach()  # the store owns the socket now
+    return dist.TCPStore(env.master_addr, env.master_port, env.world_size, True, wait, master_listen_fd=fd)
+
+
+def bound_listener(host: str, port: int) -> socket.socket:
+    """A listening socket on exactly host:port (not all interfaces)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    addr = socket.getaddrinfo(host, port, family, socket.SOCK_STREAM)[0][4]
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind(addr)
+        sock.listen(1024)
+    except OSError as e:
+        sock.close()
+        raise DdpkitError(f"cannot listen on the master address {host}:{port} ({e.strerror}); "
+                          "is the port in use, or is the address not this node's?") from None
+    return sock
 
 
 def all_sum(value: torch.Tensor) -> torch.Tensor:

@@ -71,6 +71,9 @@ def run_elastic(plan: LaunchPlan, entrypoint: Callable[..., Any] | str, args: li
         os.environ["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"
     os.environ["OMP_NUM_THREADS"] = str(plan.threads_per_process)
     rdzv_configs = {"join_timeout": int(plan.timeout), **plan.rdzv_configs}
+    endpoint, rdzv_store = plan.rdzv_endpoint, None
+    if plan.rdzv_backend == "c10d" and plan.rdzv_configs.get("is_host"):
+        endpoint, rdzv_store = _host_rendezvous_store(plan.rdzv_endpoint, plan.timeout)
     if plan.rdzv_backend == "static":
         rdzv_configs["rank"] = plan.node_rank
     config = LaunchConfig(
@@ -79,7 +82,7 @@ def run_elastic(plan: LaunchPlan, entrypoint: Callable[..., Any] | str, args: li
         nproc_per_node=plan.nproc_per_node,
         run_id=plan.rdzv_id,
         rdzv_backend=plan.rdzv_backend,
-        rdzv_endpoint=plan.rdzv_endpoint,
+        rdzv_endpoint=endpoint,
         rdzv_configs=rdzv_configs,
         rdzv_timeout=int(plan.timeout),
         max_restarts=plan.max_restarts,
@@ -99,10 +102,29 @@ def run_elastic(plan: LaunchPlan, entrypoint: Callable[..., Any] | str, args: li
     except ChildFailedError as e:
         raise DdpkitError(_failure_message(e, errors)) from None
     finally:
+        del rdzv_store
         agent_log.setLevel(saved_level)
         os.environ.clear()
         os.environ.update(saved_env)
         shutil.rmtree(scratch, ignore_errors=True)
+
+
+def _host_rendezvous_store(endpoint: str, timeout: float) -> tuple[str, Any]:
+    """Serve the c10d rendezvous store on the endpoint's address only. torch's rendezvous
+    opens its store with multi_tenant=True, so it reuses this server (bound to one address)
+    instead of opening one on every interface."""
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    from ..runtime import bound_listener
+
+    host, _, port = endpoint.rpartition(":")
+    sock = bound_listener(host, int(port or 0))
+    real_port = sock.getsockname()[1]
+    store = dist.TCPStore(host, real_port, None, True, timedelta(seconds=timeout), wait_for_workers=False,
+                          multi_tenant=True, master_listen_fd=sock.detach())
+    return f"{host}:{real_port}", store
 
 
 def _failure_message(e: Any, errors: Path) -> str:
