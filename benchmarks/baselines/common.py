@@ -1,0 +1,87 @@
+"""Pieces shared by handwritten_ddp.py, accelerate_wine.py and fabric_wine.py (not by the
+guide copies, which stay self-contained).
+
+Wine work, identical in all of them and to the guide: load_wine, train_test_split(0.2,
+random_state=42), StandardScaler fit on train, per-item Dataset (float32/int64 via
+torch.tensor), Linear(13,64)-ReLU-Linear(64,3), Adam(lr=1e-3), cross-entropy, batch 32
+(per process), 100 epochs, a checkpoint every 50 epochs (after epochs 50 and 100, rank 0
+only, unwrapped state_dict), evaluation of the test split at the end.
+
+MLP work: benchmarks/tasks/mlp.py (the same file ddpkit's benchmark row trains).
+"""
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import socket
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+from torch import nn
+from torch.utils.data import Dataset
+
+BENCH_DIR = Path(__file__).resolve().parents[1]
+
+WINE_EPOCHS = 100
+WINE_BATCH = 32
+WINE_SAVE_EVERY = 50
+WARMUP_STEPS = 5
+
+
+def load_mlp_task():
+    """benchmarks/tasks/mlp.py, loaded by path (no package needed)."""
+    spec = importlib.util.spec_from_file_location("bench_tasks_mlp", BENCH_DIR / "tasks" / "mlp.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+class WineDataset(Dataset):
+    def __init__(self, data, targets):
+        self.data = data
+        self.targets = targets
+
+    def __len__(self):
+        return len(self.data)
+
+    def __getitem__(self, idx):
+        return (torch.tensor(self.data[idx], dtype=torch.float),
+                torch.tensor(self.targets[idx], dtype=torch.long))
+
+
+def wine_model() -> nn.Module:
+    return nn.Sequential(nn.Linear(13, 64), nn.ReLU(), nn.Linear(64, 3))
+
+
+def wine_data():
+    """(train_set, test_set, X_test tensor, y_test tensor) exactly as the guide builds them."""
+    from sklearn.datasets import load_wine
+    from sklearn.model_selection import train_test_split
+    from sklearn.preprocessing import StandardScaler
+
+    wine = load_wine()
+    x_tr, x_te, y_tr, y_te = train_test_split(wine.data, wine.target, test_size=0.2, random_state=42)
+    scaler = StandardScaler().fit(x_tr)
+    x_tr, x_te = scaler.transform(x_tr), scaler.transform(x_te)
+    return WineDataset(x_tr, y_tr), WineDataset(x_te, y_te)
+
+
+def save_dir(arg: str | None) -> str:
+    d = arg or os.environ.get("BENCH_SAVE_DIR") or tempfile.mkdtemp(prefix="bench_ckpt_")
+    os.makedirs(d, exist_ok=True)
+    return d
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def emit(t0: float, **fields) -> None:
+    """Print the machine-readable last line: RESULT {json}."""
+    fields.setdefault("wall_s", time.perf_counter() - t0)
+    print("RESULT " + json.dumps(fields), flush=True)

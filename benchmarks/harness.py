@@ -1,0 +1,274 @@
+"""Small benchmark harness: run commands, time them from outside, parse their RESULT line,
+interleave repeats, and report (markdown table, PNG bar chart).
+
+A benchmarked command prints, anywhere in stdout or stderr, a line
+    RESULT {"samples_per_s": ..., "train_s": ..., "wall_s": ..., "final_loss": ..., ...}
+(JSON object; the last such line wins). Its "wall_s" (the in-process clock) is kept as
+"inner_wall_s"; "wall_s" in a harness result is always measured from outside (process
+start to exit, launchers and interpreter teardown included).
+
+argv may use placeholders, filled per run: {python} (this interpreter), {tmp} (a fresh
+temporary directory, deleted afterwards; BENCH_SAVE_DIR={tmp}/ckpt is also set), {port}
+(a free TCP port), plus any keyword given in `subst`.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections import OrderedDict
+from typing import Callable, Iterable
+
+RESULT_RE = re.compile(r"RESULT (\{.*\})\s*$")
+ALIASES = {"final_loss": "train_loss", "test_acc": "eval_accuracy"}  # ddpkit's summary names
+
+# variables that would change what a launcher or script does; the harness removes them
+# so that each variant runs with its own defaults (a variant may set them in its env)
+_SCRUB = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OMP_WAIT_POLICY", "RANK", "LOCAL_RANK",
+          "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RUN_ID")
+_SCRUB_PREFIXES = ("ACCELERATE_", "PL_", "LT_", "DDPKIT_")
+
+
+def clean_env(extra: dict | None = None) -> dict:
+    env = {k: v for k, v in os.environ.items()
+           if k not in _SCRUB and not k.startswith(_SCRUB_PREFIXES)}
+    env["PYTHONUNBUFFERED"] = "1"
+    env.update({k: str(v) for k, v in (extra or {}).items()})
+    return env
+
+
+def parse_result(text: str) -> dict | None:
+    found = None
+    for line in text.splitlines():
+        m = RESULT_RE.search(line)
+        if m:
+            try:
+                found = json.loads(m.group(1))
+            except json.JSONDecodeError:
+                pass
+    return found
+
+
+def free_port() -> int:
+    """A TCP port free right now on 127.0.0.1 (small race until the command binds it)."""
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _fill(s: str, mapping: dict) -> str:
+    for k, v in mapping.items():
+        s = s.replace("{" + k + "}", str(v))
+    return s
+
+
+def run_cmd(name: str, argv: list[str], env: dict | None = None, *, timeout: float = 600,
+            cwd: str | None = None, log_dir: str | None = None, subst: dict | None = None,
+            log_name: str | None = None) -> dict:
+    """Run argv once; return a result dict (name, argv, rc, ok, wall_s, parsed RESULT fields)."""
+    tmp = tempfile.mkdtemp(prefix="bench_run_")
+    mapping = {"python": sys.executable, "tmp": tmp, **(subst or {})}
+    if any("{port}" in a for a in argv):
+        mapping["port"] = free_port()
+    argv = [_fill(a, mapping) for a in argv]
+    full_env = clean_env({k: _fill(str(v), mapping) for k, v in (env or {}).items()})
+    full_env.setdefault("BENCH_SAVE_DIR", os.path.join(tmp, "ckpt"))
+    t0 = time.perf_counter()
+    try:
+        p = subprocess.run(argv, env=full_env, cwd=cwd, capture_output=True, text=True, timeout=timeout)
+        rc, out, err = p.returncode, p.stdout, p.stderr
+    except subprocess.TimeoutExpired as e:
+        rc = "timeout"
+        out = e.stdout.decode(errors="replace") if isinstance(e.stdout, bytes) else (e.stdout or "")
+        err = e.stderr.decode(errors="replace") if isinstance(e.stderr, bytes) else (e.stderr or "")
+    except OSError as e:
+        rc, out, err = "oserror", "", str(e)
+    wall = time.perf_counter() - t0
+    shutil.rmtree(tmp, ignore_errors=True)
+
+    parsed = parse_result(out) or parse_result(err)
+    res = {"name": name, "argv": argv, "rc": rc, "wall_s": wall, "result": parsed}
+    if parsed:
+        for k, v in parsed.items():
+            res["inner_wall_s" if k == "wall_s" else k] = v
+        for k, alias in ALIASES.items():  # other tools' names for the same quantity
+            if k not in res and alias in res:
+                res[k] = res[alias]
+    res["ok"] = rc == 0 and parsed is not None
+    if not res["ok"]:
+        tail = (err or out).strip().splitlines()[-8:]
+        res["error"] = ("no RESULT line; " if parsed is None else "") + " | ".join(tail)[-800:]
+    if log_dir:
+        os.makedirs(log_dir, exist_ok=True)
+        stem = re.sub(r"[^A-Za-z0-9_.-]+", "_", log_name or name)
+        i = 0
+        while os.path.exists(os.path.join(log_dir, f"{stem}.{i}.log")):
+            i += 1
+        with open(os.path.join(log_dir, f"{stem}.{i}.log"), "w") as f:
+            f.write(f"$ {' '.join(argv)}\nrc={rc} wall_s={wall:.3f}\n--- stdout\n{out}\n--- stderr\n{err}\n")
+    return res
+
+
+def alternate(variants: list[dict], repeats: int, *, log: Callable[[str], None] = print,
+              **run_kw) -> list[dict]:
+    """Run variants interleaved, A B C A B C ..., `repeats` rounds; returns every run's result.
+
+    A variant is a dict with "name" and "argv", optionally "env", "timeout", "world_size"
+    (expected; a run reporting another world size is marked failed) and any other keys,
+    which are copied into its results (e.g. "workload").
+    """
+    out = []
+    total = repeats * len(variants)
+    for r in range(repeats):
+        for v in variants:
+            kw = dict(run_kw)
+            if "timeout" in v:
+                kw["timeout"] = v["timeout"]
+            log_name = f"{v['workload']}-{v['name']}" if v.get("workload") else v["name"]
+            res = run_cmd(v["name"], v["argv"], v.get("env"), log_name=log_name, **kw)
+            res["repeat"] = r
+            for k, val in v.items():
+                if k not in ("name", "argv", "env") and k not in res:
+                    res[k] = val
+            want = v.get("world_size")
+            if res["ok"] and want is not None and res.get("world_size") != want:
+                res["ok"] = False
+                res["error"] = f"world size {res.get('world_size')} != expected {want}"
+            out.append(res)
+            n = len(out)
+            if res["ok"]:
+                extra = "".join(f" {k}={res[k]:.4g}" for k in ("train_s", "samples_per_s") if isinstance(res.get(k), (int, float)))
+                log(f"[{n}/{total}] {v['name']}: wall {res['wall_s']:.2f}s{extra} (world {res.get('world_size')})")
+            else:
+                log(f"[{n}/{total}] {v['name']}: FAILED rc={res['rc']}: {res.get('error', '')[:300]}")
+    return out
+
+
+# ---------------------------------------------------------------- reporting
+
+def _groups(results: Iterable[dict]) -> "OrderedDict[str, list[dict]]":
+    g: OrderedDict[str, list[dict]] = OrderedDict()
+    for r in results:
+        g.setdefault(r["name"], []).append(r)
+    return g
+
+
+def _vals(runs: list[dict], key: str) -> list[float]:
+    return [r[key] for r in runs if r.get("ok") and isinstance(r.get(key), (int, float))]
+
+
+def _fmt(x: float) -> str:
+    if x == 0:
+        return "0"
+    a = abs(x)
+    if a >= 1000:
+        return f"{x:,.0f}"
+    if a >= 100:
+        return f"{x:.0f}"
+    if a >= 10:
+        return f"{x:.1f}"
+    if a >= 1:
+        return f"{x:.2f}"
+    return f"{x:.3g}"
+
+
+def _cell(v: list[float]) -> str:
+    if not v:
+        return "-"
+    med = statistics.median(v)
+    if len(v) == 1:
+        return _fmt(med)
+    return f"{_fmt(med)} ({_fmt(min(v))}-{_fmt(max(v))})"
+
+
+_LABELS = {"wall_s": "wall s", "train_s": "train s", "samples_per_s": "samples/s",
+           "steady_samples_per_s": "steady samples/s",
+           "final_loss": "final loss", "test_acc": "test acc", "inner_wall_s": "in-process s"}
+
+
+def table(results: list[dict], baselines: list[str] = (), *, metric: str = "wall_s",
+          columns: list[str] = ("wall_s", "train_s", "samples_per_s", "steady_samples_per_s",
+                                "final_loss", "test_acc")) -> str:
+    """Markdown table: one row per variant (in first-seen order) with median (min-max) of
+    each column over its successful runs, and median(metric) / median(metric of baseline)
+    for each named baseline."""
+    groups = _groups(results)
+    cols = [c for c in columns if any(_vals(runs, c) for runs in groups.values())]
+    base_med = {}
+    for b in baselines:
+        v = _vals(groups.get(b, []), metric)
+        if v:
+            base_med[b] = statistics.median(v)
+    head = ["variant", "procs", "ok/runs"] + [_LABELS.get(c, c) for c in cols] + \
+           [f"{_LABELS.get(metric, metric)} ÷ {b}" for b in base_med]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for name, runs in groups.items():
+        ok = [r for r in runs if r.get("ok")]
+        procs = sorted({r.get("world_size") for r in ok if r.get("world_size") is not None})
+        row = [name, ",".join(map(str, procs)) or "-", f"{len(ok)}/{len(runs)}"]
+        row += [_cell(_vals(runs, c)) for c in cols]
+        mv = _vals(runs, metric)
+        for b, bm in base_med.items():
+            row.append(f"{statistics.median(mv) / bm:.2f}x" if mv and bm else "-")
+        lines.append("| " + " | ".join(row) + " |")
+    fails = [r for r in results if not r.get("ok")]
+    for r in fails:
+        lines.append(f"\nFAILED {r['name']} (repeat {r.get('repeat')}): rc={r['rc']} {r.get('error', '')[:400]}")
+    return "\n".join(lines)
+
+
+def plot(results: list[dict], path: str, metrics: dict | None = None, title: str | None = None) -> str:
+    """PNG bar chart, one panel per workload (result["workload"], else one panel).
+    metrics: {workload: "wall_s" | "samples_per_s" | ...}; default wall_s. For wall_s the
+    bar is split into training (median train_s) and everything else; whiskers are min-max."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    metrics = metrics or {}
+    by_wl: OrderedDict[str, list[dict]] = OrderedDict()
+    for r in results:
+        by_wl.setdefault(r.get("workload", ""), []).append(r)
+    n = len(by_wl)
+    heights = [max(1.5, 0.45 * len(_groups(rs)) + 1) for rs in by_wl.values()]
+    fig, axes = plt.subplots(n, 1, figsize=(9, sum(heights) + 0.5), squeeze=False,
+                             gridspec_kw={"height_ratios": heights})
+    for ax, (wl, rs) in zip(axes[:, 0], by_wl.items()):
+        metric = metrics.get(wl, "wall_s")
+        groups = [(name, runs) for name, runs in _groups(rs).items() if _vals(runs, metric)]
+        names = [g[0] for g in groups][::-1]
+        med = [statistics.median(_vals(runs, metric)) for _, runs in groups][::-1]
+        lo = [m - min(_vals(runs, metric)) for m, (_, runs) in zip(med[::-1], groups)][::-1]
+        hi = [max(_vals(runs, metric)) - m for m, (_, runs) in zip(med[::-1], groups)][::-1]
+        y = list(range(len(names)))
+        if metric == "wall_s":
+            tr = [statistics.median(_vals(runs, "train_s")) if _vals(runs, "train_s") else 0.0
+                  for _, runs in groups][::-1]
+            tr = [min(t, m) for t, m in zip(tr, med)]
+            ax.barh(y, tr, color="#d62728", label="training loop")
+            ax.barh(y, [m - t for m, t in zip(med, tr)], left=tr, color="#1f77b4",
+                    label="outside training (imports, launch, setup, teardown)")
+            ax.errorbar(med, y, xerr=[lo, hi], fmt="none", ecolor="black", capsize=3, lw=1)
+            ax.legend(loc="lower right", fontsize=8)
+        else:
+            ax.barh(y, med, xerr=[lo, hi], color="#2ca02c", capsize=3)
+        for yi, m in zip(y, med):
+            ax.text(m, yi, f" {_fmt(m)}", va="center", fontsize=8)
+        ax.set_yticks(y)
+        ax.set_yticklabels(names, fontsize=8)
+        ax.set_xlabel(f"{_LABELS.get(metric, metric)} (median, whiskers min-max)")
+        ax.set_title(f"{wl}" if wl else (title or ""), fontsize=10)
+        ax.margins(x=0.15)
+    if title:
+        fig.suptitle(title, fontsize=11)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
