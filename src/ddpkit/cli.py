@@ -41,6 +41,7 @@ def _add_process_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--timeout", type=float, default=300.0,
                    help="seconds any collective or rendezvous may wait before the job fails instead of hanging (default 300)")
     g.add_argument("--dry-run", action="store_true", help="print the launch plan (nodes, ranks, master, backend, device) and start nothing")
+    g.add_argument("--debug-collectives", action="store_true", help="check across ranks that every collective matches (op, shapes, order) and name the rank that diverged (slow)")
     g.add_argument("--verbose", action="store_true", help="show the elastic agent's own logs (rendezvous, restarts, failures)")
     n = p.add_argument_group("several nodes (run the same command on every node)")
     n.add_argument("--nnodes", default="1", help="number of nodes, or MIN:MAX for an elastic job with --rdzv-endpoint (default 1)")
@@ -54,7 +55,7 @@ def _add_process_flags(p: argparse.ArgumentParser) -> None:
 
 def _process_config(ns: argparse.Namespace) -> dict[str, Any]:
     return dict(nproc=ns.nproc, max_restarts=ns.max_restarts, threads=ns.threads, start_method=ns.start_method,
-                timeout=ns.timeout, verbose=ns.verbose, nnodes=ns.nnodes, node_rank=ns.node_rank,
+                timeout=ns.timeout, verbose=ns.verbose, debug_collectives=ns.debug_collectives, nnodes=ns.nnodes, node_rank=ns.node_rank,
                 master_addr=ns.master_addr, master_port=ns.master_port, rdzv_endpoint=ns.rdzv_endpoint,
                 rdzv_id=ns.rdzv_id, local_addr=ns.local_addr)
 
@@ -84,6 +85,7 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--auto-resume", action="store_true", help="continue from the newest checkpoint in --run-dir if there is one, else start fresh (for requeued jobs)")
     t.add_argument("--save-on-signal", default="", metavar="SIGNALS", help="on one of these signals (e.g. USR1,TERM) save a checkpoint at the next step boundary and stop")
     t.add_argument("--requeue", action="store_true", help="under SLURM: after a --save-on-signal stop, requeue the job (it resumes with --auto-resume)")
+    t.add_argument("--on-nan", choices=("stop", "skip"), default="stop", help="a NaN/inf loss stops the run before the weights are touched (default), or skips that step on every rank")
     t.add_argument("--quiet", action="store_true", help="no per-epoch progress or summary; only errors (the run directory still gets everything)")
 
     la = sub.add_parser("launch", help="run any script on N local workers (like torchrun)", description=LAUNCH_HELP)
@@ -128,7 +130,7 @@ def train_config(ns: argparse.Namespace) -> Any:
     return RunConfig(
         task=ns.task, epochs=ns.epochs, batch_size=ns.batch_size, lr=ns.lr, seed=ns.seed,
         shuffle=ns.shuffle, save_every=ns.save_every, eval_every=ns.eval_every, run_dir=ns.run_dir,
-        resume=ns.resume, auto_resume=ns.auto_resume, save_on_signal=ns.save_on_signal, requeue=ns.requeue,
+        resume=ns.resume, auto_resume=ns.auto_resume, save_on_signal=ns.save_on_signal, requeue=ns.requeue, on_nan=ns.on_nan,
         backend=ns.backend, device=ns.device, num_workers=ns.num_workers, quiet=ns.quiet, **_process_config(ns),
     )
 

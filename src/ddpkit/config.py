@@ -31,6 +31,7 @@ class RunConfig:
     auto_resume: bool = False  # resume when the run dir has a checkpoint, else start fresh
     save_on_signal: str = ""  # e.g. "USR1,TERM": save at the next step boundary and stop
     requeue: bool = False  # under SLURM: after such a stop, `scontrol requeue` the job
+    on_nan: str = "stop"  # a NaN/inf loss: "stop" the run, or "skip" that step on every rank
     backend: str = "auto"
     device: str = "auto"
     timeout: float = DEFAULT_TIMEOUT_S  # seconds any collective or rendezvous may wait
@@ -46,6 +47,7 @@ class RunConfig:
     rdzv_id: str | None = None
     local_addr: str | None = None  # this node's address as the others reach it (default: derived)
     num_workers: int = 0  # DataLoader workers for datasets that are not in-memory tensors
+    debug_collectives: bool = False  # every collective is checked across ranks (slow; for debugging hangs)
     quiet: bool = False
     verbose: bool = False
     extra: dict[str, Any] = field(default_factory=dict)  # free-form settings for user tasks
@@ -74,6 +76,7 @@ class RunConfig:
         _choice("--backend", self.backend, BACKENDS)
         _choice("--device", self.device, DEVICES)
         _choice("--start-method", self.start_method, START_METHODS)
+        _choice("--on-nan", self.on_nan, ("stop", "skip"))
         if self.backend == "nccl" and self.device == "cpu":
             raise DdpkitError("--backend nccl needs --device cuda (NCCL only moves GPU tensors); use --backend gloo for CPU")
         if not self.task:

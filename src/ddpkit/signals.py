@@ -5,13 +5,11 @@ from __future__ import annotations
 import signal
 from types import FrameType
 
-import torch
-import torch.distributed as dist
 
 
 class StopRequest:
-    """Installs handlers for the named signals (e.g. ["USR1", "TERM"]) and answers, at a
-    step boundary, whether ANY rank received one (so all ranks stop at the same step)."""
+    """Installs handlers for the named signals (e.g. ["USR1", "TERM"]); the trainer asks at
+    each step boundary, through one all-reduce, whether ANY rank received one."""
 
     def __init__(self, names: list[str]) -> None:
         self.received: str | None = None
@@ -27,16 +25,6 @@ class StopRequest:
     @property
     def active(self) -> bool:
         return bool(self.names)
-
-    def agreed(self, device: torch.device) -> bool:
-        """True on every rank if any rank got a signal. One tiny all-reduce per call, made
-        only when handlers are installed."""
-        if not self.active:
-            return False
-        flag = torch.tensor([1.0 if self.received else 0.0], device=device)
-        if dist.is_initialized() and dist.get_world_size() > 1:
-            dist.all_reduce(flag, op=dist.ReduceOp.MAX)
-        return bool(flag.item())
 
     def restore(self) -> None:
         for signum, handler in self._previous.items():

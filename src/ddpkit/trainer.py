@@ -52,14 +52,26 @@ def fit(cfg: RunConfig, task: Task, rt: Runtime, run_dir: Path, stop: StopReques
         ddp_model.train()
         first_step = position.step if epoch == position.epoch else 0
         loss_sum = torch.zeros((), dtype=torch.float64, device=rt.device)
+        skipped = 0
         if first_step and rt.is_main:
             loss_sum += position.loss_sum  # the global sum of the steps done before the stop
         t0 = time.perf_counter()
         for step, (batch, n_local, n_global) in enumerate(loader.iter_steps(skip=first_step), start=first_step):
             *inputs, target = _to_device(batch, rt.device)
             out = ddp_model(*inputs)
-            if n_local:
-                loss = loss_fn(out, target)
+            loss = loss_fn(out, target) if n_local else None
+            # One small all-reduce per step tells every rank whether any loss is NaN/inf and
+            # whether any rank got a stop signal, so all ranks act alike at this step.
+            bad_ranks, stop_now = step_flags(loss, stop, rt.device)
+            if bad_ranks:
+                if cfg.on_nan == "stop":
+                    raise DdpkitError(
+                        f"the training loss is not finite in epoch {epoch + 1}, step {step + 1} (on {bad_ranks} of {world} "
+                        "rank(s)); stopped before the optimizer step, so the last checkpoint holds finite weights "
+                        "(lower --lr, check the data, or --on-nan skip)")
+                skipped += 1  # --on-nan skip: every rank drops this step
+                continue
+            if loss is not None:
                 # Weight by this rank's share so DDP's average is the mean over the global batch.
                 scale = n_local * world / n_global
                 (loss if scale == 1.0 else loss * scale).backward()
@@ -68,7 +80,7 @@ def fit(cfg: RunConfig, task: Task, rt: Runtime, run_dir: Path, stop: StopReques
                 (_first_tensor(out).sum() * 0.0).backward()
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
-            if stop is not None and step + 1 < len(loader) and stop.agreed(rt.device):
+            if stop_now and step + 1 < len(loader):
                 partial = all_sum(loss_sum).item()
                 train_time += time.perf_counter() - t0
                 save_checkpoint(rt, run_dir, ddp_model, optimizer, Position(epoch, step + 1, partial), cfg)
@@ -83,6 +95,8 @@ def fit(cfg: RunConfig, task: Task, rt: Runtime, run_dir: Path, stop: StopReques
         if not math.isfinite(train_loss):
             raise DdpkitError(f"the training loss is {train_loss} in epoch {epoch + 1}; no checkpoint of these weights was written (lower --lr?)")
         record: dict[str, Any] = {"epoch": epoch + 1, "train_loss": train_loss}
+        if skipped:
+            record["skipped_steps"] = skipped
         if task.eval_set is not None and ((epoch + 1) % cfg.eval_every == 0 or epoch + 1 == cfg.epochs):
             record.update(evaluate(ddp_model, task.eval_set, loss_fn, metric, task.metric_name, rt, cfg))
         record.update(epoch_s=round(epoch_s, 6), samples_per_s=round(n_train / epoch_s, 2) if epoch_s > 0 else None,
@@ -92,14 +106,14 @@ def fit(cfg: RunConfig, task: Task, rt: Runtime, run_dir: Path, stop: StopReques
         if not cfg.quiet:
             rt.print(_epoch_line(record, cfg.epochs))
         done = epoch + 1 == cfg.epochs
-        stopping = not done and stop is not None and stop.agreed(rt.device)
+        stopping = not done and stop is not None and step_flags(None, stop, rt.device)[1]
         if stopping or (cfg.save_every and ((epoch + 1) % cfg.save_every == 0 or done)):
             save_checkpoint(rt, run_dir, ddp_model, optimizer, Position(epoch + 1), cfg)
         if stopping:
             stopped_early = True
             break
     if rt.is_main and not stopped_early:
-        ckpt_io.atomic_save(plain_state_dict(ddp_model), run_dir / "model.pt")
+        write_or_explain(plain_state_dict(ddp_model), run_dir / "model.pt")
     return {
         "epochs_done": last.get("epoch", position.epoch),
         "train_loss": last.get("train_loss"),
@@ -121,6 +135,19 @@ class Position:
     epoch: int = 0
     step: int = 0
     loss_sum: float = 0.0
+
+
+def step_flags(loss: torch.Tensor | None, stop: StopRequest | None, device: torch.device) -> tuple[int, bool]:
+    """(ranks whose loss is not finite, whether any rank asked to stop): the same on every rank."""
+    flags = torch.zeros(2, device=device)
+    if loss is not None:
+        flags[0] = (~torch.isfinite(loss.detach())).float()
+    if stop is not None and stop.received:
+        flags[1] = 1.0
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        dist.all_reduce(flags)
+    bad, stopping = flags.tolist()
+    return int(bad), stopping > 0
 
 
 def evaluate(model: nn.Module, dataset: Any, loss_fn: Callable, metric: Callable | None, metric_name: str,
@@ -156,9 +183,21 @@ def save_checkpoint(rt: Runtime, run_dir: Path, model: nn.Module, optimizer: tor
         dist.all_gather_object(gathered, states[0])
         states = gathered
     if rt.is_main:
+        if not all(torch.isfinite(p).all() for p in unwrap(model).parameters()):
+            raise DdpkitError(f"the weights hold NaN/inf at epoch {pos.epoch + 1}; no checkpoint written, the last one is intact")
         state = ckpt_io.make_checkpoint(plain_state_dict(model), optimizer.state_dict(), pos.epoch, states, cfg.as_dict(),
                                         rt.world_size, step=pos.step, loss_sum=pos.loss_sum)
-        ckpt_io.atomic_save(state, ckpt_io.checkpoint_path(run_dir, pos.epoch, pos.step))
+        write_or_explain(state, ckpt_io.checkpoint_path(run_dir, pos.epoch, pos.step))
+
+
+def write_or_explain(obj: Any, path: Path) -> None:
+    """Atomic save; a full disk or unwritable folder becomes a clear error (nothing partial
+    is left, and the previous checkpoint stays the one --resume uses)."""
+    try:
+        ckpt_io.atomic_save(obj, path)
+    except OSError as e:
+        raise DdpkitError(f"cannot write {path}: {e.strerror or e}; nothing partial was left and the previous "
+                          "checkpoint is intact: free space (or fix the folder) and continue with --resume") from None
 
 
 def _resume(cfg: RunConfig, rt: Runtime, run_dir: Path, model: nn.Module, optimizer: torch.optim.Optimizer) -> Position:

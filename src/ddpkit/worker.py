@@ -4,6 +4,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import signal
 import subprocess
 import sys
 import traceback
@@ -26,6 +27,21 @@ ERROR_DIR_VAR = "DDPKIT_ERROR_DIR"
 LAUNCH_TIME_VAR = "DDPKIT_LAUNCH_TIME"
 
 
+def die_with_parent() -> None:
+    """A worker of ddpkit's own launcher must not outlive it (a SIGKILLed launcher cannot
+    stop its workers): ask Linux to kill this process when its parent dies."""
+    if sys.platform != "linux":
+        return
+    import ctypes
+
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except OSError:
+        return
+    if os.getppid() == 1:  # the parent died before we asked
+        os._exit(1)
+
+
 def seed_everything(seed: int) -> None:
     random.seed(seed)
     np.random.seed(seed)
@@ -38,6 +54,8 @@ def train_worker(config: dict[str, Any]) -> dict[str, Any]:
     cfg = RunConfig.from_dict(config)
     env = DistEnv.detect()
     error_dir = os.environ.get(ERROR_DIR_VAR)
+    if error_dir:
+        die_with_parent()
     try:
         return _train(cfg, env)
     except DdpkitError as e:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 import os
 import shutil
+import signal
 import sys
 import tempfile
 import uuid
@@ -38,6 +39,7 @@ class LaunchPlan:
     timeout: float = 300.0
     threads_per_process: int = 1
     extra_env: dict[str, str] = field(default_factory=dict)
+    debug_collectives: bool = False
 
     @property
     def min_nodes(self) -> int:
@@ -55,6 +57,7 @@ def run_elastic(plan: LaunchPlan, entrypoint: Callable[..., Any] | str, args: li
     failure becomes a DdpkitError that names the rank and exit code. Workers never outlive
     this call: the agent stops the whole group when one fails or on SIGINT/SIGTERM."""
     from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, Std
+    from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
@@ -70,6 +73,8 @@ def run_elastic(plan: LaunchPlan, entrypoint: Callable[..., Any] | str, args: li
         # addresses (pytorch/pytorch#135712). Static rendezvous serves workers from its store.
         os.environ["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"
     os.environ["OMP_NUM_THREADS"] = str(plan.threads_per_process)
+    if plan.debug_collectives:
+        os.environ["TORCH_DISTRIBUTED_DEBUG"] = "DETAIL"  # ranks check that their collectives match
     rdzv_configs = {"join_timeout": int(plan.timeout), **plan.rdzv_configs}
     endpoint, rdzv_store = plan.rdzv_endpoint, None
     if plan.rdzv_backend == "c10d" and plan.rdzv_configs.get("is_host"):
@@ -101,6 +106,9 @@ def run_elastic(plan: LaunchPlan, entrypoint: Callable[..., Any] | str, args: li
         return elastic_launch(config, entrypoint)(*args)
     except ChildFailedError as e:
         raise DdpkitError(_failure_message(e, errors)) from None
+    except SignalException as e:
+        raise DdpkitError(f"stopped by {signal.Signals(e.sigval).name}; the workers were stopped (with --save-on-signal "
+                          "they saved a checkpoint first: continue with --resume)") from None
     finally:
         del rdzv_store
         agent_log.setLevel(saved_level)

@@ -25,6 +25,7 @@ def make_launch_plan(cfg: RunConfig, nproc: int, device_type: str, clean_parent:
         start_method=start_method_for(cfg.start_method, device_type, clean_parent),
         timeout=cfg.timeout,
         threads_per_process=threads,
+        debug_collectives=cfg.debug_collectives,
     )
     if cfg.rdzv_id:
         common["rdzv_id"] = cfg.rdzv_id

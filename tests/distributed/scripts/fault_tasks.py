@@ -1,0 +1,57 @@
+"""Tasks with real faults for the fault-injection tests (selected by environment variables)."""
+import os
+
+import torch
+from torch import nn
+from torch.utils.data import TensorDataset
+
+from ddpkit.tasks.wine import build as wine
+
+
+class ExitAfter(nn.Module):
+    """Wraps a model; on the first attempt (no restart yet), rank FAULT_RANK calls os._exit
+    at its FAULT_STEP-th forward: a worker dying from inside, mid-epoch."""
+
+    def __init__(self, inner):
+        super().__init__()
+        self.inner = inner
+        self.calls = 0
+
+    def forward(self, x):
+        self.calls += 1
+        first_attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") == "0"
+        if (first_attempt and self.calls == int(os.environ.get("FAULT_STEP", "0"))
+                and os.environ.get("RANK", "0") == os.environ.get("FAULT_RANK", "0")):
+            os._exit(3)
+        return self.inner(x)
+
+    def state_dict(self, *args, **kwargs):  # same keys as the plain Wine model
+        return self.inner.state_dict(*args, **kwargs)
+
+    def load_state_dict(self, state, *args, **kwargs):
+        return self.inner.load_state_dict(state, *args, **kwargs)
+
+
+def exits_midway(config=None):
+    task = wine(config)
+    task.model = ExitAfter(task.model)
+    return task
+
+
+def nan_sample(config=None):
+    """Wine with one training sample full of NaN: the step that draws it has a NaN loss."""
+    task = wine(config)
+    x, y = task.train_set.tensors
+    x = x.clone()
+    x[7] = float("nan")
+    task.train_set = TensorDataset(x, y)
+    return task
+
+
+def big(config=None):
+    """A model whose checkpoints take a while to write (~100 MB with Adam's state)."""
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(64, 2048, generator=g)
+    y = torch.randint(0, 4, (64,), generator=g)
+    model = nn.Sequential(nn.Linear(2048, 4096), nn.ReLU(), nn.Linear(4096, 4))
+    return {"model": model, "train_set": TensorDataset(x, y), "optimizer": lambda p: torch.optim.Adam(p, lr=1e-4)}
