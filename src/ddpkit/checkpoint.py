@@ -32,6 +32,9 @@ def atomic_save(obj: Any, path: str | os.PathLike) -> Path:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    umask = os.umask(0)
+    os.umask(umask)
+    os.fchmod(fd, 0o666 & ~umask)  # as open() would create it, not mkstemp's 0600
     try:
         with os.fdopen(fd, "wb") as f:
             torch.save(obj, f)

@@ -27,6 +27,12 @@ ERROR_DIR_VAR = "DDPKIT_ERROR_DIR"
 LAUNCH_TIME_VAR = "DDPKIT_LAUNCH_TIME"
 
 
+def _is_peer_loss(e: BaseException) -> bool:
+    text = str(e)
+    return type(e).__name__ == "SignalException" or any(
+        s in text for s in ("Connection closed by peer", "Connection reset by peer", "Broken pipe"))
+
+
 def die_with_parent() -> None:
     """A worker of ddpkit's own launcher must not outlive it (a SIGKILLed launcher cannot
     stop its workers): ask Linux to kill this process when its parent dies."""
@@ -63,9 +69,14 @@ def train_worker(config: dict[str, Any]) -> dict[str, Any]:
             raise
         Path(error_dir, f"rank-{env.rank}.txt").write_text(str(e))
         sys.exit(2)
-    except Exception:
+    except Exception as e:
         if not error_dir:
             raise
+        if _is_peer_loss(e):  # a consequence of another rank's failure: one line, not a traceback
+            line = f"rank {env.rank} lost contact with another rank ({str(e).splitlines()[0][:200]})"
+            Path(error_dir, f"peer-{env.rank}.txt").write_text(line)
+            print(f"[rank {env.rank}] {line}", file=sys.stderr, flush=True)
+            os._exit(1)
         # One traceback, from the rank that failed; the launcher adds one line naming it.
         print(f"[rank {env.rank}] " + traceback.format_exc(), file=sys.stderr, flush=True)
         sys.exit(1)

@@ -63,3 +63,73 @@ def test_dry_run_on_node_1_shows_its_global_ranks(two_nodes):
     assert "world size         4" in text
     assert "local rank 0 -> global rank 2" in text and "local rank 1 -> global rank 3" in text
     assert f"address {n2.ip}" in text and "GLOO_SOCKET_IFNAME=" in text
+
+
+def _start_two_nodes(net, run_dir, extra):
+    base = [sys.executable, "-m", "ddpkit", "train", "--nproc", "2", "--run-dir", str(run_dir), "--epochs", "3000",
+            "--batch-size", "8", "--save-every", "20", "--timeout", "30", "--quiet", *extra]
+    env = {"PYTHONPATH": str(REPO / "src")}
+    import subprocess
+    logs = [open(run_dir.parent / f"node{i}.log", "w+") for i in (1, 2)]
+    procs = [node.popen(base, env=env, stdout=log, stderr=subprocess.STDOUT, worker_env=False)
+             for node, log in zip(net.nodes, logs)]
+    return procs, logs
+
+
+def _wait_metrics(run_dir, n, procs, timeout=90):
+    import time
+    deadline = time.monotonic() + timeout
+    path = run_dir / "metrics.jsonl"
+    while not (path.exists() and len(path.read_text().splitlines()) >= n):
+        assert all(p.poll() is None for p in procs), "a node ended early"
+        assert time.monotonic() < deadline, "training did not start"
+        time.sleep(0.1)
+
+
+def test_a_lost_node_stops_the_survivors_with_a_clear_message_and_leaves_nothing(two_nodes, tmp_path):
+    import time
+    run_dir = tmp_path / "run"
+    endpoint = f"{two_nodes.nodes[0].ip}:{two_nodes.next_port()}"
+    procs, logs = _start_two_nodes(two_nodes, run_dir, ["--nnodes", "2", "--rdzv-endpoint", endpoint])
+    try:
+        _wait_metrics(run_dir, 25, procs)  # past the checkpoint at epoch 20
+        killed_at = time.monotonic()
+        two_nodes.nodes[1].kill_all()  # node 2 dies: its agent and workers, all at once
+        code = procs[0].wait(timeout=60)
+        took = time.monotonic() - killed_at
+        print(f"survivors stopped {took:.1f} s after the node was killed")
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+    logs[0].seek(0)
+    out = logs[0].read()
+    assert code == 2, out
+    assert "lost contact with another rank" in out and two_nodes.nodes[1].ip in out, out
+    assert "ddpkit: error:" in out
+    assert took < 45, took  # bounded by --timeout (30 s), not the 30-minute default
+    time.sleep(0.5)
+    assert two_nodes.nodes[0].pids() == [], "processes left behind on the surviving node"
+    assert any(p.name.startswith("epoch-") for p in (run_dir / "checkpoints").iterdir())  # progress kept
+
+
+def test_an_elastic_job_continues_on_the_surviving_node(two_nodes, tmp_path):
+    import json
+    run_dir = tmp_path / "run"
+    endpoint = f"{two_nodes.nodes[0].ip}:{two_nodes.next_port()}"
+    procs, logs = _start_two_nodes(two_nodes, run_dir, ["--nnodes", "1:2", "--rdzv-endpoint", endpoint,
+                                                        "--max-restarts", "2", "--epochs", "400"])
+    try:
+        _wait_metrics(run_dir, 25, procs)
+        two_nodes.nodes[1].kill_all()
+        code = procs[0].wait(timeout=240)
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+    logs[0].seek(0)
+    out = logs[0].read()
+    assert code == 0, out
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["world_size"] == 2 and summary["nnodes"] == 1 and summary["epochs_done"] == 400, summary
+    assert summary["resumed_from_epoch"] > 0

@@ -98,10 +98,11 @@ def run_elastic(plan: LaunchPlan, entrypoint: Callable[..., Any] | str, args: li
     )
     # The agent logs every failure with a traceback at ERROR level; ddpkit reports failures
     # itself (one line, plus the failing rank's own traceback), so keep the agent quiet.
-    agent_log = logging.getLogger("torch.distributed.elastic")
-    saved_level = agent_log.level
+    agent_logs = [logging.getLogger(n) for n in ("torch.distributed.elastic", "torch.multiprocessing")]
+    saved_levels = [log.level for log in agent_logs]
     if not verbose:
-        agent_log.setLevel(logging.CRITICAL)
+        for log in agent_logs:
+            log.setLevel(logging.CRITICAL)
     try:
         return elastic_launch(config, entrypoint)(*args)
     except ChildFailedError as e:
@@ -111,7 +112,8 @@ def run_elastic(plan: LaunchPlan, entrypoint: Callable[..., Any] | str, args: li
                           "they saved a checkpoint first: continue with --resume)") from None
     finally:
         del rdzv_store
-        agent_log.setLevel(saved_level)
+        for log, level in zip(agent_logs, saved_levels):
+            log.setLevel(level)
         os.environ.clear()
         os.environ.update(saved_env)
         shutil.rmtree(scratch, ignore_errors=True)
@@ -140,6 +142,11 @@ def _failure_message(e: Any, errors: Path) -> str:
     if user_errors:
         return user_errors[0].read_text().strip()
     rank, failure = e.get_first_failure()
+    peer_losses = sorted(errors.glob("peer-*.txt"))
+    if peer_losses and len(peer_losses) == len(e.failures):
+        # every failure here is a lost connection: the rank that died is on another node
+        return (peer_losses[0].read_text().strip() + "; a process or node elsewhere in the job died "
+                "(see that node's log); this node's workers were stopped")
     how = f"was killed by signal {-failure.exitcode}" if failure.exitcode < 0 else f"exited with code {failure.exitcode}"
     return f"worker rank {rank} {how}; the other workers were stopped (see its output above)"
 

@@ -40,9 +40,11 @@ def make_launch_plan(cfg: RunConfig, nproc: int, device_type: str, clean_parent:
         host, _, port = cfg.rdzv_endpoint.rpartition(":")
         target = network.resolve(host.strip("[]"))
         local = cfg.local_addr or network.source_address_for(target)
+        rdzv: dict[str, Any] = {"is_host": network.is_local_address(target)}
+        if lo < hi:  # elastic: notice a lost node within ~6 s and go on without waiting long for more
+            rdzv.update(keep_alive_interval=2, keep_alive_max_attempt=3, last_call_timeout=5)
         return LaunchPlan(**common, rdzv_backend="c10d", rdzv_endpoint=f"{target}:{port}", local_addr=local,
-                          rdzv_configs={"is_host": network.is_local_address(target)},
-                          extra_env=_gloo_env(local))
+                          rdzv_configs=rdzv, extra_env=_gloo_env(local))
     target = network.resolve(cfg.master_addr or "127.0.0.1")
     port = cfg.master_port or DEFAULT_MASTER_PORT
     local = cfg.local_addr or network.source_address_for(target)
