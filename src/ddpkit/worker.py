@@ -29,8 +29,7 @@ LAUNCH_TIME_VAR = "DDPKIT_LAUNCH_TIME"
 
 def _is_peer_loss(e: BaseException) -> bool:
     text = str(e)
-    return type(e).__name__ == "SignalException" or any(
-        s in text for s in ("Connection closed by peer", "Connection reset by peer", "Broken pipe"))
+    return any(s in text for s in ("Connection closed by peer", "Connection reset by peer", "Broken pipe"))
 
 
 def die_with_parent() -> None:
@@ -72,6 +71,8 @@ def train_worker(config: dict[str, Any]) -> dict[str, Any]:
     except Exception as e:
         if not error_dir:
             raise
+        if type(e).__name__ == "SignalException":  # the agent is stopping us: another rank failed
+            os._exit(1)
         if _is_peer_loss(e):  # a consequence of another rank's failure: one line, not a traceback
             line = f"rank {env.rank} lost contact with another rank ({str(e).splitlines()[0][:200]})"
             Path(error_dir, f"peer-{env.rank}.txt").write_text(line)

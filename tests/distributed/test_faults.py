@@ -52,15 +52,15 @@ def reference(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def reference400(tmp_path_factory):
-    run = tmp_path_factory.mktemp("ref400") / "run"
-    run_ddpkit("train", "--nproc", "2", "--quiet", "--run-dir", str(run), *WINE, "--epochs", "400")
+def reference200(tmp_path_factory):
+    run = tmp_path_factory.mktemp("ref200") / "run"
+    run_ddpkit("train", "--nproc", "2", "--quiet", "--run-dir", str(run), *WINE, "--epochs", "200")
     return run
 
 
-def test_worker_killed_from_outside_is_restarted_and_the_run_ends_bit_identical(tmp_path, reference400):
+def test_worker_killed_from_outside_is_restarted_and_the_run_ends_bit_identical(tmp_path, reference200):
     run = tmp_path / "run"
-    proc = _start("train", "--nproc", "2", "--max-restarts", "2", "--run-dir", str(run), *WINE, "--epochs", "400",
+    proc = _start("train", "--nproc", "2", "--max-restarts", "2", "--run-dir", str(run), *WINE, "--epochs", "200",
                   "--save-every", "5")
     try:
         _wait_for_lines(run / "metrics.jsonl", 12, proc)
@@ -73,9 +73,9 @@ def test_worker_killed_from_outside_is_restarted_and_the_run_ends_bit_identical(
             os.killpg(proc.pid, signal.SIGKILL)
     assert proc.returncode == 0, err
     assert "resuming from" in out
-    assert_state_equal(load_model(run), load_model(reference400))
+    assert_state_equal(load_model(run), load_model(reference200))
     epochs = [json.loads(x)["epoch"] for x in (run / "metrics.jsonl").read_text().splitlines()]
-    assert epochs == list(range(1, 401))  # every epoch logged once, none lost
+    assert epochs == list(range(1, 201))  # every epoch logged once, none lost
 
 
 @pytest.mark.parametrize("nproc", [1, 2])
@@ -100,9 +100,9 @@ def test_without_restarts_a_dying_worker_ends_the_job_and_names_the_rank(tmp_pat
     assert "ddpkit: error: worker rank 1 exited with code 3" in proc.stderr
 
 
-def test_ctrl_c_with_save_on_signal_checkpoints_and_resume_ends_bit_identical(tmp_path, reference400):
+def test_ctrl_c_with_save_on_signal_checkpoints_and_resume_ends_bit_identical(tmp_path, reference200):
     run = tmp_path / "run"
-    args = ["--nproc", "2", "--run-dir", str(run), *WINE, "--epochs", "400"]
+    args = ["--nproc", "2", "--run-dir", str(run), *WINE, "--epochs", "200"]
     proc = _start("train", *args, "--save-on-signal", "INT,TERM")
     try:
         _wait_for_lines(run / "metrics.jsonl", 12, proc)
@@ -116,7 +116,7 @@ def test_ctrl_c_with_save_on_signal_checkpoints_and_resume_ends_bit_identical(tm
     saved = sorted(p.name for p in (run / "checkpoints").iterdir())
     assert saved and not any(n.endswith(".tmp") for n in saved)
     run_ddpkit("train", *args, "--resume", "--quiet")
-    assert_state_equal(load_model(run), load_model(reference400))
+    assert_state_equal(load_model(run), load_model(reference200))
 
 
 def test_killed_while_saving_leaves_the_previous_checkpoint_in_use(tmp_path):

@@ -142,10 +142,10 @@ def _failure_message(e: Any, errors: Path) -> str:
     if user_errors:
         return user_errors[0].read_text().strip()
     rank, failure = e.get_first_failure()
-    peer_losses = sorted(errors.glob("peer-*.txt"))
-    if peer_losses and len(peer_losses) == len(e.failures):
-        # every failure here is a lost connection: the rank that died is on another node
-        return (peer_losses[0].read_text().strip() + "; a process or node elsewhere in the job died "
+    peer_losses = {int(p.stem.split("-")[1]): p for p in errors.glob("peer-*.txt")}
+    if rank in peer_losses:
+        # the first failure was a lost connection: the rank that died first is elsewhere
+        return (peer_losses[rank].read_text().strip() + "; a process or node elsewhere in the job died "
                 "(see that node's log); this node's workers were stopped")
     how = f"was killed by signal {-failure.exitcode}" if failure.exitcode < 0 else f"exited with code {failure.exitcode}"
     return f"worker rank {rank} {how}; the other workers were stopped (see its output above)"
