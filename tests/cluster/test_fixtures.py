@@ -12,7 +12,7 @@ import pytest
 
 pytestmark = pytest.mark.cluster
 
-PY = "python3"  # the system python with torch (as jobs and workers will use it)
+PY = sys.executable  # the python running the tests (it has torch, in CI the .venv one)
 
 ALLREDUCE_TORCHRUN = textwrap.dedent("""\
     import datetime, json, os, socket, sys
