@@ -87,6 +87,10 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--requeue", action="store_true", help="under SLURM: after a --save-on-signal stop, requeue the job (it resumes with --auto-resume)")
     t.add_argument("--on-nan", choices=("stop", "skip"), default="stop", help="a NaN/inf loss stops the run before the weights are touched (default), or skips that step on every rank")
     t.add_argument("--quiet", action="store_true", help="no per-epoch progress or summary; only errors (the run directory still gets everything)")
+    t.add_argument("--progress", choices=("auto", "bar", "lines"), default="auto",
+                   help="rank 0's progress: a tqdm bar, or plain lines for log files (default auto: bar on a terminal)")
+    t.add_argument("--csv", action="store_true", help="also write RUN_DIR/metrics.csv (metrics.jsonl is always written)")
+    t.add_argument("--tensorboard", action="store_true", help="also write TensorBoard event files to RUN_DIR/tensorboard")
 
     la = sub.add_parser("launch", help="run any script on N local workers (like torchrun)", description=LAUNCH_HELP)
     _add_process_flags(la)
@@ -131,7 +135,8 @@ def train_config(ns: argparse.Namespace) -> Any:
         task=ns.task, epochs=ns.epochs, batch_size=ns.batch_size, lr=ns.lr, seed=ns.seed,
         shuffle=ns.shuffle, save_every=ns.save_every, eval_every=ns.eval_every, run_dir=ns.run_dir,
         resume=ns.resume, auto_resume=ns.auto_resume, save_on_signal=ns.save_on_signal, requeue=ns.requeue, on_nan=ns.on_nan,
-        backend=ns.backend, device=ns.device, num_workers=ns.num_workers, quiet=ns.quiet, **_process_config(ns),
+        backend=ns.backend, device=ns.device, num_workers=ns.num_workers, quiet=ns.quiet, progress=ns.progress,
+        csv=ns.csv, tensorboard=ns.tensorboard, **_process_config(ns),
     )
 
 

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -10,6 +11,7 @@ from .errors import DdpkitError
 BACKENDS = ("auto", "gloo", "nccl")
 DEVICES = ("auto", "cpu", "cuda")
 START_METHODS = ("auto", "fork", "spawn")
+PROGRESS_MODES = ("auto", "bar", "lines")
 DEFAULT_TIMEOUT_S = 300.0
 
 
@@ -50,6 +52,9 @@ class RunConfig:
     debug_collectives: bool = False  # every collective is checked across ranks (slow; for debugging hangs)
     quiet: bool = False
     verbose: bool = False
+    progress: str = "auto"  # bar on a terminal (with tqdm), plain lines otherwise
+    csv: bool = False  # also write RUN_DIR/metrics.csv
+    tensorboard: bool = False  # also write TensorBoard event files to RUN_DIR/tensorboard
     extra: dict[str, Any] = field(default_factory=dict)  # free-form settings for user tasks
 
     def __post_init__(self) -> None:
@@ -77,6 +82,9 @@ class RunConfig:
         _choice("--device", self.device, DEVICES)
         _choice("--start-method", self.start_method, START_METHODS)
         _choice("--on-nan", self.on_nan, ("stop", "skip"))
+        _choice("--progress", self.progress, PROGRESS_MODES)
+        if self.tensorboard and importlib.util.find_spec("tensorboard") is None:
+            raise DdpkitError("--tensorboard needs the tensorboard package: pip install 'ddpkit[tensorboard]' (or tensorboard)")
         if self.backend == "nccl" and self.device == "cpu":
             raise DdpkitError("--backend nccl needs --device cuda (NCCL only moves GPU tensors); use --backend gloo for CPU")
         if not self.task:

@@ -31,7 +31,10 @@ Metric = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 @dataclass
 class Task:
     """What one training run needs. `metric(outputs, targets)` returns the batch's SUM
-    (e.g. the number of correct predictions); ddpkit divides by the sample count."""
+    (e.g. the number of correct predictions); ddpkit divides by the sample count.
+    `on_metrics(record)` is called on rank 0 after every epoch with that epoch's line of
+    metrics.jsonl (a dict of global values, already reduced across ranks): the place to
+    send them to W&B, MLflow or a notebook. It runs on rank 0 only, so it logs once."""
 
     model: nn.Module
     train_set: Any
@@ -40,6 +43,7 @@ class Task:
     loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None
     metric: Metric | None = None
     metric_name: str = "accuracy"
+    on_metrics: Callable[[dict[str, Any]], None] | None = None
 
 
 def accuracy_sum(outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
@@ -127,6 +131,8 @@ def as_task(built: Any, spec: str = "task") -> Task:
             raise DdpkitError(f"task {spec!r}: {name} must be a map-style data set (with __len__ and __getitem__), got {type(ds).__name__}")
         if len(ds) == 0:
             raise DdpkitError(f"task {spec!r}: {name} is empty")
+    if task.on_metrics is not None and not callable(task.on_metrics):
+        raise DdpkitError(f"task {spec!r}: on_metrics must be a function of the epoch's metrics dict")
     if not (isinstance(task.optimizer, torch.optim.Optimizer) or callable(task.optimizer)):
         raise DdpkitError(f"task {spec!r}: optimizer must be a torch.optim.Optimizer or a function of the parameters")
     return task

@@ -8,6 +8,7 @@ counts every sample once, checkpoints hold the full state and are written atomic
 from __future__ import annotations
 
 import math
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,6 +24,7 @@ from .data import ShardedLoader, eval_batches
 from .errors import DdpkitError
 from .metrics import MetricsLog
 from .parallel import plain_state_dict, unwrap, wrap_model
+from .progress import Progress, choose_mode
 from .runtime import Runtime, all_sum
 from .signals import StopRequest
 from .task import Task, accuracy_sum, make_optimizer
@@ -39,9 +41,10 @@ def fit(cfg: RunConfig, task: Task, rt: Runtime, run_dir: Path, stop: StopReques
     if cfg.resume or cfg.auto_resume:
         position = _resume(cfg, rt, run_dir, model, optimizer)
     ddp_model = wrap_model(model, rt)
-    log = MetricsLog(run_dir, enabled=rt.is_main, keep_until_epoch=position.epoch)
+    log = MetricsLog(run_dir, enabled=rt.is_main, keep_until_epoch=position.epoch, csv=cfg.csv, tensorboard=cfg.tensorboard)
     loader = ShardedLoader(task.train_set, cfg.batch_size, rt.rank, rt.world_size, cfg.seed, cfg.shuffle, num_workers=cfg.num_workers)
     n_train = loader.n
+    progress = Progress(choose_mode(cfg.progress, cfg.quiet, rt.is_main, sys.stdout), cfg.epochs, position.epoch, n_train)
     world = rt.world_size
     last: dict[str, Any] = {}
     train_time = 0.0
@@ -56,6 +59,8 @@ def fit(cfg: RunConfig, task: Task, rt: Runtime, run_dir: Path, stop: StopReques
         if first_step and rt.is_main:
             loss_sum += position.loss_sum  # the global sum of the steps done before the stop
         t0 = time.perf_counter()
+        progress.start_epoch(epoch, skipped_samples=min(n_train, first_step * loader.global_batch_size),
+                             loss_offset=position.loss_sum if first_step and rt.is_main else 0.0)
         for step, (batch, n_local, n_global) in enumerate(loader.iter_steps(skip=first_step), start=first_step):
             *inputs, target = _to_device(batch, rt.device)
             out = ddp_model(*inputs)
@@ -80,6 +85,7 @@ def fit(cfg: RunConfig, task: Task, rt: Runtime, run_dir: Path, stop: StopReques
                 (_first_tensor(out).sum() * 0.0).backward()
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
+            progress.step(n_local, n_global, loss_sum)
             if stop_now and step + 1 < len(loader):
                 partial = all_sum(loss_sum).item()
                 train_time += time.perf_counter() - t0
@@ -102,9 +108,10 @@ def fit(cfg: RunConfig, task: Task, rt: Runtime, run_dir: Path, stop: StopReques
         record.update(epoch_s=round(epoch_s, 6), samples_per_s=round(n_train / epoch_s, 2) if epoch_s > 0 else None,
                       lr=optimizer.param_groups[0]["lr"])
         log.write(record)
+        if task.on_metrics is not None and rt.is_main:
+            task.on_metrics(dict(record))  # global values: every number above is already reduced across ranks
         last = record
-        if not cfg.quiet:
-            rt.print(_epoch_line(record, cfg.epochs))
+        progress.end_epoch(record)
         done = epoch + 1 == cfg.epochs
         stopping = not done and stop is not None and step_flags(None, stop, rt.device)[1]
         if stopping or (cfg.save_every and ((epoch + 1) % cfg.save_every == 0 or done)):
@@ -112,6 +119,8 @@ def fit(cfg: RunConfig, task: Task, rt: Runtime, run_dir: Path, stop: StopReques
         if stopping:
             stopped_early = True
             break
+    progress.close()
+    log.close()
     if rt.is_main and not stopped_early:
         write_or_explain(plain_state_dict(ddp_model), run_dir / "model.pt")
     return {
@@ -248,10 +257,3 @@ def _first_tensor(out: Any) -> torch.Tensor:
     if isinstance(out, dict):
         out = list(out.values())
     return next(o for o in out if isinstance(o, torch.Tensor))
-
-
-def _epoch_line(r: dict[str, Any], epochs: int) -> str:
-    width = len(str(epochs))
-    parts = [f"epoch {r['epoch']:>{width}}/{epochs}", f"train_loss {r['train_loss']:.4f}"]
-    parts += [f"{k} {v:.4f}" for k, v in r.items() if k.startswith("eval_")]
-    return "  ".join(parts)

@@ -1,0 +1,86 @@
+"""What a user watches (progress on a terminal) and keeps (metrics.csv, TensorBoard, the hook)."""
+import fcntl
+import json
+import os
+import pty
+import struct
+import subprocess
+import sys
+import termios
+import textwrap
+
+import pytest
+
+from conftest import REPO, run_ddpkit
+
+
+def run_on_a_terminal(*args, cwd, timeout=120):
+    """`python -m ddpkit ARGS` with stdout on a pseudo-terminal of 120 columns, as in a shell."""
+    master, slave = pty.openpty()
+    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 30, 120, 0, 0))
+    proc = subprocess.Popen([sys.executable, "-m", "ddpkit", *args], cwd=cwd, stdout=slave, stderr=subprocess.PIPE,
+                            env={**os.environ, "PYTHONPATH": str(REPO / "src")})
+    os.close(slave)
+    chunks = []
+    while True:
+        try:
+            data = os.read(master, 65536)
+        except OSError:  # EIO: every writer has closed the terminal
+            break
+        if not data:
+            break
+        chunks.append(data)
+    os.close(master)
+    stderr = proc.communicate(timeout=timeout)[1].decode()
+    return proc.returncode, b"".join(chunks).decode(errors="replace"), stderr
+
+
+def test_on_a_terminal_rank_0_draws_a_bar_with_global_loss_samples_per_s_and_eta(tmp_path):
+    pytest.importorskip("tqdm")  # an optional extra; without it the bar falls back to lines (unit-tested)
+    rc, out, err = run_on_a_terminal("train", "--nproc", "2", "--epochs", "4", "--save-every", "0",
+                                     "--run-dir", str(tmp_path / "run"), cwd=tmp_path)
+    assert rc == 0, err
+    assert "epochs: 100%" in out and "4/4" in out                       # the bar over epochs
+    assert "epoch 4/4: " in out and "sample/s" in out                   # the bar over this epoch's samples
+    assert "rank0_loss" in out                                          # labelled as rank 0's running loss
+    final = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert f"loss={final['train_loss']:.4f}" in out                     # the global mean on the epoch bar
+    assert out.count("epoch 1/4  train_loss") == 1                      # rank 1 is silent
+    assert "ddpkit: run finished" in out
+
+
+def test_csv_tensorboard_and_the_metric_hook_get_the_same_global_values(tmp_path):
+    tb = pytest.importorskip("tensorboard.backend.event_processing.event_accumulator")
+    (tmp_path / "hooked.py").write_text(textwrap.dedent("""
+        import json, os
+        from ddpkit.tasks.wine import build as wine
+
+        def build(config):
+            task = wine(config)
+            def on_metrics(record):
+                with open(f"hook-rank{os.environ['RANK']}.jsonl", "a") as f:
+                    f.write(json.dumps(record) + "\\n")
+            task.on_metrics = on_metrics
+            return task
+    """))
+    run = tmp_path / "run"
+    run_ddpkit("train", "hooked.py:build", "--nproc", "2", "--epochs", "4", "--eval-every", "2", "--save-every", "0",
+               "--csv", "--tensorboard", "--quiet", "--run-dir", str(run), cwd=tmp_path)
+    records = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [r["epoch"] for r in records] == [1, 2, 3, 4] and "eval_accuracy" not in records[0]
+    # the hook: rank 0 only, once per epoch, exactly the records of metrics.jsonl (reduced across ranks)
+    assert not (tmp_path / "hook-rank1.jsonl").exists()
+    assert [json.loads(x) for x in (tmp_path / "hook-rank0.jsonl").read_text().splitlines()] == records
+    # CSV: a column for every key (eval_* appeared in epoch 2), empty where there was no eval
+    rows = (run / "metrics.csv").read_text().splitlines()
+    assert rows[0] == "epoch,train_loss,epoch_s,samples_per_s,lr,eval_loss,eval_accuracy"
+    assert len(rows) == 5 and rows[1].endswith(",,") and rows[2].split(",")[0] == "2"
+    assert float(rows[4].split(",")[1]) == records[3]["train_loss"]
+    # TensorBoard: the same values, step = epoch
+    acc = tb.EventAccumulator(str(run / "tensorboard"))
+    acc.Reload()
+    assert {"loss/train", "loss/eval", "eval/accuracy", "perf/samples_per_s"} <= set(acc.Tags()["scalars"])
+    train = acc.Scalars("loss/train")
+    assert [e.step for e in train] == [1, 2, 3, 4]
+    assert [e.value for e in train] == pytest.approx([r["train_loss"] for r in records], rel=1e-6)
+    assert [e.step for e in acc.Scalars("eval/accuracy")] == [2, 4]
