@@ -115,6 +115,14 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--wait", action="store_true", help="with --submit: follow the job (through requeues) to its end and exit with its status")
     s.add_argument("--wait-timeout", type=float, default=None, help="give up waiting after this many seconds (the job keeps running)")
     s.add_argument("train_args", nargs=argparse.REMAINDER, help="-- then the arguments of `ddpkit train` (task and flags)")
+
+    pl = sub.add_parser("plot", help="PNG curves of runs (loss, eval accuracy, samples/s), side by side",
+                        description="Plot the metrics.jsonl of one or more run directories into one PNG: "
+                                    "loss, the eval metric and samples/s per epoch, e.g. 1 vs 2 vs 4 processes.")
+    pl.add_argument("run_dirs", nargs="+", metavar="RUN_DIR", help="run directories of `ddpkit train`")
+    pl.add_argument("-o", "--out", default=None, help="the PNG to write (default: RUN_DIR/curves.png for one run, ./curves.png for several)")
+    pl.add_argument("--label", action="append", default=None, help="a legend label per run, in order (default: NAME (N processes))")
+    pl.add_argument("--title", default=None, help="a title over the panels")
     return parser
 
 
@@ -201,7 +209,14 @@ def cmd_slurm(ns: argparse.Namespace) -> int:
     return code
 
 
-COMMANDS = {"train": cmd_train, "launch": cmd_launch, "slurm": cmd_slurm}
+def cmd_plot(ns: argparse.Namespace) -> int:
+    from .plot import plot_runs
+
+    print(f"wrote {plot_runs(ns.run_dirs, ns.out, ns.label, ns.title)}")
+    return 0
+
+
+COMMANDS = {"train": cmd_train, "launch": cmd_launch, "slurm": cmd_slurm, "plot": cmd_plot}
 
 
 def main(argv: Sequence[str] | None = None) -> int:
