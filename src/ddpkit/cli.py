@@ -116,6 +116,14 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--wait-timeout", type=float, default=None, help="give up waiting after this many seconds (the job keeps running)")
     s.add_argument("train_args", nargs=argparse.REMAINDER, help="-- then the arguments of `ddpkit train` (task and flags)")
 
+    ev = sub.add_parser("env", help="what a bug report needs: versions, devices, launcher, network, and known traps",
+                        description="Print versions (Python, torch, CUDA, NCCL, gloo), devices and memory, the launcher "
+                                    "environment (torchrun / SLURM / none) with the resolved ranks, the network interface "
+                                    "and master address, what `ddpkit train` would do here, and warnings for known traps. "
+                                    "Starts no process group.")
+    ev.add_argument("--nproc", type=_nproc, default=None, metavar="N|auto", help="the --nproc you plan to train with (default auto)")
+    ev.add_argument("--json", action="store_true", help="print the report as JSON")
+
     pl = sub.add_parser("plot", help="PNG curves of runs (loss, eval accuracy, samples/s), side by side",
                         description="Plot the metrics.jsonl of one or more run directories into one PNG: "
                                     "loss, the eval metric and samples/s per epoch, e.g. 1 vs 2 vs 4 processes.")
@@ -209,6 +217,16 @@ def cmd_slurm(ns: argparse.Namespace) -> int:
     return code
 
 
+def cmd_env(ns: argparse.Namespace) -> int:
+    import json
+
+    from .doctor import collect, format_report
+
+    report = collect(nproc=ns.nproc)
+    print(json.dumps(report, indent=2) if ns.json else format_report(report))
+    return 0
+
+
 def cmd_plot(ns: argparse.Namespace) -> int:
     from .plot import plot_runs
 
@@ -216,7 +234,7 @@ def cmd_plot(ns: argparse.Namespace) -> int:
     return 0
 
 
-COMMANDS = {"train": cmd_train, "launch": cmd_launch, "slurm": cmd_slurm, "plot": cmd_plot}
+COMMANDS = {"train": cmd_train, "launch": cmd_launch, "slurm": cmd_slurm, "env": cmd_env, "plot": cmd_plot}
 
 
 def main(argv: Sequence[str] | None = None) -> int:
