@@ -9,9 +9,7 @@ from __future__ import annotations
 import glob
 import os
 import platform
-import shutil
 import socket
-import subprocess
 import sys
 import threading
 from typing import Any, Mapping
@@ -19,8 +17,6 @@ from typing import Any, Mapping
 from .env import DistEnv
 from .errors import DdpkitError
 
-# srun's job steps have numeric ids; these are the batch script's, the extern and the interactive step's.
-NOT_A_SRUN_STEP = {"batch", "extern", "interactive", "4294967291", "4294967292", "4294967293", "4294967294", "4294967295"}
 LOOPBACK_NAMES = {"localhost", "127.0.0.1", "::1"}
 
 
@@ -93,42 +89,46 @@ def _launcher(e: Mapping[str, str]) -> dict[str, Any]:
     else:
         out["name"] = "none"
     if "SLURM_JOB_ID" in e:
-        step = e.get("SLURM_STEP_ID", e.get("SLURM_STEPID"))
+        from .launch import slurm_env
+
         nodelist = e.get("SLURM_JOB_NODELIST", e.get("SLURM_NODELIST", ""))
+        try:
+            hosts = slurm_env.hostnames(nodelist) if nodelist else []
+        except DdpkitError:  # a node list ddpkit cannot read: show it as it is
+            hosts = []
         out["slurm"] = {
             "job_id": e["SLURM_JOB_ID"],
             "nodes": _int_or_none(e.get("SLURM_JOB_NUM_NODES", e.get("SLURM_NNODES"))),
             "nodelist": nodelist,
-            "hosts": _expand_nodelist(nodelist),
+            "hosts": hosts,
             "ntasks": _int_or_none(e.get("SLURM_NTASKS")),
             "tasks_per_node": e.get("SLURM_NTASKS_PER_NODE", e.get("SLURM_TASKS_PER_NODE")),
             "cpus_per_task": _int_or_none(e.get("SLURM_CPUS_PER_TASK")),
-            "in_srun_step": step is not None and step not in NOT_A_SRUN_STEP,
-            "procid": _int_or_none(e.get("SLURM_PROCID")),
-            "localid": _int_or_none(e.get("SLURM_LOCALID")),
-            "nodeid": _int_or_none(e.get("SLURM_NODEID")),
+            "in_srun_step": slurm_env.in_srun_step(e),
         }
     try:
         env = DistEnv.detect(e)
         out["resolved"] = env.as_dict()
         out["nnodes"] = env.nnodes
-    except DdpkitError as err:
+    except DdpkitError as err:  # what ddpkit train would refuse with, e.g. no srun on several nodes
         out["error"] = str(err)
-    except ImportError:  # SLURM support not installed in this build: show the raw variables only
-        s = out.get("slurm", {})
-        out["resolved"] = {"rank": s.get("procid"), "local_rank": s.get("localid"), "node_rank": s.get("nodeid"),
-                           "world_size": s.get("ntasks"), "launcher": "slurm (read from SLURM_* only)"}
-        out["nnodes"] = s.get("nodes") or 1
-    if out["name"] == "slurm":
+    if "slurm" in out:
         out["nnodes"] = max(out.get("nnodes") or 1, out["slurm"]["nodes"] or 1)
     return out
 
 
 def _network(e: Mapping[str, str], launcher: Mapping[str, Any]) -> dict[str, Any]:
+    from .launch import network
+
     hostname = socket.gethostname()
-    interfaces = _interfaces()
+    try:
+        interfaces = network.interfaces()
+    except (OSError, AttributeError):  # not Linux
+        interfaces = {}
     if "MASTER_ADDR" in e:
         master, source = e["MASTER_ADDR"], "MASTER_ADDR"
+    elif launcher.get("resolved", {}).get("launcher") == "slurm":
+        master, source = launcher["resolved"]["master_addr"], "first node of the SLURM allocation"
     elif launcher.get("slurm", {}).get("hosts"):
         master, source = launcher["slurm"]["hosts"][0], "first node of the SLURM allocation"
     else:
@@ -143,7 +143,7 @@ def _network(e: Mapping[str, str], launcher: Mapping[str, Any]) -> dict[str, Any
         "master_source": source,
         "master_port": e.get("MASTER_PORT"),
         "master_resolves_to": master_ip,
-        "interface_to_master": _interface_towards(master_ip, interfaces),
+        "interface_to_master": _interface_towards(master_ip),
         "GLOO_SOCKET_IFNAME": e.get("GLOO_SOCKET_IFNAME"),
         "NCCL_SOCKET_IFNAME": e.get("NCCL_SOCKET_IFNAME"),
     }
@@ -157,10 +157,12 @@ def _plan(report: Mapping[str, Any], nproc: int | None) -> dict[str, Any]:
     ngpu = len(report["devices"]["gpus"])
     device = "cuda" if ngpu else "cpu"
     launcher = report["launcher"]
-    if launcher["name"] != "none" and "resolved" in launcher:
-        r = launcher["resolved"]
-        procs = r.get("local_world_size") or 1
-        how = f"this process is rank {r.get('rank')} of {r.get('world_size')} in a job started by {launcher['name']}"
+    if launcher.get("error"):
+        return {"error": launcher["error"]}
+    r = launcher.get("resolved")
+    if r and r["launcher"] != "single":
+        procs = r["local_world_size"]
+        how = f"this process is rank {r['rank']} of {r['world_size']} in a job started by {r['launcher']}"
     else:
         try:
             procs = resolve_nproc(nproc, device)
@@ -175,11 +177,8 @@ def _warnings(e: Mapping[str, str], r: Mapping[str, Any]) -> list[str]:
     w = []
     dev, launcher, net = r["devices"], r["launcher"], r["network"]
     slurm = launcher.get("slurm")
-    if launcher.get("error"):
-        w.append(f"the launcher's environment is not usable: {launcher['error']}")
-    if slurm and (slurm["nodes"] or 1) > 1 and not slurm["in_srun_step"] and "LOCAL_RANK" not in e:
-        w.append(f"this is a {slurm['nodes']}-node SLURM allocation but not an srun step: run the job with "
-                 "`srun ddpkit train ...` (a bare command runs on the first node only)")
+    if launcher.get("error"):  # e.g. several SLURM nodes but no srun: only the first would run
+        w.append(launcher["error"])
     visible = e.get("CUDA_VISIBLE_DEVICES")
     physical, seen = dev["gpu_device_files"], len(dev["gpus"])
     if visible is not None and physical and seen < physical:
@@ -205,8 +204,9 @@ def _warnings(e: Mapping[str, str], r: Mapping[str, Any]) -> list[str]:
         w.append(f"master address {net['master_addr']} on a multi-node job: the other nodes cannot reach it; "
                  "use the first node's hostname or IP")
     if multi_node and _is_loopback(net["hostname_resolves_to"]) and not (e.get("GLOO_SOCKET_IFNAME") or e.get("NCCL_SOCKET_IFNAME")):
-        w.append(f"hostname {net['hostname']} resolves to {net['hostname_resolves_to']}: gloo would listen on loopback "
-                 "and other nodes fail with 'connectFullMesh failed'; set GLOO_SOCKET_IFNAME to the node's interface")
+        w.append(f"hostname {net['hostname']} resolves to {net['hostname_resolves_to']}: under torchrun or srun gloo would "
+                 "listen on loopback and the other nodes fail with 'connectFullMesh failed'; set GLOO_SOCKET_IFNAME to "
+                 "this node's interface (ddpkit train --nnodes sets it itself)")
     return w
 
 
@@ -240,8 +240,6 @@ def format_report(r: Mapping[str, Any]) -> str:
         x = la["resolved"]
         lines.append(f"  this rank   rank {x.get('rank')}, local rank {x.get('local_rank')}, node rank {x.get('node_rank')}, "
                      f"world size {x.get('world_size')}")
-    if la.get("error"):
-        lines.append(f"  error       {la['error']}")
     port = f":{net['master_port']}" if net["master_port"] else ""
     lines += ["network", f"  hostname    {net['hostname']} -> {net['hostname_resolves_to'] or 'does not resolve'}",
               f"  interfaces  {', '.join(f'{k} {ip}' for k, ip in net['interfaces'].items()) or 'unknown'}",
@@ -252,29 +250,13 @@ def format_report(r: Mapping[str, Any]) -> str:
             lines.append(f"  {k}={net[k]}")
     lines.append("ddpkit train would")
     if "error" in plan:
-        lines.append(f"  refuse: {plan['error']}")
+        lines.append("  refuse to start (see the first warning)" if plan["error"] in r["warnings"] else f"  refuse: {plan['error']}")
     else:
         lines.append(f"  {plan['how']}: device {plan['device']}, backend {plan['backend']}, "
                      f"{plan['threads_per_process']} thread(s) per process")
     lines.append("warnings" if r["warnings"] else "warnings    none")
     lines += [f"  - {w}" for w in r["warnings"]]
     return "\n".join(lines)
-
-
-def _expand_nodelist(nodelist: str) -> list[str]:
-    """Host names of a SLURM node list via `scontrol show hostnames`; [] where it cannot run."""
-    if not nodelist:
-        return []
-    if "[" not in nodelist:
-        return nodelist.split(",")
-    if shutil.which("scontrol"):
-        try:
-            out = subprocess.run(["scontrol", "show", "hostnames", nodelist], capture_output=True, text=True, timeout=3)
-            if out.returncode == 0 and out.stdout.split():
-                return out.stdout.split()
-        except (OSError, subprocess.TimeoutExpired):
-            pass
-    return []
 
 
 def _resolve(name: str, timeout: float = 2.0) -> str | None:
@@ -295,39 +277,18 @@ def _resolve(name: str, timeout: float = 2.0) -> str | None:
     return result[0]
 
 
-def _interfaces() -> dict[str, str]:
-    """{interface: IPv4 address} of this machine (Linux; {} elsewhere)."""
-    try:
-        import fcntl
-        import struct
+def _interface_towards(ip: str | None) -> str | None:
+    """`NAME (ADDRESS)` of the local interface that traffic to `ip` leaves through."""
+    from .launch import network
 
-        names = [n for _, n in socket.if_nameindex()]
-    except (ImportError, OSError, AttributeError):
-        return {}
-    out = {}
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-        for name in names:
-            try:
-                packed = fcntl.ioctl(s.fileno(), 0x8915, struct.pack("256s", name[:15].encode()))  # SIOCGIFADDR
-                out[name] = socket.inet_ntoa(packed[20:24])
-            except OSError:
-                continue
-    return out
-
-
-def _interface_towards(ip: str | None, interfaces: Mapping[str, str]) -> str | None:
-    """The local interface traffic to `ip` leaves through (a UDP connect sends no packet)."""
     if not ip or ":" in ip:
         return None
-    local = ip
-    if ip not in interfaces.values():
-        try:
-            with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-                s.connect((ip, 9))
-                local = s.getsockname()[0]
-        except OSError:
-            return None
-    return next((f"{name} ({addr})" for name, addr in interfaces.items() if addr == local), None)
+    try:
+        local = network.source_address_for(ip)  # a UDP connect: no packet is sent
+        name = network.interface_of(local)
+    except (DdpkitError, OSError, AttributeError):
+        return None
+    return f"{name} ({local})" if name else local
 
 
 def _meminfo() -> dict[str, float]:

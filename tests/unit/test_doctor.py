@@ -11,7 +11,7 @@ from conftest import run_ddpkit
 from ddpkit import doctor
 
 SLURM_2_NODES = {"SLURM_JOB_ID": "42", "SLURM_JOB_NUM_NODES": "2", "SLURM_JOB_NODELIST": "node[1-2]",
-                 "SLURM_NTASKS": "2", "SLURM_NTASKS_PER_NODE": "1", "SLURM_PROCID": "0", "SLURM_LOCALID": "0",
+                 "SLURM_NTASKS": "2", "SLURM_NTASKS_PER_NODE": "1", "SLURM_TASKS_PER_NODE": "1(x2)", "SLURM_PROCID": "0", "SLURM_LOCALID": "0",
                  "SLURM_NODEID": "0"}
 
 
@@ -53,19 +53,22 @@ def test_a_multi_node_slurm_allocation_without_srun_is_a_warning(fake_scontrol):
     assert r["launcher"]["name"] == "slurm" and s["nodes"] == 2 and not s["in_srun_step"]
     assert s["hosts"] == ["localhost", "node2"]  # expanded by scontrol
     assert r["network"]["master_addr"] == "localhost"  # the first node
-    assert any("not an srun step" in w and "srun ddpkit train" in w for w in r["warnings"])
+    assert any("first node only" in w and "srun --kill-on-bad-exit=1 ddpkit train" in w for w in r["warnings"])
     text = doctor.format_report(r)
     assert "slurm job   42: 2 node(s) localhost node2" in text and "not inside an srun step" in text
-    # inside `srun`, the same allocation is fine
+    # inside `srun`, the same allocation is fine: this task is rank 0 of 2, its master the first node
     r = doctor.collect(dict(SLURM_2_NODES, SLURM_STEP_ID="0", PATH=os.environ["PATH"]))
-    assert r["launcher"]["slurm"]["in_srun_step"] and not any("srun ddpkit" in w for w in r["warnings"])
+    assert r["launcher"]["slurm"]["in_srun_step"] and not any("first node only" in w for w in r["warnings"])
+    assert r["launcher"]["resolved"]["world_size"] == 2 and r["launcher"]["resolved"]["launcher"] == "slurm"
+    assert r["plan"]["how"].startswith("this process is rank 0 of 2 in a job started by slurm")
 
 
-def test_without_scontrol_the_raw_node_list_is_shown(monkeypatch, tmp_path):
+def test_without_scontrol_ddpkit_expands_the_node_list_itself_and_shows_what_it_cannot_read(monkeypatch, tmp_path):
     monkeypatch.setenv("PATH", str(tmp_path))  # no scontrol
-    r = doctor.collect(dict(SLURM_2_NODES, SLURM_STEP_ID="batch"))
-    assert r["launcher"]["slurm"]["hosts"] == [] and not r["launcher"]["slurm"]["in_srun_step"]
-    assert "node[1-2]" in doctor.format_report(r)
+    r = doctor.collect(dict(SLURM_2_NODES, SLURM_STEP_ID="batch", SLURM_JOB_NODELIST="127.0.0.[1-2]"))
+    assert r["launcher"]["slurm"]["hosts"] == ["127.0.0.1", "127.0.0.2"] and not r["launcher"]["slurm"]["in_srun_step"]
+    r = doctor.collect(dict(SLURM_2_NODES, SLURM_JOB_NUM_NODES="1", SLURM_JOB_NODELIST="node[1-"))
+    assert r["launcher"]["slurm"]["hosts"] == [] and "node[1-" in doctor.format_report(r)
 
 
 def test_gpus_hidden_by_cuda_visible_devices_and_thread_oversubscription(monkeypatch):

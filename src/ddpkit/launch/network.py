@@ -39,15 +39,20 @@ def source_address_for(ip: str) -> str:
 
 def interface_of(ip: str) -> str | None:
     """Name of the interface that holds ip (for GLOO_SOCKET_IFNAME), or None."""
+    return next((name for name, addr in interfaces().items() if addr == ip), None)
+
+
+def interfaces() -> dict[str, str]:
+    """{interface name: its IPv4 address} of this machine (network namespace)."""
+    out = {}
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
         for _, name in socket.if_nameindex():
             try:
                 packed = fcntl.ioctl(s.fileno(), _SIOCGIFADDR, struct.pack("256s", name.encode()[:15]))
             except OSError:
                 continue
-            if socket.inet_ntoa(packed[20:24]) == ip:
-                return name
-    return None
+            out[name] = socket.inet_ntoa(packed[20:24])
+    return out
 
 
 def free_port(host: str = "127.0.0.1") -> int:
