@@ -227,48 +227,32 @@ def table(results: list[dict], baselines: list[str] = (), *, metric: str = "wall
 def plot(results: list[dict], path: str, metrics: dict | None = None, title: str | None = None) -> str:
     """PNG bar chart, one panel per workload (result["workload"], else one panel).
     metrics: {workload: "wall_s" | "samples_per_s" | ...}; default wall_s. For wall_s the
-    bar is split into training (median train_s) and everything else; whiskers are min-max."""
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    bar is split into training (median train_s) and everything else; whiskers are min-max.
+    Drawn by ddpkit.plot.plot_bars, the code behind `ddpkit plot`."""
+    try:
+        from ddpkit.plot import plot_bars
+    except ImportError:  # run from a checkout without ddpkit installed
+        sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "src"))
+        from ddpkit.plot import plot_bars
 
     metrics = metrics or {}
     by_wl: OrderedDict[str, list[dict]] = OrderedDict()
     for r in results:
         by_wl.setdefault(r.get("workload", ""), []).append(r)
-    n = len(by_wl)
-    heights = [max(1.5, 0.45 * len(_groups(rs)) + 1) for rs in by_wl.values()]
-    fig, axes = plt.subplots(n, 1, figsize=(9, sum(heights) + 0.5), squeeze=False,
-                             gridspec_kw={"height_ratios": heights})
-    for ax, (wl, rs) in zip(axes[:, 0], by_wl.items()):
+    panels: OrderedDict[str, list[dict]] = OrderedDict()
+    xlabels = {}
+    for wl, rs in by_wl.items():
         metric = metrics.get(wl, "wall_s")
-        groups = [(name, runs) for name, runs in _groups(rs).items() if _vals(runs, metric)]
-        names = [g[0] for g in groups][::-1]
-        med = [statistics.median(_vals(runs, metric)) for _, runs in groups][::-1]
-        lo = [m - min(_vals(runs, metric)) for m, (_, runs) in zip(med[::-1], groups)][::-1]
-        hi = [max(_vals(runs, metric)) - m for m, (_, runs) in zip(med[::-1], groups)][::-1]
-        y = list(range(len(names)))
-        if metric == "wall_s":
-            tr = [statistics.median(_vals(runs, "train_s")) if _vals(runs, "train_s") else 0.0
-                  for _, runs in groups][::-1]
-            tr = [min(t, m) for t, m in zip(tr, med)]
-            ax.barh(y, tr, color="#d62728", label="training loop")
-            ax.barh(y, [m - t for m, t in zip(med, tr)], left=tr, color="#1f77b4",
-                    label="outside training (imports, launch, setup, teardown)")
-            ax.errorbar(med, y, xerr=[lo, hi], fmt="none", ecolor="black", capsize=3, lw=1)
-            ax.legend(loc="lower right", fontsize=8)
-        else:
-            ax.barh(y, med, xerr=[lo, hi], color="#2ca02c", capsize=3)
-        for yi, m in zip(y, med):
-            ax.text(m, yi, f" {_fmt(m)}", va="center", fontsize=8)
-        ax.set_yticks(y)
-        ax.set_yticklabels(names, fontsize=8)
-        ax.set_xlabel(f"{_LABELS.get(metric, metric)} (median, whiskers min-max)")
-        ax.set_title(f"{wl}" if wl else (title or ""), fontsize=10)
-        ax.margins(x=0.15)
-    if title:
-        fig.suptitle(title, fontsize=11)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+        bars = []
+        for name, runs in _groups(rs).items():
+            v = _vals(runs, metric)
+            if not v:
+                continue
+            bar = {"name": name, "median": statistics.median(v), "min": min(v), "max": max(v)}
+            if metric == "wall_s":
+                train = _vals(runs, "train_s")
+                bar["part"] = statistics.median(train) if train else 0.0
+            bars.append(bar)
+        panels[wl] = bars
+        xlabels[wl] = f"{_LABELS.get(metric, metric)} (median, whiskers min-max)"
+    return str(plot_bars(panels, path, xlabels=xlabels, title=title))

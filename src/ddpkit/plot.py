@@ -1,9 +1,10 @@
 """Curves of runs as one PNG: loss, the eval metric and samples/s per epoch, runs side by side.
 
 `ddpkit plot RUN_DIR [RUN_DIR...]` calls `plot_runs`; code that has its records in memory
-(the benchmark suite) calls `plot_curves` with {label: [record, ...]} directly, where a
-record is one line of metrics.jsonl. Drawing uses matplotlib's Agg canvas without pyplot,
-so it needs no display and leaves the caller's (a notebook's) matplotlib backend alone.
+calls `plot_curves` with {label: [record, ...]} directly, where a record is one line of
+metrics.jsonl. `plot_bars` draws the benchmark suite's comparison of variants (wall time or
+samples/s per workload). Drawing uses matplotlib's Agg canvas without pyplot, so it needs
+no display and leaves the caller's (a notebook's) matplotlib backend alone.
 """
 from __future__ import annotations
 
@@ -21,16 +22,10 @@ Records = Sequence[Mapping[str, Any]]
 def plot_curves(curves: Mapping[str, Records], out: str | os.PathLike, title: str | None = None) -> Path:
     """Write a PNG with three panels (loss, eval metric, samples/s) over epochs, one colour per
     label; eval loss is dashed beside the solid train loss. Returns the path written."""
-    try:
-        from matplotlib.backends.backend_agg import FigureCanvasAgg
-        from matplotlib.figure import Figure
-    except ImportError:
-        raise DdpkitError("plotting needs matplotlib: pip install 'ddpkit[plot]' (or matplotlib)") from None
     if not curves:
         raise DdpkitError("nothing to plot: give at least one run")
     metric = _metric_key(curves)
-    fig = Figure(figsize=(15, 4.6), layout="constrained")
-    FigureCanvasAgg(fig)
+    fig = _figure((15, 4.6))
     ax_loss, ax_metric, ax_speed = fig.subplots(1, 3)
     colours = [f"C{i % 10}" for i in range(len(curves))]
     for (label, records), colour in zip(curves.items(), colours):
@@ -55,10 +50,45 @@ def plot_curves(curves: Mapping[str, Records], out: str | os.PathLike, title: st
             ax.legend(fontsize="small")
     if title:
         fig.suptitle(title)
-    out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, dpi=100)
-    return out
+    return _save(fig, out, dpi=100)
+
+
+def plot_bars(panels: Mapping[str, Sequence[Mapping[str, Any]]], out: str | os.PathLike,
+              xlabels: Mapping[str, str] | None = None, title: str | None = None,
+              part_label: str = "training loop",
+              rest_label: str = "outside training (imports, launch, setup, teardown)") -> Path:
+    """Horizontal bars comparing variants, one panel per workload. `panels` maps a panel
+    title to bars {"name", "median", "min", "max"} (whiskers span min..max); a bar that also
+    has "part" (e.g. the training time inside the wall time) is split into that part and
+    the rest. Returns the path written."""
+    if not panels:
+        raise DdpkitError("nothing to plot: no results")
+    heights = [max(1.5, 0.45 * len(bars) + 1) for bars in panels.values()]
+    fig = _figure((9, sum(heights) + 0.5))
+    axes = fig.subplots(len(panels), 1, squeeze=False, gridspec_kw={"height_ratios": heights})[:, 0]
+    for ax, (name, bars) in zip(axes, panels.items()):
+        bars = list(bars)[::-1]  # the first bar on top
+        y = list(range(len(bars)))
+        med = [b["median"] for b in bars]
+        whiskers = [[m - b["min"] for m, b in zip(med, bars)], [b["max"] - m for m, b in zip(med, bars)]]
+        if any("part" in b for b in bars):
+            part = [min(b.get("part", 0.0), m) for b, m in zip(bars, med)]
+            ax.barh(y, part, color="#d62728", label=part_label)
+            ax.barh(y, [m - p for m, p in zip(med, part)], left=part, color="#1f77b4", label=rest_label)
+            ax.errorbar(med, y, xerr=whiskers, fmt="none", ecolor="black", capsize=3, lw=1)
+            ax.legend(loc="lower right", fontsize=8)
+        else:
+            ax.barh(y, med, xerr=whiskers, color="#2ca02c", capsize=3)
+        for yi, m in zip(y, med):
+            ax.text(m, yi, f" {m:,.0f}" if abs(m) >= 100 else f" {m:.3g}", va="center", fontsize=8)
+        ax.set_yticks(y)
+        ax.set_yticklabels([b["name"] for b in bars], fontsize=8)
+        ax.set_xlabel((xlabels or {}).get(name, ""))
+        ax.set_title(name or (title or ""), fontsize=10)
+        ax.margins(x=0.15)
+    if title:
+        fig.suptitle(title, fontsize=11)
+    return _save(fig, out, dpi=110)
 
 
 def plot_runs(run_dirs: Sequence[str | os.PathLike], out: str | os.PathLike | None = None,
@@ -93,6 +123,24 @@ def run_label(run_dir: str | os.PathLike) -> str:
             break
     name = run_dir.resolve().name
     return f"{name} ({world} process{'es' if world != 1 else ''})" if world else name
+
+
+def _figure(size: tuple[float, float]) -> Any:
+    try:
+        from matplotlib.backends.backend_agg import FigureCanvasAgg
+        from matplotlib.figure import Figure
+    except ImportError:
+        raise DdpkitError("plotting needs matplotlib: pip install 'ddpkit[plot]' (or matplotlib)") from None
+    fig = Figure(figsize=size, layout="constrained")
+    FigureCanvasAgg(fig)
+    return fig
+
+
+def _save(fig: Any, out: str | os.PathLike, dpi: int) -> Path:
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=dpi)
+    return out
 
 
 def _metric_key(curves: Mapping[str, Records]) -> str | None:

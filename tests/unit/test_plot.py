@@ -70,3 +70,25 @@ def test_without_matplotlib_the_error_says_what_to_install(tmp_path, monkeypatch
     monkeypatch.setattr(builtins, "__import__", no_matplotlib)
     with pytest.raises(DdpkitError, match=r"pip install 'ddpkit\[plot\]'"):
         plot_curves({"a": [{"epoch": 1, "train_loss": 1.0}]}, tmp_path / "x.png")
+
+
+def test_the_benchmark_chart_is_drawn_by_ddpkit_plot(tmp_path, monkeypatch):
+    """benchmarks/harness.plot reduces results to bars; ddpkit.plot.plot_bars draws them."""
+    import importlib.util
+
+    from conftest import REPO
+    import ddpkit.plot
+
+    spec = importlib.util.spec_from_file_location("bench_harness", REPO / "benchmarks" / "harness.py")
+    harness = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(harness)
+    drawn = []
+    real = ddpkit.plot.plot_bars
+    monkeypatch.setattr(ddpkit.plot, "plot_bars", lambda panels, out, **kw: drawn.append(panels) or real(panels, out, **kw))
+    runs = [{"name": n, "workload": wl, "ok": True, "wall_s": w, "train_s": t, "samples_per_s": s}
+            for n, wl, w, t, s in [("a", "wine", 10.0, 2.0, 100.0), ("a", "wine", 12.0, 2.0, 90.0),
+                                   ("b", "wine", 6.0, 1.0, 200.0), ("a", "mlp", 1.0, 1.0, 900.0)]]
+    out = harness.plot(runs, str(tmp_path / "bench.png"), metrics={"mlp": "samples_per_s"}, title="t")
+    assert drawn[0]["wine"][0] == {"name": "a", "median": 11.0, "min": 10.0, "max": 12.0, "part": 2.0}
+    assert drawn[0]["mlp"] == [{"name": "a", "median": 900.0, "min": 900.0, "max": 900.0}]
+    assert has_colour(out, (0xD6, 0x27, 0x28)) and has_colour(out, (0x2C, 0xA0, 0x2C))  # split wall bars, plain bars
