@@ -57,18 +57,17 @@ def _versions() -> dict[str, Any]:
 
 
 def _devices(e: Mapping[str, str]) -> dict[str, Any]:
-    from .runtime import cuda_device_count
-
     import torch
 
-    usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    from .runtime import cuda_device_count, usable_cores
+
     gpus = []
     for i in range(cuda_device_count()):
         p = torch.cuda.get_device_properties(i)
         gpus.append({"index": i, "name": p.name, "memory_gib": round(p.total_memory / 2**30, 1)})
     mem = _meminfo()
     return {
-        "cpu_cores_usable": usable,
+        "cpu_cores_usable": usable_cores(),
         "cpu_cores_total": os.cpu_count(),
         "load_average_1min": round(os.getloadavg()[0], 2) if hasattr(os, "getloadavg") else None,
         "memory_total_gib": mem.get("MemTotal"),
@@ -123,12 +122,10 @@ def _network(e: Mapping[str, str], launcher: Mapping[str, Any]) -> dict[str, Any
     hostname = socket.gethostname()
     try:
         interfaces = network.interfaces()
-    except (OSError, AttributeError):  # not Linux
+    except OSError:
         interfaces = {}
     if "MASTER_ADDR" in e:
         master, source = e["MASTER_ADDR"], "MASTER_ADDR"
-    elif launcher.get("resolved", {}).get("launcher") == "slurm":
-        master, source = launcher["resolved"]["master_addr"], "first node of the SLURM allocation"
     elif launcher.get("slurm", {}).get("hosts"):
         master, source = launcher["slurm"]["hosts"][0], "first node of the SLURM allocation"
     else:
@@ -192,8 +189,9 @@ def _warnings(e: Mapping[str, str], r: Mapping[str, Any]) -> list[str]:
     cores = dev["cpu_cores_usable"]
     omp = _int_or_none(e.get("OMP_NUM_THREADS"))
     if omp and omp * procs > cores:
-        w.append(f"OMP_NUM_THREADS={omp} x {procs} processes > {cores} usable cores: threads oversubscribe the CPU "
-                 f"(DDP gets several times slower); use {max(1, cores // procs)} (ddpkit's --threads default)")
+        w.append(f"OMP_NUM_THREADS={omp} x {procs} processes > {cores} usable cores: a script that takes its threads "
+                 "from it oversubscribes the CPU (DDP gets several times slower); ddpkit train and ddpkit.init() "
+                 f"use {max(1, cores // procs)} per process instead (--threads)")
     if slurm and slurm["cpus_per_task"] and slurm["cpus_per_task"] < cores:
         w.append(f"SLURM gave {slurm['cpus_per_task']} CPUs per task but {cores} cores are usable here: check --cpus-per-task")
     load = dev["load_average_1min"]
@@ -286,7 +284,7 @@ def _interface_towards(ip: str | None) -> str | None:
     try:
         local = network.source_address_for(ip)  # a UDP connect: no packet is sent
         name = network.interface_of(local)
-    except (DdpkitError, OSError, AttributeError):
+    except (DdpkitError, OSError):
         return None
     return f"{name} ({local})" if name else local
 

@@ -47,8 +47,12 @@ def resolve_backend(requested: str, device_type: str) -> str:
 
 def default_threads(local_world_size: int) -> int:
     """Cores / local processes: more OpenMP threads than cores make DDP several times slower."""
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    return max(1, cores // max(1, local_world_size))
+    return max(1, usable_cores() // max(1, local_world_size))
+
+
+def usable_cores() -> int:
+    """The cores this process may run on (its CPU affinity: a SLURM or taskset limit counts)."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
 
 
 class Runtime:
