@@ -40,6 +40,9 @@ class Task:
     loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None
     metric: Metric | None = None
     metric_name: str = "accuracy"
+    # --strategy fsdp: the submodules to shard one by one (then the root); None: each element
+    # of the model's ModuleLists, or the children of a Sequential (ddpkit.fsdp.default_blocks)
+    fsdp_blocks: Callable[[nn.Module], Any] | None = None
 
 
 def accuracy_sum(outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
