@@ -110,6 +110,6 @@ def test_only_complete_sharded_checkpoints_are_listed_and_accepted(tmp_path):
     for name in ("epoch-000002", ".epoch-000004.partial", "epoch-000003"):
         (ckpts / name).mkdir(parents=True)
     (ckpts / "epoch-000001.pt").write_bytes(b"a file: DDP's kind")
-    assert [e for e, _ in list_sharded(tmp_path)] == [3, 2]
+    assert [e for e, _ in list_sharded(tmp_path)] == [(3, 0), (2, 0)]  # (epoch, step)
     with pytest.raises(DdpkitError, match="not a complete ddpkit sharded checkpoint"):
         validate_sharded(ckpts / "epoch-000003", nn.Linear(2, 2), None)
