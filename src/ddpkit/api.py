@@ -44,6 +44,9 @@ def train(config: RunConfig | None = None, *, dry_run: bool = False, _clean_pare
     plan = make_launch_plan(cfg, nproc, device_type, _clean_parent, cfg.threads or default_threads(nproc))
     if dry_run:
         print(describe(plan, backend if nproc * plan.max_nodes > 1 else "none (one process)", device_type))
+        if cfg.strategy != "ddp":  # what fsdp / auto would hold per rank (builds the task, trains nothing)
+            print(memory_plan(cfg.task, nproc * plan.max_nodes, cfg.strategy, cfg.precision, cfg.device_memory, cfg.seed,
+                              cfg.device, local_nproc=nproc).format(cfg.task, cfg.strategy))
         return {"plan": plan}
     _check_strategy(cfg, device_type, nproc * plan.max_nodes)
     cfg = prepare_local_run(cfg)
@@ -128,10 +131,12 @@ def _check_strategy(cfg: RunConfig, device_type: str, nproc: int) -> None:
 
 
 def memory_plan(task: str = "wine", nproc: int | None = None, strategy: str = "auto", precision: str = "fp32",
-                device_memory: int | str | None = None, seed: int = 0, device: str = "auto") -> Any:
+                device_memory: int | str | None = None, seed: int = 0, device: str = "auto",
+                local_nproc: int | None = None) -> Any:
     """The memory plan (ddpkit.plan.MemoryPlan) of `task` at `nproc` ranks: per-rank bytes
     under DDP and FSDP, and the strategy `auto` would pick (.format(title, strategy) prints
-    it). Builds the task in this process, as each worker would; nothing is trained."""
+    it). Builds the task in this process, as each worker would; nothing is trained.
+    `local_nproc`: the ranks sharing one machine's RAM on a CPU (default: all of them)."""
     from .fsdp import default_blocks
     from .plan import detect_device_memory, make_plan, parse_memory
     from .task import build_task
@@ -143,7 +148,7 @@ def memory_plan(task: str = "wine", nproc: int | None = None, strategy: str = "a
     budget = parse_memory(device_memory)
     where = "given"
     if budget is None:
-        budget, where = detect_device_memory(device_type, n)
+        budget, where = detect_device_memory(device_type, local_nproc or n)
     seed_everything(seed)
     built = build_task(cfg.task, cfg)
     return make_plan(built.model, built.optimizer, n, precision, budget, where, built.fsdp_blocks or default_blocks)

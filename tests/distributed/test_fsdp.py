@@ -164,3 +164,6 @@ def test_plan_command_reports_both_strategies_and_the_pick(tmp_path):
     assert "memory plan:" in out and "4 processes, fp32" in out and "AdamW, 8 bytes of state per parameter" in out
     assert "(FSDP/DDP 0.25)" in out
     assert "DDP no, FSDP yes" in out and "--strategy auto  fsdp: DDP needs" in out
+    dry = run_ddpkit("train", DEEP, "--strategy", "fsdp", "--nproc", "4", "--dry-run", cwd=tmp_path, timeout=60).stdout
+    assert "launch plan (dry run: nothing started)" in dry and "(FSDP/DDP 0.25)" in dry
+    assert "--strategy fsdp  FSDP needs" in dry and not (tmp_path / "runs").exists()
