@@ -1,5 +1,5 @@
 """ddpkit: one PyTorch training task on 1 process, every GPU of a node, or many nodes."""
-from .api import init, train
+from .api import init, memory_plan, train
 from .checkpoint import atomic_save, load_file
 from .config import RunConfig
 from .data import ShardedLoader, eval_batches
@@ -12,6 +12,6 @@ from .task import Task
 __all__ = [
     "DdpkitError", "DistEnv", "RunConfig", "Runtime", "ShardedLoader", "Task",
     "all_sum", "atomic_save", "eval_batches", "init", "load_file", "mean_across_ranks",
-    "train", "unwrap", "wrap_model",
+    "memory_plan", "train", "unwrap", "wrap_model",
 ]
 __version__ = "0.1.0"

@@ -6,7 +6,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from .config import RunConfig
+from .config import FSDP_NEEDS_TWO, RunConfig
 from .env import DistEnv
 from .errors import DdpkitError
 from .launch.local import LaunchPlan, run_elastic
@@ -44,7 +44,11 @@ def train(config: RunConfig | None = None, *, dry_run: bool = False, _clean_pare
     plan = make_launch_plan(cfg, nproc, device_type, _clean_parent, cfg.threads or default_threads(nproc))
     if dry_run:
         print(describe(plan, backend if nproc * plan.max_nodes > 1 else "none (one process)", device_type))
+        if cfg.strategy != "ddp":  # what fsdp / auto would hold per rank (builds the task, trains nothing)
+            print(memory_plan(cfg.task, nproc * plan.max_nodes, cfg.strategy, cfg.precision, cfg.device_memory, cfg.seed,
+                              cfg.device, local_nproc=nproc).format(cfg.task, cfg.strategy))
         return {"plan": plan}
+    _check_strategy(cfg, device_type, nproc * plan.max_nodes)
     cfg = prepare_local_run(cfg)
     if nproc == 1 and not cfg.multi_node and not cfg.rdzv_endpoint and cfg.max_restarts == 0:
         return train_worker(cfg.as_dict())
@@ -114,6 +118,40 @@ def prepare_local_run(cfg: RunConfig) -> RunConfig:
     except OSError as e:
         raise DdpkitError(f"cannot write to run directory {run_dir}: {e.strerror}; choose another --run-dir") from None
     return cfg.replace(run_dir=str(run_dir))
+
+
+def _check_strategy(cfg: RunConfig, device_type: str, nproc: int) -> None:
+    """Refuse before any worker starts what the workers would refuse."""
+    if cfg.strategy == "fsdp" and nproc < 2:
+        raise DdpkitError(FSDP_NEEDS_TWO)
+    if device_type == "cpu":  # (asking a GPU here would initialise CUDA in the launcher)
+        from .parallel import check_precision
+
+        check_precision(cfg.precision, device_type)
+
+
+def memory_plan(task: str = "wine", nproc: int | None = None, strategy: str = "auto", precision: str = "fp32",
+                device_memory: int | str | None = None, seed: int = 0, device: str = "auto",
+                local_nproc: int | None = None) -> Any:
+    """The memory plan (ddpkit.plan.MemoryPlan) of `task` at `nproc` ranks: per-rank bytes
+    under DDP and FSDP, and the strategy `auto` would pick (.format(title, strategy) prints
+    it). Builds the task in this process, as each worker would; nothing is trained.
+    `local_nproc`: the ranks sharing one machine's RAM on a CPU (default: all of them)."""
+    from .fsdp import default_blocks
+    from .plan import detect_device_memory, make_plan, parse_memory
+    from .task import build_task
+    from .worker import seed_everything
+
+    device_type = resolve_device_type(device)
+    n = resolve_nproc(nproc, device_type) if device_type == "cpu" or nproc is None else nproc
+    cfg = RunConfig(task=task, nproc=n, strategy=strategy, precision=precision)
+    budget = parse_memory(device_memory)
+    where = "given"
+    if budget is None:
+        budget, where = detect_device_memory(device_type, local_nproc or n)
+    seed_everything(seed)
+    built = build_task(cfg.task, cfg)
+    return make_plan(built.model, built.optimizer, n, precision, budget, where, built.fsdp_blocks or default_blocks)
 
 
 def _task_slug(task: str) -> str:

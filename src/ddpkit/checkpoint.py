@@ -175,8 +175,15 @@ def validate_checkpoint(ckpt: Any, path: Path, model: nn.Module, optimizer: torc
         raise DdpkitError(f"{path}: not a ddpkit checkpoint (a plain state_dict? load it with torch.load instead)")
     if ckpt.get("version") != VERSION:
         raise DdpkitError(f"{path}: checkpoint version {ckpt.get('version')} is not supported (this ddpkit writes {VERSION})")
-    want = model_signature(model.state_dict())
-    have = ckpt["model"] and model_signature(ckpt["model"])
+    check_signature(path, model_signature(model.state_dict()), ckpt["model"] and model_signature(ckpt["model"]))
+    if optimizer is not None:
+        saved_groups = ckpt["optimizer"].get("param_groups", [])
+        if [len(g["params"]) for g in saved_groups] != [len(g["params"]) for g in optimizer.param_groups]:
+            raise DdpkitError(f"{path}: checkpoint's optimizer has different parameter groups than this task's optimizer")
+
+
+def check_signature(path: Path, want: dict[str, list[int]], have: dict[str, list[int]]) -> None:
+    """Refuse a checkpoint whose parameter names or shapes differ from the model's."""
     if want != have:
         missing = sorted(set(want) - set(have))[:3]
         extra = sorted(set(have) - set(want))[:3]
@@ -189,10 +196,6 @@ def validate_checkpoint(ckpt: Any, path: Path, model: nn.Module, optimizer: torc
             ) if s
         )
         raise DdpkitError(f"{path}: checkpoint is of a different model ({detail}); use another --run-dir or the matching task")
-    if optimizer is not None:
-        saved_groups = ckpt["optimizer"].get("param_groups", [])
-        if [len(g["params"]) for g in saved_groups] != [len(g["params"]) for g in optimizer.param_groups]:
-            raise DdpkitError(f"{path}: checkpoint's optimizer has different parameter groups than this task's optimizer")
 
 
 def find_resumable(run_dir: str | os.PathLike, model: nn.Module, optimizer: torch.optim.Optimizer | None) -> tuple[dict[str, Any], Path, list[str]]:

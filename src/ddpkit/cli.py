@@ -60,6 +60,21 @@ def _process_config(ns: argparse.Namespace) -> dict[str, Any]:
                 rdzv_id=ns.rdzv_id, local_addr=ns.local_addr)
 
 
+def _add_strategy_flags(p: argparse.ArgumentParser, default: str) -> None:
+    """DDP or FSDP, precision, device memory: shared by `train` and `plan`."""
+    p.add_argument("--strategy", choices=("ddp", "fsdp", "auto"), default=default,
+                   help="ddp: a whole replica per process (fastest); fsdp: shard parameters, gradients and optimizer "
+                        f"state across processes (for models that do not fit); auto: the memory plan picks (default {default})")
+    p.add_argument("--precision", choices=("fp32", "bf16"), default="fp32",
+                   help="bf16: autocast (DDP) or bf16 compute with fp32 weights (FSDP); needs a GPU or CPU with bf16 (default fp32)")
+    p.add_argument("--device-memory", default=None, metavar="SIZE",
+                   help="memory per device for the plan and --strategy auto: 80GiB (2^30 bytes), 80GB (10^9), 512MB (default: detected)")
+
+
+PLAN_HELP = """Print the memory plan of a task: per-rank bytes of parameters, gradients and optimizer
+state under DDP and under FSDP at --nproc processes, and which strategy fits the device memory."""
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="ddpkit",
@@ -91,6 +106,13 @@ def build_parser() -> argparse.ArgumentParser:
                    help="rank 0's progress: a tqdm bar, or plain lines for log files (default auto: bar on a terminal)")
     t.add_argument("--csv", action="store_true", help="also write RUN_DIR/metrics.csv (metrics.jsonl is always written)")
     t.add_argument("--tensorboard", action="store_true", help="also write TensorBoard event files to RUN_DIR/tensorboard")
+    _add_strategy_flags(t, "ddp")
+
+    pl = sub.add_parser("plan", help="memory per rank under DDP and FSDP, and which one fits", description=PLAN_HELP)
+    pl.add_argument("task", nargs="?", default="wine", help="wine (default), digits, MODULE:FUNCTION or FILE.py:FUNCTION")
+    pl.add_argument("--nproc", "--nproc-per-node", dest="nproc", type=_nproc, default=None, metavar="N|auto",
+                    help="processes (ranks) to plan for (default auto: one per GPU; 2 without GPUs)")
+    _add_strategy_flags(pl, "auto")
 
     la = sub.add_parser("launch", help="run any script on N local workers (like torchrun)", description=LAUNCH_HELP)
     _add_process_flags(la)
@@ -152,8 +174,14 @@ def train_config(ns: argparse.Namespace) -> Any:
         shuffle=ns.shuffle, save_every=ns.save_every, eval_every=ns.eval_every, run_dir=ns.run_dir,
         resume=ns.resume, auto_resume=ns.auto_resume, save_on_signal=ns.save_on_signal, requeue=ns.requeue, on_nan=ns.on_nan,
         backend=ns.backend, device=ns.device, num_workers=ns.num_workers, quiet=ns.quiet, progress=ns.progress,
-        csv=ns.csv, tensorboard=ns.tensorboard, **_process_config(ns),
+        csv=ns.csv, tensorboard=ns.tensorboard, **_process_config(ns), **_strategy_config(ns),
     )
+
+
+def _strategy_config(ns: argparse.Namespace) -> dict[str, Any]:
+    from .config import parse_memory
+
+    return {"strategy": ns.strategy, "precision": ns.precision, "device_memory": parse_memory(ns.device_memory)}
 
 
 def cmd_train(ns: argparse.Namespace) -> int:
@@ -234,7 +262,16 @@ def cmd_plot(ns: argparse.Namespace) -> int:
     return 0
 
 
-COMMANDS = {"train": cmd_train, "launch": cmd_launch, "slurm": cmd_slurm, "env": cmd_env, "plot": cmd_plot}
+
+def cmd_plan(ns: argparse.Namespace) -> int:
+    from .api import memory_plan
+
+    print(memory_plan(ns.task, nproc=ns.nproc, **_strategy_config(ns)).format(ns.task, ns.strategy), flush=True)
+    return 0
+
+
+COMMANDS = {"train": cmd_train, "launch": cmd_launch, "slurm": cmd_slurm, "plan": cmd_plan, "env": cmd_env,
+            "plot": cmd_plot}
 
 
 def main(argv: Sequence[str] | None = None) -> int:

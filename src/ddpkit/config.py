@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib.util
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -12,7 +13,11 @@ BACKENDS = ("auto", "gloo", "nccl")
 DEVICES = ("auto", "cpu", "cuda")
 START_METHODS = ("auto", "fork", "spawn")
 PROGRESS_MODES = ("auto", "bar", "lines")
+STRATEGIES = ("ddp", "fsdp", "auto")
+PRECISIONS = ("fp32", "bf16")
 DEFAULT_TIMEOUT_S = 300.0
+FSDP_NEEDS_TWO = ("--strategy fsdp shards the model across processes and needs at least 2 (--nproc 2 or more); "
+                  "with one process use --strategy ddp")
 
 
 @dataclass(frozen=True)
@@ -56,8 +61,13 @@ class RunConfig:
     csv: bool = False  # also write RUN_DIR/metrics.csv
     tensorboard: bool = False  # also write TensorBoard event files to RUN_DIR/tensorboard
     extra: dict[str, Any] = field(default_factory=dict)  # free-form settings for user tasks
+    strategy: str = "ddp"  # ddp | fsdp (shard model and optimizer) | auto (the memory plan picks)
+    precision: str = "fp32"  # fp32 | bf16 (autocast under DDP, MixedPrecisionPolicy under FSDP)
+    device_memory: int | None = None  # bytes per device for --strategy auto; None: detected
 
     def __post_init__(self) -> None:
+        if isinstance(self.device_memory, str):  # "80GB" from the Python API
+            object.__setattr__(self, "device_memory", parse_memory(self.device_memory))
         self.validate()
 
     def validate(self) -> None:
@@ -92,6 +102,12 @@ class RunConfig:
         self._validate_nodes()
         if self.resume and not self.run_dir:
             raise DdpkitError("--resume needs --run-dir: the run directory whose checkpoints to continue from")
+        _choice("--strategy", self.strategy, STRATEGIES)
+        _choice("--precision", self.precision, PRECISIONS)
+        if self.strategy == "fsdp" and self.nproc == 1 and not self.multi_node:
+            raise DdpkitError(FSDP_NEEDS_TWO)
+        if self.device_memory is not None and (not isinstance(self.device_memory, int) or self.device_memory < 1):
+            raise DdpkitError(f"--device-memory must be a positive size such as 80GiB, got {self.device_memory!r}")
 
     @property
     def node_range(self) -> tuple[int, int]:
@@ -139,6 +155,21 @@ class RunConfig:
     def from_dict(cls, d: dict[str, Any]) -> "RunConfig":
         names = {f.name for f in dataclasses.fields(cls)}
         return cls(**{k: v for k, v in d.items() if k in names})
+
+
+_UNITS = {"": 1, "b": 1, "k": 10**3, "kb": 10**3, "m": 10**6, "mb": 10**6, "g": 10**9, "gb": 10**9, "t": 10**12,
+          "tb": 10**12, "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
+
+
+def parse_memory(text: str | int | None) -> int | None:
+    """--device-memory: '80GiB' (2^30 bytes), '80GB' (10^9), '512MB', or a number of bytes."""
+    if text is None or isinstance(text, int):
+        return text
+    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*", str(text))
+    unit = m and _UNITS.get(m.group(2).lower())
+    if not m or unit is None or float(m.group(1)) <= 0:
+        raise DdpkitError(f"--device-memory must be a size such as 80GiB, 80GB or 512MB, got {text!r}")
+    return int(float(m.group(1)) * unit)
 
 
 def _positive(flag: str, value: int) -> None:

@@ -156,9 +156,16 @@ def shard_range(n: int, rank: int, world_size: int) -> range:
     return range(lo, hi)
 
 
-def eval_batches(dataset: Dataset, batch_size: int, rank: int, world_size: int, num_workers: int = 0) -> Iterator[Any]:
-    """This rank's eval samples, each exactly once over all ranks, in batches."""
-    part = shard_range(len(dataset), rank, world_size)  # type: ignore[arg-type]
+def eval_batches(dataset: Dataset, batch_size: int, rank: int, world_size: int, num_workers: int = 0,
+                 lockstep: bool = False) -> Iterator[Any]:
+    """This rank's eval samples, each exactly once over all ranks, in batches. With
+    `lockstep` every rank yields as many batches as the rank with the most, the missing ones
+    empty (zero-length): a sharded (FSDP) model needs every rank in every forward."""
+    n = len(dataset)  # type: ignore[arg-type]
+    part = shard_range(n, rank, world_size)
     share = torch.arange(part.start, part.stop)
     chunks = [share[i : i + batch_size] for i in range(0, len(share), batch_size)]
+    if lockstep:
+        most = -(-(-(-n // world_size)) // batch_size)  # ceil(ceil(n / world) / batch): the first rank's count
+        chunks += [share[:0]] * (most - len(chunks))
     yield from fetch_batches(dataset, chunks, num_workers)

@@ -1,12 +1,25 @@
-"""Wrap a model for the run: one process (as is) or DDP."""
+"""How the model is parallelised: one process (as is), DDP, or FSDP; and in what precision.
+
+The trainer talks to a Strategy only: `setup` (wrap the model, build the optimizer over
+the parameters it will step), `autocast`, `full_state_dict` (the plain weights, gathered
+when sharded), `load_full` / `load_sharded` (resume from either kind of checkpoint) and,
+when `sharded`, `save_checkpoint` (every rank writes its shard; otherwise the trainer's
+rank-0 file). DdpStrategy is here, FsdpStrategy in fsdp.py; `make_strategy` picks one
+(`auto`: the memory plan decides).
+"""
 from __future__ import annotations
 
-from typing import Any
+import contextlib
+from pathlib import Path
+from typing import Any, ContextManager
 
 import torch
+import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
+from .config import FSDP_NEEDS_TWO, PRECISIONS
+from .errors import DdpkitError
 from .runtime import Runtime
 
 
@@ -33,3 +46,109 @@ def unwrap(model: nn.Module) -> nn.Module:
 def plain_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
     """The unwrapped model's weights, detached copies on the CPU."""
     return {k: v.detach().to("cpu", copy=True) for k, v in unwrap(model).state_dict().items()}
+
+
+def check_precision(precision: str, device_type: str) -> torch.dtype | None:
+    """The compute dtype for --precision (None: fp32), refused where the hardware lacks it.
+
+    bf16 on a CPU needs AVX512-BF16 or AMX: without them torch emulates bfloat16, which is
+    slower than fp32 and defeats the point, so ddpkit refuses instead of falling back quietly.
+    """
+    if precision == "fp32":
+        return None
+    if precision != "bf16":
+        raise DdpkitError(f"--precision must be one of {', '.join(PRECISIONS)}, got {precision!r}")
+    if device_type == "cuda":
+        if not torch.cuda.is_bf16_supported():
+            raise DdpkitError("--precision bf16: this GPU has no bfloat16 support (it needs compute capability 8.0+); use --precision fp32")
+    elif not cpu_has_bf16():
+        raise DdpkitError("--precision bf16: this CPU has no native bfloat16 (AVX512-BF16 or AMX); torch would emulate it, "
+                          "slower than fp32. Use --precision fp32, or a GPU")
+    return torch.bfloat16
+
+
+def cpu_has_bf16() -> bool:
+    cpu = torch.cpu
+    return bool(getattr(cpu, "_is_avx512_bf16_supported", lambda: False)() or getattr(cpu, "_is_amx_tile_supported", lambda: False)())
+
+
+class DdpStrategy:
+    """One process as is, or DDP: every rank holds the whole model and optimizer state.
+    Rank 0 writes checkpoints as one file (checkpoint.py)."""
+
+    name = "ddp"
+    sharded = False  # checkpoints: one file by rank 0 (trainer.save_checkpoint, checkpoint.py)
+    lockstep_forward = False  # must every rank call forward equally often? (no: DDP's eval skips DDP)
+
+    def __init__(self, rt: Runtime, precision: str = "fp32") -> None:
+        self.rt = rt
+        self.precision = precision
+        self.dtype = check_precision(precision, rt.device.type)
+
+    def setup(self, task: Any, lr: float | None) -> tuple[nn.Module, torch.optim.Optimizer]:
+        """The model to call (wrapped) and the optimizer over the parameters it updates."""
+        from .task import make_optimizer
+
+        model = task.model.to(self.rt.device)  # before the optimizer, so its state lands on the device
+        optimizer = make_optimizer(task, model, lr)
+        return wrap_model(model, self.rt), optimizer
+
+    def autocast(self) -> ContextManager[Any]:
+        if self.dtype is None:
+            return contextlib.nullcontext()
+        return torch.autocast(self.rt.device.type, dtype=self.dtype)
+
+    def full_state_dict(self, model: nn.Module) -> dict[str, torch.Tensor] | None:
+        """The plain consolidated weights on rank 0 (None elsewhere). Collective for FSDP."""
+        return plain_state_dict(model) if self.rt.is_main else None
+
+    def load_full(self, model: nn.Module, optimizer: torch.optim.Optimizer, ckpt: dict[str, Any]) -> None:
+        """Restore a one-file checkpoint that every rank holds in full."""
+        unwrap(model).load_state_dict(ckpt["model"])
+        optimizer.load_state_dict(ckpt["optimizer"])
+
+    def load_sharded(self, model: nn.Module, optimizer: torch.optim.Optimizer, path: Path) -> None:
+        """Restore a sharded (FSDP, torch.distributed.checkpoint) checkpoint, any world size."""
+        from .checkpoint_dcp import load_dcp
+
+        load_dcp(path, model, optimizer)
+
+
+def make_strategy(cfg: Any, rt: Runtime, task: Any) -> DdpStrategy:
+    """The strategy --strategy names; `auto` asks the memory plan (DDP when it fits)."""
+    name = cfg.strategy
+    if name == "auto":
+        name = choose_strategy(cfg, rt, task)
+    if name == "fsdp":
+        if rt.world_size < 2:
+            raise DdpkitError(FSDP_NEEDS_TWO)
+        from .fsdp import FsdpStrategy
+
+        return FsdpStrategy(rt, cfg.precision, blocks=getattr(task, "fsdp_blocks", None))
+    return DdpStrategy(rt, cfg.precision)
+
+
+def choose_strategy(cfg: Any, rt: Runtime, task: Any) -> str:
+    """DDP if model, gradients and optimizer state fit each device, else FSDP (the plan's rule)."""
+    from .fsdp import default_blocks
+    from .plan import detect_device_memory, make_plan
+
+    budget = cfg.device_memory
+    name = "given"
+    if budget is None:
+        budget, name = detect_device_memory(rt.device.type, rt.env.local_world_size)
+        if dist.is_initialized() and rt.world_size > 1:  # the smallest device decides, the same on every rank
+            t = torch.tensor([budget], dtype=torch.int64, device=_collective_device(rt))
+            dist.all_reduce(t, op=dist.ReduceOp.MIN)
+            budget = int(t.item())
+    plan = make_plan(task.model, task.optimizer, rt.world_size, cfg.precision, budget, name,
+                     getattr(task, "fsdp_blocks", None) or default_blocks)
+    choice = plan.choose()
+    if not cfg.quiet:
+        rt.print(f"ddpkit: --strategy auto: {plan.reason()}")
+    return choice
+
+
+def _collective_device(rt: Runtime) -> torch.device:
+    return rt.device if rt.backend == "nccl" else torch.device("cpu")
+

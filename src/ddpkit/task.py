@@ -44,6 +44,9 @@ class Task:
     metric: Metric | None = None
     metric_name: str = "accuracy"
     on_metrics: Callable[[dict[str, Any]], None] | None = None
+    # --strategy fsdp: the submodules to shard one by one (then the root); None: each element
+    # of the model's ModuleLists, or the children of a Sequential (ddpkit.fsdp.default_blocks)
+    fsdp_blocks: Callable[[nn.Module], Any] | None = None
 
 
 def accuracy_sum(outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:

@@ -7,6 +7,7 @@ counts every sample once, checkpoints hold the full state and are written atomic
 """
 from __future__ import annotations
 
+import contextlib
 import math
 import sys
 import time
@@ -23,11 +24,12 @@ from .config import RunConfig
 from .data import ShardedLoader, eval_batches
 from .errors import DdpkitError
 from .metrics import MetricsLog
-from .parallel import plain_state_dict, unwrap, wrap_model
+from .parallel import DdpStrategy, make_strategy, plain_state_dict, unwrap
+from .plan import local_state_bytes, peak_memory_bytes
 from .progress import Progress, choose_mode
 from .runtime import Runtime, all_sum
 from .signals import StopRequest
-from .task import Task, accuracy_sum, make_optimizer
+from .task import Task, accuracy_sum
 
 
 def fit(cfg: RunConfig, task: Task, rt: Runtime, run_dir: Path, stop: StopRequest | None = None) -> dict[str, Any]:
@@ -35,12 +37,11 @@ def fit(cfg: RunConfig, task: Task, rt: Runtime, run_dir: Path, stop: StopReques
     With `stop`, a signal makes every rank save a checkpoint at the same step boundary and return."""
     loss_fn = task.loss_fn or nn.CrossEntropyLoss()
     metric = task.metric or (accuracy_sum if isinstance(loss_fn, nn.CrossEntropyLoss) else None)
-    model = task.model.to(rt.device)  # before the optimizer, so its state lands on the device
-    optimizer = make_optimizer(task, model, cfg.lr)
+    strategy = make_strategy(cfg, rt, task)  # DDP or FSDP (parallel.py), and the precision
+    ddp_model, optimizer = strategy.setup(task, cfg.lr)  # wrapped model, optimizer over what it steps
     position = Position()
     if cfg.resume or cfg.auto_resume:
-        position = _resume(cfg, rt, run_dir, model, optimizer)
-    ddp_model = wrap_model(model, rt)
+        position = _resume(cfg, rt, run_dir, ddp_model, optimizer, strategy)
     log = MetricsLog(run_dir, enabled=rt.is_main, keep_until_epoch=position.epoch, csv=cfg.csv, tensorboard=cfg.tensorboard)
     loader = ShardedLoader(task.train_set, cfg.batch_size, rt.rank, rt.world_size, cfg.seed, cfg.shuffle, num_workers=cfg.num_workers)
     n_train = loader.n
@@ -63,8 +64,9 @@ def fit(cfg: RunConfig, task: Task, rt: Runtime, run_dir: Path, stop: StopReques
                              loss_offset=position.loss_sum if first_step and rt.is_main else 0.0)
         for step, (batch, n_local, n_global) in enumerate(loader.iter_steps(skip=first_step), start=first_step):
             *inputs, target = _to_device(batch, rt.device)
-            out = ddp_model(*inputs)
-            loss = loss_fn(out, target) if n_local else None
+            with strategy.autocast():
+                out = ddp_model(*inputs)
+                loss = loss_fn(out, target) if n_local else None
             # One small all-reduce per step tells every rank whether any loss is NaN/inf and
             # whether any rank got a stop signal, so all ranks act alike at this step.
             bad_ranks, stop_now = step_flags(loss, stop, rt.device)
@@ -89,7 +91,7 @@ def fit(cfg: RunConfig, task: Task, rt: Runtime, run_dir: Path, stop: StopReques
             if stop_now and step + 1 < len(loader):
                 partial = all_sum(loss_sum).item()
                 train_time += time.perf_counter() - t0
-                save_checkpoint(rt, run_dir, ddp_model, optimizer, Position(epoch, step + 1, partial), cfg)
+                save_checkpoint(rt, run_dir, ddp_model, optimizer, Position(epoch, step + 1, partial), cfg, strategy)
                 stopped_early = True
                 break
         if stopped_early:
@@ -104,7 +106,7 @@ def fit(cfg: RunConfig, task: Task, rt: Runtime, run_dir: Path, stop: StopReques
         if skipped:
             record["skipped_steps"] = skipped
         if task.eval_set is not None and ((epoch + 1) % cfg.eval_every == 0 or epoch + 1 == cfg.epochs):
-            record.update(evaluate(ddp_model, task.eval_set, loss_fn, metric, task.metric_name, rt, cfg))
+            record.update(evaluate(ddp_model, task.eval_set, loss_fn, metric, task.metric_name, rt, cfg, strategy))
         record.update(epoch_s=round(epoch_s, 6), samples_per_s=round(n_train / epoch_s, 2) if epoch_s > 0 else None,
                       lr=optimizer.param_groups[0]["lr"])
         log.write(record)
@@ -115,14 +117,16 @@ def fit(cfg: RunConfig, task: Task, rt: Runtime, run_dir: Path, stop: StopReques
         done = epoch + 1 == cfg.epochs
         stopping = not done and stop is not None and step_flags(None, stop, rt.device)[1]
         if stopping or (cfg.save_every and ((epoch + 1) % cfg.save_every == 0 or done)):
-            save_checkpoint(rt, run_dir, ddp_model, optimizer, Position(epoch + 1), cfg)
+            save_checkpoint(rt, run_dir, ddp_model, optimizer, Position(epoch + 1), cfg, strategy)
         if stopping:
             stopped_early = True
             break
     progress.close()
     log.close()
-    if rt.is_main and not stopped_early:
-        write_or_explain(plain_state_dict(ddp_model), run_dir / "model.pt")
+    if not stopped_early:
+        final = strategy.full_state_dict(ddp_model)  # gathered from the shards under FSDP: every rank takes part
+        if rt.is_main:
+            write_or_explain(final, run_dir / "model.pt")
     return {
         "epochs_done": last.get("epoch", position.epoch),
         "train_loss": last.get("train_loss"),
@@ -133,6 +137,7 @@ def fit(cfg: RunConfig, task: Task, rt: Runtime, run_dir: Path, stop: StopReques
         "resumed_from_epoch": position.epoch,
         "stopped_early": stopped_early,
         "stop_signal": stop.received if stop is not None and stopped_early else None,
+        **_memory_stats(rt, strategy, ddp_model, optimizer),
     }
 
 
@@ -160,17 +165,22 @@ def step_flags(loss: torch.Tensor | None, stop: StopRequest | None, device: torc
 
 
 def evaluate(model: nn.Module, dataset: Any, loss_fn: Callable, metric: Callable | None, metric_name: str,
-             rt: Runtime, cfg: RunConfig) -> dict[str, float]:
+             rt: Runtime, cfg: RunConfig, strategy: DdpStrategy | None = None) -> dict[str, float]:
     """Loss (and metric) over the whole eval set, each sample counted exactly once."""
     module = unwrap(model)  # no DDP forward: ranks may run different numbers of eval batches
+    autocast = strategy.autocast if strategy else contextlib.nullcontext
+    lockstep = bool(strategy and strategy.lockstep_forward)  # FSDP: equal forward calls, empty ones padded in
     was_training = module.training
     module.eval()
     sums = torch.zeros(3, dtype=torch.float64, device=rt.device)  # loss, metric, count
     with torch.no_grad():
-        for batch in eval_batches(dataset, cfg.batch_size, rt.rank, rt.world_size, cfg.num_workers):
+        for batch in eval_batches(dataset, cfg.batch_size, rt.rank, rt.world_size, cfg.num_workers, lockstep=lockstep):
             *inputs, target = _to_device(batch, rt.device)
-            out = module(*inputs)
+            with autocast():
+                out = module(*inputs)
             n = len(target)
+            if n == 0:
+                continue
             sums[0] += loss_fn(out, target).double() * n
             if metric is not None:
                 sums[1] += torch.as_tensor(metric(out, target), dtype=torch.float64, device=rt.device)
@@ -184,13 +194,17 @@ def evaluate(model: nn.Module, dataset: Any, loss_fn: Callable, metric: Callable
     return result
 
 
-def save_checkpoint(rt: Runtime, run_dir: Path, model: nn.Module, optimizer: torch.optim.Optimizer, pos: Position, cfg: RunConfig) -> None:
-    """Rank 0 writes the full state; every rank contributes its RNG state."""
+def save_checkpoint(rt: Runtime, run_dir: Path, model: nn.Module, optimizer: torch.optim.Optimizer, pos: Position, cfg: RunConfig,
+                    strategy: DdpStrategy | None = None) -> None:
+    """Rank 0 writes the full state (FSDP: every rank its shard); every rank contributes its RNG state."""
     states = [ckpt_io.rng_state()]
     if dist.is_initialized() and rt.world_size > 1:
         gathered: list[Any] = [None] * rt.world_size
         dist.all_gather_object(gathered, states[0])
         states = gathered
+    if strategy is not None and strategy.sharded:  # FSDP: a directory of shards (checkpoint_dcp.py)
+        strategy.save_checkpoint(run_dir, model, optimizer, pos, states, cfg.as_dict())
+        return
     if rt.is_main:
         if not all(torch.isfinite(p).all() for p in unwrap(model).parameters()):
             raise DdpkitError(f"the weights hold NaN/inf at epoch {pos.epoch + 1}; no checkpoint written, the last one is intact")
@@ -209,19 +223,23 @@ def write_or_explain(obj: Any, path: Path) -> None:
                           "checkpoint is intact: free space (or fix the folder) and continue with --resume") from None
 
 
-def _resume(cfg: RunConfig, rt: Runtime, run_dir: Path, model: nn.Module, optimizer: torch.optim.Optimizer) -> Position:
-    """Rank 0 finds the newest valid checkpoint and sends it to all ranks (no shared disk
-    needed). With --auto-resume, no checkpoint at all means a fresh start."""
+def _resume(cfg: RunConfig, rt: Runtime, run_dir: Path, model: nn.Module, optimizer: torch.optim.Optimizer,
+            strategy: DdpStrategy) -> Position:
+    """Rank 0 finds the newest valid checkpoint and tells all ranks: a one-file checkpoint is
+    sent whole (no shared disk needed), a sharded one (FSDP) is read by every rank from the run
+    dir. With --auto-resume, no checkpoint at all means a fresh start."""
+    from .checkpoint_dcp import find_any_resumable, list_sharded
+
     message: list[Any] = [None]
     if rt.is_main:
         try:
-            if not cfg.resume and not ckpt_io.list_checkpoints(run_dir):
+            if not cfg.resume and not ckpt_io.list_checkpoints(run_dir) and not list_sharded(run_dir):
                 message = [("fresh", None, None)]
             else:
-                ckpt, path, skipped = ckpt_io.find_resumable(run_dir, model, optimizer)
+                kind, ckpt, path, skipped = find_any_resumable(run_dir, model, optimizer)
                 for reason in skipped:
                     print(f"ddpkit: skipping checkpoint: {reason}", flush=True)
-                message = [("ok", ckpt, str(path))]
+                message = [(kind, ckpt, str(path))]
         except DdpkitError as e:
             message = [("error", str(e), None)]
     if dist.is_initialized() and rt.world_size > 1:
@@ -232,8 +250,10 @@ def _resume(cfg: RunConfig, rt: Runtime, run_dir: Path, model: nn.Module, optimi
     if status == "fresh":
         return Position()
     ckpt = payload
-    model.load_state_dict(ckpt["model"])
-    optimizer.load_state_dict(ckpt["optimizer"])
+    if status == "file":
+        strategy.load_full(model, optimizer, ckpt)
+    else:
+        strategy.load_sharded(model, optimizer, Path(path))
     rngs = ckpt["rng"]
     ckpt_io.set_rng_state(rngs[rt.rank] if len(rngs) == rt.world_size else rngs[0])
     pos = Position(int(ckpt["epoch"]), int(ckpt.get("step", 0)), float(ckpt.get("loss_sum", 0.0)))
@@ -241,6 +261,22 @@ def _resume(cfg: RunConfig, rt: Runtime, run_dir: Path, model: nn.Module, optimi
         where = f"epoch {pos.epoch} done" + (f", {pos.step} steps into epoch {pos.epoch + 1}" if pos.step else "")
         rt.print(f"ddpkit: resuming from {path} ({where})")
     return pos
+
+
+def _memory_stats(rt: Runtime, strategy: DdpStrategy, model: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+    """Strategy, precision, this run's model state per rank and every rank's measured peak."""
+    mine = {"state": local_state_bytes(model, optimizer), "peak": peak_memory_bytes(rt.device)}
+    everyone = [mine]
+    if dist.is_initialized() and rt.world_size > 1:
+        everyone = [None] * rt.world_size
+        dist.all_gather_object(everyone, mine)
+    return {
+        "strategy": strategy.name,
+        "precision": strategy.precision,
+        "state_bytes_per_rank": {k: max(e["state"][k] for e in everyone) for k in mine["state"]},
+        "peak_memory_bytes": [e["peak"][0] for e in everyone],
+        "peak_memory_kind": mine["peak"][1],
+    }
 
 
 def _to_device(batch: Any, device: torch.device) -> list[Any]:

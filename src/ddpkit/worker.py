@@ -153,6 +153,11 @@ def format_summary(s: dict[str, Any]) -> str:
     ]
     if s.get("eval_loss") is not None:
         lines.append(f"  eval loss    {num(s['eval_loss'], '.4f')}" + (f", {metric_key[5:]} {num(s[metric_key], '.4f')}" if metric_key else ""))
+    if "peak_memory_bytes" in s:
+        from .plan import format_bytes
+
+        lines.append(f"  strategy     {s['strategy']}, {s['precision']}; model state {format_bytes(s['state_bytes_per_rank']['total'])} per rank")
+        lines.append(f"  peak memory  {format_bytes(max(s['peak_memory_bytes']))} per rank, the most of {len(s['peak_memory_bytes'])} ({s['peak_memory_kind']})")
     lines.append(f"  samples/s    {num(s['samples_per_s'], ',.0f')} (training {s['train_s']:.2f} s" + (f", wall {s['wall_s']:.2f} s)" if "wall_s" in s else ")"))
     lines.append(f"  written to   {s['run_dir']}")
     return "\n".join(lines)

@@ -1,0 +1,169 @@
+"""--strategy fsdp end to end through the real CLI (gloo on CPU): FSDP trains to DDP's
+parameters, its sharded checkpoints resume bit-identically, reshard from 4 ranks to 2, cross
+to and from DDP's one-file checkpoints, and the memory plan matches what the ranks hold."""
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from conftest import REPO, assert_state_close, assert_state_equal, load_model, run_ddpkit
+from ddpkit.tasks.wine import wine_model
+
+DEEP = str(REPO / "examples" / "deep_mlp.py") + ":build"
+WINE = ["--epochs", "6", "--seed", "5", "--save-every", "2", "--quiet"]
+DEEP_ARGS = ["--epochs", "3", "--seed", "3", "--batch-size", "24", "--save-every", "0", "--quiet"]
+
+
+def _summary(run):
+    return json.loads((run / "summary.json").read_text())
+
+
+@pytest.fixture(scope="module")
+def wine_runs(tmp_path_factory):
+    """The same Wine job, uninterrupted, under DDP and under FSDP (2 processes each)."""
+    root = tmp_path_factory.mktemp("wine")
+    for strategy in ("ddp", "fsdp"):
+        run_ddpkit("train", "--strategy", strategy, "--nproc", "2", "--run-dir", str(root / strategy), *WINE)
+    return root
+
+
+@pytest.fixture(scope="module")
+def deep_runs(tmp_path_factory):
+    """A 6-block residual MLP (ModuleList: one FSDP unit per block) under DDP, and under
+    --strategy auto on a device too small for DDP: the plan picks FSDP."""
+    root = tmp_path_factory.mktemp("deep")
+    run_ddpkit("train", DEEP, "--strategy", "ddp", "--nproc", "2", "--run-dir", str(root / "ddp"), *DEEP_ARGS)
+    # DDP needs 3.1 MiB of model state per rank, FSDP on 2 ranks 1.9 MiB: 3 MB fits only FSDP
+    proc = run_ddpkit("train", DEEP, "--strategy", "auto", "--device-memory", "3MB", "--nproc", "2",
+                      "--run-dir", str(root / "fsdp"), *DEEP_ARGS[:-1])
+    (root / "fsdp.out").write_text(proc.stdout)
+    return root
+
+
+def test_fsdp_trains_wine_to_ddps_parameters_and_keeps_the_run_contract(wine_runs):
+    ddp, fsdp = wine_runs / "ddp", wine_runs / "fsdp"
+    assert_state_close(load_model(fsdp), load_model(ddp), rtol=1e-5, atol=1e-6)
+    model = wine_model()
+    model.load_state_dict(load_model(fsdp))  # model.pt: a plain consolidated state_dict
+    assert not all(torch.equal(v, wine_model().state_dict()[k]) for k, v in model.state_dict().items())
+    s = _summary(fsdp)
+    assert s["strategy"] == "fsdp" and s["precision"] == "fp32" and len(s["peak_memory_bytes"]) == 2
+    assert s["eval_accuracy"] == pytest.approx(_summary(ddp)["eval_accuracy"])
+    # sharded checkpoints: one directory per save, one shard file per rank
+    ckpts = wine_runs / "fsdp" / "checkpoints"
+    assert sorted(p.name for p in ckpts.iterdir()) == ["epoch-000002", "epoch-000004", "epoch-000006"]
+    assert {".metadata", "__0_0.distcp", "__1_0.distcp", "ddpkit.pt"} <= {p.name for p in (ckpts / "epoch-000006").iterdir()}
+    meta = torch.load(ckpts / "epoch-000006" / "ddpkit.pt", weights_only=True)
+    assert meta["epoch"] == 6 and meta["world_size"] == 2 and len(meta["rng"]) == 2
+
+
+def test_fsdp_resume_is_bit_identical_and_skips_incomplete_checkpoints(wine_runs, tmp_path):
+    split = tmp_path / "split"
+    (split / "checkpoints").mkdir(parents=True)  # the run as it was after epoch 2 ...
+    shutil.copytree(wine_runs / "fsdp" / "checkpoints" / "epoch-000002", split / "checkpoints" / "epoch-000002")
+    # ... and what a crash leaves: a save that never got renamed, and a directory without one of its shards
+    (split / "checkpoints" / ".epoch-000004.partial").mkdir()
+    (split / "checkpoints" / ".epoch-000004.partial" / "__0_0.distcp").write_bytes(b"half")
+    shutil.copytree(split / "checkpoints" / "epoch-000002", split / "checkpoints" / "epoch-000005")
+    (split / "checkpoints" / "epoch-000005" / "__1_0.distcp").unlink()
+    proc = run_ddpkit("train", "--strategy", "fsdp", "--nproc", "2", "--resume", "--run-dir", str(split), *WINE[:-1])
+    assert "skipping checkpoint" in proc.stdout and "epoch-000005: incomplete" in proc.stdout
+    assert "resuming from" in proc.stdout and "epoch-000002 (epoch 2 done)" in proc.stdout
+    assert sorted(p.name for p in (split / "checkpoints").iterdir()) == ["epoch-000002", "epoch-000004", "epoch-000005", "epoch-000006"]
+    assert_state_equal(load_model(split), load_model(wine_runs / "fsdp"))
+    keep = ("epoch", "train_loss", "eval_loss")
+    rows = lambda run: [{k: r[k] for k in keep} for r in map(json.loads, (run / "metrics.jsonl").read_text().splitlines())]  # noqa: E731
+    assert rows(split) == rows(wine_runs / "fsdp")[2:]
+
+
+def test_save_on_4_ranks_resume_on_2(wine_runs, tmp_path):
+    run = tmp_path / "run"
+    # 4 x 16 and 2 x 32: the same global batch, so the same steps (ddpkit's global order)
+    run_ddpkit("train", "--strategy", "fsdp", "--nproc", "4", "--batch-size", "16", "--epochs", "3", "--seed", "5",
+               "--save-every", "3", "--quiet", "--run-dir", str(run))
+    shards = {p.name for p in (run / "checkpoints" / "epoch-000003").iterdir()}
+    assert {f"__{r}_0.distcp" for r in range(4)} <= shards
+    proc = run_ddpkit("train", "--strategy", "fsdp", "--nproc", "2", "--resume", "--run-dir", str(run), *WINE)
+    assert proc.returncode == 0
+    assert_state_close(load_model(run), load_model(wine_runs / "fsdp"), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("saved, source, resumed", [
+    ("ddp", "epoch-000002.pt", "fsdp"),  # DDP's one-file checkpoint, sharded on load
+    ("fsdp", "epoch-000004", "ddp"),     # FSDP's sharded checkpoint, read whole by DDP
+])
+def test_checkpoints_cross_between_ddp_and_fsdp(wine_runs, tmp_path, saved, source, resumed):
+    run = tmp_path / "run"
+    src = wine_runs / saved / "checkpoints" / source
+    (run / "checkpoints").mkdir(parents=True)
+    (shutil.copytree if src.is_dir() else shutil.copy)(src, run / "checkpoints" / source)
+    proc = run_ddpkit("train", "--strategy", resumed, "--nproc", "2", "--resume", "--run-dir", str(run), *WINE[:-1])
+    assert f"resuming from {run / 'checkpoints' / source}" in proc.stdout
+    assert_state_close(load_model(run), load_model(wine_runs / resumed), rtol=1e-5, atol=1e-6)
+
+
+def test_fsdp_deep_mlp_matches_ddp_and_the_plan_measures_the_sharding(deep_runs):
+    import ddpkit
+
+    ddp, fsdp = deep_runs / "ddp", deep_runs / "fsdp"
+    assert_state_close(load_model(fsdp), load_model(ddp), rtol=1e-5, atol=1e-6)
+    measured_ddp = _summary(ddp)["state_bytes_per_rank"]
+    measured_fsdp = _summary(fsdp)["state_bytes_per_rank"]
+    ratio = measured_fsdp["total"] / measured_ddp["total"]
+    assert ratio == pytest.approx(1 / 2, rel=0.01)  # each rank holds half of params, grads and Adam state
+    plan = ddpkit.memory_plan(DEEP, nproc=2)
+    assert plan.ddp.state == measured_ddp["total"] and plan.fsdp.state == measured_fsdp["total"]
+    assert plan.ddp.optimizer == 2 * plan.ddp.params  # AdamW: two moments, measured by a probe step
+    four = ddpkit.memory_plan(DEEP, nproc=4)
+    assert four.fsdp.state / four.ddp.state == pytest.approx(1 / 4, rel=0.01)
+    for s in (_summary(ddp), _summary(fsdp)):
+        assert all(b > 0 for b in s["peak_memory_bytes"]) and s["peak_memory_kind"] == "peak resident set"
+
+
+def test_auto_picks_fsdp_when_ddp_does_not_fit(deep_runs):
+    out = (deep_runs / "fsdp.out").read_text()
+    assert "--strategy auto: fsdp: DDP needs 3.1 MiB per rank, more than" in out
+    assert "strategy     fsdp, fp32" in out and "peak memory" in out
+    assert _summary(deep_runs / "fsdp")["strategy"] == "fsdp" and _summary(deep_runs / "ddp")["strategy"] == "ddp"
+
+
+def test_bf16_trains_under_fsdp_and_ddp_close_to_fp32(deep_runs, tmp_path):
+    run_ddpkit("train", DEEP, "--strategy", "fsdp", "--precision", "bf16", "--nproc", "2", "--run-dir", str(tmp_path / "fsdp"), *DEEP_ARGS)
+    run_ddpkit("train", DEEP, "--precision", "bf16", "--nproc", "1", "--run-dir", str(tmp_path / "ddp"),
+               *DEEP_ARGS[:4], "--batch-size", "48", "--save-every", "0", "--quiet")
+    fp32 = load_model(deep_runs / "fsdp")
+    for name in ("fsdp", "ddp"):
+        s = _summary(tmp_path / name)
+        assert s["precision"] == "bf16" and s["eval_accuracy"] == pytest.approx(_summary(deep_runs / "fsdp")["eval_accuracy"], abs=0.05)
+        assert_state_close(load_model(tmp_path / name), fp32, rtol=0, atol=0.05)  # bf16 rounding, same training
+
+
+def test_bad_combinations_are_one_clear_line(tmp_path):
+    proc = run_ddpkit("train", "--strategy", "fsdp", "--nproc", "1", "--epochs", "1", cwd=tmp_path, check=False, timeout=60)
+    assert proc.returncode == 2 and "--strategy fsdp shards the model across processes and needs at least 2" in proc.stderr
+    no_bf16 = ("import sys, torch\n"
+               "torch.cpu._is_avx512_bf16_supported = lambda: False\n"  # a CPU without native bfloat16
+               "torch.cpu._is_amx_tile_supported = lambda: False\n"
+               "from ddpkit.cli import main\n"
+               "sys.exit(main(sys.argv[1:]))\n")
+    proc = subprocess.run([sys.executable, "-c", no_bf16, "train", "--precision", "bf16", "--nproc", "2", "--epochs", "1"],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=60,
+                          env={**os.environ, "PYTHONPATH": str(REPO / "src")})
+    assert proc.returncode == 2 and "--precision bf16: this CPU has no native bfloat16" in proc.stderr
+    assert "Traceback" not in proc.stderr and not list(tmp_path.rglob("model.pt"))
+    proc = run_ddpkit("plan", "--device-memory", "lots", cwd=tmp_path, check=False, timeout=60)
+    assert proc.returncode == 2 and "--device-memory must be a size such as 80GiB" in proc.stderr
+
+
+def test_plan_command_reports_both_strategies_and_the_pick(tmp_path):
+    out = run_ddpkit("plan", DEEP, "--nproc", "4", "--device-memory", "3MB", cwd=tmp_path, timeout=60).stdout
+    assert "memory plan:" in out and "4 processes, fp32" in out and "AdamW, 8 bytes of state per parameter" in out
+    assert "(FSDP/DDP 0.25)" in out
+    assert "DDP no, FSDP yes" in out and "--strategy auto  fsdp: DDP needs" in out
+    dry = run_ddpkit("train", DEEP, "--strategy", "fsdp", "--nproc", "4", "--dry-run", cwd=tmp_path, timeout=60).stdout
+    assert "launch plan (dry run: nothing started)" in dry and "(FSDP/DDP 0.25)" in dry
+    assert "--strategy fsdp  FSDP needs" in dry and not (tmp_path / "runs").exists()
