@@ -53,6 +53,24 @@ def _add_process_flags(p: argparse.ArgumentParser) -> None:
     n.add_argument("--local-addr", default=None, help="this node's address as the other nodes reach it (default: the address that routes to the master)")
 
 
+def _add_perf_flags(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("performance (see README: Performance)")
+    g.add_argument("--accumulate", type=int, default=1, metavar="K",
+                   help="K micro-batches of --batch-size per optimizer step, gradients all-reduced once (no_sync on the others); equals --batch-size K*b (default 1)")
+    g.add_argument("--grad-compression", choices=("none", "bf16", "fp16", "powersgd"), default="none",
+                   help="all-reduce gradients in 16 bits, or low-rank PowerSGD: less traffic, close but not equal results (default none)")
+    g.add_argument("--bucket-mb", type=float, default=None, help="DDP gradient bucket size in MB (default: torch's 25)")
+    g.add_argument("--static-graph", action="store_true", help="tell DDP the model uses the same parameters every step (skips per-step graph checks)")
+    g.add_argument("--fused-optimizer", choices=("off", "on", "auto"), default="off",
+                   help="rebuild torch Adam/AdamW/SGD with fused=True (one kernel over all parameters); auto: on with GPUs (default off)")
+    g.add_argument("--compile", action="store_true", help="torch.compile the model (slow first steps; needs a C++ compiler on CPU)")
+
+
+def _perf_config(ns: argparse.Namespace) -> dict[str, Any]:
+    return dict(accumulate=ns.accumulate, grad_compression=ns.grad_compression, bucket_mb=ns.bucket_mb,
+                static_graph=ns.static_graph, fused_optimizer=ns.fused_optimizer, compile=ns.compile)
+
+
 def _process_config(ns: argparse.Namespace) -> dict[str, Any]:
     return dict(nproc=ns.nproc, max_restarts=ns.max_restarts, threads=ns.threads, start_method=ns.start_method,
                 timeout=ns.timeout, verbose=ns.verbose, debug_collectives=ns.debug_collectives, nnodes=ns.nnodes, node_rank=ns.node_rank,
@@ -87,6 +105,7 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--requeue", action="store_true", help="under SLURM: after a --save-on-signal stop, requeue the job (it resumes with --auto-resume)")
     t.add_argument("--on-nan", choices=("stop", "skip"), default="stop", help="a NaN/inf loss stops the run before the weights are touched (default), or skips that step on every rank")
     t.add_argument("--quiet", action="store_true", help="no per-epoch progress or summary; only errors (the run directory still gets everything)")
+    _add_perf_flags(t)
 
     la = sub.add_parser("launch", help="run any script on N local workers (like torchrun)", description=LAUNCH_HELP)
     _add_process_flags(la)
@@ -111,6 +130,22 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--wait", action="store_true", help="with --submit: follow the job (through requeues) to its end and exit with its status")
     s.add_argument("--wait-timeout", type=float, default=None, help="give up waiting after this many seconds (the job keeps running)")
     s.add_argument("train_args", nargs=argparse.REMAINDER, help="-- then the arguments of `ddpkit train` (task and flags)")
+    b = sub.add_parser("bench", help="measure all-reduce bandwidth/latency and a task's step time at 1..N processes",
+                       description="Does DDP pay off here? All-reduce bus bandwidth and latency across message sizes "
+                                   "(as nccl-tests reports them) and the task's step split into data, compute and "
+                                   "communication, at each process count.")
+    b.add_argument("task", nargs="?", default="wine", help="task for the step-time breakdown (default wine)")
+    b.add_argument("--nproc", default="1,2", help="comma-separated process counts (default 1,2)")
+    b.add_argument("--what", default="allreduce,step", help="allreduce, step, or both (default)")
+    b.add_argument("--sizes", default="4,1K,64K,1M,16M", help="all-reduce message sizes in bytes, K/M/G suffixes (default 4,1K,64K,1M,16M)")
+    b.add_argument("--iters", type=int, default=20, help="all-reduce timings per size (default 20)")
+    b.add_argument("--steps", type=int, default=20, help="timed training steps per mode (default 20)")
+    b.add_argument("--batch-size", type=int, default=32, help="per process (default 32)")
+    b.add_argument("--threads", type=int, default=None, help="CPU threads per process (default: cores / processes)")
+    b.add_argument("--backend", choices=("auto", "gloo", "nccl"), default="auto")
+    b.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
+    b.add_argument("--timeout", type=float, default=300.0)
+    b.add_argument("--json", default=None, metavar="PATH", help="also write the measurements as JSON")
     return parser
 
 
@@ -131,7 +166,7 @@ def train_config(ns: argparse.Namespace) -> Any:
         task=ns.task, epochs=ns.epochs, batch_size=ns.batch_size, lr=ns.lr, seed=ns.seed,
         shuffle=ns.shuffle, save_every=ns.save_every, eval_every=ns.eval_every, run_dir=ns.run_dir,
         resume=ns.resume, auto_resume=ns.auto_resume, save_on_signal=ns.save_on_signal, requeue=ns.requeue, on_nan=ns.on_nan,
-        backend=ns.backend, device=ns.device, num_workers=ns.num_workers, quiet=ns.quiet, **_process_config(ns),
+        backend=ns.backend, device=ns.device, num_workers=ns.num_workers, quiet=ns.quiet, **_process_config(ns), **_perf_config(ns),
     )
 
 
@@ -196,7 +231,13 @@ def cmd_slurm(ns: argparse.Namespace) -> int:
     return code
 
 
-COMMANDS = {"train": cmd_train, "launch": cmd_launch, "slurm": cmd_slurm}
+def cmd_bench(ns: argparse.Namespace) -> int:
+    from .bench import main_bench
+
+    return main_bench(ns)
+
+
+COMMANDS = {"train": cmd_train, "launch": cmd_launch, "slurm": cmd_slurm, "bench": cmd_bench}
 
 
 def main(argv: Sequence[str] | None = None) -> int:

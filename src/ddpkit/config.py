@@ -50,6 +50,13 @@ class RunConfig:
     debug_collectives: bool = False  # every collective is checked across ranks (slow; for debugging hangs)
     quiet: bool = False
     verbose: bool = False
+    # performance knobs (tuning.py): what each changes in the result is documented there
+    grad_compression: str = "none"  # none | bf16 | fp16 | powersgd (DDP communication hook)
+    accumulate: int = 1  # micro-batches of batch_size per optimizer step, no_sync on all but the last
+    bucket_mb: float | None = None  # DDP bucket size (torch default 25)
+    static_graph: bool = False
+    compile: bool = False  # torch.compile the model
+    fused_optimizer: str = "off"  # off | on | auto (on with GPUs): fused Adam/AdamW/SGD kernels
     extra: dict[str, Any] = field(default_factory=dict)  # free-form settings for user tasks
 
     def __post_init__(self) -> None:
@@ -77,6 +84,11 @@ class RunConfig:
         _choice("--device", self.device, DEVICES)
         _choice("--start-method", self.start_method, START_METHODS)
         _choice("--on-nan", self.on_nan, ("stop", "skip"))
+        _choice("--grad-compression", self.grad_compression, ("none", "bf16", "fp16", "powersgd"))
+        _choice("--fused-optimizer", self.fused_optimizer, ("off", "on", "auto"))
+        _positive("--accumulate", self.accumulate)
+        if self.bucket_mb is not None and not (isinstance(self.bucket_mb, (int, float)) and self.bucket_mb > 0):
+            raise DdpkitError(f"--bucket-mb must be a positive number of megabytes, got {self.bucket_mb!r}")
         if self.backend == "nccl" and self.device == "cpu":
             raise DdpkitError("--backend nccl needs --device cuda (NCCL only moves GPU tensors); use --backend gloo for CPU")
         if not self.task:

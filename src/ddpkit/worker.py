@@ -111,7 +111,8 @@ def _train(cfg: RunConfig, env: DistEnv) -> dict[str, Any]:
             "backend": rt.backend if env.distributed else "none",
             "device": str(rt.device),
             "batch_size": cfg.batch_size,
-            "global_batch": cfg.batch_size * env.world_size,
+            "global_batch": cfg.batch_size * cfg.accumulate * env.world_size,
+            "accumulate": cfg.accumulate,
             "epochs": cfg.epochs,
             **stats,
             "run_dir": str(run_dir),
@@ -156,7 +157,8 @@ def format_summary(s: dict[str, Any]) -> str:
     lines = [
         "ddpkit: run finished" if not s.get("stopped_early") else "ddpkit: run stopped early (checkpoint saved; continue with --resume)",
         f"  world size   {s['world_size']} ({s['nnodes']} node{'s' if s['nnodes'] != 1 else ''}), backend {s['backend']}, device {s['device']}",
-        f"  global batch {s['global_batch']} ({s['batch_size']} per process), epochs {s['epochs_done']}/{s['epochs']}",
+        f"  global batch {s['global_batch']} ({s['batch_size']} per process"
+        + (f" x {s['accumulate']} accumulated" if s.get("accumulate", 1) > 1 else "") + f"), epochs {s['epochs_done']}/{s['epochs']}",
         f"  train loss   {num(s['train_loss'], '.4f')}",
     ]
     if s.get("eval_loss") is not None:
