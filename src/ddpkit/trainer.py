@@ -39,7 +39,7 @@ def fit(cfg: RunConfig, task: Task, rt: Runtime, run_dir: Path, stop: StopReques
     position = Position()
     if cfg.resume or cfg.auto_resume:
         position = _resume(cfg, rt, run_dir, model, optimizer)
-    ddp_model = wrap_model(model, rt, **tuning.ddp_options(cfg))
+    ddp_model = wrap_model(model, rt, **tuning.ddp_options(cfg, rt.backend))
     tuning.register_compression(ddp_model, cfg.grad_compression)
     ddp_model = tuning.maybe_compile(ddp_model, cfg.compile)
     accumulate = cfg.accumulate  # micro-batches of batch_size per optimizer step (no_sync on all but the last)

@@ -31,3 +31,14 @@ def test_fuse_optimizer_keeps_groups_and_hyperparameters():
     assert fused.param_groups[1]["betas"] == (0.8, 0.9)
     assert fuse_optimizer(opt, "off", torch.device("cpu")) is opt
     assert fuse_optimizer(opt, "auto", torch.device("cpu")) is opt  # auto: GPUs only
+
+
+def test_powersgd_on_gloo_uses_one_bucket():
+    # several buckets' PowerSGD all-reduces interleave differently per rank on gloo (a
+    # collective mismatch seen on the 9.5M MLP); one bucket keeps them ordered
+    from ddpkit.config import RunConfig
+    from ddpkit.tuning import ddp_options
+
+    assert ddp_options(RunConfig(grad_compression="powersgd"), "gloo")["bucket_cap_mb"] >= 1 << 20
+    assert "bucket_cap_mb" not in ddp_options(RunConfig(grad_compression="powersgd"), "nccl")
+    assert ddp_options(RunConfig(bucket_mb=5, static_graph=True), "gloo") == {"bucket_cap_mb": 5.0, "static_graph": True}
