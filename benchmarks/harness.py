@@ -80,6 +80,8 @@ def run_cmd(name: str, argv: list[str], env: dict | None = None, *, timeout: flo
     argv = [_fill(a, mapping) for a in argv]
     full_env = clean_env({k: _fill(str(v), mapping) for k, v in (env or {}).items()})
     full_env.setdefault("BENCH_SAVE_DIR", os.path.join(tmp, "ckpt"))
+    launched = time.time()
+    full_env["DDPKIT_LAUNCH_TIME"] = repr(launched)  # ddpkit times its phases from here
     t0 = time.perf_counter()
     try:
         p = subprocess.run(argv, env=full_env, cwd=cwd, capture_output=True, text=True, timeout=timeout)
@@ -101,6 +103,8 @@ def run_cmd(name: str, argv: list[str], env: dict | None = None, *, timeout: flo
         for k, alias in ALIASES.items():  # other tools' names for the same quantity
             if k not in res and alias in res:
                 res[k] = res[alias]
+    if isinstance(res.get("fit_end_s"), (int, float)):
+        res["teardown_s"] = max(0.0, wall - res["fit_end_s"])  # fit done -> the command exited
     res["ok"] = rc == 0 and parsed is not None
     if not res["ok"]:
         tail = (err or out).strip().splitlines()[-8:]
@@ -189,12 +193,13 @@ def _cell(v: list[float]) -> str:
 
 
 _LABELS = {"wall_s": "wall s", "train_s": "train s", "samples_per_s": "samples/s",
+           "startup_s": "startup s", "fit_s": "fit s", "teardown_s": "teardown s",
            "steady_samples_per_s": "steady samples/s",
            "final_loss": "final loss", "test_acc": "test acc", "inner_wall_s": "in-process s"}
 
 
 def table(results: list[dict], baselines: list[str] = (), *, metric: str = "wall_s",
-          columns: list[str] = ("wall_s", "train_s", "samples_per_s", "steady_samples_per_s",
+          columns: list[str] = ("wall_s", "startup_s", "fit_s", "train_s", "teardown_s", "samples_per_s", "steady_samples_per_s",
                                 "final_loss", "test_acc")) -> str:
     """Markdown table: one row per variant (in first-seen order) with median (min-max) of
     each column over its successful runs, and median(metric) / median(metric of baseline)

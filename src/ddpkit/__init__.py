@@ -1,17 +1,31 @@
-"""ddpkit: one PyTorch training task on 1 process, every GPU of a node, or many nodes."""
-from .api import init, memory_plan, train
-from .checkpoint import atomic_save, load_file
-from .config import RunConfig
-from .data import ShardedLoader, eval_batches
-from .env import DistEnv
-from .errors import DdpkitError
-from .parallel import unwrap, wrap_model
-from .runtime import Runtime, all_sum, mean_across_ranks
-from .task import Task
+"""ddpkit: one PyTorch training task on 1 process, every GPU of a node, or many nodes.
 
-__all__ = [
-    "DdpkitError", "DistEnv", "RunConfig", "Runtime", "ShardedLoader", "Task",
-    "all_sum", "atomic_save", "eval_batches", "init", "load_file", "mean_across_ranks",
-    "memory_plan", "train", "unwrap", "wrap_model",
-]
+The names below are imported on first use, so `ddpkit --help` (and anything that only
+needs the CLI or the config) does not pay for importing torch (~1-2 s).
+"""
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+_WHERE = {
+    "init": "api", "train": "api", "atomic_save": "checkpoint", "load_file": "checkpoint",
+    "RunConfig": "config", "ShardedLoader": "data", "eval_batches": "data", "DistEnv": "env",
+    "DdpkitError": "errors", "unwrap": "parallel", "wrap_model": "parallel", "Runtime": "runtime",
+    "all_sum": "runtime", "mean_across_ranks": "runtime", "Task": "task", "memory_plan": "api",
+}
+__all__ = sorted(_WHERE)
 __version__ = "0.1.0"
+
+
+def __getattr__(name: str) -> Any:
+    module = _WHERE.get(name)
+    if module is None:
+        raise AttributeError(f"module 'ddpkit' has no attribute {name!r}")
+    value = getattr(importlib.import_module(f".{module}", __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(list(globals()) + __all__)

@@ -53,6 +53,24 @@ def _add_process_flags(p: argparse.ArgumentParser) -> None:
     n.add_argument("--local-addr", default=None, help="this node's address as the other nodes reach it (default: the address that routes to the master)")
 
 
+def _add_perf_flags(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("performance (see README: Performance)")
+    g.add_argument("--accumulate", type=int, default=1, metavar="K",
+                   help="K micro-batches of --batch-size per optimizer step, gradients all-reduced once (no_sync on the others); equals --batch-size K*b (default 1)")
+    g.add_argument("--grad-compression", choices=("none", "bf16", "fp16", "powersgd"), default="none",
+                   help="all-reduce gradients in 16 bits, or low-rank PowerSGD: less traffic, close but not equal results (default none)")
+    g.add_argument("--bucket-mb", type=float, default=None, help="DDP gradient bucket size in MB (default: torch's 25)")
+    g.add_argument("--static-graph", action="store_true", help="tell DDP the model uses the same parameters every step (skips per-step graph checks)")
+    g.add_argument("--fused-optimizer", choices=("off", "on", "auto"), default="off",
+                   help="rebuild torch Adam/AdamW/SGD with fused=True (one kernel over all parameters); auto: on with GPUs (default off)")
+    g.add_argument("--compile", action="store_true", help="torch.compile the model (slow first steps; needs a C++ compiler on CPU)")
+
+
+def _perf_config(ns: argparse.Namespace) -> dict[str, Any]:
+    return dict(accumulate=ns.accumulate, grad_compression=ns.grad_compression, bucket_mb=ns.bucket_mb,
+                static_graph=ns.static_graph, fused_optimizer=ns.fused_optimizer, compile=ns.compile)
+
+
 def _process_config(ns: argparse.Namespace) -> dict[str, Any]:
     return dict(nproc=ns.nproc, max_restarts=ns.max_restarts, threads=ns.threads, start_method=ns.start_method,
                 timeout=ns.timeout, verbose=ns.verbose, debug_collectives=ns.debug_collectives, nnodes=ns.nnodes, node_rank=ns.node_rank,
@@ -107,6 +125,7 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--csv", action="store_true", help="also write RUN_DIR/metrics.csv (metrics.jsonl is always written)")
     t.add_argument("--tensorboard", action="store_true", help="also write TensorBoard event files to RUN_DIR/tensorboard")
     _add_strategy_flags(t, "ddp")
+    _add_perf_flags(t)
 
     pl = sub.add_parser("plan", help="memory per rank under DDP and FSDP, and which one fits", description=PLAN_HELP)
     pl.add_argument("task", nargs="?", default="wine", help="wine (default), digits, MODULE:FUNCTION or FILE.py:FUNCTION")
@@ -153,6 +172,23 @@ def build_parser() -> argparse.ArgumentParser:
     pl.add_argument("-o", "--out", default=None, help="the PNG to write (default: RUN_DIR/curves.png for one run, ./curves.png for several)")
     pl.add_argument("--label", action="append", default=None, help="a legend label per run, in order (default: NAME (N processes))")
     pl.add_argument("--title", default=None, help="a title over the panels")
+
+    b = sub.add_parser("bench", help="measure all-reduce bandwidth/latency and a task's step time at 1..N processes",
+                       description="Does DDP pay off here? All-reduce bus bandwidth and latency across message sizes "
+                                   "(as nccl-tests reports them) and the task's step split into data, compute and "
+                                   "communication, at each process count.")
+    b.add_argument("task", nargs="?", default="wine", help="task for the step-time breakdown (default wine)")
+    b.add_argument("--nproc", default="1,2", help="comma-separated process counts (default 1,2)")
+    b.add_argument("--what", default="allreduce,step", help="allreduce, step, or both (default)")
+    b.add_argument("--sizes", default="4,1K,64K,1M,16M", help="all-reduce message sizes in bytes, K/M/G suffixes (default 4,1K,64K,1M,16M)")
+    b.add_argument("--iters", type=int, default=20, help="all-reduce timings per size (default 20)")
+    b.add_argument("--steps", type=int, default=20, help="timed training steps per mode (default 20)")
+    b.add_argument("--batch-size", type=int, default=32, help="per process (default 32)")
+    b.add_argument("--threads", type=int, default=None, help="CPU threads per process (default: cores / processes)")
+    b.add_argument("--backend", choices=("auto", "gloo", "nccl"), default="auto")
+    b.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
+    b.add_argument("--timeout", type=float, default=300.0)
+    b.add_argument("--json", default=None, metavar="PATH", help="also write the measurements as JSON")
     return parser
 
 
@@ -174,7 +210,7 @@ def train_config(ns: argparse.Namespace) -> Any:
         shuffle=ns.shuffle, save_every=ns.save_every, eval_every=ns.eval_every, run_dir=ns.run_dir,
         resume=ns.resume, auto_resume=ns.auto_resume, save_on_signal=ns.save_on_signal, requeue=ns.requeue, on_nan=ns.on_nan,
         backend=ns.backend, device=ns.device, num_workers=ns.num_workers, quiet=ns.quiet, progress=ns.progress,
-        csv=ns.csv, tensorboard=ns.tensorboard, **_process_config(ns), **_strategy_config(ns),
+        csv=ns.csv, tensorboard=ns.tensorboard, **_process_config(ns), **_strategy_config(ns), **_perf_config(ns),
     )
 
 
@@ -261,8 +297,6 @@ def cmd_plot(ns: argparse.Namespace) -> int:
     print(f"wrote {plot_runs(ns.run_dirs, ns.out, ns.label, ns.title)}")
     return 0
 
-
-
 def cmd_plan(ns: argparse.Namespace) -> int:
     from .api import memory_plan
 
@@ -270,8 +304,14 @@ def cmd_plan(ns: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_bench(ns: argparse.Namespace) -> int:
+    from .bench import main_bench
+
+    return main_bench(ns)
+
+
 COMMANDS = {"train": cmd_train, "launch": cmd_launch, "slurm": cmd_slurm, "plan": cmd_plan, "env": cmd_env,
-            "plot": cmd_plot}
+            "plot": cmd_plot, "bench": cmd_bench}
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -282,10 +322,26 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.print_help()
         return 2
     try:
-        return COMMANDS[ns.command](ns)
+        code = COMMANDS[ns.command](ns)
     except DdpkitError as e:
         print(f"ddpkit: error: {e}", file=sys.stderr, flush=True)
-        return 2
+        code = 2
     except KeyboardInterrupt:
         print("ddpkit: interrupted", file=sys.stderr, flush=True)
-        return 130
+        code = 130
+    if argv is None and ns.command in ("train", "bench") and not os.environ.get("DDPKIT_SLOW_EXIT"):
+        quick_exit(code)
+    return code
+
+
+def quick_exit(code: int) -> None:
+    """End the command-line process now: the work is done, the workers are gone and
+    everything is written. The interpreter's own teardown of torch takes ~1 s more (measured)
+    and does nothing a finished run needs. Only for the real CLI (argv from the command
+    line), never when main() is called from Python; DDPKIT_SLOW_EXIT=1 turns it off."""
+    import logging
+
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)

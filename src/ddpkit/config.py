@@ -60,6 +60,13 @@ class RunConfig:
     progress: str = "auto"  # bar on a terminal (with tqdm), plain lines otherwise
     csv: bool = False  # also write RUN_DIR/metrics.csv
     tensorboard: bool = False  # also write TensorBoard event files to RUN_DIR/tensorboard
+    # performance knobs (tuning.py): what each changes in the result is documented there
+    grad_compression: str = "none"  # none | bf16 | fp16 | powersgd (DDP communication hook)
+    accumulate: int = 1  # micro-batches of batch_size per optimizer step, no_sync on all but the last
+    bucket_mb: float | None = None  # DDP bucket size (torch default 25)
+    static_graph: bool = False
+    compile: bool = False  # torch.compile the model
+    fused_optimizer: str = "off"  # off | on | auto (on with GPUs): fused Adam/AdamW/SGD kernels
     extra: dict[str, Any] = field(default_factory=dict)  # free-form settings for user tasks
     strategy: str = "ddp"  # ddp | fsdp (shard model and optimizer) | auto (the memory plan picks)
     precision: str = "fp32"  # fp32 | bf16 (autocast under DDP, MixedPrecisionPolicy under FSDP)
@@ -95,6 +102,11 @@ class RunConfig:
         _choice("--progress", self.progress, PROGRESS_MODES)
         if self.tensorboard and importlib.util.find_spec("tensorboard") is None:
             raise DdpkitError("--tensorboard needs the tensorboard package: pip install 'ddpkit[tensorboard]' (or tensorboard)")
+        _choice("--grad-compression", self.grad_compression, ("none", "bf16", "fp16", "powersgd"))
+        _choice("--fused-optimizer", self.fused_optimizer, ("off", "on", "auto"))
+        _positive("--accumulate", self.accumulate)
+        if self.bucket_mb is not None and not (isinstance(self.bucket_mb, (int, float)) and self.bucket_mb > 0):
+            raise DdpkitError(f"--bucket-mb must be a positive number of megabytes, got {self.bucket_mb!r}")
         if self.backend == "nccl" and self.device == "cpu":
             raise DdpkitError("--backend nccl needs --device cuda (NCCL only moves GPU tensors); use --backend gloo for CPU")
         if not self.task:

@@ -80,18 +80,25 @@ class DdpStrategy:
     sharded = False  # checkpoints: one file by rank 0 (trainer.save_checkpoint, checkpoint.py)
     lockstep_forward = False  # must every rank call forward equally often? (no: DDP's eval skips DDP)
 
-    def __init__(self, rt: Runtime, precision: str = "fp32") -> None:
+    def __init__(self, rt: Runtime, precision: str = "fp32", cfg: Any = None) -> None:
         self.rt = rt
         self.precision = precision
         self.dtype = check_precision(precision, rt.device.type)
+        self.cfg = cfg  # DDP's knobs (tuning.py): bucket size, static graph, compression, fused optimizer, compile
 
     def setup(self, task: Any, lr: float | None) -> tuple[nn.Module, torch.optim.Optimizer]:
         """The model to call (wrapped) and the optimizer over the parameters it updates."""
+        from . import tuning
         from .task import make_optimizer
 
         model = task.model.to(self.rt.device)  # before the optimizer, so its state lands on the device
         optimizer = make_optimizer(task, model, lr)
-        return wrap_model(model, self.rt), optimizer
+        if self.cfg is None:
+            return wrap_model(model, self.rt), optimizer
+        optimizer = tuning.fuse_optimizer(optimizer, self.cfg.fused_optimizer, self.rt.device)
+        wrapped = wrap_model(model, self.rt, **tuning.ddp_options(self.cfg, self.rt.backend))
+        tuning.register_compression(wrapped, self.cfg.grad_compression)
+        return tuning.maybe_compile(wrapped, self.cfg.compile), optimizer
 
     def autocast(self) -> ContextManager[Any]:
         if self.dtype is None:
@@ -122,10 +129,18 @@ def make_strategy(cfg: Any, rt: Runtime, task: Any) -> DdpStrategy:
     if name == "fsdp":
         if rt.world_size < 2:
             raise DdpkitError(FSDP_NEEDS_TWO)
+        ddp_only = [flag for flag, on in (
+            ("--grad-compression", getattr(cfg, "grad_compression", "none") != "none"),
+            ("--bucket-mb", getattr(cfg, "bucket_mb", None) is not None),
+            ("--static-graph", getattr(cfg, "static_graph", False)),
+            ("--compile", getattr(cfg, "compile", False)),
+            ("--fused-optimizer on", getattr(cfg, "fused_optimizer", "off") == "on")) if on]
+        if ddp_only:
+            raise DdpkitError(f"{', '.join(ddp_only)}: DDP options, not available with --strategy fsdp; drop them or use --strategy ddp")
         from .fsdp import FsdpStrategy
 
         return FsdpStrategy(rt, cfg.precision, blocks=getattr(task, "fsdp_blocks", None))
-    return DdpStrategy(rt, cfg.precision)
+    return DdpStrategy(rt, cfg.precision, cfg)
 
 
 def choose_strategy(cfg: Any, rt: Runtime, task: Any) -> str:

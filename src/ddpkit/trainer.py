@@ -29,6 +29,7 @@ from .plan import local_state_bytes, peak_memory_bytes
 from .progress import Progress, choose_mode
 from .runtime import Runtime, all_sum
 from .signals import StopRequest
+from . import tuning
 from .task import Task, accuracy_sum
 
 
@@ -37,13 +38,14 @@ def fit(cfg: RunConfig, task: Task, rt: Runtime, run_dir: Path, stop: StopReques
     With `stop`, a signal makes every rank save a checkpoint at the same step boundary and return."""
     loss_fn = task.loss_fn or nn.CrossEntropyLoss()
     metric = task.metric or (accuracy_sum if isinstance(loss_fn, nn.CrossEntropyLoss) else None)
-    strategy = make_strategy(cfg, rt, task)  # DDP or FSDP (parallel.py), and the precision
+    strategy = make_strategy(cfg, rt, task)  # DDP or FSDP (parallel.py), the precision and DDP's knobs (tuning.py)
     ddp_model, optimizer = strategy.setup(task, cfg.lr)  # wrapped model, optimizer over what it steps
     position = Position()
     if cfg.resume or cfg.auto_resume:
         position = _resume(cfg, rt, run_dir, ddp_model, optimizer, strategy)
+    accumulate = cfg.accumulate  # micro-batches of batch_size per optimizer step (no_sync on all but the last)
     log = MetricsLog(run_dir, enabled=rt.is_main, keep_until_epoch=position.epoch, csv=cfg.csv, tensorboard=cfg.tensorboard)
-    loader = ShardedLoader(task.train_set, cfg.batch_size, rt.rank, rt.world_size, cfg.seed, cfg.shuffle, num_workers=cfg.num_workers)
+    loader = ShardedLoader(task.train_set, cfg.batch_size * accumulate, rt.rank, rt.world_size, cfg.seed, cfg.shuffle, num_workers=cfg.num_workers)
     n_train = loader.n
     progress = Progress(choose_mode(cfg.progress, cfg.quiet, rt.is_main, sys.stdout), cfg.epochs, position.epoch, n_train)
     world = rt.world_size
@@ -63,14 +65,34 @@ def fit(cfg: RunConfig, task: Task, rt: Runtime, run_dir: Path, stop: StopReques
         progress.start_epoch(epoch, skipped_samples=min(n_train, first_step * loader.global_batch_size),
                              loss_offset=position.loss_sum if first_step and rt.is_main else 0.0)
         for step, (batch, n_local, n_global) in enumerate(loader.iter_steps(skip=first_step), start=first_step):
-            *inputs, target = _to_device(batch, rt.device)
-            with strategy.autocast():
-                out = ddp_model(*inputs)
-                loss = loss_fn(out, target) if n_local else None
-            # One small all-reduce per step tells every rank whether any loss is NaN/inf and
-            # whether any rank got a stop signal, so all ranks act alike at this step.
-            bad_ranks, stop_now = step_flags(loss, stop, rt.device)
+            pending = None  # non-finite losses of earlier micro-batches (no extra collective)
+            step_losses = []
+            for micro, n_micro, last in tuning.iter_micro(batch, n_local, accumulate):
+                if not last and not n_micro:
+                    continue  # an empty micro-batch outside the sync adds nothing
+                *inputs, target = _to_device(micro, rt.device)
+                with tuning.no_sync(ddp_model, skip_sync=not last):
+                    with strategy.autocast():
+                        out = ddp_model(*inputs)
+                        loss = loss_fn(out, target) if n_micro else None
+                    if last:
+                        # One small all-reduce per optimizer step tells every rank whether any loss
+                        # is NaN/inf and whether any rank got a stop signal, so all ranks act alike.
+                        bad_ranks, stop_now = step_flags(loss, stop, rt.device, pending)
+                        if bad_ranks:
+                            break
+                    elif loss is not None:
+                        nonfinite = (~torch.isfinite(loss.detach())).float()
+                        pending = nonfinite if pending is None else pending + nonfinite
+                    if loss is not None:
+                        # Weight by this micro-batch's share so DDP's average is the mean over the global batch.
+                        scale = n_micro * world / n_global
+                        (loss if scale == 1.0 else loss * scale).backward()
+                        step_losses.append(loss.detach().double() * n_micro)
+                    else:  # no sample for this rank in a short last batch: join the gradient sync with zeros
+                        (_first_tensor(out).sum() * 0.0).backward()
             if bad_ranks:
+                optimizer.zero_grad(set_to_none=True)  # drop what earlier micro-batches accumulated
                 if cfg.on_nan == "stop":
                     raise DdpkitError(
                         f"the training loss is not finite in epoch {epoch + 1}, step {step + 1} (on {bad_ranks} of {world} "
@@ -78,13 +100,8 @@ def fit(cfg: RunConfig, task: Task, rt: Runtime, run_dir: Path, stop: StopReques
                         "(lower --lr, check the data, or --on-nan skip)")
                 skipped += 1  # --on-nan skip: every rank drops this step
                 continue
-            if loss is not None:
-                # Weight by this rank's share so DDP's average is the mean over the global batch.
-                scale = n_local * world / n_global
-                (loss if scale == 1.0 else loss * scale).backward()
-                loss_sum += loss.detach().double() * n_local
-            else:  # no sample for this rank in a short last batch: join the gradient sync with zeros
-                (_first_tensor(out).sum() * 0.0).backward()
+            for part in step_losses:
+                loss_sum += part
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
             progress.step(n_local, n_global, loss_sum)
@@ -151,11 +168,15 @@ class Position:
     loss_sum: float = 0.0
 
 
-def step_flags(loss: torch.Tensor | None, stop: StopRequest | None, device: torch.device) -> tuple[int, bool]:
-    """(ranks whose loss is not finite, whether any rank asked to stop): the same on every rank."""
+def step_flags(loss: torch.Tensor | None, stop: StopRequest | None, device: torch.device,
+               pending: torch.Tensor | None = None) -> tuple[int, bool]:
+    """(ranks whose loss is not finite, whether any rank asked to stop): the same on every rank.
+    `pending`: non-finite losses of earlier micro-batches of this step on this rank."""
     flags = torch.zeros(2, device=device)
     if loss is not None:
         flags[0] = (~torch.isfinite(loss.detach())).float()
+    if pending is not None:
+        flags[0] = torch.clamp(flags[0] + pending, max=1.0)
     if stop is not None and stop.received:
         flags[1] = 1.0
     if dist.is_initialized() and dist.get_world_size() > 1:

@@ -95,11 +95,13 @@ def _train(cfg: RunConfig, env: DistEnv) -> dict[str, Any]:
         if os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") != "0":
             cfg = cfg.replace(auto_resume=True)  # restarted after a failure: continue, don't redo
         stop = StopRequest(cfg.save_on_signal.split(",")) if cfg.save_on_signal else None
+        fit_start = time.time()
         try:
             stats = fit(cfg, task, rt, run_dir, stop)
         finally:
             if stop is not None:
                 stop.restore()
+        fit_end = time.time()
         del task  # holds the model; drop it before the process group goes
         if stats["stopped_early"] and cfg.requeue and env.is_main:
             requeue_slurm_job()
@@ -109,7 +111,8 @@ def _train(cfg: RunConfig, env: DistEnv) -> dict[str, Any]:
             "backend": rt.backend if env.distributed else "none",
             "device": str(rt.device),
             "batch_size": cfg.batch_size,
-            "global_batch": cfg.batch_size * env.world_size,
+            "global_batch": cfg.batch_size * cfg.accumulate * env.world_size,
+            "accumulate": cfg.accumulate,
             "epochs": cfg.epochs,
             **stats,
             "run_dir": str(run_dir),
@@ -117,6 +120,12 @@ def _train(cfg: RunConfig, env: DistEnv) -> dict[str, Any]:
     launched = float(os.environ.get(LAUNCH_TIME_VAR, "0") or 0)
     if launched:
         summary["wall_s"] = time.time() - launched
+        # phases, seconds since the command started: startup (imports, workers, process
+        # group, task) ends when fit() starts; fit_end_s is when training, evaluation and
+        # checkpoints are done (teardown = exit time - fit_end_s, measured from outside)
+        summary["startup_s"] = fit_start - launched
+        summary["fit_s"] = fit_end - fit_start
+        summary["fit_end_s"] = fit_end - launched
     if env.is_main:
         (run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
         if not cfg.quiet or os.environ.get("DDPKIT_BENCH_RESULT"):
@@ -148,7 +157,8 @@ def format_summary(s: dict[str, Any]) -> str:
     lines = [
         "ddpkit: run finished" if not s.get("stopped_early") else "ddpkit: run stopped early (checkpoint saved; continue with --resume)",
         f"  world size   {s['world_size']} ({s['nnodes']} node{'s' if s['nnodes'] != 1 else ''}), backend {s['backend']}, device {s['device']}",
-        f"  global batch {s['global_batch']} ({s['batch_size']} per process), epochs {s['epochs_done']}/{s['epochs']}",
+        f"  global batch {s['global_batch']} ({s['batch_size']} per process"
+        + (f" x {s['accumulate']} accumulated" if s.get("accumulate", 1) > 1 else "") + f"), epochs {s['epochs_done']}/{s['epochs']}",
         f"  train loss   {num(s['train_loss'], '.4f')}",
     ]
     if s.get("eval_loss") is not None:

@@ -1,0 +1,44 @@
+import numpy as np
+import pytest
+import torch
+
+from ddpkit.tasks import wine
+from ddpkit.tuning import fuse_optimizer, micro_batches
+
+
+def test_wine_without_sklearn_is_bit_identical_to_sklearn():
+    pytest.importorskip("sklearn")
+    ours = wine._wine_arrays_without_sklearn()
+    assert ours is not None
+    for a, b in zip(ours, wine.wine_arrays_sklearn()):
+        assert a.shape == b.shape and np.array_equal(a, b)
+
+
+def test_micro_batches_cover_the_share_in_order():
+    x, y = torch.arange(10).view(5, 2), torch.arange(5)
+    parts = micro_batches((x, y), 5, 3)
+    assert [n for _, n in parts] == [2, 2, 1]
+    assert torch.equal(torch.cat([p[0][0] for p in parts]), x)
+    assert [n for _, n in micro_batches((x[:1], y[:1]), 1, 3)] == [1, 0, 0]
+
+
+def test_fuse_optimizer_keeps_groups_and_hyperparameters():
+    m = torch.nn.Linear(3, 2)
+    opt = torch.optim.Adam([{"params": [m.weight], "lr": 0.1}, {"params": [m.bias]}], lr=0.01, betas=(0.8, 0.9))
+    fused = fuse_optimizer(opt, "on", torch.device("cpu"))
+    assert fused is not opt and fused.defaults["fused"]
+    assert [g["lr"] for g in fused.param_groups] == [0.1, 0.01]
+    assert fused.param_groups[1]["betas"] == (0.8, 0.9)
+    assert fuse_optimizer(opt, "off", torch.device("cpu")) is opt
+    assert fuse_optimizer(opt, "auto", torch.device("cpu")) is opt  # auto: GPUs only
+
+
+def test_powersgd_on_gloo_uses_one_bucket():
+    # several buckets' PowerSGD all-reduces interleave differently per rank on gloo (a
+    # collective mismatch seen on the 9.5M MLP); one bucket keeps them ordered
+    from ddpkit.config import RunConfig
+    from ddpkit.tuning import ddp_options
+
+    assert ddp_options(RunConfig(grad_compression="powersgd"), "gloo")["bucket_cap_mb"] >= 1 << 20
+    assert "bucket_cap_mb" not in ddp_options(RunConfig(grad_compression="powersgd"), "nccl")
+    assert ddp_options(RunConfig(bucket_mb=5, static_graph=True), "gloo") == {"bucket_cap_mb": 5.0, "static_graph": True}
