@@ -67,15 +67,15 @@ def fit(cfg: RunConfig, task: Task, rt: Runtime, run_dir: Path, stop: StopReques
         for step, (batch, n_local, n_global) in enumerate(loader.iter_steps(skip=first_step), start=first_step):
             pending = None  # non-finite losses of earlier micro-batches (no extra collective)
             step_losses = []
-            for micro, n_micro, last in tuning.iter_micro(batch, n_local, accumulate):
-                if not last and not n_micro:
+            for micro, n_micro, last_micro in tuning.iter_micro(batch, n_local, accumulate):
+                if not last_micro and not n_micro:
                     continue  # an empty micro-batch outside the sync adds nothing
                 *inputs, target = _to_device(micro, rt.device)
-                with tuning.no_sync(ddp_model, skip_sync=not last):
+                with tuning.no_sync(ddp_model, skip_sync=not last_micro):
                     with strategy.autocast():
                         out = ddp_model(*inputs)
                         loss = loss_fn(out, target) if n_micro else None
-                    if last:
+                    if last_micro:
                         # One small all-reduce per optimizer step tells every rank whether any loss
                         # is NaN/inf and whether any rank got a stop signal, so all ranks act alike.
                         bad_ranks, stop_now = step_flags(loss, stop, rt.device, pending)

@@ -112,6 +112,7 @@ def test_ctrl_c_with_save_on_signal_checkpoints_and_resume_ends_bit_identical(tm
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
     assert proc.returncode == 2 and "stopped by SIGINT" in err, err
+    assert "Traceback" not in err, err  # the workers stopped cleanly after saving
     assert not (run / "model.pt").exists()
     saved = sorted(p.name for p in (run / "checkpoints").iterdir())
     assert saved and not any(n.endswith(".tmp") for n in saved)
