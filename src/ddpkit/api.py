@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -112,9 +113,9 @@ def prepare_local_run(cfg: RunConfig) -> RunConfig:
         raise DdpkitError(f"{run_dir} already holds a run: pass --resume to continue it, or choose another --run-dir")
     try:
         run_dir.mkdir(parents=True, exist_ok=True)
-        probe = run_dir / ".ddpkit-write-test"
-        probe.write_text("ok")
-        probe.unlink()
+        # a probe of our own: every node of a multi-node job runs this on the same folder at once
+        with tempfile.NamedTemporaryFile(dir=run_dir, prefix=".ddpkit-write-test-"):
+            pass
     except OSError as e:
         raise DdpkitError(f"cannot write to run directory {run_dir}: {e.strerror}; choose another --run-dir") from None
     return cfg.replace(run_dir=str(run_dir))
