@@ -7,14 +7,13 @@ import time
 from pathlib import Path
 from typing import Any
 
-from .config import FSDP_NEEDS_TWO, RunConfig
+from .config import FSDP_NEEDS_TWO, LAUNCH_TIME_VAR, RunConfig
 from .env import DistEnv
 from .errors import DdpkitError
 from .launch.local import LaunchPlan, run_elastic
 from .launch.plan import describe, make_launch_plan
 from .runtime import Runtime, cuda_device_count, default_threads, resolve_backend, resolve_device_type
 
-LAUNCH_TIME_VAR = "DDPKIT_LAUNCH_TIME"
 
 
 def train(config: RunConfig | None = None, *, dry_run: bool = False, _clean_parent: bool = False,

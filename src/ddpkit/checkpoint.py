@@ -41,11 +41,7 @@ def atomic_save(obj: Any, path: str | os.PathLike) -> Path:
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
-        dir_fd = os.open(path.parent, os.O_RDONLY)
-        try:
-            os.fsync(dir_fd)
-        finally:
-            os.close(dir_fd)
+        fsync_dir(path.parent)
     except BaseException:
         try:
             os.unlink(tmp)
@@ -53,6 +49,15 @@ def atomic_save(obj: Any, path: str | os.PathLike) -> Path:
             pass
         raise
     return path
+
+
+def fsync_dir(folder: str | os.PathLike) -> None:
+    """Make a rename inside `folder` durable (the directory entry itself is flushed)."""
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def load_file(path: str | os.PathLike) -> Any:

@@ -110,11 +110,7 @@ def _replace_dir(src: Path, dst: Path) -> None:
         shutil.rmtree(old, ignore_errors=True)
         os.replace(dst, old)
     os.replace(src, dst)
-    fd = os.open(dst.parent, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    ckpt_io.fsync_dir(dst.parent)
     shutil.rmtree(old, ignore_errors=True)
 
 

@@ -7,6 +7,7 @@ import sys
 import time
 from typing import Any, Sequence
 
+from .config import LAUNCH_TIME_VAR
 from .errors import DdpkitError
 
 TRAIN_HELP = """Train a task with DDP over local worker processes (or as one worker, when started by
@@ -315,7 +316,7 @@ COMMANDS = {"train": cmd_train, "launch": cmd_launch, "slurm": cmd_slurm, "plan"
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    os.environ.setdefault("DDPKIT_LAUNCH_TIME", repr(time.time()))
+    os.environ.setdefault(LAUNCH_TIME_VAR, repr(time.time()))
     parser = build_parser()
     ns = parser.parse_args(argv)
     if ns.command is None:

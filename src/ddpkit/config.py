@@ -16,6 +16,9 @@ PROGRESS_MODES = ("auto", "bar", "lines")
 STRATEGIES = ("ddp", "fsdp", "auto")
 PRECISIONS = ("fp32", "bf16")
 DEFAULT_TIMEOUT_S = 300.0
+# Variables the launcher hands to its workers (here, so every side imports one name, cheaply).
+ERROR_DIR_VAR = "DDPKIT_ERROR_DIR"  # where a worker writes a user error for the launcher to print
+LAUNCH_TIME_VAR = "DDPKIT_LAUNCH_TIME"  # when the command started (the summary's wall time)
 FSDP_NEEDS_TWO = ("--strategy fsdp shards the model across processes and needs at least 2 (--nproc 2 or more); "
                   "with one process use --strategy ddp")
 

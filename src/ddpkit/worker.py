@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from .config import RunConfig
+from .config import ERROR_DIR_VAR, LAUNCH_TIME_VAR, RunConfig
 from .env import DistEnv
 from .errors import DdpkitError
 from .runtime import Runtime
@@ -23,8 +23,6 @@ from .signals import StopRequest
 from .task import build_task
 from .trainer import fit
 
-ERROR_DIR_VAR = "DDPKIT_ERROR_DIR"
-LAUNCH_TIME_VAR = "DDPKIT_LAUNCH_TIME"
 
 
 def _is_peer_loss(e: BaseException) -> bool:

@@ -17,9 +17,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
+from ..config import ERROR_DIR_VAR
 from ..errors import DdpkitError
 
-ERROR_DIR_VAR = "DDPKIT_ERROR_DIR"
 
 
 @dataclass
