@@ -86,24 +86,31 @@ def _wait_metrics(run_dir, n, procs, timeout=90):
         time.sleep(0.1)
 
 
-def test_a_lost_node_stops_the_survivors_with_a_clear_message_and_leaves_nothing(two_nodes, tmp_path):
+def _kill_node_2(net, run_dir, procs, logs, timeout):
+    """Once training is past the checkpoint at epoch 20, kill node 2 (its agent and workers,
+    all at once); return node 1's exit code, its log, and how long it took to end."""
     import time
-    run_dir = tmp_path / "run"
-    endpoint = f"{two_nodes.nodes[0].ip}:{two_nodes.next_port()}"
-    procs, logs = _start_two_nodes(two_nodes, run_dir, ["--nnodes", "2", "--rdzv-endpoint", endpoint])
     try:
-        _wait_metrics(run_dir, 25, procs)  # past the checkpoint at epoch 20
+        _wait_metrics(run_dir, 25, procs)
         killed_at = time.monotonic()
-        two_nodes.nodes[1].kill_all()  # node 2 dies: its agent and workers, all at once
-        code = procs[0].wait(timeout=60)
+        net.nodes[1].kill_all()
+        code = procs[0].wait(timeout=timeout)
         took = time.monotonic() - killed_at
-        print(f"survivors stopped {took:.1f} s after the node was killed")
     finally:
         for p in procs:
             if p.poll() is None:
                 p.kill()
     logs[0].seek(0)
-    out = logs[0].read()
+    return code, logs[0].read(), took
+
+
+def test_a_lost_node_stops_the_survivors_with_a_clear_message_and_leaves_nothing(two_nodes, tmp_path):
+    import time
+    run_dir = tmp_path / "run"
+    endpoint = f"{two_nodes.nodes[0].ip}:{two_nodes.next_port()}"
+    procs, logs = _start_two_nodes(two_nodes, run_dir, ["--nnodes", "2", "--rdzv-endpoint", endpoint])
+    code, out, took = _kill_node_2(two_nodes, run_dir, procs, logs, timeout=60)
+    print(f"survivors stopped {took:.1f} s after the node was killed")
     assert code == 2, out
     assert "lost contact with another rank" in out and two_nodes.nodes[1].ip in out, out
     assert "ddpkit: error:" in out
@@ -119,16 +126,7 @@ def test_an_elastic_job_continues_on_the_surviving_node(two_nodes, tmp_path):
     endpoint = f"{two_nodes.nodes[0].ip}:{two_nodes.next_port()}"
     procs, logs = _start_two_nodes(two_nodes, run_dir, ["--nnodes", "1:2", "--rdzv-endpoint", endpoint,
                                                         "--max-restarts", "2", "--epochs", "400"])
-    try:
-        _wait_metrics(run_dir, 25, procs)
-        two_nodes.nodes[1].kill_all()
-        code = procs[0].wait(timeout=240)
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-    logs[0].seek(0)
-    out = logs[0].read()
+    code, out, _ = _kill_node_2(two_nodes, run_dir, procs, logs, timeout=240)
     assert code == 0, out
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["world_size"] == 2 and summary["nnodes"] == 1 and summary["epochs_done"] == 400, summary
