@@ -48,6 +48,8 @@ def bench_worker(spec: dict[str, Any]) -> dict[str, Any]:
                                "device": str(rt.device), "threads": _threads()}
         if "allreduce" in spec["what"] and rt.world_size > 1:
             out["allreduce"] = _allreduce(rt, spec["sizes"], spec["iters"])
+            if _shm_applies(rt, spec):
+                out["allreduce_shm"] = _allreduce(rt, spec["sizes"], spec["iters"], shm=True)
         if "step" in spec["what"]:
             out["step"] = _step(rt, spec)
     return out
@@ -66,23 +68,38 @@ def _sync(device: Any) -> None:
         torch.cuda.synchronize(device)
 
 
-def _allreduce(rt: Any, sizes: list[int], iters: int) -> list[dict[str, float]]:
+def _shm_applies(rt: Any, spec: dict[str, Any]) -> bool:
+    from .shm_allreduce import why_not_shm
+
+    return spec.get("grad_sync", "auto") != "backend" and why_not_shm(
+        rt.world_size, rt.env.local_world_size, rt.backend, rt.device.type) is None
+
+
+def _allreduce(rt: Any, sizes: list[int], iters: int, shm: bool = False) -> list[dict[str, float]]:
+    """Median all-reduce times per message size, through the backend or (shm) through
+    ddpkit's shared-memory path, which computes the mean (a division folded into its copy)."""
     import torch
     import torch.distributed as dist
 
     n = rt.world_size
     rows = []
+    shm_state = None
+    if shm:
+        from .shm_allreduce import ShmAllReduce
+
+        shm_state = ShmAllReduce.create(max(1, max(sizes) // 4))
     for size in sizes:
         count = max(1, size // 4)
         t = torch.ones(count, dtype=torch.float32, device=rt.device)
+        reduce = (lambda: shm_state.all_reduce_mean_(t)) if shm_state is not None else (lambda: dist.all_reduce(t))
         for _ in range(3):
-            dist.all_reduce(t)
+            reduce()
         times = []
         for _ in range(iters):
             dist.barrier()
             _sync(rt.device)
             t0 = time.perf_counter()
-            dist.all_reduce(t)
+            reduce()
             _sync(rt.device)
             times.append(time.perf_counter() - t0)
         # the slowest rank's time for each iteration, as nccl-tests reports
@@ -105,7 +122,7 @@ def _step(rt: Any, spec: dict[str, Any]) -> dict[str, float]:
 
     from .config import RunConfig
     from .data import ShardedLoader
-    from .parallel import wrap_model
+    from .parallel import grad_sync_used, wrap_model
     from .task import build_task, make_optimizer
     from .trainer import _first_tensor, _to_device
 
@@ -114,7 +131,8 @@ def _step(rt: Any, spec: dict[str, Any]) -> dict[str, float]:
     loss_fn = task.loss_fn or nn.CrossEntropyLoss()
     model = task.model.to(rt.device)
     optimizer = make_optimizer(task, model, None)
-    ddp = wrap_model(model, rt)
+    ddp = wrap_model(model, rt, spec.get("grad_sync", "auto"))
+    used = grad_sync_used(ddp)
     loader = ShardedLoader(task.train_set, spec["batch_size"], rt.rank, rt.world_size, seed=0)
     steps = spec["steps"]
     warmup = 3
@@ -176,7 +194,7 @@ def _step(rt: Any, spec: dict[str, Any]) -> dict[str, float]:
     data, compute = med["data"], med["nosync"]
     comm = max(0.0, med["sync"] - med["nosync"])
     step = data + med["sync"]
-    return {"batch_size": spec["batch_size"], "global_batch": spec["batch_size"] * rt.world_size,
+    return {"grad_sync": used, "batch_size": spec["batch_size"], "global_batch": spec["batch_size"] * rt.world_size,
             "step_ms": step * 1e3, "data_ms": data * 1e3, "compute_ms": compute * 1e3, "comm_ms": comm * 1e3,
             "samples_per_s": spec["batch_size"] * rt.world_size / step,
             "data_share": data / step, "compute_share": compute / step, "comm_share": comm / step}
@@ -202,15 +220,19 @@ def format_report(results: list[dict[str, Any]], spec: dict[str, Any]) -> str:
     lines = []
     ar = [r for r in results if r.get("allreduce")]
     for r in ar:
-        lines += [f"# all-reduce (sum, float32): {r['world_size']} processes, backend {r['backend']}, device {r['device']}, "
-                  f"median of {spec['iters']} (slowest rank)",
-                  f"# {'nproc':>5} {'size_B':>12} {'count':>10} {'time_us':>10} {'algbw_GB/s':>11} {'busbw_GB/s':>11}"]
-        for row in r["allreduce"]:
-            lines.append(f"  {r['world_size']:>5} {row['size']:>12} {row['count']:>10} {row['time_us']:>10.1f} "
-                         f"{row['algbw_gbs']:>11.4g} {row['busbw_gbs']:>11.4g}")
-        lines.append(f"# latency (smallest message): {r['allreduce'][0]['time_us']:.1f} us; "
-                     f"peak busbw {max(x['busbw_gbs'] for x in r['allreduce']):.3g} GB/s")
-        lines.append("")
+        for key, what in (("allreduce", f"backend {r['backend']}"),
+                          ("allreduce_shm", "ddpkit's shared memory (mean; the gradient path of CPU ranks on one machine)")):
+            if not r.get(key):
+                continue
+            lines += [f"# all-reduce (float32): {r['world_size']} processes, {what}, device {r['device']}, "
+                      f"median of {spec['iters']} (slowest rank)",
+                      f"# {'nproc':>5} {'size_B':>12} {'count':>10} {'time_us':>10} {'algbw_GB/s':>11} {'busbw_GB/s':>11}"]
+            for row in r[key]:
+                lines.append(f"  {r['world_size']:>5} {row['size']:>12} {row['count']:>10} {row['time_us']:>10.1f} "
+                             f"{row['algbw_gbs']:>11.4g} {row['busbw_gbs']:>11.4g}")
+            lines.append(f"# latency (smallest message): {r[key][0]['time_us']:.1f} us; "
+                         f"peak busbw {max(x['busbw_gbs'] for x in r[key]):.3g} GB/s")
+            lines.append("")
     if not ar and "allreduce" in spec["what"]:
         lines += ["# all-reduce: needs at least 2 processes (--nproc 1,2)", ""]
     st = [r for r in results if r.get("step")]
@@ -218,12 +240,12 @@ def format_report(results: list[dict[str, Any]], spec: dict[str, Any]) -> str:
         base = next((r["step"]["samples_per_s"] for r in st if r["world_size"] == 1), None)
         lines += [f"# step time: task {spec['task']}, batch {spec['batch_size']} per process, median of {spec['steps']} steps "
                   "(slowest rank); compute = step with no_sync, comm = sync step - compute, data = batch fetch",
-                  f"# {'nproc':>5} {'threads':>7} {'samples/s':>10} {'step_ms':>9} {'data_ms':>8} {'compute_ms':>10} "
+                  f"# {'nproc':>5} {'threads':>7} {'sync':>5} {'samples/s':>10} {'step_ms':>9} {'data_ms':>8} {'compute_ms':>10} "
                   f"{'comm_ms':>8} {'data%':>6} {'compute%':>8} {'comm%':>6} {'efficiency':>10}"]
         for r in st:
             s = r["step"]
             eff = f"{s['samples_per_s'] / (r['world_size'] * base):.2f}" if base else "-"
-            lines.append(f"  {r['world_size']:>5} {r['threads']:>7} {s['samples_per_s']:>10.1f} {s['step_ms']:>9.3f} "
+            lines.append(f"  {r['world_size']:>5} {r['threads']:>7} {s.get('grad_sync', '-'):>5} {s['samples_per_s']:>10.1f} {s['step_ms']:>9.3f} "
                          f"{s['data_ms']:>8.3f} {s['compute_ms']:>10.3f} {s['comm_ms']:>8.3f} {100 * s['data_share']:>6.1f} "
                          f"{100 * s['compute_share']:>8.1f} {100 * s['comm_share']:>6.1f} {eff:>10}")
         if base:
@@ -258,7 +280,7 @@ def main_bench(ns: Any) -> int:
         load_task_function(ns.task)  # a clear error now, not in every worker
     spec = {"what": what, "sizes": sizes, "iters": ns.iters, "steps": ns.steps, "task": ns.task,
             "batch_size": ns.batch_size, "device": ns.device, "backend": ns.backend, "timeout": ns.timeout,
-            "threads": ns.threads}
+            "threads": ns.threads, "grad_sync": ns.grad_sync}
     results = run_bench(spec, nprocs)
     print(format_report(results, spec), flush=True)
     if ns.json:

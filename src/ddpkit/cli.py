@@ -60,6 +60,9 @@ def _add_perf_flags(p: argparse.ArgumentParser) -> None:
                    help="K micro-batches of --batch-size per optimizer step, gradients all-reduced once (no_sync on the others); equals --batch-size K*b (default 1)")
     g.add_argument("--grad-compression", choices=("none", "bf16", "fp16", "powersgd"), default="none",
                    help="all-reduce gradients in 16 bits, or low-rank PowerSGD: less traffic, close but not equal results (default none)")
+    g.add_argument("--grad-sync", choices=("auto", "shm", "backend"), default="auto",
+                   help="how gradients are all-reduced: shm (shared memory, ranks on one machine's CPUs), backend (gloo/NCCL), "
+                        "auto: shm where it applies (CPU, one node), else the backend (default auto)")
     g.add_argument("--bucket-mb", type=float, default=None, help="DDP gradient bucket size in MB (default: torch's 25)")
     g.add_argument("--static-graph", action="store_true", help="tell DDP the model uses the same parameters every step (skips per-step graph checks)")
     g.add_argument("--fused-optimizer", choices=("off", "on", "auto"), default="off",
@@ -68,7 +71,7 @@ def _add_perf_flags(p: argparse.ArgumentParser) -> None:
 
 
 def _perf_config(ns: argparse.Namespace) -> dict[str, Any]:
-    return dict(accumulate=ns.accumulate, grad_compression=ns.grad_compression, bucket_mb=ns.bucket_mb,
+    return dict(accumulate=ns.accumulate, grad_compression=ns.grad_compression, grad_sync=ns.grad_sync, bucket_mb=ns.bucket_mb,
                 static_graph=ns.static_graph, fused_optimizer=ns.fused_optimizer, compile=ns.compile)
 
 
@@ -187,6 +190,8 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--batch-size", type=int, default=32, help="per process (default 32)")
     b.add_argument("--threads", type=int, default=None, help="CPU threads per process (default: cores / processes)")
     b.add_argument("--backend", choices=("auto", "gloo", "nccl"), default="auto")
+    b.add_argument("--grad-sync", choices=("auto", "shm", "backend"), default="auto",
+                   help="gradient all-reduce of the step measurement, as for `ddpkit train` (default auto)")
     b.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
     b.add_argument("--timeout", type=float, default=300.0)
     b.add_argument("--json", default=None, metavar="PATH", help="also write the measurements as JSON")

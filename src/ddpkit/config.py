@@ -65,6 +65,7 @@ class RunConfig:
     tensorboard: bool = False  # also write TensorBoard event files to RUN_DIR/tensorboard
     # performance knobs (tuning.py): what each changes in the result is documented there
     grad_compression: str = "none"  # none | bf16 | fp16 | powersgd (DDP communication hook)
+    grad_sync: str = "auto"  # auto | shm | backend: how DDP's gradients are all-reduced (shm_allreduce.py)
     accumulate: int = 1  # micro-batches of batch_size per optimizer step, no_sync on all but the last
     bucket_mb: float | None = None  # DDP bucket size (torch default 25)
     static_graph: bool = False
@@ -107,6 +108,10 @@ class RunConfig:
             raise DdpkitError("--tensorboard needs the tensorboard package: pip install 'ddpkit[tensorboard]' (or tensorboard)")
         _choice("--grad-compression", self.grad_compression, ("none", "bf16", "fp16", "powersgd"))
         _choice("--fused-optimizer", self.fused_optimizer, ("off", "on", "auto"))
+        _choice("--grad-sync", self.grad_sync, ("auto", "shm", "backend"))
+        if self.grad_sync == "shm" and self.grad_compression != "none":
+            raise DdpkitError(f"--grad-sync shm sums float32 gradients in shared memory; it cannot carry --grad-compression "
+                              f"{self.grad_compression}. Drop one of them (--grad-sync auto picks the backend when compressing)")
         _positive("--accumulate", self.accumulate)
         if self.bucket_mb is not None and not (isinstance(self.bucket_mb, (int, float)) and self.bucket_mb > 0):
             raise DdpkitError(f"--bucket-mb must be a positive number of megabytes, got {self.bucket_mb!r}")
@@ -121,6 +126,8 @@ class RunConfig:
         _choice("--precision", self.precision, PRECISIONS)
         if self.strategy == "fsdp" and self.nproc == 1 and not self.multi_node:
             raise DdpkitError(FSDP_NEEDS_TWO)
+        if self.strategy == "fsdp":
+            check_no_ddp_only_flags(self)
         if self.device_memory is not None and (not isinstance(self.device_memory, int) or self.device_memory < 1):
             raise DdpkitError(f"--device-memory must be a positive size such as 80GiB, got {self.device_memory!r}")
 
@@ -191,6 +198,18 @@ def _positive(flag: str, value: int) -> None:
     if not isinstance(value, int) or value < 1:
         raise DdpkitError(f"{flag} must be a positive integer, got {value!r}")
 
+
+def check_no_ddp_only_flags(cfg: Any) -> None:
+    """FSDP runs its own gradient reduce-scatter: DDP's knobs would be silently ignored, so refuse them."""
+    ddp_only = [flag for flag, on in (
+        ("--grad-compression", getattr(cfg, "grad_compression", "none") != "none"),
+        ("--grad-sync shm", getattr(cfg, "grad_sync", "auto") == "shm"),
+        ("--bucket-mb", getattr(cfg, "bucket_mb", None) is not None),
+        ("--static-graph", getattr(cfg, "static_graph", False)),
+        ("--compile", getattr(cfg, "compile", False)),
+        ("--fused-optimizer on", getattr(cfg, "fused_optimizer", "off") == "on")) if on]
+    if ddp_only:
+        raise DdpkitError(f"{', '.join(ddp_only)}: DDP options, not available with --strategy fsdp; drop them or use --strategy ddp")
 
 def _choice(flag: str, value: str, choices: tuple[str, ...]) -> None:
     if value not in choices:

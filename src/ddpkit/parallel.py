@@ -18,14 +18,20 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from .config import FSDP_NEEDS_TWO, PRECISIONS
+from .config import FSDP_NEEDS_TWO, PRECISIONS, check_no_ddp_only_flags
 from .errors import DdpkitError
 from .runtime import Runtime
 
 
-def wrap_model(model: nn.Module, rt: Runtime, **ddp_options: Any) -> nn.Module:
+def wrap_model(model: nn.Module, rt: Runtime, grad_sync: str = "auto", **ddp_options: Any) -> nn.Module:
     """Move the model to this rank's device and wrap it in DDP when there are several ranks.
-    DDP broadcasts rank 0's parameters, so every replica starts identical."""
+    DDP broadcasts rank 0's parameters, so every replica starts identical.
+
+    grad_sync: 'auto' all-reduces gradients through shared memory when every rank is on
+    this machine's CPUs (shm_allreduce.py; bit-identical to gloo with 2 ranks), else with
+    the backend; 'backend' always uses the backend (needed to register your own comm hook);
+    'shm' insists on shared memory and raises when it cannot apply.
+    """
     model = model.to(rt.device)
     if not rt.env.distributed:
         return model
@@ -33,7 +39,19 @@ def wrap_model(model: nn.Module, rt: Runtime, **ddp_options: Any) -> nn.Module:
     options.update(ddp_options)
     if rt.device.type == "cuda":
         options.setdefault("device_ids", [rt.device.index])
-    return DDP(model, **options)
+    ddp = DDP(model, **options)
+    from .shm_allreduce import install
+
+    state = install(ddp, grad_sync, rt.env.local_world_size, rt.backend, rt.device.type, say=rt.print)
+    ddp._ddpkit_grad_sync = "shm" if state is not None else rt.backend  # type: ignore[assignment]  (for summaries)
+    return ddp
+
+
+def grad_sync_used(model: nn.Module) -> str:
+    """How this model's gradients are all-reduced: 'shm', the backend's name, or 'none'
+    (one process, or a model ddpkit did not wrap in DDP: FSDP reduce-scatters by itself)."""
+    model = getattr(model, "_orig_mod", model)
+    return getattr(model, "_ddpkit_grad_sync", "none")
 
 
 def unwrap(model: nn.Module) -> nn.Module:
@@ -96,7 +114,9 @@ class DdpStrategy:
         if self.cfg is None:
             return wrap_model(model, self.rt), optimizer
         optimizer = tuning.fuse_optimizer(optimizer, self.cfg.fused_optimizer, self.rt.device)
-        wrapped = wrap_model(model, self.rt, **tuning.ddp_options(self.cfg, self.rt.backend))
+        compressing = self.cfg.grad_compression != "none"  # compressed buckets go through the backend
+        grad_sync = "backend" if compressing else getattr(self.cfg, "grad_sync", "auto")
+        wrapped = wrap_model(model, self.rt, grad_sync, **tuning.ddp_options(self.cfg, self.rt.backend))
         tuning.register_compression(wrapped, self.cfg.grad_compression)
         return tuning.maybe_compile(wrapped, self.cfg.compile), optimizer
 
@@ -129,14 +149,7 @@ def make_strategy(cfg: Any, rt: Runtime, task: Any) -> DdpStrategy:
     if name == "fsdp":
         if rt.world_size < 2:
             raise DdpkitError(FSDP_NEEDS_TWO)
-        ddp_only = [flag for flag, on in (
-            ("--grad-compression", getattr(cfg, "grad_compression", "none") != "none"),
-            ("--bucket-mb", getattr(cfg, "bucket_mb", None) is not None),
-            ("--static-graph", getattr(cfg, "static_graph", False)),
-            ("--compile", getattr(cfg, "compile", False)),
-            ("--fused-optimizer on", getattr(cfg, "fused_optimizer", "off") == "on")) if on]
-        if ddp_only:
-            raise DdpkitError(f"{', '.join(ddp_only)}: DDP options, not available with --strategy fsdp; drop them or use --strategy ddp")
+        check_no_ddp_only_flags(cfg)  # --strategy auto chose FSDP (an explicit fsdp was checked before launch)
         from .fsdp import FsdpStrategy
 
         return FsdpStrategy(rt, cfg.precision, blocks=getattr(task, "fsdp_blocks", None))

@@ -122,11 +122,14 @@ class Runtime:
             kwargs.setdefault("flush", True)
             print(*args, **kwargs)
 
-    def wrap(self, model: "torch.nn.Module", **ddp_options: Any) -> "torch.nn.Module":
-        """The model on this rank's device, in DDP when there are several ranks."""
+    def wrap(self, model: "torch.nn.Module", grad_sync: str = "auto", **ddp_options: Any) -> "torch.nn.Module":
+        """The model on this rank's device, in DDP when there are several ranks (DDP's
+        keyword arguments pass through). grad_sync='auto' all-reduces CPU gradients of
+        ranks on one machine through shared memory; pass 'backend' to keep gloo/NCCL,
+        e.g. to register a communication hook of your own."""
         from .parallel import wrap_model
 
-        return wrap_model(model, self, **ddp_options)
+        return wrap_model(model, self, grad_sync, **ddp_options)
 
     def loader(self, dataset: Any, batch_size: int, shuffle: bool = True, seed: int = 0, **kwargs: Any) -> Any:
         """This rank's batches of `dataset` (batch_size per process), in ddpkit's global

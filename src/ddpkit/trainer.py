@@ -24,7 +24,7 @@ from .config import RunConfig
 from .data import ShardedLoader, eval_batches
 from .errors import DdpkitError
 from .metrics import MetricsLog
-from .parallel import DdpStrategy, make_strategy, plain_state_dict, unwrap
+from .parallel import DdpStrategy, grad_sync_used, make_strategy, plain_state_dict, unwrap
 from .plan import local_state_bytes, peak_memory_bytes
 from .progress import Progress, choose_mode
 from .runtime import Runtime, all_sum
@@ -153,6 +153,7 @@ def fit(cfg: RunConfig, task: Task, rt: Runtime, run_dir: Path, stop: StopReques
         "samples_per_s": samples / train_time if train_time > 0 and samples else None,
         "resumed_from_epoch": position.epoch,
         "stopped_early": stopped_early,
+        "grad_sync": grad_sync_used(ddp_model) if strategy.name == "ddp" else strategy.name,
         "stop_signal": stop.received if stop is not None and stopped_early else None,
         **_memory_stats(rt, strategy, ddp_model, optimizer),
     }

@@ -154,7 +154,8 @@ def format_summary(s: dict[str, Any]) -> str:
     metric_key = next((k for k in s if k.startswith("eval_") and k != "eval_loss"), None)
     lines = [
         "ddpkit: run finished" if not s.get("stopped_early") else "ddpkit: run stopped early (checkpoint saved; continue with --resume)",
-        f"  world size   {s['world_size']} ({s['nnodes']} node{'s' if s['nnodes'] != 1 else ''}), backend {s['backend']}, device {s['device']}",
+        f"  world size   {s['world_size']} ({s['nnodes']} node{'s' if s['nnodes'] != 1 else ''}), backend {s['backend']}, device {s['device']}"
+        + (" (gradients summed in shared memory)" if s.get("grad_sync") == "shm" else ""),
         f"  global batch {s['global_batch']} ({s['batch_size']} per process"
         + (f" x {s['accumulate']} accumulated" if s.get("accumulate", 1) > 1 else "") + f"), epochs {s['epochs_done']}/{s['epochs']}",
         f"  train loss   {num(s['train_loss'], '.4f')}",

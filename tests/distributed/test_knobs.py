@@ -70,15 +70,17 @@ def test_bench_prints_a_parseable_table(tmp_path):
                      "--json", str(tmp_path / "b.json"), cwd=tmp_path).stdout
     rows = [line.split() for line in out.splitlines() if line.strip() and not line.startswith("#")]
     allreduce = [r for r in rows if len(r) == 6]
-    steps = [r for r in rows if len(r) == 11]
-    assert [int(r[1]) for r in allreduce] == [4, 65536]
+    steps = [r for r in rows if len(r) == 12]
+    # gloo's table, then ddpkit's shared-memory path (CPU ranks on one machine)
+    assert [int(r[1]) for r in allreduce] == [4, 65536, 4, 65536]
+    assert "shared memory" in out
     assert all(float(r[4]) > 0 and float(r[5]) > 0 for r in allreduce)  # algbw, busbw
-    assert [int(r[0]) for r in steps] == [1, 2]
+    assert [(int(r[0]), r[2]) for r in steps] == [(1, "none"), (2, "shm")]
     for r in steps:
-        data, compute, comm = float(r[4]), float(r[5]), float(r[6])
-        assert float(r[2]) > 0 and data >= 0 and compute > 0 and comm >= 0
-        assert abs(float(r[7]) + float(r[8]) + float(r[9]) - 100) < 0.5  # shares add up
-    assert float(steps[0][6]) == 0  # nothing to communicate with one process
+        data, compute, comm = float(r[5]), float(r[6]), float(r[7])
+        assert float(r[3]) > 0 and data >= 0 and compute > 0 and comm >= 0
+        assert abs(float(r[8]) + float(r[9]) + float(r[10]) - 100) < 0.5  # shares add up
+    assert float(steps[0][7]) == 0  # nothing to communicate with one process
     report = json.loads((tmp_path / "b.json").read_text())
     assert [r["world_size"] for r in report["results"]] == [1, 2]
 
