@@ -109,6 +109,10 @@ VARIANTS: list[dict] = [
          argv=TORCHRUN + ["--nproc-per-node", "2", f"{BL}/handwritten_ddp.py", "--workload", "mlp",
                           "--samples", "{samples}", "--no-sync"],
          about="same, every step in model.no_sync(): no all-reduce (the compute bound)"),
+    dict(workload="mlp", name="hw-2x1-view", world_size=2,
+         argv=TORCHRUN + ["--nproc-per-node", "2", f"{BL}/handwritten_ddp.py", "--workload", "mlp",
+                          "--samples", "{samples}", "--bucket-view"],
+         about="hand-written DDP with gradient_as_bucket_view=True: ddpkit-2-gloo's exact DDP settings"),
     dict(workload="mlp", name="accel-fork", world_size=2,
          argv=[PY, f"{BL}/accelerate_wine.py", "--workload", "mlp", "--nproc", "2", "--launcher", "notebook",
                "--samples", "{samples}"],
@@ -121,11 +125,14 @@ VARIANTS: list[dict] = [
          about="ddpkit, 1 process (its own thread choice: 2 threads)"),
     dict(workload="mlp", name="ddpkit-2", world_size=2, env=DDPKIT_MLP_ENV,
          argv=DDPKIT_MLP + ["--nproc", "2"],
-         about="ddpkit, 2 processes (batch 256 per process), defaults"),
+         about="ddpkit, 2 processes (batch 256 per process), defaults (gradients summed in shared memory)"),
+    dict(workload="mlp", name="ddpkit-2-gloo", world_size=2, env=DDPKIT_MLP_ENV,
+         argv=DDPKIT_MLP + ["--nproc", "2", "--grad-sync", "backend"],
+         about="+ --grad-sync backend: gloo's all-reduce, the hand-written loop's settings (framework overhead vs hw-2x1-view)"),
     # one row per lever, each on top of ddpkit-2's defaults
     dict(workload="mlp", name="ddpkit-2-bf16", world_size=2, env=DDPKIT_MLP_ENV,
          argv=DDPKIT_MLP + ["--nproc", "2", "--grad-compression", "bf16"],
-         about="+ --grad-compression bf16 (all-reduce in 16 bits)"),
+         about="+ --grad-compression bf16 (all-reduce in 16 bits, through gloo)"),
     dict(workload="mlp", name="ddpkit-2-fp16", world_size=2, env=DDPKIT_MLP_ENV,
          argv=DDPKIT_MLP + ["--nproc", "2", "--grad-compression", "fp16"],
          about="+ --grad-compression fp16"),
@@ -152,7 +159,7 @@ VARIANTS: list[dict] = [
 # how each workload is judged: (metric, baselines for the ratio columns)
 JUDGE = {
     "wine": ("wall_s", ["guide-single", "accel-fork", "accel-launch", "hw-ddp"]),
-    "mlp": ("samples_per_s", ["hw-2x1", "hw-2x1-nosync", "ddpkit-2"]),
+    "mlp": ("samples_per_s", ["hw-2x1", "hw-2x1-nosync", "hw-2x1-view", "ddpkit-2"]),
 }
 MLP_SAMPLES = {"full": 30 * 2 * 256, "quick": 12 * 2 * 256}  # 30 / 12 steps at 2 processes
 

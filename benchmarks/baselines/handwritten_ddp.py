@@ -2,7 +2,7 @@
 
     torchrun --standalone --nproc-per-node N benchmarks/baselines/handwritten_ddp.py \
         --workload {wine,mlp} [--threads 1] [--no-sync] [--loader {dataloader,index}] \
-        [--samples N] [--warmup 5] [--save-dir DIR]
+        [--samples N] [--warmup 5] [--bucket-view] [--save-dir DIR]
 
 (`python -m torch.distributed.run` is the same as `torchrun`.) gloo on CPU, 1 intra-op
 thread per process by default (--threads), DistributedSampler with set_epoch, global
@@ -18,6 +18,8 @@ mlp:  benchmarks/tasks/mlp.py (9.46M params, SGD lr 0.01), batch 256 per process
       leaves out the first --warmup steps. --no-sync runs every step
       under model.no_sync(): no gradient all-reduce at all, the no-communication bound
       (replicas drift apart; the loss is then meaningless as DDP training).
+      --bucket-view passes gradient_as_bucket_view=True to DDP (ddpkit's setting), so
+      that `ddpkit train --grad-sync backend` and this loop run identical DDP settings.
 
 Last line: RESULT {"world_size", "threads", "samples_per_s", "train_s", "wall_s",
 "final_loss", ...}. samples_per_s counts real samples of all processes per second of
@@ -107,7 +109,7 @@ def run_wine(args, model_ctx, rank, world):
 def run_mlp(args, model_ctx, rank, world):
     task = common.load_mlp_task()
     x, y = task.make_data(args.samples)
-    model = DDP(task.make_model())
+    model = DDP(task.make_model(), gradient_as_bucket_view=args.bucket_view)
     opt = task.make_optimizer(model)
     loss_fn = nn.CrossEntropyLoss()
     bs = task.BATCH_PER_PROCESS
@@ -157,6 +159,7 @@ def main():
     p.add_argument("--loader", choices=["dataloader", "index"], default="dataloader", help="wine only")
     p.add_argument("--samples", type=int, default=None, help="mlp data set size (default: tasks/mlp.py)")
     p.add_argument("--warmup", type=int, default=common.WARMUP_STEPS, help="mlp untimed steps")
+    p.add_argument("--bucket-view", action="store_true", help="mlp: DDP(gradient_as_bucket_view=True)")
     p.add_argument("--save-dir", default=None)
     args = p.parse_args()
 
