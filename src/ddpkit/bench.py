@@ -87,7 +87,7 @@ def _allreduce(rt: Any, sizes: list[int], iters: int, shm: bool = False) -> list
     if shm:
         from .shm_allreduce import ShmAllReduce
 
-        shm_state = ShmAllReduce.create(max(1, max(sizes) // 4))
+        shm_state = ShmAllReduce.create(max(1, max(sizes) // 4), timeout=rt.timeout)
     for size in sizes:
         count = max(1, size // 4)
         t = torch.ones(count, dtype=torch.float32, device=rt.device)

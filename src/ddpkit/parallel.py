@@ -42,7 +42,7 @@ def wrap_model(model: nn.Module, rt: Runtime, grad_sync: str = "auto", **ddp_opt
     ddp = DDP(model, **options)
     from .shm_allreduce import install
 
-    state = install(ddp, grad_sync, rt.env.local_world_size, rt.backend, rt.device.type, say=rt.print)
+    state = install(ddp, grad_sync, rt.env.local_world_size, rt.backend, rt.device.type, say=rt.print, timeout=rt.timeout)
     ddp._ddpkit_grad_sync = "shm" if state is not None else rt.backend  # type: ignore[assignment]  (for summaries)
     return ddp
 

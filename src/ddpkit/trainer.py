@@ -28,6 +28,7 @@ from .parallel import DdpStrategy, grad_sync_used, make_strategy, plain_state_di
 from .plan import local_state_bytes, peak_memory_bytes
 from .progress import Progress, choose_mode
 from .runtime import Runtime, all_sum
+from .shm_allreduce import all_reduce_small
 from .signals import StopRequest
 from . import tuning
 from .task import Task, accuracy_sum
@@ -180,7 +181,7 @@ def step_flags(loss: torch.Tensor | None, stop: StopRequest | None, device: torc
         flags[0] = torch.clamp(flags[0] + pending, max=1.0)
     if stop is not None and stop.received:
         flags[1] = 1.0
-    if dist.is_initialized() and dist.get_world_size() > 1:
+    if dist.is_initialized() and dist.get_world_size() > 1 and not all_reduce_small(flags):
         dist.all_reduce(flags)
     bad, stopping = flags.tolist()
     return int(bad), stopping > 0

@@ -2,7 +2,10 @@
 (parallel.py): DDP constructor options, gradient compression hooks, gradient accumulation
 with no_sync, fused optimizers, torch.compile.
 
-What each one changes in the result (tests/distributed/test_knobs.py checks these):
+What each one changes in the result (tests/distributed/test_knobs.py checks these;
+--grad-sync, the shared-memory all-reduce, lives in shm_allreduce.py and test_grad_sync.py):
+  --grad-sync shm (auto's choice  2 ranks: bit-identical to gloo; 3+: another summation
+  for CPU ranks on one machine)   order (equal within 1e-6)
   --bucket-mb, --static-graph     nothing: the same sums in the same order (equal within
                                   1e-6; bucket boundaries may change the rounding)
   --fused-optimizer on            Adam/AdamW/SGD's fused kernel: same math, another

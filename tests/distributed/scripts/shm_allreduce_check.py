@@ -6,6 +6,10 @@ Checks, on every rank, and prints "SHM OK <world>" on rank 0 when all hold:
   * every rank ends with bit-identical values (the replicas cannot drift apart);
   * a float64 bucket goes through the backend and is still the mean;
   * the /dev/shm file is gone once create() returns;
+  * small all-reduces (sum and max, float64, float32 and int64) equal gloo's; longer ones
+    are left to the process group;
+  * a rank that does not arrive at a barrier makes the others fail after the timeout,
+    naming it (x86's flag barrier), and the barrier works again afterwards;
   * a comm hook the user registers on rt.wrap's model takes over, with the gradients a
     plain DDP model with that hook gets; a second registration is refused as DDP does;
   * too little room in /dev/shm: `shm` raises the same error on every rank, `auto` falls
@@ -45,6 +49,37 @@ for n in (1, 6, 7, 8, 15, 100, 1000):
     every = [torch.empty_like(got) for _ in range(world)]
     dist.all_gather(every, got)
     assert all(torch.equal(e, every[0]) for e in every), f"ranks differ for n={n}"
+
+if S.SPIN_BARRIER:
+    for dtype in (torch.float64, torch.float32, torch.int64):
+        v = (torch.arange(5) * (rank + 1) + rank).to(dtype)
+        ref = v.clone()
+        dist.all_reduce(ref)
+        got = v.clone()
+        assert state.all_reduce_small(got), dtype
+        assert torch.equal(got, ref), (dtype, got, ref)
+        mx = v.clone()
+        assert state.all_reduce_small(mx, op="max")
+        ref = v.clone()
+        dist.all_reduce(ref, op=dist.ReduceOp.MAX)
+        assert torch.equal(mx, ref), (dtype, mx, ref)
+    assert not state.all_reduce_small(torch.zeros(S.SMALL_MAX + 1))
+
+    state.timeout = 1.0
+    if rank == 0:
+        import time
+        t0 = time.monotonic()
+        try:
+            state.barrier()
+            raise AssertionError("the barrier should have timed out")
+        except DdpkitError as e:
+            assert "waited 1 s for rank 1" in str(e), e
+            assert time.monotonic() - t0 < 10
+    dist.barrier()  # rank 0 gave up; now the others pass the barrier rank 0 already counted
+    if rank != 0:
+        state.barrier()
+    state.timeout = 300.0
+    state.barrier()  # counters agree again
 
 x64 = torch.full((5,), float(rank + 1), dtype=torch.float64)
 out = state.reduce_bucket(x64).wait()
