@@ -201,7 +201,6 @@ class ShmAllReduce:
             part.copy_(slots[world, :n])
         return grad
 
-
     def all_reduce_small(self, t: torch.Tensor, op: str = "sum") -> bool:
         """In place, like dist.all_reduce(t) (sum) or with ReduceOp.MAX (op='max'), for up to
         SMALL_MAX elements on the CPU; False (nothing done) when this path cannot serve it.
