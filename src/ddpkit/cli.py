@@ -185,7 +185,7 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--nproc", default="1,2", help="comma-separated process counts (default 1,2)")
     b.add_argument("--what", default="allreduce,step", help="allreduce, step, or both (default)")
     b.add_argument("--sizes", default="4,1K,64K,1M,16M", help="all-reduce message sizes in bytes, K/M/G suffixes (default 4,1K,64K,1M,16M)")
-    b.add_argument("--iters", type=int, default=20, help="all-reduce timings per size (default 20)")
+    b.add_argument("--iters", type=int, default=50, help="all-reduces per size, back to back (default 50)")
     b.add_argument("--steps", type=int, default=20, help="timed training steps per mode (default 20)")
     b.add_argument("--batch-size", type=int, default=32, help="per process (default 32)")
     b.add_argument("--threads", type=int, default=None, help="CPU threads per process (default: cores / processes)")
