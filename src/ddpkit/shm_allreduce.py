@@ -245,8 +245,8 @@ class ShmAllReduce:
                 if spins == _SPIN_FAST:
                     deadline = time.monotonic() + self.timeout
                 elif time.monotonic() > deadline:
-                    raise DdpkitError(f"rank {self.rank} waited {self.timeout:.0f} s for rank {peer} at a gradient "
-                                      "all-reduce (the process group's timeout): it hangs, or its collectives differ")
+                    raise DdpkitError(f"rank {self.rank} waited {self.timeout:g} s (--timeout) for rank {peer} to reach the "
+                                      "same all-reduce (gradients or loss sums): it hangs, or it runs other collectives")
                 if spins < _SPIN_YIELD:
                     os.sched_yield()
                 else:

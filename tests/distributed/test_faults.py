@@ -100,6 +100,18 @@ def test_without_restarts_a_dying_worker_ends_the_job_and_names_the_rank(tmp_pat
     assert "ddpkit: error: worker rank 1 exited with code 3" in proc.stderr
 
 
+@pytest.mark.parametrize("grad_sync, fragment", [
+    ("auto", "rank 0 waited 3 s (--timeout) for rank 1 to reach the same all-reduce"),  # shared-memory barrier
+    ("backend", "timed out"),  # gloo's own timeout
+])
+def test_a_hanging_worker_ends_the_job_after_the_timeout(tmp_path, grad_sync, fragment):
+    proc = run_ddpkit("train", f"{TASKS}:exits_midway", "--nproc", "2", "--run-dir", str(tmp_path / "r"), *WINE,
+                      "--timeout", "3", "--grad-sync", grad_sync, env={"FAULT_STEP": "7", "FAULT_RANK": "1", "FAULT_HANG": "1"},
+                      check=False, timeout=120)
+    assert proc.returncode == 2, proc.stderr
+    assert fragment in proc.stderr.lower() if fragment == "timed out" else fragment in proc.stderr, proc.stderr
+
+
 def test_ctrl_c_with_save_on_signal_checkpoints_and_resume_ends_bit_identical(tmp_path, reference200):
     run = tmp_path / "run"
     args = ["--nproc", "2", "--run-dir", str(run), *WINE, "--epochs", "200"]

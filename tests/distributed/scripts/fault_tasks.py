@@ -1,5 +1,6 @@
 """Tasks with real faults for the fault-injection tests (selected by environment variables)."""
 import os
+import time
 
 import torch
 from torch import nn
@@ -10,7 +11,8 @@ from ddpkit.tasks.wine import build as wine
 
 class ExitAfter(nn.Module):
     """Wraps a model; on the first attempt (no restart yet), rank FAULT_RANK calls os._exit
-    at its FAULT_STEP-th forward: a worker dying from inside, mid-epoch."""
+    at its FAULT_STEP-th forward: a worker dying from inside, mid-epoch. With FAULT_HANG=1
+    it sleeps for 10 minutes there instead: a worker that hangs."""
 
     def __init__(self, inner):
         super().__init__()
@@ -22,6 +24,8 @@ class ExitAfter(nn.Module):
         first_attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") == "0"
         if (first_attempt and self.calls == int(os.environ.get("FAULT_STEP", "0"))
                 and os.environ.get("RANK", "0") == os.environ.get("FAULT_RANK", "0")):
+            if os.environ.get("FAULT_HANG"):
+                time.sleep(600)
             os._exit(3)
         return self.inner(x)
 
