@@ -5,7 +5,7 @@ Checks, on every rank, and prints "SHM OK <world>" on rank 0 when all hold:
     rounding with more), for sizes around the slot size (chunks of 7 elements);
   * every rank ends with bit-identical values (the replicas cannot drift apart);
   * a float64 bucket goes through the backend and is still the mean;
-  * the /dev/shm file is gone once create() returns;
+  * the /dev/shm file is gone once create() has returned on every rank;
   * small all-reduces (sum and max, float64, float32 and int64) equal gloo's; longer ones
     are left to the process group;
   * a rank that does not arrive at a barrier makes the others fail after the timeout,
@@ -33,6 +33,7 @@ rt = ddpkit.init(threads=1)
 rank, world = rt.rank, rt.world_size
 before = {f for f in os.listdir(S.SHM_DIR) if f.startswith("ddpkit-grad-")}
 state = S.ShmAllReduce.create(1000, chunk_elems=7)
+dist.barrier()  # rank 0 unlinks right after the others have mapped it: look once it is past that
 after = {f for f in os.listdir(S.SHM_DIR) if f.startswith("ddpkit-grad-")}
 assert not (after - before), f"left in {S.SHM_DIR}: {after - before}"
 
