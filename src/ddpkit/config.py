@@ -211,6 +211,7 @@ def check_no_ddp_only_flags(cfg: Any) -> None:
     if ddp_only:
         raise DdpkitError(f"{', '.join(ddp_only)}: DDP options, not available with --strategy fsdp; drop them or use --strategy ddp")
 
+
 def _choice(flag: str, value: str, choices: tuple[str, ...]) -> None:
     if value not in choices:
         raise DdpkitError(f"{flag} must be one of {', '.join(choices)}, got {value!r}")

@@ -29,8 +29,8 @@ def wrap_model(model: nn.Module, rt: Runtime, grad_sync: str = "auto", **ddp_opt
 
     grad_sync: 'auto' all-reduces gradients through shared memory when every rank is on
     this machine's CPUs (shm_allreduce.py; bit-identical to gloo with 2 ranks), else with
-    the backend; 'backend' always uses the backend (needed to register your own comm hook);
-    'shm' insists on shared memory and raises when it cannot apply.
+    the backend; 'backend' always uses the backend; 'shm' insists on shared memory and
+    raises when it cannot apply. A comm hook registered later on the model takes over.
     """
     model = model.to(rt.device)
     if not rt.env.distributed:

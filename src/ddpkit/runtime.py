@@ -125,8 +125,8 @@ class Runtime:
     def wrap(self, model: "torch.nn.Module", grad_sync: str = "auto", **ddp_options: Any) -> "torch.nn.Module":
         """The model on this rank's device, in DDP when there are several ranks (DDP's
         keyword arguments pass through). grad_sync='auto' all-reduces CPU gradients of
-        ranks on one machine through shared memory; pass 'backend' to keep gloo/NCCL,
-        e.g. to register a communication hook of your own."""
+        ranks on one machine through shared memory ('backend': gloo/NCCL); a
+        communication hook you register on the returned model takes over."""
         from .parallel import wrap_model
 
         return wrap_model(model, self, grad_sync, **ddp_options)
