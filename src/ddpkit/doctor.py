@@ -158,16 +158,30 @@ def _plan(report: Mapping[str, Any], nproc: int | None) -> dict[str, Any]:
         return {"error": launcher["error"]}
     r = launcher.get("resolved")
     if r and r["launcher"] != "single":
-        procs = r["local_world_size"]
+        procs, world = r["local_world_size"], r["world_size"]
         how = f"this process is rank {r['rank']} of {r['world_size']} in a job started by {r['launcher']}"
     else:
         try:
             procs = resolve_nproc(nproc, device)
         except DdpkitError as err:
             return {"error": str(err)}
+        world = procs
         how = f"start {procs} worker process{'es' if procs != 1 else ''} on this machine (torch's elastic agent)"
-    return {"how": how, "processes_per_node": procs, "device": device,
-            "backend": "nccl" if device == "cuda" else "gloo", "threads_per_process": default_threads(procs)}
+    backend = "nccl" if device == "cuda" else "gloo"
+    return {"how": how, "processes_per_node": procs, "device": device, "backend": backend,
+            "threads_per_process": default_threads(procs), **_grad_sync(world, procs, backend, device)}
+
+
+def _grad_sync(world: int, local: int, backend: str, device: str) -> dict[str, Any]:
+    """How --grad-sync auto would all-reduce gradients here, and the room in /dev/shm."""
+    import shutil
+
+    from .shm_allreduce import SHM_DIR, why_not_shm
+
+    reason = why_not_shm(world, local, backend, device)
+    free = shutil.disk_usage(SHM_DIR).free if os.path.isdir(SHM_DIR) else None
+    return {"grad_sync": "shm" if reason is None else backend, "grad_sync_why": reason,
+            "shm_free_mib": None if free is None else round(free / 2**20)}
 
 
 def _warnings(e: Mapping[str, str], r: Mapping[str, Any]) -> list[str]:
@@ -194,6 +208,10 @@ def _warnings(e: Mapping[str, str], r: Mapping[str, Any]) -> list[str]:
                  f"use {max(1, cores // procs)} per process instead (--threads)")
     if slurm and slurm["cpus_per_task"] and slurm["cpus_per_task"] < cores:
         w.append(f"SLURM gave {slurm['cpus_per_task']} CPUs per task but {cores} cores are usable here: check --cpus-per-task")
+    plan = r["plan"]
+    if plan.get("grad_sync") == "shm" and plan.get("shm_free_mib") is not None and plan["shm_free_mib"] < 256:
+        w.append(f"/dev/shm has {plan['shm_free_mib']} MiB free: ddpkit's shared-memory gradient sum needs up to 128 MiB "
+                 "for 2 processes (more for more), else it falls back to gloo (slower); in Docker: --shm-size=1g")
     load = dev["load_average_1min"]
     if load is not None and load > cores:
         w.append(f"load average {load} on {cores} cores: other processes compete for the CPUs; timings will be slow")
@@ -252,6 +270,10 @@ def format_report(r: Mapping[str, Any]) -> str:
     else:
         lines.append(f"  {plan['how']}: device {plan['device']}, backend {plan['backend']}, "
                      f"{plan['threads_per_process']} thread(s) per process")
+        if plan["grad_sync"] == "shm":
+            lines.append(f"  sum gradients in shared memory ({plan['shm_free_mib']} MiB free in /dev/shm)")
+        elif plan.get("grad_sync_why") and plan["processes_per_node"] > 1:
+            lines.append(f"  all-reduce gradients with {plan['backend']} ({plan['grad_sync_why']})")
     lines.append("warnings" if r["warnings"] else "warnings    none")
     lines += [f"  - {w}" for w in r["warnings"]]
     return "\n".join(lines)

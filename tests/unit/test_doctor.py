@@ -30,6 +30,8 @@ def test_no_launcher_means_ddpkit_starts_the_workers():
     assert r["launcher"]["resolved"]["world_size"] == 1
     assert r["network"]["master_addr"] == "127.0.0.1"
     assert r["plan"]["device"] == "cpu" and r["plan"]["backend"] == "gloo" and r["plan"]["processes_per_node"] == 2
+    assert r["plan"]["grad_sync"] == "shm" and r["plan"]["shm_free_mib"] > 0  # CPU ranks on one machine
+    assert "sum gradients in shared memory" in doctor.format_report(r)
     assert r["versions"]["gloo"] is True and r["versions"]["torch"]
     assert not any("srun" in w for w in r["warnings"])
 
@@ -43,6 +45,7 @@ def test_a_torchrun_job_is_resolved_from_its_variables():
         {"rank": 3, "local_rank": 1, "node_rank": 1, "world_size": 4}
     assert r["network"]["master_addr"] == "127.0.0.1" and r["network"]["master_port"] == "29500"
     assert "rank 3 of 4" in r["plan"]["how"]
+    assert r["plan"]["grad_sync"] == "gloo" and "several machines" in r["plan"]["grad_sync_why"]
     # a multi-node job whose master is loopback cannot work: said so
     assert any("master address 127.0.0.1 on a multi-node job" in w for w in r["warnings"])
 
