@@ -33,6 +33,22 @@ def test_generated_script_trains_on_two_nodes_like_one_node(slurm, tmp_path):
     assert_state_equal(load_model(run_dir), load_model(tmp_path / "ref"))
 
 
+def test_two_tasks_on_one_node_sum_gradients_in_shared_memory(slurm, tmp_path):
+    # srun starts both tasks on one node: ddpkit sees one machine and uses /dev/shm, and the
+    # model equals a local 2-process run bit for bit
+    train = ["wine", "--epochs", "4", "--batch-size", "16", "--seed", "5", "--save-every", "0"]
+    run_ddpkit("train", "--nproc", "2", "--quiet", "--run-dir", str(tmp_path / "ref"), "--grad-sync", "backend", *train[1:])
+    run_dir = tmp_path / "job"
+    proc = run_ddpkit("slurm", "--nodes", "1", "--ntasks-per-node", "2", "--cpus-per-task", "1", "--job-name", "one-node",
+                      "--submit", "--wait", "--wait-timeout", "150", "--", *train, "--run-dir", str(run_dir),
+                      cwd=tmp_path, env=_slurm_env(slurm), timeout=200, check=False)
+    log = next(run_dir.glob("slurm-*.out"), None)
+    assert proc.returncode == 0, proc.stdout + proc.stderr + (log.read_text() if log else "no log")
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert (summary["world_size"], summary["nnodes"], summary["grad_sync"]) == (2, 1, "shm"), summary
+    assert_state_equal(load_model(run_dir), load_model(tmp_path / "ref"))
+
+
 def test_a_batch_script_without_srun_on_two_nodes_is_refused(slurm, tmp_path):
     script = tmp_path / "bare.sbatch"
     script.write_text(f"#!/bin/bash\n#SBATCH --nodes=2\n#SBATCH --output={tmp_path}/bare-%j.out\n"
