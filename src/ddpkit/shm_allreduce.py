@@ -92,11 +92,11 @@ class ShmAllReduce:
         self.ctl = ctl  # int64 flags, one per rank every _CTL_STRIDE words: barriers passed (None: use dist.barrier)
         self.small: torch.Tensor | None = None  # [2 sets, world, SMALL_MAX] float64 (x86 only)
         self.small_calls = 0
-        self.pg = dist.group.WORLD if group is None else group  # the group this mapping serves
         self.generation = 0
         self.timeout = timeout
         self.buf = buf  # 2 ranks: [2 sets, 2 slots, chunk]; more: [1, world slots + 1 result, chunk]; float32, shared
-        self.world, self.rank, self.chunk, self.group = world, rank, chunk, group
+        self.world, self.rank, self.chunk = world, rank, chunk
+        self.group = dist.group.WORLD if group is None else group  # the group this mapping serves
         self.path = path
         self.calls = 0  # chunks reduced so far: picks the set of slots (parity)
         self.fallbacks = 0  # buckets handed to the backend (not float32)
@@ -170,8 +170,13 @@ class ShmAllReduce:
         state.small = small
         return state
 
+    @staticmethod
+    def fits(grad: torch.Tensor) -> bool:
+        """Can the mapping sum this gradient? (float32, contiguous, CPU; else the backend does)"""
+        return grad.dtype == torch.float32 and grad.is_contiguous() and grad.device.type == "cpu"
+
     def reduce_bucket(self, grad: torch.Tensor) -> torch.futures.Future:
-        if grad.dtype != torch.float32 or not grad.is_contiguous() or grad.device.type != "cpu":
+        if not self.fits(grad):
             self.fallbacks += 1
             grad.div_(self.world)
             return dist.all_reduce(grad, group=self.group, async_op=True).get_future().then(lambda f: f.value()[0])
@@ -261,7 +266,7 @@ def shm_hook(state, bucket):  # type: ignore[no-untyped-def]  (DDP checks annota
         return hook(user_state, bucket)
     if isinstance(bucket, tuple):
         grad = bucket[0]
-        if grad.dtype == torch.float32 and grad.is_contiguous() and grad.device.type == "cpu":
+        if state.fits(grad):
             state.all_reduce_mean_(grad)
         else:
             grad.div_(state.world)
@@ -273,7 +278,7 @@ def shm_hook(state, bucket):  # type: ignore[no-untyped-def]  (DDP checks annota
 def _route_user_hooks(ddp_model: Any, state: ShmAllReduce, backend: str) -> None:
     """Let `ddp_model.register_comm_hook(state, hook)` (and DDP's built-in hook types) work
     after ddpkit installed its hook: the user's hook takes over every bucket, as it would
-    on a plain DDP model, and the shared mapping is released."""
+    on a plain DDP model (the mapping stays for the trainer's small all-reduces)."""
     from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
     def register_comm_hook(user_state: object, hook: Any) -> None:
@@ -316,7 +321,7 @@ def all_reduce_small(t: torch.Tensor, op: str = "sum") -> bool:
     state = _ACTIVE
     if state is None:
         return False
-    if not dist.is_initialized() or dist.group.WORLD is not state.pg:
+    if not dist.is_initialized() or dist.group.WORLD is not state.group:
         _ACTIVE = None  # that job's group is gone
         return False
     return state.all_reduce_small(t, op)
