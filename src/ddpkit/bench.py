@@ -1,7 +1,8 @@
 """`ddpkit bench`: does DDP pay off on this machine, for this task?
 
 Two measurements, each at every requested process count:
-  allreduce  all-reduce (sum) time across message sizes, reported the way nccl-tests does:
+  allreduce  all-reduce time across message sizes, for the backend and, where it applies,
+             ddpkit's shared-memory gradient path, reported the way nccl-tests does:
              algbw = bytes / time, busbw = algbw x 2(n-1)/n (what each link carries in a
              ring), and the latency of the smallest message.
   step       the task's training step split into data (fetching the batch), compute
@@ -76,8 +77,9 @@ def _shm_applies(rt: Any, spec: dict[str, Any]) -> bool:
 
 
 def _allreduce(rt: Any, sizes: list[int], iters: int, shm: bool = False) -> list[dict[str, float]]:
-    """Median all-reduce times per message size, through the backend or (shm) through
-    ddpkit's shared-memory path, which computes the mean (a division folded into its copy)."""
+    """Time per all-reduce for each message size (mean of `iters` back to back, slowest
+    rank), through the backend or (shm) through ddpkit's shared-memory path, which
+    computes the mean (a division folded into its copy)."""
     import torch
     import torch.distributed as dist
 
