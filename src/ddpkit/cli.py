@@ -7,7 +7,7 @@ import sys
 import time
 from typing import Any, Sequence
 
-from .config import LAUNCH_TIME_VAR
+from .config import GRAD_SYNC_MODES, LAUNCH_TIME_VAR
 from .errors import DdpkitError
 
 TRAIN_HELP = """Train a task with DDP over local worker processes (or as one worker, when started by
@@ -60,7 +60,7 @@ def _add_perf_flags(p: argparse.ArgumentParser) -> None:
                    help="K micro-batches of --batch-size per optimizer step, gradients all-reduced once (no_sync on the others); equals --batch-size K*b (default 1)")
     g.add_argument("--grad-compression", choices=("none", "bf16", "fp16", "powersgd"), default="none",
                    help="all-reduce gradients in 16 bits, or low-rank PowerSGD: less traffic, close but not equal results (default none)")
-    g.add_argument("--grad-sync", choices=("auto", "shm", "backend"), default="auto",
+    g.add_argument("--grad-sync", choices=GRAD_SYNC_MODES, default="auto",
                    help="how gradients are all-reduced: shm (shared memory, ranks on one machine's CPUs), backend (gloo/NCCL), "
                         "auto: shm where it applies (CPU, one node), else the backend (default auto)")
     g.add_argument("--bucket-mb", type=float, default=None, help="DDP gradient bucket size in MB (default: torch's 25)")
@@ -190,7 +190,7 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--batch-size", type=int, default=32, help="per process (default 32)")
     b.add_argument("--threads", type=int, default=None, help="CPU threads per process (default: cores / processes)")
     b.add_argument("--backend", choices=("auto", "gloo", "nccl"), default="auto")
-    b.add_argument("--grad-sync", choices=("auto", "shm", "backend"), default="auto",
+    b.add_argument("--grad-sync", choices=GRAD_SYNC_MODES, default="auto",
                    help="gradient all-reduce of the step measurement, as for `ddpkit train` (default auto)")
     b.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
     b.add_argument("--timeout", type=float, default=300.0)

@@ -15,6 +15,7 @@ START_METHODS = ("auto", "fork", "spawn")
 PROGRESS_MODES = ("auto", "bar", "lines")
 STRATEGIES = ("ddp", "fsdp", "auto")
 PRECISIONS = ("fp32", "bf16")
+GRAD_SYNC_MODES = ("auto", "shm", "backend")  # how DDP gradients are all-reduced (shm_allreduce.py)
 DEFAULT_TIMEOUT_S = 300.0
 # Variables the launcher hands to its workers (here, so every side imports one name, cheaply).
 ERROR_DIR_VAR = "DDPKIT_ERROR_DIR"  # where a worker writes a user error for the launcher to print
@@ -108,7 +109,7 @@ class RunConfig:
             raise DdpkitError("--tensorboard needs the tensorboard package: pip install 'ddpkit[tensorboard]' (or tensorboard)")
         _choice("--grad-compression", self.grad_compression, ("none", "bf16", "fp16", "powersgd"))
         _choice("--fused-optimizer", self.fused_optimizer, ("off", "on", "auto"))
-        _choice("--grad-sync", self.grad_sync, ("auto", "shm", "backend"))
+        _choice("--grad-sync", self.grad_sync, GRAD_SYNC_MODES)
         if self.grad_sync == "shm" and self.grad_compression != "none":
             raise DdpkitError(f"--grad-sync shm sums float32 gradients in shared memory; it cannot carry --grad-compression "
                               f"{self.grad_compression}. Drop one of them (--grad-sync auto picks the backend when compressing)")

@@ -52,10 +52,10 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from .config import GRAD_SYNC_MODES
 from .errors import DdpkitError
 
 SHM_DIR = "/dev/shm"
-MODES = ("auto", "shm", "backend")
 DEFAULT_CHUNK_ELEMS = 8 << 20  # 32 MiB of float32 per slot: DDP's default 25 MB buckets in one piece
 BUDGET_BYTES = 512 << 20  # with many ranks, slots shrink so that the mapping stays under this
 _FREE_SHARE = 0.5  # never take more than half of /dev/shm's free space
@@ -336,8 +336,8 @@ def install(ddp_model: Any, mode: str, local_world_size: int, backend: str, devi
     """
     from torch.nn.parallel import DistributedDataParallel as DDP
 
-    if mode not in MODES:
-        raise DdpkitError(f"--grad-sync must be one of {', '.join(MODES)}, got {mode!r}")
+    if mode not in GRAD_SYNC_MODES:
+        raise DdpkitError(f"--grad-sync must be one of {', '.join(GRAD_SYNC_MODES)}, got {mode!r}")
     if mode == "backend" or not isinstance(ddp_model, DDP):
         return None
     reason = why_not_shm(dist.get_world_size(), local_world_size, backend, device_type)
