@@ -9,7 +9,7 @@ ARGS ?=
 BIN = $(VENV)/bin
 STAMP = $(VENV)/.ddpkit-installed
 
-.PHONY: train test test-cluster setup clean
+.PHONY: train test test-cluster lint setup clean
 
 $(STAMP): pyproject.toml Makefile
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -22,7 +22,10 @@ setup: $(STAMP)
 train: $(STAMP)
 	$(BIN)/ddpkit train $(ARGS)
 
-test: $(STAMP)
+lint: $(STAMP)
+	$(BIN)/ruff check src tests benchmarks examples scripts
+
+test: lint
 	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
 
 test-cluster: $(STAMP)

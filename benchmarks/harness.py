@@ -157,7 +157,7 @@ def alternate(variants: list[dict], repeats: int, *, log: Callable[[str], None] 
 
 # ---------------------------------------------------------------- reporting
 
-def _groups(results: Iterable[dict]) -> "OrderedDict[str, list[dict]]":
+def _groups(results: Iterable[dict]) -> OrderedDict[str, list[dict]]:
     g: OrderedDict[str, list[dict]] = OrderedDict()
     for r in results:
         g.setdefault(r["name"], []).append(r)
@@ -220,7 +220,7 @@ def table(results: list[dict], baselines: list[str] = (), *, metric: str = "wall
         row = [name, ",".join(map(str, procs)) or "-", f"{len(ok)}/{len(runs)}"]
         row += [_cell(_vals(runs, c)) for c in cols]
         mv = _vals(runs, metric)
-        for b, bm in base_med.items():
+        for _name, bm in base_med.items():
             row.append(f"{statistics.median(mv) / bm:.2f}x" if mv and bm else "-")
         lines.append("| " + " | ".join(row) + " |")
     fails = [r for r in results if not r.get("ok")]
@@ -233,12 +233,12 @@ def plot(results: list[dict], path: str, metrics: dict | None = None, title: str
     """PNG bar chart, one panel per workload (result["workload"], else one panel).
     metrics: {workload: "wall_s" | "samples_per_s" | ...}; default wall_s. For wall_s the
     bar is split into training (median train_s) and everything else; whiskers are min-max.
-    Drawn by ddpkit.plot.plot_bars, the code behind `ddpkit plot`."""
+    Drawn by ddpkit.reporting.plot.plot_bars, the code behind `ddpkit plot`."""
     try:
-        from ddpkit.plot import plot_bars
+        from ddpkit.reporting.plot import plot_bars
     except ImportError:  # run from a checkout without ddpkit installed
         sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "src"))
-        from ddpkit.plot import plot_bars
+        from ddpkit.reporting.plot import plot_bars
 
     metrics = metrics or {}
     by_wl: OrderedDict[str, list[dict]] = OrderedDict()

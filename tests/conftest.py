@@ -36,7 +36,7 @@ def max_abs_diff(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> floa
 def assert_state_close(a, b, rtol=1e-5, atol=1e-6):
     assert a.keys() == b.keys()
     for k in a:
-        torch.testing.assert_close(a[k], b[k], rtol=rtol, atol=atol, msg=lambda m: f"{k}: {m}")
+        torch.testing.assert_close(a[k], b[k], rtol=rtol, atol=atol, msg=lambda m, k=k: f"{k}: {m}")
 
 
 def assert_state_equal(a, b):

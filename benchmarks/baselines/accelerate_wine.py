@@ -40,7 +40,6 @@ from torch.utils.data import DataLoader, TensorDataset
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import common  # noqa: E402
-
 from accelerate import Accelerator, notebook_launcher  # noqa: E402
 
 
@@ -165,7 +164,7 @@ def main():
     if under_launcher:  # accelerate launch / torchrun: this process is one worker
         train(args)
     else:  # notebook style: fork the workers from here (torch and sklearn already imported)
-        import sklearn.datasets, sklearn.model_selection, sklearn.preprocessing  # noqa: E401,F401  (pre-fork import)
+        import sklearn.datasets  # noqa: E401,F401  (pre-fork import)
         notebook_launcher(train, args=(args,), num_processes=args.nproc, use_port=str(common.free_port()))
 
 

@@ -25,7 +25,6 @@ from torch.utils.data import DataLoader, TensorDataset
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import common  # noqa: E402
-
 from lightning.fabric import Fabric  # noqa: E402
 
 

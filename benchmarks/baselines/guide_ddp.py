@@ -19,22 +19,21 @@ import time
 _T0 = time.perf_counter()  # BENCH: in-process wall clock starts before the imports
 
 import json  # BENCH
+import os
 import socket  # BENCH
 import tempfile  # BENCH
 
+import numpy as np  # noqa: F401  (as in the guide)
 import torch
+import torch.multiprocessing as mp
 import torch.nn.functional as F
-from torch.utils.data import Dataset, DataLoader
 from sklearn.datasets import load_wine
 from sklearn.model_selection import train_test_split
 from sklearn.preprocessing import StandardScaler
-import numpy as np  # noqa: F401  (as in the guide)
-
-import torch.multiprocessing as mp
-from torch.utils.data.distributed import DistributedSampler
+from torch.distributed import destroy_process_group, init_process_group
 from torch.nn.parallel import DistributedDataParallel as DDP
-from torch.distributed import init_process_group, destroy_process_group
-import os
+from torch.utils.data import DataLoader, Dataset
+from torch.utils.data.distributed import DistributedSampler
 
 DEVICE = torch.device("cpu")  # BENCH: the guide uses cuda:<rank>
 
@@ -53,7 +52,7 @@ class WineDataset(Dataset):
 
 class SimpleNN(torch.nn.Module):
     def __init__(self):
-        super(SimpleNN, self).__init__()
+        super().__init__()
         self.fc1 = torch.nn.Linear(13, 64)
         self.fc2 = torch.nn.Linear(64, 3)
 
@@ -78,7 +77,7 @@ def ddp_setup(rank, world_size, port, save_dir):  # BENCH: + port, save_dir
     # BENCH: torch.cuda.set_device(rank) removed (no GPU)
 
 
-class Trainer():
+class Trainer:
     def __init__(self, model, train_data, optimizer, gpu_id, save_every):
         self.model = model.to(DEVICE)  # BENCH: was .to(gpu_id)
         self.train_data = train_data

@@ -18,13 +18,13 @@ import json  # BENCH
 import os  # BENCH
 import tempfile  # BENCH
 
+import numpy as np  # noqa: F401  (as in the guide)
 import torch
 import torch.nn.functional as F
-from torch.utils.data import Dataset, DataLoader
 from sklearn.datasets import load_wine
 from sklearn.model_selection import train_test_split
 from sklearn.preprocessing import StandardScaler
-import numpy as np  # noqa: F401  (as in the guide)
+from torch.utils.data import DataLoader, Dataset
 
 SAVE_DIR = "."  # BENCH: set in __main__
 
@@ -43,7 +43,7 @@ class WineDataset(Dataset):
 
 class SimpleNN(torch.nn.Module):
     def __init__(self):
-        super(SimpleNN, self).__init__()
+        super().__init__()
         self.fc1 = torch.nn.Linear(13, 64)
         self.fc2 = torch.nn.Linear(64, 3)
 
@@ -53,7 +53,7 @@ class SimpleNN(torch.nn.Module):
         return x
 
 
-class Trainer():
+class Trainer:
     def __init__(self, model, train_data, optimizer, gpu_id, save_every):
         self.model = model
         self.train_data = train_data

@@ -9,10 +9,11 @@ import importlib
 from typing import Any
 
 _WHERE = {
-    "init": "api", "train": "api", "atomic_save": "checkpoint", "load_file": "checkpoint",
-    "RunConfig": "config", "ShardedLoader": "data", "eval_batches": "data", "DistEnv": "env",
-    "DdpkitError": "errors", "unwrap": "parallel", "wrap_model": "parallel", "Runtime": "runtime",
-    "all_sum": "runtime", "mean_across_ranks": "runtime", "Task": "task", "memory_plan": "api",
+    "init": "api", "train": "api", "launch": "api", "memory_plan": "api", "atomic_save": "checkpoint",
+    "load_file": "checkpoint", "unwrap": "checkpoint", "RunConfig": "config", "ShardedLoader": "data",
+    "eval_batches": "data", "DistEnv": "environments", "DdpkitError": "errors", "Runtime": "runtime",
+    "all_sum": "runtime", "mean_across_ranks": "runtime", "Session": "session", "wrap_model": "strategies",
+    "Task": "task",
 }
 __all__ = sorted(_WHERE)
 __version__ = "0.1.0"

@@ -7,13 +7,13 @@ import time
 from pathlib import Path
 from typing import Any
 
-from .config import FSDP_NEEDS_TWO, LAUNCH_TIME_VAR, RunConfig
-from .env import DistEnv
+from .config import DEFAULT_TIMEOUT_S, FSDP_NEEDS_TWO, LAUNCH_TIME_VAR, RunConfig
+from .environments import DistEnv
 from .errors import DdpkitError
-from .launch.local import LaunchPlan, run_elastic
-from .launch.plan import describe, make_launch_plan
-from .runtime import Runtime, cuda_device_count, default_threads, resolve_backend, resolve_device_type
-
+from .launchers.elastic import run_elastic
+from .launchers.plan import describe, make_launch_plan, resolve_nproc
+from .runtime import default_threads, resolve_backend, resolve_device_type
+from .session import Session
 
 
 def train(config: RunConfig | None = None, *, dry_run: bool = False, _clean_parent: bool = False,
@@ -74,30 +74,19 @@ def check_request_matches_launcher(cfg: RunConfig, env: DistEnv) -> None:
             "or ask the scheduler for that many nodes (sbatch --nodes)"
         )
     if env.launcher == "slurm":
-        from .launch.slurm_env import check_gpus_per_node
+        from .environments.slurm import check_gpus_per_node
 
-        check_gpus_per_node(env, resolve_device_type(cfg.device))
+        check_gpus_per_node(env.local_world_size, resolve_device_type(cfg.device))
 
 
 def describe_worker(env: DistEnv, cfg: RunConfig) -> str:
     return "\n".join([
         f"ddpkit: started by {env.launcher} (dry run: nothing trained)",
-        f"  rank {env.rank} of world size {env.world_size}; local rank {env.local_rank} of {env.local_world_size}; node {env.node_rank} of {env.nnodes}",
+        f"  rank {env.rank} of world size {env.world_size}; local rank {env.local_rank} of {env.local_world_size}; "
+        f"node {env.node_rank} of {env.nnodes}",
         f"  master {env.master_addr}:{env.master_port}",
         f"  device {resolve_device_type(cfg.device)}, backend {resolve_backend(cfg.backend, resolve_device_type(cfg.device))}",
     ])
-
-
-def resolve_nproc(nproc: int | None, device_type: str) -> int:
-    """'auto': one process per visible GPU; on CPU, 2 processes (so DDP really runs)."""
-    if device_type == "cuda":
-        ngpu = cuda_device_count()
-        if nproc is None:
-            return ngpu
-        if nproc > ngpu:
-            raise DdpkitError(f"--nproc {nproc} but only {ngpu} GPU(s) are visible: use at most one process per GPU (--nproc {ngpu})")
-        return nproc
-    return 2 if nproc is None else nproc
 
 
 def prepare_local_run(cfg: RunConfig) -> RunConfig:
@@ -125,7 +114,7 @@ def _check_strategy(cfg: RunConfig, device_type: str, nproc: int) -> None:
     if cfg.strategy == "fsdp" and nproc < 2:
         raise DdpkitError(FSDP_NEEDS_TWO)
     if device_type == "cpu":  # (asking a GPU here would initialise CUDA in the launcher)
-        from .parallel import check_precision
+        from .strategies.precision import check_precision
 
         check_precision(cfg.precision, device_type)
 
@@ -133,12 +122,13 @@ def _check_strategy(cfg: RunConfig, device_type: str, nproc: int) -> None:
 def memory_plan(task: str = "wine", nproc: int | None = None, strategy: str = "auto", precision: str = "fp32",
                 device_memory: int | str | None = None, seed: int = 0, device: str = "auto",
                 local_nproc: int | None = None) -> Any:
-    """The memory plan (ddpkit.plan.MemoryPlan) of `task` at `nproc` ranks: per-rank bytes
+    """The memory plan (ddpkit.strategies.memory.MemoryPlan) of `task` at `nproc` ranks: per-rank bytes
     under DDP and FSDP, and the strategy `auto` would pick (.format(title, strategy) prints
     it). Builds the task in this process, as each worker would; nothing is trained.
     `local_nproc`: the ranks sharing one machine's RAM on a CPU (default: all of them)."""
-    from .fsdp import default_blocks
-    from .plan import detect_device_memory, make_plan, parse_memory
+    from .config import parse_memory
+    from .strategies.fsdp import default_blocks
+    from .strategies.memory import detect_device_memory, make_plan
     from .task import build_task
     from .worker import seed_everything
 
@@ -167,11 +157,11 @@ def _check_task_exists(spec: str) -> None:
     load_task_function(spec)
 
 
-def init(device: str = "auto", backend: str = "auto", timeout: float = 300.0, threads: int | None = None) -> Runtime:
+def init(device: str = "auto", backend: str = "auto", timeout: float = DEFAULT_TIMEOUT_S, threads: int | None = None) -> Session:
     """For scripts with their own loop: join the job this process was started in (by
-    `ddpkit launch`, torchrun or srun; alone otherwise) and return its Runtime.
+    `ddpkit launch`, torchrun or srun; alone otherwise) and return its Session (session.py).
     Use it as a context manager so the process group is always torn down."""
-    return Runtime(DistEnv.detect(), device=device, backend=backend, timeout=timeout, threads=threads)
+    return Session(DistEnv.detect(), device=device, backend=backend, timeout=timeout, threads=threads)
 
 
 def launch(argv: list[str], config: RunConfig | None = None, *, dry_run: bool = False) -> int:

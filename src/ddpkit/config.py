@@ -15,7 +15,10 @@ START_METHODS = ("auto", "fork", "spawn")
 PROGRESS_MODES = ("auto", "bar", "lines")
 STRATEGIES = ("ddp", "fsdp", "auto")
 PRECISIONS = ("fp32", "bf16")
-GRAD_SYNC_MODES = ("auto", "shm", "backend")  # how DDP gradients are all-reduced (shm_allreduce.py)
+GRAD_SYNC_MODES = ("auto", "shm", "backend")  # how DDP gradients are all-reduced (strategies/grad_sync.py)
+GRAD_COMPRESSIONS = ("none", "bf16", "fp16", "powersgd")
+FUSED_MODES = ("off", "on", "auto")
+ON_NAN_MODES = ("stop", "skip")
 DEFAULT_TIMEOUT_S = 300.0
 # Variables the launcher hands to its workers (here, so every side imports one name, cheaply).
 ERROR_DIR_VAR = "DDPKIT_ERROR_DIR"  # where a worker writes a user error for the launcher to print
@@ -23,59 +26,126 @@ LAUNCH_TIME_VAR = "DDPKIT_LAUNCH_TIME"  # when the command started (the summary'
 FSDP_NEEDS_TWO = ("--strategy fsdp shards the model across processes and needs at least 2 (--nproc 2 or more); "
                   "with one process use --strategy ddp")
 
+# The groups of flags; each command of the CLI takes some of them (cli/flags.py).
+PROCESSES = "processes"
+NODES = "several nodes (run the same command on every node)"
+TRAINING = "training"
+FAULTS = "faults and signals"
+OUTPUT = "output"
+STRATEGY = "strategy and precision"
+PERFORMANCE = "performance (see README: Performance)"
+
+
+def setting(default: Any = None, help: str = "", *, group: str = TRAINING, choices: tuple[str, ...] | None = None,
+            flag: str | None = None, aliases: tuple[str, ...] = (), metavar: str | None = None, type: Any = None,
+            default_help: str | None = None, positional: bool = False, cli: bool = True, factory: Any = None) -> Any:
+    """A RunConfig field with what the CLI needs to offer it: the help text, the choices and
+    the default are written here once; cli/flags.py makes the flag from them.
+    `default_help` describes a default that is not a plain value ("one per GPU")."""
+    meta = {"help": help, "group": group, "choices": choices, "flag": flag, "aliases": aliases, "metavar": metavar,
+            "type": type, "default_help": default_help, "positional": positional, "cli": cli}
+    if factory is not None:
+        return field(default_factory=factory, metadata=meta)
+    return field(default=default, metadata=meta)
+
+
+def parse_nproc(value: str) -> int | None:
+    """--nproc N|auto (None: auto)."""
+    if value == "auto":
+        return None
+    try:
+        n = int(value)
+    except ValueError:
+        raise ValueError(f"must be a positive integer or 'auto', got {value!r}") from None
+    if n < 1:
+        raise ValueError(f"must be a positive integer or 'auto', got {value!r}")
+    return n
+
 
 @dataclass(frozen=True)
 class RunConfig:
-    """What to train and how. Built by the CLI or the Python API, read by every worker."""
+    """What to train and how. Built by the CLI or the Python API, read by every worker.
+    Every field's help, choices and default live here; the CLI's flags are made from them."""
 
-    task: str = "wine"
-    nproc: int | None = None  # None: every GPU, or 2 CPU processes without GPUs
-    epochs: int = 100
-    batch_size: int = 32  # per process, as in the guide; global batch = nproc x batch_size
-    lr: float | None = None  # None: the task's own learning rate
-    seed: int = 0
-    shuffle: bool = True
-    save_every: int = 50  # epochs between checkpoints; 0 = final model only
-    eval_every: int = 1
-    run_dir: str | None = None
-    resume: bool = False
-    auto_resume: bool = False  # resume when the run dir has a checkpoint, else start fresh
-    save_on_signal: str = ""  # e.g. "USR1,TERM": save at the next step boundary and stop
-    requeue: bool = False  # under SLURM: after such a stop, `scontrol requeue` the job
-    on_nan: str = "stop"  # a NaN/inf loss: "stop" the run, or "skip" that step on every rank
-    backend: str = "auto"
-    device: str = "auto"
-    timeout: float = DEFAULT_TIMEOUT_S  # seconds any collective or rendezvous may wait
-    threads: int | None = None  # per process; None: cores / local processes
-    start_method: str = "auto"
-    max_restarts: int = 0
+    task: str = setting("wine", "wine (default), digits, MODULE:FUNCTION or FILE.py:FUNCTION", positional=True)
+    # processes
+    nproc: int | None = setting(None, "worker processes on this node", group=PROCESSES, aliases=("--nproc-per-node",),
+                                metavar="N|auto", type=parse_nproc, default_help="auto: one per GPU; 2 on a machine without GPUs")
+    max_restarts: int = setting(0, "restart all workers this many times after a failure; they resume from the newest checkpoint",
+                                group=PROCESSES)
+    threads: int | None = setting(None, "CPU threads per process", group=PROCESSES, type=int, default_help="cores / processes")
+    start_method: str = setting("auto", "how workers are created: fork (fast, CPU only) or spawn", group=PROCESSES,
+                                choices=START_METHODS, default_help="auto: fork on CPU, spawn with GPUs")
+    timeout: float = setting(DEFAULT_TIMEOUT_S, "seconds any collective or rendezvous may wait before the job fails instead of hanging",
+                             group=PROCESSES)
+    debug_collectives: bool = setting(False, "check across ranks that every collective matches (op, shapes, order) and name the "
+                                      "rank that diverged (slow)", group=PROCESSES)
+    verbose: bool = setting(False, "show the elastic agent's own logs (rendezvous, restarts, failures)", group=PROCESSES)
     # where the other nodes are (torchrun's flags); one node by default
-    nnodes: str = "1"  # "N", or "MIN:MAX" for an elastic c10d job
-    node_rank: int | None = None  # static rendezvous: this node's index
-    master_addr: str | None = None  # static rendezvous: node 0's address
-    master_port: int | None = None
-    rdzv_endpoint: str | None = None  # c10d rendezvous HOST:PORT (node ranks assigned at rendezvous)
-    rdzv_id: str | None = None
-    local_addr: str | None = None  # this node's address as the others reach it (default: derived)
-    num_workers: int = 0  # DataLoader workers for datasets that are not in-memory tensors
-    debug_collectives: bool = False  # every collective is checked across ranks (slow; for debugging hangs)
-    quiet: bool = False
-    verbose: bool = False
-    progress: str = "auto"  # bar on a terminal (with tqdm), plain lines otherwise
-    csv: bool = False  # also write RUN_DIR/metrics.csv
-    tensorboard: bool = False  # also write TensorBoard event files to RUN_DIR/tensorboard
-    # performance knobs (tuning.py): what each changes in the result is documented there
-    grad_compression: str = "none"  # none | bf16 | fp16 | powersgd (DDP communication hook)
-    grad_sync: str = "auto"  # auto | shm | backend: how DDP's gradients are all-reduced (shm_allreduce.py)
-    accumulate: int = 1  # micro-batches of batch_size per optimizer step, no_sync on all but the last
-    bucket_mb: float | None = None  # DDP bucket size (torch default 25)
-    static_graph: bool = False
-    compile: bool = False  # torch.compile the model
-    fused_optimizer: str = "off"  # off | on | auto (on with GPUs): fused Adam/AdamW/SGD kernels
-    extra: dict[str, Any] = field(default_factory=dict)  # free-form settings for user tasks
-    strategy: str = "ddp"  # ddp | fsdp (shard model and optimizer) | auto (the memory plan picks)
-    precision: str = "fp32"  # fp32 | bf16 (autocast under DDP, MixedPrecisionPolicy under FSDP)
-    device_memory: int | None = None  # bytes per device for --strategy auto; None: detected
+    nnodes: str = setting("1", "number of nodes, or MIN:MAX for an elastic job with --rdzv-endpoint", group=NODES)
+    node_rank: int | None = setting(None, "this node's index, 0 on the master node (static rendezvous with --master-addr)",
+                                    group=NODES, type=int)
+    master_addr: str | None = setting(None, "address of node 0 (static rendezvous)", group=NODES, type=str)
+    master_port: int | None = setting(None, "port on node 0 for the static rendezvous", group=NODES, type=int, default_help="29500")
+    rdzv_endpoint: str | None = setting(None, "c10d rendezvous: every node names the same HOST:PORT (hosted by the node that owns "
+                                        "HOST); node ranks are assigned, no --node-rank", group=NODES, type=str, metavar="HOST:PORT")
+    rdzv_id: str | None = setting(None, "job id shared by all nodes of a c10d rendezvous", group=NODES, type=str,
+                                  default_help="random; give one for several nodes")
+    local_addr: str | None = setting(None, "this node's address as the other nodes reach it", group=NODES, type=str,
+                                     default_help="the address that routes to the master")
+    # training
+    epochs: int = setting(100, "epochs to train")
+    batch_size: int = setting(32, "batch size PER PROCESS, as in the guide; the global batch is nproc x this")
+    lr: float | None = setting(None, "learning rate", type=float, default_help="the task's own; Wine: 1e-3")
+    seed: int = setting(0, "seed for the model and the sample order; same seed = same result at any --nproc")
+    shuffle: bool = setting(True, "train in data-set order", flag="--no-shuffle")
+    eval_every: int = setting(1, "evaluate the held-out split every N epochs")
+    num_workers: int = setting(0, "DataLoader worker processes per rank for data sets that are not in-memory tensors")
+    backend: str = setting("auto", "process-group backend", choices=BACKENDS, default_help="auto: nccl with GPUs, gloo on CPU")
+    device: str = setting("auto", "device", choices=DEVICES, default_help="auto: cuda when a GPU is visible")
+    # checkpoints, faults and signals
+    save_every: int = setting(50, "write a full checkpoint every N epochs, and at the end; 0 = final model only", group=FAULTS)
+    run_dir: str | None = setting(None, "where model.pt, metrics.jsonl and checkpoints/ go", group=OUTPUT, type=str,
+                                  default_help="runs/TASK-TIME")
+    resume: bool = setting(False, "continue from the newest valid checkpoint in --run-dir", group=FAULTS)
+    auto_resume: bool = setting(False, "continue from the newest checkpoint in --run-dir if there is one, else start fresh "
+                                "(for requeued jobs)", group=FAULTS)
+    save_on_signal: str = setting("", "on one of these signals (e.g. USR1,TERM) save a checkpoint at the next step boundary "
+                                  "and stop", group=FAULTS, metavar="SIGNALS")
+    requeue: bool = setting(False, "under SLURM: after a --save-on-signal stop, requeue the job (it resumes with --auto-resume)",
+                            group=FAULTS)
+    on_nan: str = setting("stop", "a NaN/inf loss stops the run before the weights are touched, or skips that step on every rank",
+                          group=FAULTS, choices=ON_NAN_MODES)
+    # output
+    quiet: bool = setting(False, "no per-epoch progress or summary; only errors (the run directory still gets everything)",
+                          group=OUTPUT)
+    progress: str = setting("auto", "rank 0's progress: a tqdm bar, or plain lines for log files", group=OUTPUT,
+                            choices=PROGRESS_MODES, default_help="auto: bar on a terminal")
+    csv: bool = setting(False, "also write RUN_DIR/metrics.csv (metrics.jsonl is always written)", group=OUTPUT)
+    tensorboard: bool = setting(False, "also write TensorBoard event files to RUN_DIR/tensorboard", group=OUTPUT)
+    # strategy and precision
+    strategy: str = setting("ddp", "ddp: a whole replica per process (fastest); fsdp: shard parameters, gradients and optimizer "
+                            "state across processes (for models that do not fit); auto: the memory plan picks",
+                            group=STRATEGY, choices=STRATEGIES)
+    precision: str = setting("fp32", "bf16: autocast (DDP) or bf16 compute with fp32 weights (FSDP); needs a GPU or CPU with bf16",
+                             group=STRATEGY, choices=PRECISIONS)
+    device_memory: int | None = setting(None, "memory per device for the plan and --strategy auto: 80GiB (2^30 bytes), 80GB (10^9), "
+                                        "512MB", group=STRATEGY, type=str, metavar="SIZE", default_help="detected")
+    # performance knobs (strategies/ddp_knobs.py): what each changes in the result is documented there
+    accumulate: int = setting(1, "K micro-batches of --batch-size per optimizer step, gradients all-reduced once (no_sync on the "
+                              "others); equals --batch-size K*b", group=PERFORMANCE, metavar="K")
+    grad_compression: str = setting("none", "all-reduce gradients in 16 bits, or low-rank PowerSGD: less traffic, close but not "
+                                    "equal results", group=PERFORMANCE, choices=GRAD_COMPRESSIONS)
+    grad_sync: str = setting("auto", "how gradients are all-reduced: shm (shared memory, ranks on one machine's CPUs), backend "
+                             "(gloo/NCCL), auto: shm where it applies (CPU, one node), else the backend",
+                             group=PERFORMANCE, choices=GRAD_SYNC_MODES)
+    bucket_mb: float | None = setting(None, "DDP gradient bucket size in MB", group=PERFORMANCE, type=float, default_help="torch's 25")
+    static_graph: bool = setting(False, "tell DDP the model uses the same parameters every step (skips per-step graph checks)",
+                                 group=PERFORMANCE)
+    fused_optimizer: str = setting("off", "rebuild torch Adam/AdamW/SGD with fused=True (one kernel over all parameters); "
+                                   "auto: on with GPUs", group=PERFORMANCE, choices=FUSED_MODES)
+    compile: bool = setting(False, "torch.compile the model (slow first steps; needs a C++ compiler on CPU)", group=PERFORMANCE)
+    extra: dict[str, Any] = setting(help="free-form settings for user tasks", cli=False, factory=dict)
 
     def __post_init__(self) -> None:
         if isinstance(self.device_memory, str):  # "80GB" from the Python API
@@ -103,12 +173,12 @@ class RunConfig:
         _choice("--backend", self.backend, BACKENDS)
         _choice("--device", self.device, DEVICES)
         _choice("--start-method", self.start_method, START_METHODS)
-        _choice("--on-nan", self.on_nan, ("stop", "skip"))
+        _choice("--on-nan", self.on_nan, ON_NAN_MODES)
         _choice("--progress", self.progress, PROGRESS_MODES)
         if self.tensorboard and importlib.util.find_spec("tensorboard") is None:
             raise DdpkitError("--tensorboard needs the tensorboard package: pip install 'ddpkit[tensorboard]' (or tensorboard)")
-        _choice("--grad-compression", self.grad_compression, ("none", "bf16", "fp16", "powersgd"))
-        _choice("--fused-optimizer", self.fused_optimizer, ("off", "on", "auto"))
+        _choice("--grad-compression", self.grad_compression, GRAD_COMPRESSIONS)
+        _choice("--fused-optimizer", self.fused_optimizer, FUSED_MODES)
         _choice("--grad-sync", self.grad_sync, GRAD_SYNC_MODES)
         if self.grad_sync == "shm" and self.grad_compression != "none":
             raise DdpkitError(f"--grad-sync shm sums float32 gradients in shared memory; it cannot carry --grad-compression "
@@ -168,14 +238,14 @@ class RunConfig:
         if self.node_rank is not None and not 0 <= self.node_rank < hi:
             raise DdpkitError(f"--node-rank must be in 0..{hi - 1} for --nnodes {self.nnodes}, got {self.node_rank}")
 
-    def replace(self, **changes: Any) -> "RunConfig":
+    def replace(self, **changes: Any) -> RunConfig:
         return dataclasses.replace(self, **changes)
 
     def as_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> "RunConfig":
+    def from_dict(cls, d: dict[str, Any]) -> RunConfig:
         names = {f.name for f in dataclasses.fields(cls)}
         return cls(**{k: v for k, v in d.items() if k in names})
 
@@ -193,6 +263,13 @@ def parse_memory(text: str | int | None) -> int | None:
     if not m or unit is None or float(m.group(1)) <= 0:
         raise DdpkitError(f"--device-memory must be a size such as 80GiB, 80GB or 512MB, got {text!r}")
     return int(float(m.group(1)) * unit)
+
+
+def format_bytes(n: float) -> str:
+    for unit, size in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if n >= size:
+            return f"{n / size:.1f} {unit}"
+    return f"{int(n)} B"
 
 
 def _positive(flag: str, value: int) -> None:

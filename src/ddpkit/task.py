@@ -139,20 +139,3 @@ def as_task(built: Any, spec: str = "task") -> Task:
     if not (isinstance(task.optimizer, torch.optim.Optimizer) or callable(task.optimizer)):
         raise DdpkitError(f"task {spec!r}: optimizer must be a torch.optim.Optimizer or a function of the parameters")
     return task
-
-
-def make_optimizer(task: Task, model: nn.Module, lr: float | None) -> torch.optim.Optimizer:
-    """The task's optimizer over `model`'s parameters, with --lr applied when given."""
-    opt = task.optimizer
-    if not isinstance(opt, torch.optim.Optimizer):
-        opt = opt(model.parameters())
-        if not isinstance(opt, torch.optim.Optimizer):
-            raise DdpkitError("the task's optimizer function must return a torch.optim.Optimizer")
-    else:
-        own = {id(p) for p in model.parameters()}
-        if not any(id(p) in own for g in opt.param_groups for p in g["params"]):
-            raise DdpkitError("the task's optimizer does not optimise the task's model parameters")
-    if lr is not None:
-        for group in opt.param_groups:
-            group["lr"] = lr
-    return opt

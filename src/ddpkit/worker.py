@@ -7,8 +7,8 @@ import random
 import signal
 import subprocess
 import sys
-import traceback
 import time
+import traceback
 from pathlib import Path
 from typing import Any
 
@@ -16,13 +16,13 @@ import numpy as np
 import torch
 
 from .config import ERROR_DIR_VAR, LAUNCH_TIME_VAR, RunConfig
-from .env import DistEnv
+from .environments import DistEnv
 from .errors import DdpkitError
+from .reporting.summary import format_summary
 from .runtime import Runtime
-from .signals import StopRequest
 from .task import build_task
-from .trainer import fit
-
+from .training.loop import fit
+from .training.signals import StopRequest
 
 
 def _is_peer_loss(e: BaseException) -> bool:
@@ -145,28 +145,3 @@ def requeue_slurm_job() -> None:
     if done.returncode != 0:
         print(f"ddpkit: scontrol requeue {job} failed: {done.stderr.strip()}; resubmit the job to continue",
               file=sys.stderr, flush=True)
-
-
-def format_summary(s: dict[str, Any]) -> str:
-    def num(v: Any, fmt: str) -> str:
-        return "-" if v is None else format(v, fmt)
-
-    metric_key = next((k for k in s if k.startswith("eval_") and k != "eval_loss"), None)
-    lines = [
-        "ddpkit: run finished" if not s.get("stopped_early") else "ddpkit: run stopped early (checkpoint saved; continue with --resume)",
-        f"  world size   {s['world_size']} ({s['nnodes']} node{'s' if s['nnodes'] != 1 else ''}), backend {s['backend']}, device {s['device']}"
-        + (" (gradients summed in shared memory)" if s.get("grad_sync") == "shm" else ""),
-        f"  global batch {s['global_batch']} ({s['batch_size']} per process"
-        + (f" x {s['accumulate']} accumulated" if s.get("accumulate", 1) > 1 else "") + f"), epochs {s['epochs_done']}/{s['epochs']}",
-        f"  train loss   {num(s['train_loss'], '.4f')}",
-    ]
-    if s.get("eval_loss") is not None:
-        lines.append(f"  eval loss    {num(s['eval_loss'], '.4f')}" + (f", {metric_key[5:]} {num(s[metric_key], '.4f')}" if metric_key else ""))
-    if "peak_memory_bytes" in s:
-        from .plan import format_bytes
-
-        lines.append(f"  strategy     {s['strategy']}, {s['precision']}; model state {format_bytes(s['state_bytes_per_rank']['total'])} per rank")
-        lines.append(f"  peak memory  {format_bytes(max(s['peak_memory_bytes']))} per rank, the most of {len(s['peak_memory_bytes'])} ({s['peak_memory_kind']})")
-    lines.append(f"  samples/s    {num(s['samples_per_s'], ',.0f')} (training {s['train_s']:.2f} s" + (f", wall {s['wall_s']:.2f} s)" if "wall_s" in s else ")"))
-    lines.append(f"  written to   {s['run_dir']}")
-    return "\n".join(lines)

@@ -213,7 +213,7 @@ def _prefix_lock(prefix: str, timeout: float) -> Iterator[None]:
 # --------------------------------------------------------------------------- model
 @dataclasses.dataclass
 class RunResult:
-    node: "Node"
+    node: Node
     argv: list[str]
     returncode: int | None  # None: killed after the timeout
     timed_out: bool
@@ -242,7 +242,7 @@ class Node:
     ifname: str    # interface inside the namespace ("eth0"): GLOO_SOCKET_IFNAME
     host_veth: str  # host-side veth on the bridge ("<prefix>-v1")
     hosts_file: Path  # /etc/hosts for this node's UTS/mount namespace (uts=True)
-    _network: "Network" = dataclasses.field(repr=False, default=None, compare=False)
+    _network: Network = dataclasses.field(repr=False, default=None, compare=False)
 
     @property
     def netns_path(self) -> str:

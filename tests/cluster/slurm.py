@@ -48,8 +48,7 @@ import time
 from pathlib import Path
 from typing import Iterator, Mapping, Sequence
 
-from .netns import (Network, Node, _apt_install, _kill_group, _proc_start_time, network,
-                    require_root, run_killable)
+from .netns import Network, Node, _apt_install, _kill_group, _proc_start_time, network, require_root, run_killable
 
 __all__ = ["SlurmCluster", "JobResult", "slurm_cluster", "require_slurm", "ensure_slurm_packages",
            "SLURM_PACKAGES", "TERMINAL_STATES"]

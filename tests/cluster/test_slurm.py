@@ -1,7 +1,6 @@
 """A real 2-node SLURM cluster (Debian's slurm-wlm, started by the fixture) runs the script
 `ddpkit slurm` writes. Results must equal a single-node run with the same world size."""
 import json
-import subprocess
 import sys
 import time
 

@@ -167,3 +167,28 @@ def test_plan_command_reports_both_strategies_and_the_pick(tmp_path):
     dry = run_ddpkit("train", DEEP, "--strategy", "fsdp", "--nproc", "4", "--dry-run", cwd=tmp_path, timeout=60).stdout
     assert "launch plan (dry run: nothing started)" in dry and "(FSDP/DDP 0.25)" in dry
     assert "--strategy fsdp  FSDP needs" in dry and not (tmp_path / "runs").exists()
+
+
+COUNTING = str(REPO / "tests" / "distributed" / "scripts" / "counting_deep_mlp.py") + ":build"
+
+
+def test_fsdp_accumulation_equals_ddps_and_reduce_scatters_once_per_optimizer_step(tmp_path):
+    # 384 samples, global batch 2 x 24 x 2 = 96: 4 optimizer steps per epoch, each of 2 micro-batches
+    args = ["--nproc", "2", "--epochs", "2", "--seed", "3", "--save-every", "0", "--quiet"]
+    run_ddpkit("train", COUNTING, "--strategy", "fsdp", "--batch-size", "24", "--accumulate", "2",
+               "--run-dir", str(tmp_path / "fsdp-acc"), *args)
+    run_ddpkit("train", COUNTING, "--strategy", "ddp", "--batch-size", "24", "--accumulate", "2",
+               "--run-dir", str(tmp_path / "ddp-acc"), *args)
+    run_ddpkit("train", COUNTING, "--strategy", "fsdp", "--batch-size", "48",
+               "--run-dir", str(tmp_path / "fsdp-48"), *args)
+    assert_state_close(load_model(tmp_path / "fsdp-acc"), load_model(tmp_path / "ddp-acc"), rtol=1e-5, atol=1e-5)
+    assert_state_close(load_model(tmp_path / "fsdp-acc"), load_model(tmp_path / "fsdp-48"), rtol=1e-5, atol=1e-5)
+    accumulated = json.loads((tmp_path / "fsdp-acc" / "reduce_scatters.json").read_text())
+    whole = json.loads((tmp_path / "fsdp-48" / "reduce_scatters.json").read_text())
+    ddp = json.loads((tmp_path / "ddp-acc" / "reduce_scatters.json").read_text())
+    # the same 8 optimizer steps: as many reduce-scatters as the run without micro-batches
+    # (syncing every micro-batch would double them); DDP all-reduces instead
+    assert accumulated["epoch"] == whole["epoch"] == 2
+    assert accumulated["reduce_scatter"] == whole["reduce_scatter"] > 0, (accumulated, whole)
+    assert accumulated["reduce_scatter"] % 8 == 0, accumulated
+    assert ddp["reduce_scatter"] == 0, ddp

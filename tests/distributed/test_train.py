@@ -70,7 +70,10 @@ def test_resume_is_bit_identical_to_an_uninterrupted_run(tmp_path, nproc):
     assert_state_equal(load_model(tmp_path / "split"), load_model(tmp_path / "full"))
     full = (tmp_path / "full" / "metrics.jsonl").read_text().splitlines()
     split = (tmp_path / "split" / "metrics.jsonl").read_text().splitlines()
-    strip = lambda lines: [{k: v for k, v in json.loads(x).items() if k in ("epoch", "train_loss", "eval_loss")} for x in lines]
+
+    def strip(lines):
+        return [{k: v for k, v in json.loads(x).items() if k in ("epoch", "train_loss", "eval_loss")} for x in lines]
+
     assert strip(split) == strip(full)
 
 

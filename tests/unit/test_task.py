@@ -6,7 +6,8 @@ from torch import nn
 from torch.utils.data import TensorDataset
 
 from ddpkit import DdpkitError, Task
-from ddpkit.task import as_task, build_task, load_task_function, make_optimizer
+from ddpkit.strategies.optimizers import make_optimizer
+from ddpkit.task import as_task, build_task, load_task_function
 
 
 def test_wine_task_is_the_guides_workload():
@@ -18,9 +19,9 @@ def test_wine_task_is_the_guides_workload():
     torch.testing.assert_close(x.mean(0), torch.zeros(13), atol=1e-5, rtol=0)
     assert [type(m) for m in task.model] == [nn.Linear, nn.ReLU, nn.Linear]
     assert (task.model[0].in_features, task.model[0].out_features, task.model[2].out_features) == (13, 64, 3)
-    opt = make_optimizer(task, task.model, None)
+    opt = make_optimizer(task.optimizer, task.model, None)
     assert isinstance(opt, torch.optim.Adam) and opt.param_groups[0]["lr"] == 1e-3
-    assert make_optimizer(task, task.model, 0.5).param_groups[0]["lr"] == 0.5
+    assert make_optimizer(task.optimizer, task.model, 0.5).param_groups[0]["lr"] == 0.5
 
 
 def test_task_from_a_file_path(tmp_path):
@@ -70,4 +71,4 @@ def test_optimizer_of_another_model_is_refused():
     m, ds = _parts()
     task = as_task({"model": m, "train_set": ds, "optimizer": torch.optim.SGD(nn.Linear(2, 2).parameters(), lr=1)})
     with pytest.raises(DdpkitError, match="does not optimise"):
-        make_optimizer(task, m, None)
+        make_optimizer(task.optimizer, m, None)

@@ -6,16 +6,16 @@ import sys
 import torch
 
 import ddpkit
+from ddpkit.strategies import DdpStrategy
+from ddpkit.task import accuracy_sum
 from ddpkit.tasks.wine import wine_model, wine_tensors
-from ddpkit.trainer import evaluate
-from ddpkit.config import RunConfig
+from ddpkit.training.evaluate import evaluate
 
 with ddpkit.init() as rt:
     torch.manual_seed(0)
     model = wine_model()
     _, _, x_test, y_test = wine_tensors()
     ds = torch.utils.data.TensorDataset(x_test, y_test)
-    res = evaluate(model, ds, torch.nn.functional.cross_entropy, ddpkit.task.accuracy_sum, "accuracy", rt,
-                   RunConfig(batch_size=4))
+    res = evaluate(model, ds, torch.nn.functional.cross_entropy, accuracy_sum, "accuracy", rt, DdpStrategy(rt), batch_size=4)
     if rt.is_main:
         json.dump(res, open(sys.argv[1], "w"))

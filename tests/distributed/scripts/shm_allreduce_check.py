@@ -21,13 +21,13 @@ import sys
 import torch
 import torch.distributed as dist
 from torch import nn
-
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
 import ddpkit
-from ddpkit import shm_allreduce as S
 from ddpkit.errors import DdpkitError
-from ddpkit.parallel import grad_sync_used
+from ddpkit.runtime import shm as S
+from ddpkit.strategies import grad_sync as G
+from ddpkit.strategies import grad_sync_used
 
 rt = ddpkit.init(threads=1)
 rank, world = rt.rank, rt.world_size
@@ -121,10 +121,10 @@ except DdpkitError as e:
     assert "MiB free" in str(e) and "--grad-sync backend" in str(e), e
 said = []
 model = nn.parallel.DistributedDataParallel(nn.Linear(4, 2))
-assert S.install(model, "auto", world, "gloo", "cpu", say=said.append) is None
+assert G.install(model, "auto", world, "gloo", "cpu", say=said.append) is None
 assert len(said) == 1 and "all-reduced by gloo" in said[0], said
 try:
-    S.install(nn.parallel.DistributedDataParallel(nn.Linear(4, 2)), "shm", world, "gloo", "cpu")
+    G.install(nn.parallel.DistributedDataParallel(nn.Linear(4, 2)), "shm", world, "gloo", "cpu")
     raise AssertionError("install(shm) should have refused")
 except DdpkitError as e:
     assert "--grad-sync shm" in str(e)

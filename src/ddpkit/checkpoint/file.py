@@ -1,0 +1,206 @@
+"""Save and resume full training state, atomically; load only plain data.
+
+A checkpoint is one file ``checkpoints/epoch-NNNNNN.pt`` written by rank 0 through a
+temporary file, fsync and rename: it is complete or absent. It holds the model (no
+``module.`` prefix), the optimizer, the number of finished epochs, every rank's RNG
+states and the config. Files load with ``weights_only=True``: a checkpoint cannot run code.
+"""
+from __future__ import annotations
+
+import os
+import pickle
+import re
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from ..errors import DdpkitError
+from .state import plain_state_dict, unwrap
+
+FORMAT = "ddpkit-checkpoint"
+VERSION = 1
+CKPT_DIR = "checkpoints"
+_NAME = re.compile(r"^epoch-(\d+)(?:-step-(\d+))?\.pt$")
+
+
+def atomic_save(obj: Any, path: str | os.PathLike) -> Path:
+    """torch.save to a temporary file in the same folder, fsync, then rename over `path`."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    umask = os.umask(0)
+    os.umask(umask)
+    os.fchmod(fd, 0o666 & ~umask)  # as open() would create it, not mkstemp's 0600
+    try:
+        with os.fdopen(fd, "wb") as f:
+            torch.save(obj, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+        fsync_dir(path.parent)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        raise
+    return path
+
+
+def save_or_explain(obj: Any, path: Path) -> None:
+    """Atomic save; a full disk or unwritable folder becomes a clear error (nothing partial
+    is left, and the previous checkpoint stays the one --resume uses)."""
+    try:
+        atomic_save(obj, path)
+    except OSError as e:
+        raise DdpkitError(f"cannot write {path}: {e.strerror or e}; nothing partial was left and the previous "
+                          "checkpoint is intact: free space (or fix the folder) and continue with --resume") from None
+
+
+def fsync_dir(folder: str | os.PathLike) -> None:
+    """Make a rename inside `folder` durable (the directory entry itself is flushed)."""
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def load_file(path: str | os.PathLike) -> Any:
+    """torch.load with weights_only=True; anything unreadable becomes a DdpkitError naming the file."""
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except FileNotFoundError:
+        raise DdpkitError(f"{path}: no such file") from None
+    except pickle.UnpicklingError as e:
+        raise DdpkitError(f"{path}: refused to load: it is not plain data ({_first_line(e)})") from None
+    except Exception as e:  # garbage makes the unpickler fail in many ways (IndexError, EOFError, ...)
+        raise DdpkitError(f"{path}: not a readable checkpoint, truncated or corrupt ({_first_line(e)})") from None
+
+
+def _first_line(e: BaseException) -> str:
+    lines = str(e).strip().splitlines()
+    return lines[0][:200] if lines else type(e).__name__
+
+
+def save_state(path: str | os.PathLike, model: nn.Module, optimizer: torch.optim.Optimizer | None = None, **extra: Any) -> Path:
+    """For own loops: model (unwrapped, no `module.` prefix), optimizer and plain extras."""
+    state = {"format": "ddpkit-state", "model": plain_state_dict(model), "extra": extra}
+    if optimizer is not None:
+        state["optimizer"] = optimizer.state_dict()
+    return atomic_save(state, path)
+
+
+def load_state(path: str | os.PathLike, model: nn.Module, optimizer: torch.optim.Optimizer | None = None) -> dict[str, Any]:
+    """Restore what save_state wrote; returns the extras. Mismatches are DdpkitErrors."""
+    state = load_file(path)
+    if not isinstance(state, dict) or state.get("format") != "ddpkit-state":
+        raise DdpkitError(f"{path}: not a file written by ddpkit's save (Session.save / save_state)")
+    target = unwrap(model)
+    want, have = model_signature(target.state_dict()), model_signature(state["model"])
+    if want != have:
+        raise DdpkitError(f"{path}: saved model does not match this model (different parameter names or shapes)")
+    target.load_state_dict(state["model"])
+    if optimizer is not None:
+        if "optimizer" not in state:
+            raise DdpkitError(f"{path}: holds no optimizer state")
+        optimizer.load_state_dict(state["optimizer"])
+    return state.get("extra", {})
+
+
+def model_signature(state_dict: dict[str, torch.Tensor]) -> dict[str, list[int]]:
+    return {k: list(v.shape) for k, v in state_dict.items()}
+
+
+def checkpoint_path(run_dir: str | os.PathLike, epoch: int, step: int = 0) -> Path:
+    """epoch-000003.pt: 3 epochs done; epoch-000003-step-000012.pt: and 12 steps of the 4th."""
+    return Path(run_dir) / CKPT_DIR / (f"epoch-{epoch:06d}.pt" if not step else f"epoch-{epoch:06d}-step-{step:06d}.pt")
+
+
+def list_checkpoints(run_dir: str | os.PathLike) -> list[tuple[tuple[int, int], Path]]:
+    """((epoch, step), path) of every checkpoint file in the run, newest first (temporaries ignored)."""
+    folder = Path(run_dir) / CKPT_DIR
+    if not folder.is_dir():
+        return []
+    found = [((int(m.group(1)), int(m.group(2) or 0)), p) for p in folder.iterdir() if (m := _NAME.match(p.name))]
+    return sorted(found, reverse=True)
+
+
+def make_checkpoint(
+    model_state: dict[str, torch.Tensor],
+    optimizer_state: dict[str, Any],
+    epoch: int,
+    rng_states: list[dict[str, Any]],
+    config: dict[str, Any],
+    world_size: int,
+    step: int = 0,
+    loss_sum: float = 0.0,
+) -> dict[str, Any]:
+    return {
+        "format": FORMAT,
+        "version": VERSION,
+        "epoch": epoch,
+        "step": step,  # steps done in epoch `epoch + 1` (0: at the epoch boundary)
+        "loss_sum": loss_sum,  # global training-loss sum of those steps
+        "model": model_state,
+        "optimizer": optimizer_state,
+        "rng": rng_states,
+        "sampler_epoch": epoch,
+        "world_size": world_size,
+        "config": config,
+        "model_signature": model_signature(model_state),
+    }
+
+
+def validate_checkpoint(ckpt: Any, path: Path, model: nn.Module, optimizer: torch.optim.Optimizer | None) -> None:
+    """Refuse a checkpoint that is not ddpkit's or does not fit this model/optimizer."""
+    if not isinstance(ckpt, dict) or ckpt.get("format") != FORMAT:
+        raise DdpkitError(f"{path}: not a ddpkit checkpoint (a plain state_dict? load it with torch.load instead)")
+    if ckpt.get("version") != VERSION:
+        raise DdpkitError(f"{path}: checkpoint version {ckpt.get('version')} is not supported (this ddpkit writes {VERSION})")
+    check_signature(path, model_signature(model.state_dict()), ckpt["model"] and model_signature(ckpt["model"]))
+    if optimizer is not None:
+        saved_groups = ckpt["optimizer"].get("param_groups", [])
+        if [len(g["params"]) for g in saved_groups] != [len(g["params"]) for g in optimizer.param_groups]:
+            raise DdpkitError(f"{path}: checkpoint's optimizer has different parameter groups than this task's optimizer")
+
+
+def check_signature(path: Path, want: dict[str, list[int]], have: dict[str, list[int]]) -> None:
+    """Refuse a checkpoint whose parameter names or shapes differ from the model's."""
+    if want != have:
+        missing = sorted(set(want) - set(have))[:3]
+        extra = sorted(set(have) - set(want))[:3]
+        shapes = [f"{k}: {have[k]} vs {want[k]}" for k in want if k in have and have[k] != want[k]][:3]
+        detail = "; ".join(
+            s for s in (
+                f"missing {missing}" if missing else "",
+                f"unexpected {extra}" if extra else "",
+                f"shape mismatch {shapes}" if shapes else "",
+            ) if s
+        )
+        raise DdpkitError(f"{path}: checkpoint is of a different model ({detail}); use another --run-dir or the matching task")
+
+
+def find_resumable(run_dir: str | os.PathLike, model: nn.Module, optimizer: torch.optim.Optimizer | None) -> tuple[dict[str, Any], Path, list[str]]:
+    """The newest checkpoint that loads and fits; the reasons newer ones were skipped."""
+    candidates = list_checkpoints(run_dir)
+    if not candidates:
+        raise DdpkitError(
+            f"--resume: no checkpoint in {Path(run_dir) / CKPT_DIR}; run without --resume to start fresh"
+        )
+    skipped: list[str] = []
+    last_error: DdpkitError | None = None
+    for _, path in candidates:
+        try:
+            ckpt = load_file(path)
+            validate_checkpoint(ckpt, path, model, optimizer)
+            return ckpt, path, skipped
+        except DdpkitError as e:
+            skipped.append(str(e))
+            last_error = e
+    raise DdpkitError(
+        f"--resume: no usable checkpoint in {Path(run_dir) / CKPT_DIR}: " + " | ".join(skipped)
+    ) from last_error

@@ -1,0 +1,167 @@
+"""Sharded checkpoints (FSDP): every rank writes its own shard, with torch.distributed.checkpoint.
+
+A sharded checkpoint is the directory ``checkpoints/epoch-NNNNNN/`` (or
+``epoch-NNNNNN-step-MMMMMM/`` after a stop between steps): DCP's ``.metadata``, one
+``__R_0.distcp`` file per rank (model and optimizer shards), and ``ddpkit.pt`` (epoch, step,
+every rank's RNG states, config, the model's signature), written by rank 0.
+
+Atomic as a whole: all ranks write into ``checkpoints/.epoch-NNNNNN.partial/`` (files
+fsynced); DCP writes ``.metadata`` on rank 0 only once every rank's shard is on disk; then
+rank 0 adds ``ddpkit.pt`` and renames the directory into place. A crash mid-save leaves a
+``.partial`` directory that resume never reads (and the next save of that epoch removes).
+
+Loading reshards: DCP reads each rank's part of every tensor from whichever files hold it,
+so a checkpoint written by 4 ranks loads on 2, or whole into a DDP run. The run directory
+must be one file system every rank sees (on several nodes: a shared one).
+"""
+from __future__ import annotations
+
+import os
+import re
+import shutil
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch import nn
+from torch.distributed.checkpoint import CheckpointException, FileSystemReader, FileSystemWriter
+from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+from ..errors import DdpkitError
+from ..runtime import Runtime
+from . import file as ckpt_io
+from .state import unwrap
+
+FORMAT = "ddpkit-sharded-checkpoint"
+VERSION = 1
+META = "ddpkit.pt"
+_NAME = re.compile(r"^epoch-(\d+)(?:-step-(\d+))?$")
+
+
+def checkpoint_dir(run_dir: str | os.PathLike, epoch: int, step: int = 0) -> Path:
+    """The directory of a sharded checkpoint: named as checkpoint.checkpoint_path, without .pt."""
+    return ckpt_io.checkpoint_path(run_dir, epoch, step).with_suffix("")
+
+
+def list_sharded(run_dir: str | os.PathLike) -> list[tuple[tuple[int, int], Path]]:
+    """((epoch, step), path) of every sharded checkpoint directory, newest first (.partial ones ignored)."""
+    folder = Path(run_dir) / ckpt_io.CKPT_DIR
+    if not folder.is_dir():
+        return []
+    found = [((int(m.group(1)), int(m.group(2) or 0)), p) for p in folder.iterdir()
+             if p.is_dir() and (m := _NAME.match(p.name))]
+    return sorted(found, reverse=True)
+
+
+def save_dcp(run_dir: Path, epoch: int, step: int, loss_sum: float, model: nn.Module, optimizer: torch.optim.Optimizer,
+             rng_states: list[dict[str, Any]], config: dict[str, Any], rt: Runtime) -> Path:
+    """Collective: every rank writes its shard; rank 0 completes and renames the directory."""
+    final = checkpoint_dir(run_dir, epoch, step)
+    if not _all_finite(model):
+        raise DdpkitError(f"the weights hold NaN/inf at epoch {epoch + 1}; no checkpoint written, the last one is intact")
+    tmp = final.parent / f".{final.name}.partial"
+    try:
+        if rt.is_main:
+            shutil.rmtree(tmp, ignore_errors=True)  # left by a crash during an earlier save
+            tmp.mkdir(parents=True)
+        rt.barrier()
+        model_state, optim_state = get_state_dict(model, optimizer)
+        dcp.save({"model": model_state, "optim": optim_state}, storage_writer=FileSystemWriter(tmp, sync_files=True))
+        if rt.is_main:  # dcp.save returned on rank 0: every shard and .metadata are written
+            meta = {
+                "format": FORMAT, "version": VERSION, "epoch": epoch, "step": step, "loss_sum": loss_sum,
+                "sampler_epoch": epoch, "rng": rng_states, "world_size": rt.world_size, "config": config,
+                "model_signature": ckpt_io.model_signature(unwrap(model).state_dict()),
+                "optimizer_groups": [len(g["params"]) for g in optimizer.param_groups],
+            }
+            ckpt_io.atomic_save(meta, tmp / META)
+            _replace_dir(tmp, final)
+    except (OSError, CheckpointException) as e:
+        raise DdpkitError(f"cannot write {final}: {_first_line(e)}; it was not renamed into place and the previous "
+                          "checkpoint is intact: free space (or fix the folder) and continue with --resume") from None
+    rt.barrier()
+    return final
+
+
+def _all_finite(model: nn.Module) -> bool:
+    """Whether every rank's shards are finite (the same answer on every rank)."""
+    bad = torch.tensor([0.0 if all(torch.isfinite(_local(p)).all() for p in model.parameters()) else 1.0])
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        device = next(model.parameters()).device if dist.get_backend() == "nccl" else torch.device("cpu")
+        bad = bad.to(device)
+        dist.all_reduce(bad)
+    return bad.item() == 0
+
+
+def _local(t: torch.Tensor) -> torch.Tensor:
+    return t.to_local() if hasattr(t, "to_local") else t
+
+
+def _first_line(e: BaseException) -> str:
+    lines = [line for line in str(e).splitlines() if line.strip()]
+    return (getattr(e, "strerror", None) or (lines[-1] if lines else type(e).__name__))[:200]
+
+
+def _replace_dir(src: Path, dst: Path) -> None:
+    old = dst.parent / f".{dst.name}.old"
+    if dst.exists():  # the same epoch saved again (a resumed run): swap, then drop the old one
+        shutil.rmtree(old, ignore_errors=True)
+        os.replace(dst, old)
+    os.replace(src, dst)
+    ckpt_io.fsync_dir(dst.parent)
+    shutil.rmtree(old, ignore_errors=True)
+
+
+def validate_sharded(path: Path, model: nn.Module, optimizer: torch.optim.Optimizer | None) -> dict[str, Any]:
+    """ddpkit.pt of a complete sharded checkpoint that fits this model; a DdpkitError otherwise."""
+    meta = ckpt_io.load_file(path / META) if (path / META).is_file() else None
+    if not isinstance(meta, dict) or meta.get("format") != FORMAT:
+        raise DdpkitError(f"{path}: not a complete ddpkit sharded checkpoint (no {META})")
+    if meta.get("version") != VERSION:
+        raise DdpkitError(f"{path}: sharded checkpoint version {meta.get('version')} is not supported (this ddpkit writes {VERSION})")
+    try:
+        metadata = FileSystemReader(str(path)).read_metadata()
+    except Exception as e:
+        raise DdpkitError(f"{path}: unreadable DCP metadata ({type(e).__name__}: {str(e)[:200]})") from None
+    files = {getattr(info, "relative_path", None) for info in (metadata.storage_data or {}).values()}
+    absent = sorted(f for f in files if f and not (path / f).is_file())
+    if absent:
+        raise DdpkitError(f"{path}: incomplete sharded checkpoint, missing {absent[:3]}")
+    ckpt_io.check_signature(path, ckpt_io.model_signature(unwrap(model).state_dict()), meta["model_signature"])
+    if optimizer is not None and meta["optimizer_groups"] != [len(g["params"]) for g in optimizer.param_groups]:
+        raise DdpkitError(f"{path}: checkpoint's optimizer has different parameter groups than this task's optimizer")
+    return meta
+
+
+def load_dcp(path: Path, model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
+    """Collective: read a sharded checkpoint into this run's model and optimizer, resharding
+    to this run's layout (FSDP at any world size, or whole tensors for DDP)."""
+    model_state, optim_state = get_state_dict(model, optimizer)
+    state = {"model": model_state, "optim": optim_state}
+    dcp.load(state, storage_reader=FileSystemReader(str(path)), no_dist=not dist.is_initialized())
+    set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
+
+
+def find_any_resumable(run_dir: str | os.PathLike, model: nn.Module, optimizer: torch.optim.Optimizer | None
+                       ) -> tuple[str, dict[str, Any], Path, list[str]]:
+    """The newest checkpoint that is complete and fits, of either kind: ("file", checkpoint,
+    path, skipped) for a one-file (DDP) checkpoint, ("sharded", ddpkit.pt, path, skipped)
+    for a directory (FSDP). At the same epoch a file comes first (it needs no collective read)."""
+    candidates = sorted([(e, 1, p) for e, p in ckpt_io.list_checkpoints(run_dir)]
+                        + [(e, 0, p) for e, p in list_sharded(run_dir)], reverse=True)
+    folder = Path(run_dir) / ckpt_io.CKPT_DIR
+    if not candidates:
+        raise DdpkitError(f"--resume: no checkpoint in {folder}; run without --resume to start fresh")
+    skipped: list[str] = []
+    for _, is_file, path in candidates:
+        try:
+            if is_file:
+                ckpt = ckpt_io.load_file(path)
+                ckpt_io.validate_checkpoint(ckpt, path, unwrap(model), optimizer)
+                return "file", ckpt, path, skipped
+            return "sharded", validate_sharded(path, model, optimizer), path, skipped
+        except DdpkitError as e:
+            skipped.append(str(e))
+    raise DdpkitError(f"--resume: no usable checkpoint in {folder}: " + " | ".join(skipped))

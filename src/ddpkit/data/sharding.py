@@ -1,0 +1,175 @@
+"""Sharding data across ranks so that the world size does not change the result.
+
+ddpkit draws ONE global sample order per epoch (from the seed and the epoch, the same on
+every rank and for every world size) and cuts it into global batches of
+``world_size x batch_size`` samples. Rank r trains on the r-th contiguous slice of each
+global batch. So ``--nproc 2 --batch-size 16`` sees exactly the batches of
+``--nproc 1 --batch-size 32``, and DDP's gradient average equals the single-process mean.
+
+The rest: when the data set does not divide into whole global batches, the last global
+batch is smaller; it is split as evenly as possible (the first ranks get one sample more,
+a rank may get none) and the trainer weights each rank's loss by its share, so the step
+is still the mean over exactly those samples. No sample is dropped or repeated.
+
+Evaluation shards the eval set into contiguous, unpadded slices and sums counts across
+ranks, so every eval sample is counted exactly once (a DistributedSampler would pad by
+repeating samples).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Iterator, Sequence
+
+import torch
+from torch.utils.data import DataLoader, Dataset, TensorDataset, default_collate
+
+
+def global_order(n: int, epoch: int, seed: int, shuffle: bool = True) -> torch.Tensor:
+    """The epoch's sample order, identical on every rank and for every world size."""
+    if not shuffle:
+        return torch.arange(n)
+    g = torch.Generator()
+    g.manual_seed(seed * 1_000_003 + epoch)
+    return torch.randperm(n, generator=g)
+
+
+def split_even(count: int, parts: int, index: int) -> tuple[int, int]:
+    """[start, stop) of part `index` when `count` items are split into `parts` contiguous
+    parts whose sizes differ by at most one (the first parts get the extra items)."""
+    base, extra = divmod(count, parts)
+    start = index * base + min(index, extra)
+    return start, start + base + (1 if index < extra else 0)
+
+
+@dataclass(frozen=True)
+class Step:
+    """One step of one rank: its sample indices and the size of the whole global batch."""
+
+    indices: torch.Tensor
+    global_count: int
+
+
+class ShardedLoader:
+    """Batches of this rank's share of a data set, in the global order. Call set_epoch()
+    before each epoch (the order changes every epoch, identically on all ranks).
+
+    Iterating yields collated batches, as a DataLoader does. Data sets that are
+    TensorDatasets are batched by indexing their tensors (no per-item Python calls).
+    """
+
+    def __init__(
+        self,
+        dataset: Dataset,
+        batch_size: int,
+        rank: int = 0,
+        world_size: int = 1,
+        seed: int = 0,
+        shuffle: bool = True,
+        drop_last: bool = False,
+        num_workers: int = 0,
+    ) -> None:
+        if batch_size < 1:
+            raise ValueError("batch_size must be positive")
+        self.dataset = dataset
+        self.n = len(dataset)  # type: ignore[arg-type]
+        self.batch_size = batch_size
+        self.rank = rank
+        self.world_size = world_size
+        self.seed = seed
+        self.shuffle = shuffle
+        self.drop_last = drop_last
+        self.num_workers = num_workers
+        self.epoch = 0
+
+    @property
+    def global_batch_size(self) -> int:
+        return self.batch_size * self.world_size
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def __len__(self) -> int:
+        full, rest = divmod(self.n, self.global_batch_size)
+        return full + (1 if rest and not self.drop_last else 0)
+
+    def steps(self) -> list[Step]:
+        """This rank's index slices for the current epoch."""
+        order = global_order(self.n, self.epoch, self.seed, self.shuffle)
+        out = []
+        for s in range(len(self)):
+            batch = order[s * self.global_batch_size : (s + 1) * self.global_batch_size]
+            lo, hi = split_even(len(batch), self.world_size, self.rank)
+            out.append(Step(batch[lo:hi], len(batch)))
+        return out
+
+    def iter_steps(self, skip: int = 0) -> Iterator[tuple[Any, int, int]]:
+        """Yields (batch, local_count, global_count) for each step of the epoch, after the
+        first `skip` steps (resuming mid-epoch)."""
+        steps = self.steps()[skip:]
+        for step, batch in zip(steps, fetch_batches(self.dataset, [s.indices for s in steps], self.num_workers)):
+            yield batch, len(step.indices), step.global_count
+
+    def __iter__(self) -> Iterator[Any]:
+        for batch, _, _ in self.iter_steps():
+            yield batch
+
+
+def fetch_batches(dataset: Dataset, index_lists: Sequence[torch.Tensor], num_workers: int = 0) -> Iterator[Any]:
+    """Collated batches for the given index lists: tensor indexing for TensorDatasets,
+    a DataLoader (optionally with worker processes) for anything else."""
+    if isinstance(dataset, TensorDataset):
+        for idx in index_lists:
+            yield tuple(t[idx] for t in dataset.tensors)
+        return
+    lists = [idx.tolist() for idx in index_lists]
+    if num_workers == 0:
+        for idx in lists:
+            yield _collate(dataset, [dataset[i] for i in idx])
+        return
+    # A DataLoader does not call collate for an empty index list, so keep empty shares here.
+    nonempty = [idx for idx in lists if idx]
+    loader = iter(DataLoader(dataset, batch_sampler=nonempty, num_workers=num_workers))
+    for idx in lists:
+        yield next(loader) if idx else _collate(dataset, [])
+
+
+def _collate(dataset: Dataset, items: list) -> Any:
+    if items:
+        return default_collate(items)
+    # A rank's empty share of a short last batch: a zero-length batch shaped like a sample.
+    return _empty_like(default_collate([dataset[0]]))
+
+
+def _empty_like(batch: Any) -> Any:
+    if isinstance(batch, torch.Tensor):
+        return batch[:0]
+    if isinstance(batch, (list, tuple)):
+        return type(batch)(_empty_like(b) for b in batch)
+    if isinstance(batch, dict):
+        return {k: _empty_like(v) for k, v in batch.items()}
+    return batch
+
+
+def shard_range(n: int, rank: int, world_size: int) -> range:
+    """This rank's contiguous, unpadded slice of n eval samples."""
+    lo, hi = split_even(n, world_size, rank)
+    return range(lo, hi)
+
+
+def eval_batches(dataset: Dataset, batch_size: int, rank: int, world_size: int, num_workers: int = 0,
+                 lockstep: bool = False) -> Iterator[Any]:
+    """This rank's eval samples, each exactly once over all ranks, in batches. With
+    `lockstep` every rank yields as many batches as the rank with the most, the missing ones
+    empty (zero-length): a sharded (FSDP) model needs every rank in every forward."""
+    n = len(dataset)  # type: ignore[arg-type]
+    part = shard_range(n, rank, world_size)
+    share = torch.arange(part.start, part.stop)
+    chunks = [share[i : i + batch_size] for i in range(0, len(share), batch_size)]
+    if lockstep:
+        most = _ceil_div(_ceil_div(n, world_size), batch_size)  # the first rank's count of batches
+        chunks += [share[:0]] * (most - len(chunks))
+    yield from fetch_batches(dataset, chunks, num_workers)
+
+
+def _ceil_div(a: int, b: int) -> int:
+    return -(-a // b)

@@ -1,0 +1,157 @@
+"""Where am I inside a SLURM job: ranks from SLURM's variables, master from the nodelist.
+
+One srun task is one ddpkit worker (rank = SLURM_PROCID). This module only reads
+variables (and may ask `scontrol show hostnames`); it starts nothing.
+"""
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+from typing import Mapping
+
+from ..errors import DdpkitError
+
+_GROUP = re.compile(r"\[([^\]]*)\]")
+
+
+def expand_nodelist(nodelist: str) -> list[str]:
+    """Expand a SLURM hostlist ("gpu[01-04,07],cpu-a1", "r[1-2]-n[1-2]") into host names,
+    in SLURM's order. Zero padding of a range is kept ("01-10" -> "01".."10")."""
+    hosts: list[str] = []
+    for item in _split_top_level(nodelist.strip()):
+        if item:
+            hosts.extend(_expand_one(item))
+    return hosts
+
+
+def _split_top_level(s: str) -> list[str]:
+    """Split on commas and whitespace that are not inside brackets."""
+    parts, depth, cur = [], 0, []
+    for ch in s:
+        if ch == "[":
+            depth += 1
+        elif ch == "]":
+            depth -= 1
+            if depth < 0:
+                raise DdpkitError(f"malformed SLURM nodelist {s!r}: unbalanced ']'")
+        if (ch == "," or ch.isspace()) and depth == 0:
+            parts.append("".join(cur))
+            cur = []
+        else:
+            cur.append(ch)
+    if depth != 0:
+        raise DdpkitError(f"malformed SLURM nodelist {s!r}: unbalanced '['")
+    parts.append("".join(cur))
+    return parts
+
+
+def _expand_one(item: str) -> list[str]:
+    m = _GROUP.search(item)
+    if not m:
+        return [item]
+    prefix, rest = item[: m.start()], item[m.end():]
+    tails = _expand_one(rest)  # later bracket groups vary fastest
+    out = []
+    for value in _expand_ranges(m.group(1), item):
+        out.extend(prefix + value + tail for tail in tails)
+    return out
+
+
+def _expand_ranges(spec: str, item: str) -> list[str]:
+    values = []
+    for part in spec.split(","):
+        part = part.strip()
+        if re.fullmatch(r"\d+", part):
+            values.append(part)
+            continue
+        m = re.fullmatch(r"(\d+)-(\d+)", part)
+        if not m:
+            raise DdpkitError(f"malformed SLURM nodelist entry {item!r}: cannot read range {part!r}")
+        lo, hi = m.groups()
+        if int(hi) < int(lo):
+            raise DdpkitError(f"malformed SLURM nodelist entry {item!r}: range {part!r} runs backwards")
+        width = len(lo) if lo.startswith("0") or len(lo) == len(hi) else 0
+        values.extend(str(i).zfill(width) for i in range(int(lo), int(hi) + 1))
+    return values
+
+
+def hostnames(nodelist: str) -> list[str]:
+    """`scontrol show hostnames` when it is there (SLURM's own parser), else ours."""
+    if shutil.which("scontrol"):
+        try:
+            out = subprocess.run(["scontrol", "show", "hostnames", nodelist], capture_output=True, text=True, timeout=10)
+            if out.returncode == 0 and out.stdout.split():
+                return out.stdout.split()
+        except (OSError, subprocess.TimeoutExpired):
+            pass
+    return expand_nodelist(nodelist)
+
+
+def expand_tasks_per_node(spec: str) -> list[int]:
+    """SLURM_TASKS_PER_NODE ("2(x3),1") -> [2, 2, 2, 1]."""
+    counts: list[int] = []
+    for part in spec.split(","):
+        m = re.fullmatch(r"\s*(\d+)(?:\(x(\d+)\))?\s*", part)
+        if not m:
+            raise DdpkitError(f"cannot read SLURM_TASKS_PER_NODE={spec!r}")
+        counts.extend([int(m.group(1))] * int(m.group(2) or 1))
+    return counts
+
+
+def port_for_job(job_id: str | int) -> int:
+    """A port derived from the job id: two jobs sharing a node don't collide."""
+    return 15000 + int(job_id) % 20000
+
+
+def slurm_fields(e: Mapping[str, str]) -> dict[str, int | str]:
+    """This srun task's place in the job (DistEnv's fields): one task is one worker."""
+    nodelist = e.get("SLURM_STEP_NODELIST") or e.get("SLURM_JOB_NODELIST") or e.get("SLURM_NODELIST")
+    if not nodelist:
+        raise DdpkitError("SLURM_JOB_NODELIST is not set: cannot find the master node")
+    hosts = hostnames(nodelist)
+    node_rank = int(e.get("SLURM_NODEID", "0"))
+    per_node = expand_tasks_per_node(e["SLURM_STEP_TASKS_PER_NODE"]) if "SLURM_STEP_TASKS_PER_NODE" in e else (
+        expand_tasks_per_node(e["SLURM_TASKS_PER_NODE"]) if "SLURM_TASKS_PER_NODE" in e else [int(e["SLURM_NTASKS"])])
+    local_world = per_node[node_rank] if node_rank < len(per_node) else per_node[0]
+    port = int(e["MASTER_PORT"]) if e.get("MASTER_PORT") else port_for_job(e.get("SLURM_JOB_ID", "0"))
+    return dict(
+        rank=int(e["SLURM_PROCID"]),
+        local_rank=int(e.get("SLURM_LOCALID", "0")),
+        node_rank=node_rank,
+        world_size=int(e["SLURM_NTASKS"]),
+        local_world_size=local_world,
+        master_addr=e.get("MASTER_ADDR") or hosts[0],
+        master_port=port,
+    )
+
+
+def in_srun_step(e: Mapping[str, str]) -> bool:
+    """True inside a task started by srun; False in the batch script itself."""
+    step = e.get("SLURM_STEP_ID", e.get("SLURM_STEPID"))
+    return step is not None and step not in ("4294967294", "batch", "extern")
+
+
+def check_started_by_srun(e: Mapping[str, str]) -> None:
+    """In the batch script itself (no srun), only the first node runs: refuse that."""
+    if not in_srun_step(e):
+        nodes = int(e.get("SLURM_JOB_NUM_NODES") or e.get("SLURM_NNODES") or "1")
+        if nodes > 1:
+            raise DdpkitError(
+                f"this SLURM job has {nodes} nodes but ddpkit runs in the batch script itself, i.e. on the first "
+                "node only: start it with `srun --kill-on-bad-exit=1 ddpkit train ...` (`ddpkit slurm` writes that script)"
+            )
+
+
+def check_gpus_per_node(local_world_size: int, device_type: str) -> None:
+    """One task per GPU: more tasks on a node than it has GPUs cannot work."""
+    if device_type != "cuda":
+        return
+    import torch
+
+    visible = torch.cuda.device_count()
+    if visible > 1 and local_world_size > visible:
+        raise DdpkitError(
+            f"this node runs {local_world_size} SLURM tasks but has {visible} GPUs: ask for "
+            f"--ntasks-per-node={visible} (one task per GPU), or more GPUs (--gpus-per-node)"
+        )

@@ -1,0 +1,53 @@
+"""Where am I under torch's elastic agent (torchrun, `ddpkit launch`, `ddpkit train`'s own workers).
+
+Reads variables only: nothing here touches torch.distributed.
+"""
+from __future__ import annotations
+
+from typing import Mapping
+
+from ..errors import DdpkitError
+
+TORCHRUN_VARS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+
+
+def torchrun_fields(e: Mapping[str, str]) -> dict[str, int | str]:
+    """This worker's place in the job (DistEnv's fields) from the variables torch's elastic agent sets."""
+    missing = [v for v in TORCHRUN_VARS if v not in e]
+    if missing:
+        raise DdpkitError(
+            f"incomplete launcher environment: {', '.join(missing)} not set "
+            "(start the script with `ddpkit launch` or `torchrun`, which set all of them)"
+        )
+    world = _int(e, "WORLD_SIZE")
+    local_world = _int(e, "LOCAL_WORLD_SIZE", default=world)
+    rank = _int(e, "RANK")
+    local_rank = _int(e, "LOCAL_RANK")
+    # GROUP_RANK is the node's index as the elastic agent assigned it (rendezvous order).
+    node_rank = _int(e, "GROUP_RANK", default=rank // max(1, local_world))
+    if not (0 <= rank < world and 0 <= local_rank < local_world):
+        raise DdpkitError(
+            f"inconsistent launcher environment: RANK={rank} LOCAL_RANK={local_rank} "
+            f"WORLD_SIZE={world} LOCAL_WORLD_SIZE={local_world}"
+        )
+    return dict(
+        rank=rank,
+        local_rank=local_rank,
+        node_rank=node_rank,
+        world_size=world,
+        local_world_size=local_world,
+        master_addr=e["MASTER_ADDR"],
+        master_port=_int(e, "MASTER_PORT"),
+    )
+
+
+def _int(e: Mapping[str, str], name: str, default: int | None = None) -> int:
+    raw = e.get(name)
+    if raw is None:
+        if default is None:
+            raise DdpkitError(f"{name} is not set")
+        return default
+    try:
+        return int(raw)
+    except ValueError:
+        raise DdpkitError(f"{name}={raw!r} is not an integer") from None

@@ -1,1 +1,0 @@
-"""Launchers: how many processes, where. Each starts workers; none trains."""

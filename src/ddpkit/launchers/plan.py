@@ -1,0 +1,121 @@
+"""From a RunConfig to a LaunchPlan: processes per node, rendezvous, addresses.
+
+Rules (torchrun's, without the guide's mistakes): world size = nnodes x nproc_per_node;
+global rank = node_rank x nproc_per_node + local_rank; on one node the rendezvous listens on
+loopback at a port the OS picks.
+"""
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from ..config import RunConfig
+from ..environments import network
+from ..errors import DdpkitError
+from ..runtime.devices import cuda_device_count
+from .elastic import LaunchPlan, start_method_for
+
+DEFAULT_MASTER_PORT = 29500
+
+
+def make_launch_plan(cfg: RunConfig, nproc: int, device_type: str, clean_parent: bool, threads: int) -> LaunchPlan:
+    lo, hi = cfg.node_range
+    common: dict[str, Any] = dict(
+        nproc_per_node=nproc,
+        nnodes=cfg.nnodes,
+        max_restarts=cfg.max_restarts,
+        start_method=start_method_for(cfg.start_method, device_type, clean_parent),
+        timeout=cfg.timeout,
+        threads_per_process=threads,
+        debug_collectives=cfg.debug_collectives,
+    )
+    if cfg.rdzv_id:
+        common["rdzv_id"] = cfg.rdzv_id
+    elif cfg.multi_node or cfg.rdzv_endpoint:
+        # every node must name the same job: derive it from the rendezvous address
+        where = cfg.rdzv_endpoint or f"{cfg.master_addr}:{cfg.master_port or DEFAULT_MASTER_PORT}"
+        common["rdzv_id"] = "ddpkit-" + "".join(ch if ch.isalnum() else "-" for ch in where)
+    if not cfg.multi_node and not cfg.rdzv_endpoint:
+        return LaunchPlan(**common, rdzv_backend="c10d", rdzv_endpoint="127.0.0.1:0", local_addr="127.0.0.1",
+                          rdzv_configs={"is_host": True})
+    if cfg.rdzv_endpoint:
+        host, _, port = cfg.rdzv_endpoint.rpartition(":")
+        target = network.resolve(host.strip("[]"))
+        local = cfg.local_addr or network.source_address_for(target)
+        rdzv: dict[str, Any] = {"is_host": network.is_local_address(target)}
+        if lo < hi:  # elastic: notice a lost node within ~6 s and go on without waiting long for more
+            rdzv.update(keep_alive_interval=2, keep_alive_max_attempt=3, last_call_timeout=5)
+        return LaunchPlan(**common, rdzv_backend="c10d", rdzv_endpoint=f"{target}:{port}", local_addr=local,
+                          rdzv_configs=rdzv, extra_env=_gloo_env(local))
+    target = network.resolve(cfg.master_addr or "127.0.0.1")
+    port = cfg.master_port or DEFAULT_MASTER_PORT
+    local = cfg.local_addr or network.source_address_for(target)
+    return LaunchPlan(**common, rdzv_backend="static", rdzv_endpoint=f"{target}:{port}", node_rank=cfg.node_rank,
+                      local_addr=local, extra_env=_gloo_env(local))
+
+
+def _gloo_env(local_addr: str) -> dict[str, str]:
+    """gloo binds to whatever the host name resolves to (often 127.0.0.1, unreachable from
+    other nodes). Point it at the interface that holds this node's address."""
+    if os.environ.get("GLOO_SOCKET_IFNAME"):
+        return {}
+    name = network.interface_of(local_addr)
+    return {"GLOO_SOCKET_IFNAME": name} if name and name != "lo" else {}
+
+
+def describe(plan: LaunchPlan, backend: str, device_type: str) -> str:
+    """The --dry-run report: what would start where; nothing is started."""
+    lo, hi = plan.min_nodes, plan.max_nodes
+    nodes = f"{lo}" if lo == hi else f"{lo}..{hi} (elastic)"
+    world = f"{lo * plan.nproc_per_node}" if lo == hi else f"{lo * plan.nproc_per_node}..{hi * plan.nproc_per_node}"
+    endpoint = plan.rdzv_endpoint if not plan.rdzv_endpoint.endswith(":0") else plan.rdzv_endpoint[:-2] + ":<free port>"
+    if plan.node_rank is not None:
+        this_node = f"node rank {plan.node_rank}"
+    else:
+        this_node = "node rank 0" if hi == 1 else "node rank assigned at rendezvous"
+    lines = [
+        "ddpkit: launch plan (dry run: nothing started)",
+        f"  nodes              {nodes}",
+        f"  processes per node {plan.nproc_per_node}",
+        f"  world size         {world}",
+        f"  rendezvous         {plan.rdzv_backend} at {endpoint}"
+        + (" (this node hosts it)" if plan.rdzv_configs.get("is_host") and plan.rdzv_backend == "c10d" else ""),
+        f"  master             {_master(plan)}",
+        f"  this node          {this_node}, address {plan.local_addr}",
+        f"  backend / device   {backend} / {device_type}",
+        f"  threads/process    {plan.threads_per_process}",
+        f"  start method       {plan.start_method}, max restarts {plan.max_restarts}",
+    ]
+    for k, v in plan.extra_env.items():
+        lines.append(f"  environment        {k}={v}")
+    lines.append("  local processes:")
+    for local_rank in range(plan.nproc_per_node):
+        if plan.node_rank is not None or hi == 1:
+            node = plan.node_rank or 0
+            rank = str(node * plan.nproc_per_node + local_rank)
+        else:
+            rank = f"node_rank x {plan.nproc_per_node} + {local_rank}"
+        device = f"cuda:{local_rank}" if device_type == "cuda" else "cpu"
+        lines.append(f"    local rank {local_rank} -> global rank {rank}, {device}")
+    return "\n".join(lines)
+
+
+def _master(plan: LaunchPlan) -> str:
+    if plan.rdzv_backend == "static":
+        host, _, port = plan.rdzv_endpoint.rpartition(":")
+        return f"{host}:{port} (node 0)"
+    if plan.max_nodes == 1:
+        return "127.0.0.1:<free port picked at start>"
+    return "global rank 0's node, free port, published through the rendezvous"
+
+
+def resolve_nproc(nproc: int | None, device_type: str) -> int:
+    """'auto': one process per visible GPU; on CPU, 2 processes (so DDP really runs)."""
+    if device_type == "cuda":
+        ngpu = cuda_device_count()
+        if nproc is None:
+            return ngpu
+        if nproc > ngpu:
+            raise DdpkitError(f"--nproc {nproc} but only {ngpu} GPU(s) are visible: use at most one process per GPU (--nproc {ngpu})")
+        return nproc
+    return 2 if nproc is None else nproc

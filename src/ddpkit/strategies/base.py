@@ -1,0 +1,102 @@
+"""The Strategy: everything that depends on how the model is parallelised, behind one face.
+
+The training loop calls these and never asks which strategy it has:
+  setup            wrap the model, build the optimizer over the parameters it will step
+  autocast         the forward's precision
+  no_sync          skip the gradient sync on a micro-batch that is not the step's last
+  clip_grad_norm   the global gradient norm (over every shard), clipped
+  eval_batches     this rank's evaluation batches, each sample counted once
+  eval_module      what evaluation calls
+  save_checkpoint  every rank's RNG states, then the strategy's kind of checkpoint
+  load_checkpoint  either kind of checkpoint into this run's model and optimizer
+  full_state_dict  the plain weights (model.pt), gathered when sharded
+"""
+from __future__ import annotations
+
+import contextlib
+from pathlib import Path
+from typing import Any, ContextManager, Iterator
+
+import torch
+from torch import nn
+
+from ..checkpoint import state as ckpt_state
+from ..data import eval_batches
+from ..runtime import Runtime
+from .precision import autocast, check_precision
+
+
+class Strategy:
+    """Base of DdpStrategy (ddp.py) and FsdpStrategy (fsdp.py)."""
+
+    name = "base"
+    eval_lockstep = False  # must every rank call forward as often as the others in evaluation?
+
+    def __init__(self, rt: Runtime, precision: str = "fp32", cfg: Any = None) -> None:
+        self.rt = rt
+        self.precision = precision
+        self.dtype = check_precision(precision, rt.device.type)
+        self.cfg = cfg
+
+    # -- building -------------------------------------------------------------------
+    def setup(self, task: Any, lr: float | None) -> tuple[nn.Module, torch.optim.Optimizer]:
+        """The model to call (wrapped) and the optimizer over the parameters it updates."""
+        raise NotImplementedError
+
+    # -- a training step ------------------------------------------------------------
+    def autocast(self) -> ContextManager[Any]:
+        return autocast(self.rt.device.type, self.dtype)
+
+    def no_sync(self, model: nn.Module, skip_sync: bool) -> ContextManager[Any]:
+        """While active, backward accumulates gradients locally (no communication); the
+        step's last micro-batch runs outside it and syncs them all at once."""
+        return contextlib.nullcontext()
+
+    def clip_grad_norm(self, model: nn.Module, max_norm: float) -> float:
+        """Clip the gradients to a total 2-norm of `max_norm`; returns the norm before
+        clipping, the same on every rank (after the sync every replica holds the same gradients)."""
+        params = [p for p in model.parameters() if p.grad is not None]
+        return float(torch.nn.utils.clip_grad_norm_(params, max_norm))
+
+    def grad_sync(self, model: nn.Module) -> str:
+        """How gradients travel, for the summary."""
+        return self.name
+
+    # -- evaluation -----------------------------------------------------------------
+    def eval_module(self, model: nn.Module) -> nn.Module:
+        return model
+
+    def eval_batches(self, dataset: Any, batch_size: int, num_workers: int = 0) -> Iterator[Any]:
+        """Contiguous unpadded slices: every sample counted once; with `eval_lockstep`,
+        empty batches pad the ranks that have fewer, so every rank runs as many forwards."""
+        return eval_batches(dataset, batch_size, self.rt.rank, self.rt.world_size, num_workers, lockstep=self.eval_lockstep)
+
+    # -- checkpoints ----------------------------------------------------------------
+    def save_checkpoint(self, run_dir: Path, model: nn.Module, optimizer: torch.optim.Optimizer,
+                        pos: ckpt_state.Position, config: dict[str, Any]) -> None:
+        """Collective: every rank contributes its RNG state; the strategy writes its kind."""
+        rng_states = self.rt.all_gather_object(ckpt_state.rng_state())
+        self._write_checkpoint(run_dir, model, optimizer, pos, rng_states, config)
+
+    def _write_checkpoint(self, run_dir: Path, model: nn.Module, optimizer: torch.optim.Optimizer,
+                          pos: ckpt_state.Position, rng_states: list[dict[str, Any]], config: dict[str, Any]) -> None:
+        raise NotImplementedError
+
+    def load_checkpoint(self, kind: str, ckpt: dict[str, Any], path: Path, model: nn.Module,
+                        optimizer: torch.optim.Optimizer) -> None:
+        """Restore a checkpoint of either kind: 'file' (held whole by every rank) or
+        'sharded' (a torch.distributed.checkpoint folder, read at any world size)."""
+        from ..checkpoint.sharded import load_dcp  # torch.distributed.checkpoint: ~0.5 s to import, only when needed
+
+        if kind == "file":
+            self._load_full(model, optimizer, ckpt)
+        else:
+            load_dcp(path, model, optimizer)
+
+    def _load_full(self, model: nn.Module, optimizer: torch.optim.Optimizer, ckpt: dict[str, Any]) -> None:
+        ckpt_state.unwrap(model).load_state_dict(ckpt["model"])
+        optimizer.load_state_dict(ckpt["optimizer"])
+
+    def full_state_dict(self, model: nn.Module) -> dict[str, torch.Tensor] | None:
+        """The plain consolidated weights on rank 0 (None elsewhere). Collective when sharded."""
+        return ckpt_state.plain_state_dict(model) if self.rt.is_main else None

@@ -1,0 +1,92 @@
+"""DDP: every rank holds the whole model and optimizer state; gradients are averaged once
+per optimizer step (in shared memory for CPU ranks of one machine, else by the backend).
+Rank 0 writes checkpoints as one file (checkpoint/file.py)."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, ContextManager
+
+import torch
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+from ..checkpoint import file as ckpt_file
+from ..checkpoint.state import Position, plain_state_dict, unwrap
+from ..errors import DdpkitError
+from ..runtime import Runtime
+from . import ddp_knobs
+from .base import Strategy
+from .grad_sync import install
+from .optimizers import make_optimizer
+
+
+def wrap_model(model: nn.Module, rt: Runtime, grad_sync: str = "auto", **ddp_options: Any) -> nn.Module:
+    """Move the model to this rank's device and wrap it in DDP when there are several ranks.
+    DDP broadcasts rank 0's parameters, so every replica starts identical.
+
+    grad_sync: 'auto' all-reduces gradients through shared memory when every rank is on
+    this machine's CPUs (runtime/shm.py; bit-identical to gloo with 2 ranks), else with
+    the backend; 'backend' always uses the backend; 'shm' insists on shared memory and
+    raises when it cannot apply. A comm hook registered later on the model takes over.
+    """
+    model = model.to(rt.device)
+    if not rt.env.distributed:
+        return model
+    options: dict[str, Any] = {"gradient_as_bucket_view": True}
+    options.update(ddp_options)
+    if rt.device.type == "cuda":
+        options.setdefault("device_ids", [rt.device.index])
+    ddp = DDP(model, **options)
+    mapping = install(ddp, grad_sync, rt.env.local_world_size, rt.backend, rt.device.type, say=rt.print, timeout=rt.timeout)
+    if mapping is not None:
+        rt.collectives.use_shared_memory(mapping)  # the loop's small all-reduces take the same path
+    ddp._ddpkit_grad_sync = "shm" if mapping is not None else rt.backend  # type: ignore[assignment]  (for summaries)
+    return ddp
+
+
+def grad_sync_used(model: nn.Module) -> str:
+    """How this model's gradients are all-reduced: 'shm', the backend's name, or 'none'
+    (one process, or a model ddpkit did not wrap in DDP)."""
+    model = getattr(model, "_orig_mod", model)
+    return getattr(model, "_ddpkit_grad_sync", "none")
+
+
+class DdpStrategy(Strategy):
+    """One process as is, or DDP, with DDP's knobs (ddp_knobs.py)."""
+
+    name = "ddp"
+
+    def setup(self, task: Any, lr: float | None) -> tuple[nn.Module, torch.optim.Optimizer]:
+        model = task.model.to(self.rt.device)  # before the optimizer, so its state lands on the device
+        optimizer = make_optimizer(task.optimizer, model, lr)
+        cfg = self.cfg
+        if cfg is None:
+            return wrap_model(model, self.rt), optimizer
+        optimizer = ddp_knobs.fuse_optimizer(optimizer, cfg.fused_optimizer, self.rt.device)
+        compressing = cfg.grad_compression != "none"  # compressed buckets go through the backend
+        grad_sync = "backend" if compressing else cfg.grad_sync
+        wrapped = wrap_model(model, self.rt, grad_sync, **ddp_knobs.ddp_options(cfg, self.rt.backend))
+        ddp_knobs.register_compression(wrapped, cfg.grad_compression)
+        return ddp_knobs.maybe_compile(wrapped, cfg.compile), optimizer
+
+    def no_sync(self, model: nn.Module, skip_sync: bool) -> ContextManager[Any]:
+        inner = getattr(model, "_orig_mod", model)
+        if skip_sync and isinstance(inner, DDP):
+            return inner.no_sync()
+        return super().no_sync(model, skip_sync)
+
+    def grad_sync(self, model: nn.Module) -> str:
+        return grad_sync_used(model)
+
+    def eval_module(self, model: nn.Module) -> nn.Module:
+        return unwrap(model)  # no DDP forward: ranks may run different numbers of eval batches
+
+    def _write_checkpoint(self, run_dir: Path, model: nn.Module, optimizer: torch.optim.Optimizer, pos: Position,
+                          rng_states: list[dict[str, Any]], config: dict[str, Any]) -> None:
+        if not self.rt.is_main:
+            return
+        if not all(torch.isfinite(p).all() for p in unwrap(model).parameters()):
+            raise DdpkitError(f"the weights hold NaN/inf at epoch {pos.epoch + 1}; no checkpoint written, the last one is intact")
+        state = ckpt_file.make_checkpoint(plain_state_dict(model), optimizer.state_dict(), pos.epoch, rng_states, config,
+                                          self.rt.world_size, step=pos.step, loss_sum=pos.loss_sum)
+        ckpt_file.save_or_explain(state, ckpt_file.checkpoint_path(run_dir, pos.epoch, pos.step))

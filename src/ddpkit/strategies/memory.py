@@ -1,0 +1,208 @@
+"""Memory: the plan before a run (which strategy fits) and the measurement after it.
+
+The guide's rule: if model, optimizer and batch fit on one device, use DDP (fastest); if
+not, FSDP, which shards parameters, gradients and optimizer state over the N ranks at the
+price of more communication. The plan counts, per rank:
+
+- DDP: every parameter, its gradient (DDP's buckets hold them: gradient_as_bucket_view)
+  and the optimizer state, whole; with bf16, autocast's bf16 copies of the weights.
+- FSDP: each parameter's dim-0 shard (ceil(rows / N) rows, as FSDP2 pads), the gradient
+  shard and the optimizer state of the shard; plus, transiently, the units in flight:
+  the root unit and two blocks (one running, one prefetched) all-gathered, and one
+  block's unsharded gradients before their reduce-scatter.
+
+The optimizer's state per parameter element is measured by stepping the task's optimizer
+once on a small probe tensor (Adam: 8 bytes, SGD with momentum: 4, plain SGD: 0).
+Activations and the batch are not counted: a strategy "fits" when the plan's total is at
+most FIT_FRACTION of the device's memory, leaving the rest for them.
+"""
+from __future__ import annotations
+
+import math
+import os
+import resource
+import sys
+from dataclasses import dataclass
+from typing import Any, Callable, Iterable
+
+import torch
+from torch import nn
+
+from ..config import format_bytes, parse_memory  # noqa: F401  (the size syntax of --device-memory)
+
+FIT_FRACTION = 0.8
+ASSUMED_OPTIMIZER_BYTES = 8.0  # Adam's two fp32 moments, when the optimizer cannot be probed
+
+
+def detect_device_memory(device_type: str, local_procs: int) -> tuple[int, str]:
+    """This rank's memory budget: the GPU's, or the machine's RAM shared by the local processes."""
+    if device_type == "cuda":
+        props = torch.cuda.get_device_properties(torch.cuda.current_device())
+        return int(props.total_memory), f"{props.name}"
+    total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    try:  # a container's limit, when it has one
+        limit = open("/sys/fs/cgroup/memory.max").read().strip()
+        if limit.isdigit():
+            total = min(total, int(limit))
+    except OSError:
+        pass
+    procs = max(1, local_procs)
+    return total // procs, f"CPU RAM {format_bytes(total)}" + (f" / {procs} processes" if procs > 1 else "")
+
+
+def optimizer_state_per_param(spec: Any) -> tuple[str, float, bool]:
+    """(name, bytes of optimizer state per parameter element, measured?) of the task's optimizer."""
+    name = type(spec).__name__ if isinstance(spec, torch.optim.Optimizer) else "optimizer"
+    probe = nn.Parameter(torch.zeros(64))
+    try:
+        opt = type(spec)([probe], **spec.defaults) if isinstance(spec, torch.optim.Optimizer) else spec([probe])
+        name = type(opt).__name__
+        probe.grad = torch.full_like(probe, 1e-3)
+        opt.step()
+        size = sum(t.numel() * t.element_size() for s in opt.state.values() for t in s.values()
+                   if torch.is_tensor(t) and t.numel() == probe.numel())
+        return name, size / probe.numel(), True
+    except Exception:
+        return name, ASSUMED_OPTIMIZER_BYTES, False
+
+
+@dataclass(frozen=True)
+class Footprint:
+    """Bytes one rank holds."""
+
+    params: int
+    grads: int
+    optimizer: int
+    transient: int  # all-gathered units (FSDP) or autocast's weight copies (DDP bf16)
+
+    @property
+    def state(self) -> int:
+        return self.params + self.grads + self.optimizer
+
+    @property
+    def total(self) -> int:
+        return self.state + self.transient
+
+
+@dataclass(frozen=True)
+class MemoryPlan:
+    n_params: int
+    world_size: int
+    precision: str
+    optimizer: str
+    optimizer_bytes_per_param: float
+    optimizer_measured: bool
+    units: int
+    largest_block: int
+    ddp: Footprint
+    fsdp: Footprint
+    device_memory: int
+    device: str
+
+    def fits(self, strategy: str) -> bool:
+        return getattr(self, strategy).total <= FIT_FRACTION * self.device_memory
+
+    def choose(self) -> str:
+        """'ddp' when it fits (the fastest), else 'fsdp' (if there are ranks to shard over)."""
+        if self.world_size < 2 or self.fits("ddp"):
+            return "ddp"
+        return "fsdp"
+
+    def reason(self) -> str:
+        need = lambda s: format_bytes(getattr(self, s).total)  # noqa: E731
+        budget = f"{format_bytes(FIT_FRACTION * self.device_memory)} ({FIT_FRACTION:.0%} of {format_bytes(self.device_memory)})"
+        if self.fits("ddp"):
+            return f"ddp: DDP needs {need('ddp')} per rank, within {budget}; it is the fastest"
+        if self.world_size < 2:
+            return (f"ddp, but DDP needs {need('ddp')}, more than {budget}: expect out-of-memory; "
+                    "run on several processes with --strategy fsdp")
+        if self.fits("fsdp"):
+            return f"fsdp: DDP needs {need('ddp')} per rank, more than {budget}; FSDP over {self.world_size} ranks needs {need('fsdp')}"
+        return (f"fsdp, but even FSDP over {self.world_size} ranks needs {need('fsdp')} per rank, more than {budget}: "
+                "expect out-of-memory; use more processes or a smaller batch")
+
+    def verdict(self, strategy: str) -> str:
+        """The last line of the plan: what `strategy` would do here."""
+        if strategy == "auto":
+            return self.reason()
+        if strategy == "fsdp" and self.world_size < 2:
+            return "FSDP needs 2 or more processes (--nproc 2+)"
+        need = format_bytes(getattr(self, strategy).total)
+        if self.fits(strategy):
+            return f"{strategy.upper()} needs {need} per rank: fits"
+        return f"{strategy.upper()} needs {need} per rank: does not fit; --strategy auto would pick {self.choose()}"
+
+    def format(self, title: str, strategy: str = "auto") -> str:
+        n = self.world_size
+        opt = f"{self.optimizer}, {self.optimizer_bytes_per_param:g} bytes of state per parameter" + (
+            "" if self.optimizer_measured else " (assumed: it could not be probed)")
+        rows = [("parameters", "params"), ("gradients", "grads"), ("optimizer state", "optimizer"), ("model state", "state")]
+        fsdp_head = f"FSDP x{n}" if n > 1 else "FSDP (needs 2+)"
+        lines = [
+            f"memory plan: {title}, {n} process{'es' if n != 1 else ''}, {self.precision}",
+            f"  model            {self.n_params:,} parameters, {self.units} FSDP units (largest block {self.largest_block:,})",
+            f"  optimizer        {opt}",
+            f"  per rank         {'DDP':>11}  {fsdp_head:>15}",
+        ]
+        for label, attr in rows:
+            d, f = getattr(self.ddp, attr), getattr(self.fsdp, attr)
+            ratio = f"   (FSDP/DDP {f / d:.2f})" if attr == "state" and d else ""
+            lines.append(f"  {label:<16} {format_bytes(d):>11}  {format_bytes(f):>15}{ratio}")
+        lines.append(f"  {'in flight':<16} {format_bytes(self.ddp.transient) if self.ddp.transient else '-':>11}  "
+                     f"{format_bytes(self.fsdp.transient):>15}   (FSDP: gathered units; DDP bf16: autocast's weight copies)")
+        lines.append(f"  {'total':<16} {format_bytes(self.ddp.total):>11}  {format_bytes(self.fsdp.total):>15}")
+        yes = lambda s: "yes" if self.fits(s) else "no"  # noqa: E731
+        lines.append(f"  device           {format_bytes(self.device_memory)} per rank ({self.device})")
+        lines.append(f"  fits in {FIT_FRACTION:.0%}      DDP {yes('ddp')}, FSDP {yes('fsdp')} "
+                     f"(the other {1 - FIT_FRACTION:.0%} is for activations and the batch)")
+        lines.append(f"  --strategy {strategy:<5} {self.verdict(strategy)}")
+        return "\n".join(lines)
+
+
+def make_plan(model: nn.Module, optimizer: Any, world_size: int, precision: str, device_memory: int, device: str,
+              blocks: Callable[[nn.Module], Iterable[nn.Module]] | None = None) -> MemoryPlan:
+    """Per-rank bytes of the model's state under DDP and FSDP at this world size. `blocks`
+    names FSDP's units (ddpkit.fsdp.default_blocks, or the task's hook); None: the root only."""
+    params = list(model.parameters())
+    n_params = sum(p.numel() for p in params)
+    full = sum(p.numel() * p.element_size() for p in params)
+    shard = sum(_shard_numel(p, world_size) * p.element_size() for p in params)
+    shard_numel = sum(_shard_numel(p, world_size) for p in params)
+    name, per_param, measured = optimizer_state_per_param(optimizer)
+    compute_bytes = 2 if precision == "bf16" else 4
+    block_sizes = [sum(p.numel() for p in b.parameters()) for b in (blocks(model) if blocks else [])]
+    largest = max(block_sizes, default=0)
+    root = n_params - sum(block_sizes)
+    in_flight = (root + min(2, len(block_sizes)) * largest) * compute_bytes + largest * 4
+    ddp = Footprint(full, full, int(n_params * per_param), n_params * 2 if precision == "bf16" else 0)
+    fsdp = Footprint(shard, shard, int(shard_numel * per_param), in_flight)
+    return MemoryPlan(n_params, world_size, precision, name, per_param, measured, len(block_sizes) + 1, largest,
+                      ddp, fsdp, device_memory, device)
+
+
+def _shard_numel(p: torch.Tensor, world_size: int) -> int:
+    """Elements of the largest dim-0 shard FSDP2 gives a rank (padded to equal rows)."""
+    if p.dim() == 0:
+        return 1
+    return math.ceil(p.shape[0] / world_size) * (p.numel() // p.shape[0] if p.shape[0] else 0)
+
+
+def local_state_bytes(model: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, int]:
+    """What this rank really holds of the model's state (its shards under FSDP). Gradients
+    have the parameters' shapes, so they count as much as the parameters."""
+    params = sum(_local(p).numel() * p.element_size() for p in model.parameters())
+    optim = sum(_local(t).numel() * t.element_size() for s in optimizer.state.values() for t in s.values()
+                if torch.is_tensor(t) and t.dim() > 0)
+    return {"params": params, "grads": params, "optimizer": optim, "total": 2 * params + optim}
+
+
+def _local(t: torch.Tensor) -> torch.Tensor:
+    return t.to_local() if hasattr(t, "to_local") else t
+
+
+def peak_memory_bytes(device: torch.device) -> tuple[int, str]:
+    """This process's peak: CUDA max allocated on a GPU, the resident set's peak on a CPU."""
+    if device.type == "cuda":
+        return int(torch.cuda.max_memory_allocated(device)), "cuda max allocated"
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return int(rss if sys.platform == "darwin" else rss * 1024), "peak resident set"

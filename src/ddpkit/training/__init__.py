@@ -1,0 +1,1 @@
+"""The loop (loop.py), one optimizer step (step.py), evaluation, resume, signals."""

@@ -1,0 +1,72 @@
+"""The CLI's flags are made from RunConfig's fields: every field a command takes has one flag
+with the field's default and choices, and what the flags parse to is a RunConfig."""
+import dataclasses
+
+import pytest
+
+from ddpkit import RunConfig, config
+from ddpkit.cli import build_parser
+from ddpkit.cli.flags import config_from, flag_names
+
+CLI_FIELDS = [f for f in dataclasses.fields(RunConfig) if f.metadata.get("cli", True)]
+
+
+def _train_actions():
+    sub = next(a for a in build_parser()._actions if a.dest == "command")
+    return {a.dest: a for a in sub.choices["train"]._actions}
+
+
+def test_every_config_field_is_a_train_flag_with_its_default_and_choices():
+    actions = _train_actions()
+    for f in CLI_FIELDS:
+        action = actions[f.name]
+        assert action.default == f.default, f.name
+        assert tuple(action.choices or ()) == tuple(f.metadata.get("choices") or ()), f.name
+        if not f.metadata.get("positional"):
+            assert list(action.option_strings) == list(flag_names(f.name)), f.name
+        assert f.metadata["help"] and f.metadata["help"] in action.help, f.name
+
+
+def test_defaults_parse_to_the_default_config():
+    ns = build_parser().parse_args(["train"])
+    assert config_from(ns) == RunConfig()
+
+
+def test_flags_reach_the_config():
+    ns = build_parser().parse_args(["train", "digits", "--nproc", "3", "--no-shuffle", "--epochs", "7", "--lr", "0.5",
+                                    "--grad-sync", "backend", "--device-memory", "2GiB", "--nproc-per-node", "4"])
+    cfg = config_from(ns)
+    assert (cfg.task, cfg.nproc, cfg.shuffle, cfg.epochs, cfg.lr, cfg.grad_sync) == ("digits", 4, False, 7, 0.5, "backend")
+    assert cfg.device_memory == 2 * 2**30
+
+
+def test_the_help_names_each_default_once():
+    help_text = {a.dest: a.help for a in _train_actions().values()}
+    assert help_text["epochs"].endswith("(default 100)")
+    assert help_text["timeout"].endswith(f"(default {config.DEFAULT_TIMEOUT_S:g})")
+    assert "default auto: one per GPU" in help_text["nproc"]
+    assert help_text["epochs"].count("default") == 1
+
+
+@pytest.mark.parametrize("argv, fragment", [
+    (["train", "--nproc", "0"], "must be a positive integer or 'auto', got '0'"),
+    (["train", "--grad-sync", "nope"], "invalid choice: 'nope'"),
+    (["train", "--epochs", "many"], "invalid int value: 'many'"),
+])
+def test_bad_flags_exit_2_with_the_reason(argv, fragment, capsys):
+    with pytest.raises(SystemExit) as e:
+        build_parser().parse_args(argv)
+    assert e.value.code == 2
+    assert fragment in capsys.readouterr().err
+
+
+def test_plan_takes_the_strategy_flags_with_auto_as_its_default():
+    ns = build_parser().parse_args(["plan", "examples/deep_mlp.py:large", "--nproc", "8"])
+    assert (ns.strategy, ns.nproc, ns.precision, ns.device_memory) == ("auto", 8, "fp32", None)
+
+
+def test_launch_takes_the_process_and_node_flags_only():
+    ns = build_parser().parse_args(["launch", "--nproc", "2", "--max-restarts", "1", "script.py", "--epochs", "3"])
+    cfg = config_from(ns)
+    assert (cfg.nproc, cfg.max_restarts) == (2, 1) and ns.args == ["--epochs", "3"]
+    assert not hasattr(ns, "epochs")  # the script's own flag, not ours

@@ -1,0 +1,37 @@
+"""From a RunConfig to a LaunchPlan (launchers/plan.py): the pieces that need no network."""
+import pytest
+
+from ddpkit import DdpkitError, RunConfig
+from ddpkit.launchers.plan import describe, make_launch_plan, resolve_nproc
+
+
+def test_one_node_rendezvous_on_loopback_at_a_port_the_os_picks():
+    plan = make_launch_plan(RunConfig(nproc=3, max_restarts=2, timeout=12), 3, "cpu", True, 1)
+    assert (plan.nproc_per_node, plan.rdzv_backend, plan.rdzv_endpoint, plan.local_addr) == (3, "c10d", "127.0.0.1:0", "127.0.0.1")
+    assert (plan.max_restarts, plan.timeout, plan.start_method) == (2, 12, "fork")
+    text = describe(plan, "gloo", "cpu")
+    assert "world size         3" in text and "127.0.0.1:<free port>" in text
+
+
+def test_gpu_runs_spawn_and_a_parent_that_touched_torch_never_forks():
+    assert make_launch_plan(RunConfig(), 2, "cuda", True, 1).start_method == "spawn"
+    assert make_launch_plan(RunConfig(), 2, "cpu", False, 1).start_method == "spawn"
+
+
+def test_nodes_of_one_job_derive_the_same_rendezvous_id():
+    a = make_launch_plan(RunConfig(nnodes="2", master_addr="127.0.0.1", node_rank=0), 2, "cpu", True, 1)
+    b = make_launch_plan(RunConfig(nnodes="2", master_addr="127.0.0.1", node_rank=1), 2, "cpu", True, 1)
+    assert a.rdzv_id == b.rdzv_id and a.rdzv_backend == "static" and (a.node_rank, b.node_rank) == (0, 1)
+
+
+def test_nproc_auto_is_two_cpu_processes():
+    assert resolve_nproc(None, "cpu") == 2 and resolve_nproc(5, "cpu") == 5
+
+
+def test_more_processes_than_gpus_is_refused(monkeypatch):
+    import ddpkit.launchers.plan as plan
+
+    monkeypatch.setattr(plan, "cuda_device_count", lambda: 2)
+    assert resolve_nproc(None, "cuda") == 2
+    with pytest.raises(DdpkitError, match="--nproc 3 but only 2 GPU"):
+        resolve_nproc(3, "cuda")

@@ -1,0 +1,84 @@
+"""runtime/: device, backend and thread choices, the store's listener, the Runtime of one
+process, and the one place that chooses how small all-reduces travel (Collectives)."""
+import os
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from ddpkit import DdpkitError, DistEnv
+from ddpkit.runtime import Collectives, Runtime, default_threads, resolve_backend, resolve_device_type
+from ddpkit.runtime.store import bound_listener
+
+
+def test_backend_follows_the_device_and_nccl_without_a_gpu_is_refused():
+    assert resolve_backend("auto", "cuda") == "nccl" and resolve_backend("auto", "cpu") == "gloo"
+    with pytest.raises(DdpkitError, match="--backend nccl needs a CUDA GPU"):
+        resolve_backend("nccl", "cpu")
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal on a machine without a GPU")
+def test_cuda_without_a_gpu_is_refused_and_auto_is_cpu():
+    assert resolve_device_type("auto") == "cpu"
+    with pytest.raises(DdpkitError, match="--device cuda was asked for but no CUDA GPU is visible"):
+        resolve_device_type("cuda")
+
+
+def test_threads_are_the_usable_cores_divided_among_local_processes():
+    cores = len(os.sched_getaffinity(0))
+    assert default_threads(1) == cores
+    assert default_threads(cores * 4) == 1  # never 0
+
+
+def test_the_store_listener_binds_one_address_and_names_a_port_in_use():
+    sock = bound_listener("127.0.0.1", 0)
+    try:
+        host, port = sock.getsockname()
+        assert host == "127.0.0.1"
+        with pytest.raises(DdpkitError, match=f"cannot listen on the master address 127.0.0.1:{port}"):
+            bound_listener("127.0.0.1", port).close()
+    finally:
+        sock.close()
+
+
+def test_one_process_has_no_group_and_its_collectives_are_the_identity():
+    with Runtime(DistEnv(), device="cpu", threads=1) as rt:
+        assert not dist.is_initialized() and not rt.distributed and rt.is_main
+        t = torch.tensor([1.5, 2.0])
+        assert torch.equal(rt.all_sum(t), t) and rt.all_sum(t) is not t
+        assert rt.all_gather_object({"a": 1}) == [{"a": 1}] and rt.broadcast_object(7) == 7
+
+
+class _Mapping:
+    """Stands in for the job's shared-memory mapping: records what it was asked to sum."""
+
+    def __init__(self, group):
+        self.group = group
+        self.calls = 0
+
+    def all_reduce_small(self, t, op="sum"):
+        self.calls += 1
+        t.mul_(10)  # a mark the backend would not leave
+        return True
+
+
+def _two_ranks(rank, init_file, out):
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=2)
+    try:
+        c = Collectives()
+        plain = c.all_sum(torch.tensor([rank + 1.0]))  # no mapping: the backend sums
+        c.use_shared_memory(_Mapping(dist.group.WORLD))
+        through = c.all_sum(torch.tensor([rank + 1.0]))  # the mapping serves it
+        c.use_shared_memory(_Mapping(object()))  # a mapping of another (gone) group: never used
+        after = c.all_sum(torch.tensor([rank + 1.0]))
+        out[rank] = (plain.item(), through.item(), after.item(), c.shm.calls)
+    finally:
+        dist.destroy_process_group()
+
+
+def test_small_all_reduces_take_the_jobs_mapping_only_while_it_belongs_to_the_group(tmp_path):
+    out = mp.Manager().dict()
+    mp.spawn(_two_ranks, args=(str(tmp_path / "init"), out), nprocs=2, join=True)
+    assert out[0] == (3.0, 10.0, 3.0, 0)  # 1 + 2 by gloo; rank 0's 1.0 marked by the mapping; gloo again
+    assert out[1] == (3.0, 20.0, 3.0, 0)

@@ -1,0 +1,68 @@
+import numpy as np
+import pytest
+import torch
+
+from ddpkit.strategies.ddp_knobs import fuse_optimizer
+from ddpkit.tasks import wine
+from ddpkit.training.step import micro_batches
+
+
+def test_wine_without_sklearn_is_bit_identical_to_sklearn():
+    pytest.importorskip("sklearn")
+    ours = wine._wine_arrays_without_sklearn()
+    assert ours is not None
+    for a, b in zip(ours, wine.wine_arrays_sklearn()):
+        assert a.shape == b.shape and np.array_equal(a, b)
+
+
+def test_micro_batches_cover_the_share_in_order():
+    x, y = torch.arange(10).view(5, 2), torch.arange(5)
+    parts = micro_batches((x, y), 5, 3)
+    assert [n for _, n in parts] == [2, 2, 1]
+    assert torch.equal(torch.cat([p[0][0] for p in parts]), x)
+    assert [n for _, n in micro_batches((x[:1], y[:1]), 1, 3)] == [1, 0, 0]
+
+
+def test_fuse_optimizer_keeps_groups_and_hyperparameters():
+    m = torch.nn.Linear(3, 2)
+    opt = torch.optim.Adam([{"params": [m.weight], "lr": 0.1}, {"params": [m.bias]}], lr=0.01, betas=(0.8, 0.9))
+    fused = fuse_optimizer(opt, "on", torch.device("cpu"))
+    assert fused is not opt and fused.defaults["fused"]
+    assert [g["lr"] for g in fused.param_groups] == [0.1, 0.01]
+    assert fused.param_groups[1]["betas"] == (0.8, 0.9)
+    assert fuse_optimizer(opt, "off", torch.device("cpu")) is opt
+    assert fuse_optimizer(opt, "auto", torch.device("cpu")) is opt  # auto: GPUs only
+
+
+def test_powersgd_on_gloo_uses_one_bucket():
+    # several buckets' PowerSGD all-reduces interleave differently per rank on gloo (a
+    # collective mismatch seen on the 9.5M MLP); one bucket keeps them ordered
+    from ddpkit.config import RunConfig
+    from ddpkit.strategies.ddp_knobs import ddp_options
+
+    assert ddp_options(RunConfig(grad_compression="powersgd"), "gloo")["bucket_cap_mb"] >= 1 << 20
+    assert "bucket_cap_mb" not in ddp_options(RunConfig(grad_compression="powersgd"), "nccl")
+    assert ddp_options(RunConfig(bucket_mb=5, static_graph=True), "gloo") == {"bucket_cap_mb": 5.0, "static_graph": True}
+
+
+def test_shared_memory_all_reduce_applies_only_to_cpu_ranks_of_one_machine():
+    from ddpkit.runtime.shm import why_not_shm
+
+    assert why_not_shm(2, 2, "gloo", "cpu") is None
+    assert why_not_shm(8, 8, "gloo", "cpu") is None
+    assert "one process" in why_not_shm(1, 1, "gloo", "cpu")
+    assert "several machines" in why_not_shm(4, 2, "gloo", "cpu")
+    assert "backend's own all-reduce" in why_not_shm(2, 2, "nccl", "cuda")
+
+
+@pytest.mark.parametrize("kw, fragment", [
+    (dict(grad_sync="shm", grad_compression="fp16"), "cannot carry --grad-compression fp16"),
+    (dict(grad_sync="tcp"), "--grad-sync must be one of"),
+    (dict(grad_sync="shm", strategy="fsdp", nproc=2), "--grad-sync shm: DDP options"),
+])
+def test_grad_sync_config_refusals(kw, fragment):
+    from ddpkit.config import RunConfig
+    from ddpkit.errors import DdpkitError
+
+    with pytest.raises(DdpkitError, match=fragment):
+        RunConfig(**kw)

@@ -1,0 +1,102 @@
+"""`ddpkit env`: the launcher it detects, the ranks it resolves, the traps it warns about."""
+import json
+import os
+import socket
+import stat
+import time
+
+import pytest
+
+from conftest import run_ddpkit
+from ddpkit.tools import doctor
+
+SLURM_2_NODES = {"SLURM_JOB_ID": "42", "SLURM_JOB_NUM_NODES": "2", "SLURM_JOB_NODELIST": "node[1-2]",
+                 "SLURM_NTASKS": "2", "SLURM_NTASKS_PER_NODE": "1", "SLURM_TASKS_PER_NODE": "1(x2)", "SLURM_PROCID": "0", "SLURM_LOCALID": "0",
+                 "SLURM_NODEID": "0"}
+
+
+@pytest.fixture
+def fake_scontrol(tmp_path, monkeypatch):
+    """`scontrol show hostnames` as on a cluster (names that resolve here, so no DNS is asked)."""
+    exe = tmp_path / "scontrol"
+    exe.write_text('#!/bin/sh\n[ "$1 $2 $3" = "show hostnames node[1-2]" ] && printf "localhost\\nnode2\\n"\n')
+    exe.chmod(exe.stat().st_mode | stat.S_IEXEC)
+    monkeypatch.setenv("PATH", f"{tmp_path}:{os.environ['PATH']}")
+
+
+def test_no_launcher_means_ddpkit_starts_the_workers():
+    r = doctor.collect({"PATH": os.environ["PATH"]})
+    assert r["launcher"]["name"] == "none"
+    assert r["launcher"]["resolved"]["world_size"] == 1
+    assert r["network"]["master_addr"] == "127.0.0.1"
+    assert r["plan"]["device"] == "cpu" and r["plan"]["backend"] == "gloo" and r["plan"]["processes_per_node"] == 2
+    assert r["plan"]["grad_sync"] == "shm" and r["plan"]["shm_free_mib"] > 0  # CPU ranks on one machine
+    assert "sum gradients in shared memory" in doctor.format_report(r)
+    assert r["versions"]["gloo"] is True and r["versions"]["torch"]
+    assert not any("srun" in w for w in r["warnings"])
+
+
+def test_a_torchrun_job_is_resolved_from_its_variables():
+    env = {"LOCAL_RANK": "1", "RANK": "3", "WORLD_SIZE": "4", "LOCAL_WORLD_SIZE": "2", "GROUP_RANK": "1",
+           "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500"}
+    r = doctor.collect(env)
+    assert r["launcher"]["name"] == "torchrun" and r["launcher"]["nnodes"] == 2
+    assert {k: r["launcher"]["resolved"][k] for k in ("rank", "local_rank", "node_rank", "world_size")} == \
+        {"rank": 3, "local_rank": 1, "node_rank": 1, "world_size": 4}
+    assert r["network"]["master_addr"] == "127.0.0.1" and r["network"]["master_port"] == "29500"
+    assert "rank 3 of 4" in r["plan"]["how"]
+    assert r["plan"]["grad_sync"] == "gloo" and "several machines" in r["plan"]["grad_sync_why"]
+    # a multi-node job whose master is loopback cannot work: said so
+    assert any("master address 127.0.0.1 on a multi-node job" in w for w in r["warnings"])
+
+
+def test_a_multi_node_slurm_allocation_without_srun_is_a_warning(fake_scontrol):
+    r = doctor.collect(dict(SLURM_2_NODES, PATH=os.environ["PATH"]))
+    s = r["launcher"]["slurm"]
+    assert r["launcher"]["name"] == "slurm" and s["nodes"] == 2 and not s["in_srun_step"]
+    assert s["hosts"] == ["localhost", "node2"]  # expanded by scontrol
+    assert r["network"]["master_addr"] == "localhost"  # the first node
+    assert any("first node only" in w and "srun --kill-on-bad-exit=1 ddpkit train" in w for w in r["warnings"])
+    text = doctor.format_report(r)
+    assert "slurm job   42: 2 node(s) localhost node2" in text and "not inside an srun step" in text
+    # inside `srun`, the same allocation is fine: this task is rank 0 of 2, its master the first node
+    r = doctor.collect(dict(SLURM_2_NODES, SLURM_STEP_ID="0", PATH=os.environ["PATH"]))
+    assert r["launcher"]["slurm"]["in_srun_step"] and not any("first node only" in w for w in r["warnings"])
+    assert r["launcher"]["resolved"]["world_size"] == 2 and r["launcher"]["resolved"]["launcher"] == "slurm"
+    assert r["plan"]["how"].startswith("this process is rank 0 of 2 in a job started by slurm")
+
+
+def test_without_scontrol_ddpkit_expands_the_node_list_itself_and_shows_what_it_cannot_read(monkeypatch, tmp_path):
+    monkeypatch.setenv("PATH", str(tmp_path))  # no scontrol
+    r = doctor.collect(dict(SLURM_2_NODES, SLURM_STEP_ID="batch", SLURM_JOB_NODELIST="127.0.0.[1-2]"))
+    assert r["launcher"]["slurm"]["hosts"] == ["127.0.0.1", "127.0.0.2"] and not r["launcher"]["slurm"]["in_srun_step"]
+    r = doctor.collect(dict(SLURM_2_NODES, SLURM_JOB_NUM_NODES="1", SLURM_JOB_NODELIST="node[1-"))
+    assert r["launcher"]["slurm"]["hosts"] == [] and "node[1-" in doctor.format_report(r)
+
+
+def test_gpus_hidden_by_cuda_visible_devices_and_thread_oversubscription(monkeypatch):
+    monkeypatch.setattr(doctor.glob, "glob", lambda pattern: ["/dev/nvidia0", "/dev/nvidia1"])
+    r = doctor.collect({"CUDA_VISIBLE_DEVICES": "", "OMP_NUM_THREADS": "8"})
+    cores = r["devices"]["cpu_cores_usable"]
+    assert any("CUDA_VISIBLE_DEVICES='' hides 2 of this machine's 2 GPUs" in w for w in r["warnings"])
+    assert any(f"OMP_NUM_THREADS=8 x 2 processes > {cores} usable cores" in w for w in r["warnings"])
+    r = doctor.collect({})
+    assert any("torch is a CPU build" in w for w in r["warnings"])
+
+
+def test_ddpkit_env_inside_a_job_reports_its_rank_without_meeting_the_other_ranks():
+    """Rank 1 of 2 with no rank 0 anywhere: anything that started a process group would hang."""
+    with socket.socket() as s:  # a port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {"RANK": "1", "LOCAL_RANK": "1", "WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2",
+           "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
+    t0 = time.monotonic()
+    proc = run_ddpkit("env", "--json", env=env, timeout=60)
+    assert time.monotonic() - t0 < 30
+    r = json.loads(proc.stdout)
+    assert r["launcher"]["resolved"]["rank"] == 1 and r["launcher"]["resolved"]["world_size"] == 2
+    text = run_ddpkit("env", timeout=60).stdout
+    for section in ("versions", "devices", "launcher", "network", "ddpkit train would", "warnings"):
+        assert f"\n{section}" in f"\n{text}"
+    assert "torch       2." in text and "gloo        available" in text
