@@ -604,7 +604,7 @@ step_bench() {
 }
 
 # ---------------------------------------------------------------- run
-say "gpu_check ($MODE) $(date '+%F %T') on $(hostname): repo $REPO"
+say "gpu_check ($MODE) $(date '+%F %T') on $(uname -n 2>/dev/null || echo '?'): repo $REPO"
 say "  python $PYTHON ($("$PYTHON" -c 'import sys; print(sys.version.split()[0])')), torch $TORCH_VERSION, CUDA build $TORCH_CUDA, GPUs visible $NGPU"
 say "  output $OUTDIR, work $WORK, budget ${BUDGET_S} s"
 note "  git: $(git -C "$REPO" rev-parse --short HEAD 2>/dev/null || echo 'no git') $(git -C "$REPO" status --short 2>/dev/null | wc -l) changed files"
