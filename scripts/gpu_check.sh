@@ -38,10 +38,13 @@
 # env.json, summaries.json, bench.json, gpu.md. Run directories go to a temporary folder.
 # Exit 0: every step passed; 1: some step failed; 2: cannot run (no GPU without --cpu, no torch).
 #
-# Determinism (step 7): CUBLAS_WORKSPACE_CONFIG=:4096:8 is exported for every training run (torch
-# asks for it for reproducible cuBLAS results; with one stream it is the default behaviour
-# anyway). ddpkit has no switch for torch.backends.cudnn.deterministic, so step 7b reports
-# whether the CNN is reproducible at all (control run) before judging resume.
+# Determinism (step 7): CUBLAS_WORKSPACE_CONFIG=:4096:8 is exported for every training run
+# unless already set: the value torch's reproducibility notes named for deterministic cuBLAS
+# (torch 2.11 no longer insists on it, pytorch#161749; cuBLAS is run-to-run reproducible on
+# one stream anyway, and Wine's Linear layers and Adam use nothing else). ddpkit has no switch
+# for torch.backends.cudnn.deterministic / torch.use_deterministic_algorithms, so step 7b
+# first resumes the digits CNN and, if the result differs, runs it twice uninterrupted to tell
+# a resume bug from cuDNN's own run-to-run differences.
 set -uo pipefail
 
 usage() { sed -n '2,9p' "$0" | sed 's/^# \{0,1\}//'; }
