@@ -25,7 +25,7 @@ from ..reporting.metrics import MetricsLog
 from ..reporting.progress import Progress, choose_mode
 from ..runtime import Runtime
 from ..strategies import Strategy, make_strategy
-from ..strategies.memory import local_state_bytes, peak_memory_bytes
+from ..strategies.memory import local_state_bytes, peak_memory_bytes, reset_peak_memory
 from ..task import Task
 from .evaluate import evaluate
 from .resume import resume
@@ -37,6 +37,7 @@ from .step import StepRunner
 def fit(cfg: RunConfig, task: Task, rt: Runtime, run_dir: Path, stop: StopRequest | None = None) -> dict[str, Any]:
     """Train `task` as `cfg` says; returns the run's summary (the same on every rank).
     With `stop`, a signal makes every rank save a checkpoint at the same step boundary and return."""
+    reset_peak_memory(rt.device)
     strategy = make_strategy(cfg, rt, task)  # DDP or FSDP, the precision, DDP's knobs
     model, optimizer = strategy.setup(task, cfg.lr)
     loader = ShardedLoader(task.train_set, cfg.batch_size * cfg.accumulate, rt.rank, rt.world_size, cfg.seed, cfg.shuffle,
