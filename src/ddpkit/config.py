@@ -134,6 +134,10 @@ class RunConfig:
     save_every: int = setting(50, "write a full checkpoint every N epochs, and at the end; 0 = final model only", group=FAULTS)
     save_every_steps: int | None = setting(None, "also write a checkpoint every N optimizer steps, inside epochs", group=FAULTS,
                                            type=int)
+    save_every_minutes: float | None = setting(None, "also write a checkpoint when this many minutes have passed since the last "
+                                               "(rank 0's clock, agreed at the next step)", group=FAULTS, type=float)
+    keep_last: int | None = setting(None, "keep only the K newest complete checkpoints (older ones are deleted after a newer one "
+                                    "is complete)", group=FAULTS, type=int, metavar="K")
     run_dir: str | None = setting(None, "where model.pt, metrics.jsonl and checkpoints/ go", group=OUTPUT, type=str,
                                   default_help="runs/TASK-TIME")
     resume: bool = setting(False, "continue from the newest valid checkpoint in --run-dir", group=FAULTS)
@@ -193,6 +197,10 @@ class RunConfig:
                             ("--save-every-steps", self.save_every_steps)):
             if value is not None:
                 _positive(flag, value)
+        if self.keep_last is not None:
+            _positive("--keep-last", self.keep_last)
+        if self.save_every_minutes is not None and not (isinstance(self.save_every_minutes, (int, float)) and self.save_every_minutes > 0):
+            raise DdpkitError(f"--save-every-minutes must be a positive number of minutes, got {self.save_every_minutes!r}")
         if not isinstance(self.warmup_steps, int) or self.warmup_steps < 0:
             raise DdpkitError(f"--warmup-steps must be 0 or a positive number of optimizer steps, got {self.warmup_steps!r}")
         _choice("--lr-schedule", self.lr_schedule, LR_SCHEDULES)

@@ -140,6 +140,7 @@ def make_checkpoint(
     loss_sum: float = 0.0,
     count_sum: float = 0.0,
     extra: dict[str, Any] | None = None,
+    global_step: int = 0,
 ) -> dict[str, Any]:
     return {
         "format": FORMAT,
@@ -148,6 +149,7 @@ def make_checkpoint(
         "step": step,  # steps done in epoch `epoch + 1` (0: at the epoch boundary)
         "loss_sum": loss_sum,  # global training-loss sum of those steps
         "count_sum": count_sum,  # and their global count (samples, or a step hook's tokens)
+        "global_step": global_step,  # optimizer steps done in the run
         "extra": extra or {},  # the LR scheduler's and gradient scaler's state
         "model": model_state,
         "optimizer": optimizer_state,

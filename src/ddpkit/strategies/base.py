@@ -21,6 +21,7 @@ import torch
 from torch import nn
 
 from ..checkpoint import state as ckpt_state
+from ..checkpoint.retention import prune
 from ..data import eval_batches
 from ..runtime import Runtime
 from .precision import autocast, check_precision
@@ -87,6 +88,13 @@ class Strategy:
         `extra`: plain state to keep beside them (the LR scheduler's, the gradient scaler's)."""
         rng_states = self.rt.all_gather_object(ckpt_state.rng_state())
         self._write_checkpoint(run_dir, model, optimizer, pos, rng_states, config, extra or {})
+        self.prune(run_dir)
+
+    def prune(self, run_dir: Path) -> None:
+        """--keep-last: rank 0 deletes what a complete newer checkpoint makes old."""
+        keep = getattr(self.cfg, "keep_last", None)
+        if keep and self.rt.is_main:
+            prune(run_dir, keep)
 
     def _write_checkpoint(self, run_dir: Path, model: nn.Module, optimizer: torch.optim.Optimizer, pos: ckpt_state.Position,
                           rng_states: list[dict[str, Any]], config: dict[str, Any], extra: dict[str, Any]) -> None:

@@ -89,5 +89,5 @@ class DdpStrategy(Strategy):
             raise DdpkitError(f"the weights hold NaN/inf at epoch {pos.epoch + 1}; no checkpoint written, the last one is intact")
         state = ckpt_file.make_checkpoint(plain_state_dict(model), optimizer.state_dict(), pos.epoch, rng_states, config,
                                           self.rt.world_size, step=pos.step, loss_sum=pos.loss_sum, count_sum=pos.count_sum,
-                                          extra=extra)
+                                          extra=extra, global_step=pos.global_step)
         ckpt_file.save_or_explain(state, ckpt_file.checkpoint_path(run_dir, pos.epoch, pos.step))

@@ -1,0 +1,99 @@
+"""Streaming data through the real CLI: every sample trained on by exactly one rank (and
+worker) once per pass, uneven ends that stop every rank at the same step, exact resume,
+--keep-last after a crash mid-save, and clear errors for bad streams."""
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import REPO, assert_state_equal, load_model, run_ddpkit
+
+SCRIPTS = REPO / "tests" / "distributed" / "scripts"
+TASK = str(SCRIPTS / "stream_task.py") + ":build"
+sys.path.insert(0, str(SCRIPTS))
+from stream_task import write_shards  # noqa: E402
+
+QUIET = ["--quiet", "--save-every", "0", "--seed", "1", "--batch-size", "4"]
+
+
+def seen_ids(run):
+    return [int(i) for p in sorted(Path(run).glob("ids-rank*.txt")) for line in p.read_text().split("\n") for i in line.split()]
+
+
+@pytest.mark.parametrize("nproc, workers", [(1, 0), (1, 2), (2, 0), (2, 2), (3, 0), (3, 2)])
+def test_every_sample_is_trained_on_once_per_pass(tmp_path, nproc, workers):
+    # 6 shards of 10: every rank and worker gets whole shards, as many batches as the others
+    shards = write_shards(tmp_path / "shards", 6, 10)
+    run = tmp_path / "run"
+    run_ddpkit("train", TASK, "--task-arg", f"shards_dir={Path(shards[0]).parent}", "--nproc", str(nproc),
+               "--num-workers", str(workers), "--epochs", "2", "--run-dir", str(run), *QUIET)
+    ids = seen_ids(run)
+    assert sorted(ids) == sorted(list(range(60)) * 2), (len(ids), sorted(set(range(60)) - set(ids)))
+    assert (run / "model.pt").is_file()
+
+
+def test_a_plain_iterable_dataset_is_dealt_out_round_robin(tmp_path):
+    run = tmp_path / "run"
+    run_ddpkit("train", TASK, "--task-arg", "plain=48", "--nproc", "2", "--num-workers", "2", "--epochs", "1",
+               "--run-dir", str(run), *QUIET)
+    assert sorted(seen_ids(run)) == list(range(48))
+
+
+def test_ranks_that_run_out_at_different_steps_all_stop_at_the_same_step(tmp_path):
+    # 7 shards of 10 on 2 ranks: rank 0 reads 4 (40 samples), rank 1 reads 3 (30)
+    shards = write_shards(tmp_path / "shards", 7, 10)
+    run = tmp_path / "run"
+    proc = run_ddpkit("train", TASK, "--task-arg", f"shards_dir={Path(shards[0]).parent}", "--nproc", "2",
+                      "--epochs", "2", "--run-dir", str(run), *QUIET, timeout=120)
+    assert proc.returncode == 0
+    steps = {p.name: [[int(i) for i in line.split()] for line in p.read_text().splitlines()] for p in run.glob("ids-rank*.txt")}
+    # rank 1's 30 samples make 8 batches (7 x 4 + 2); at step 9 it has none, so the pass ends on
+    # both ranks after 8 steps, and the 8 samples rank 0 still had are dropped
+    assert sorted(len(lines) for lines in steps.values()) == [16, 16]  # 8 steps per pass, 2 passes
+    for p in (0, 1):
+        trained = [i for lines in steps.values() for line in lines[8 * p: 8 * p + 8] for i in line]
+        assert len(trained) == 62 and len(set(trained)) == 62, (p, len(trained))
+    assert (run / "model.pt").is_file()
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_stream_resumed_mid_pass_ends_bit_identical(tmp_path, workers):
+    shards = write_shards(tmp_path / "shards", 6, [9, 11, 10, 7, 13, 10])
+    args = [TASK, "--task-arg", f"shards_dir={Path(shards[0]).parent}", "--nproc", "2", "--num-workers", str(workers),
+            "--quiet", "--seed", "1", "--batch-size", "4", "--save-every", "0"]
+    run_ddpkit("train", *args, "--epochs", "2", "--run-dir", str(tmp_path / "full"))
+    part = tmp_path / "part"
+    run_ddpkit("train", *args, "--max-steps", "5", "--save-every-steps", "5", "--run-dir", str(part))
+    assert [p.name for p in (part / "checkpoints").iterdir()] == ["epoch-000000-step-000005.pt"]
+    run_ddpkit("train", *args, "--epochs", "2", "--resume", "--run-dir", str(part))
+    assert_state_equal(load_model(part), load_model(tmp_path / "full"))
+    assert sorted(seen_ids(part)) == sorted(seen_ids(tmp_path / "full"))  # nothing trained twice or skipped
+
+
+def test_keep_last_holds_exactly_k_complete_checkpoints_after_a_crash_mid_save(tmp_path):
+    run = tmp_path / "run"
+    crash = str(SCRIPTS / "fault_tasks.py") + ":crash_in_save"
+    args = ["--nproc", "2", "--epochs", "8", "--save-every", "1", "--keep-last", "2", "--quiet", "--run-dir", str(run)]
+    proc = run_ddpkit("train", crash, *args, check=False, env={"DDPKIT_TEST_CRASH_AT_SAVE": "5"})
+    assert proc.returncode != 0
+    ckpts = run / "checkpoints"
+    complete = sorted(p.name for p in ckpts.glob("epoch-*.pt"))
+    assert complete == ["epoch-000003.pt", "epoch-000004.pt"], sorted(p.name for p in ckpts.iterdir())
+    assert list(ckpts.glob(".epoch-000005.pt.*.tmp")), "the crash should have left its temporary behind"
+    run_ddpkit("train", crash, *args, "--resume")
+    assert sorted(p.name for p in ckpts.glob("epoch-*.pt")) == ["epoch-000007.pt", "epoch-000008.pt"]
+
+
+@pytest.mark.parametrize("task_args, fragment", [
+    (["--task-arg", "shards_dir=/nonexistent/empty"], "the shard list is empty"),
+    (["bad=missing"], "cannot read shard"),
+    (["bad=strings"], "hold no tensor"),
+])
+def test_bad_streams_get_one_clear_line(tmp_path, task_args, fragment):
+    shards = write_shards(tmp_path / "shards", 2, 5)
+    extra = task_args if task_args[0] == "--task-arg" else ["--task-arg", f"shards_dir={Path(shards[0]).parent}",
+                                                            "--task-arg", task_args[0]]
+    proc = run_ddpkit("train", TASK, *extra, "--nproc", "2", "--epochs", "1", "--run-dir", str(tmp_path / "r"),
+                      "--quiet", check=False, timeout=120)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert fragment in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
