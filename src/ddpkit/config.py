@@ -136,6 +136,8 @@ class RunConfig:
                                            type=int)
     save_every_minutes: float | None = setting(None, "also write a checkpoint when this many minutes have passed since the last "
                                                "(rank 0's clock, agreed at the next step)", group=FAULTS, type=float)
+    async_save: bool = setting(False, "write checkpoints in a background thread while training goes on (the state is copied to "
+                               "the CPU first; the next save waits for the last); DDP's one-file checkpoints", group=FAULTS)
     keep_last: int | None = setting(None, "keep only the K newest complete checkpoints (older ones are deleted after a newer one "
                                     "is complete)", group=FAULTS, type=int, metavar="K")
     run_dir: str | None = setting(None, "where model.pt, metrics.jsonl and checkpoints/ go", group=OUTPUT, type=str,
@@ -250,6 +252,9 @@ class RunConfig:
             raise DdpkitError(FSDP_NEEDS_TWO)
         if self.strategy == "fsdp":
             check_no_ddp_only_flags(self)
+        if self.async_save and self.strategy != "ddp":
+            raise DdpkitError("--async-save writes DDP's one-file checkpoints in the background; FSDP's sharded checkpoints are "
+                              "written by every rank together: drop --async-save with --strategy fsdp/auto")
         if self.precision == "fp16" and self.strategy == "fsdp":
             raise DdpkitError("--precision fp16 needs a gradient scaler, which ddpkit offers under DDP only; "
                               "use --precision bf16 with --strategy fsdp")

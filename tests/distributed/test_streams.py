@@ -1,10 +1,12 @@
 """Streaming data through the real CLI: every sample trained on by exactly one rank (and
 worker) once per pass, uneven ends that stop every rank at the same step, exact resume,
 --keep-last after a crash mid-save, and clear errors for bad streams."""
+import shutil
 import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from conftest import REPO, assert_state_equal, load_model, run_ddpkit
 
@@ -97,3 +99,32 @@ def test_bad_streams_get_one_clear_line(tmp_path, task_args, fragment):
                       "--quiet", check=False, timeout=120)
     assert proc.returncode == 2, proc.stdout + proc.stderr
     assert fragment in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
+
+
+def _tensors_equal(a, b):
+    if isinstance(a, torch.Tensor):
+        return isinstance(b, torch.Tensor) and torch.equal(a, b)
+    if isinstance(a, dict):
+        return a.keys() == b.keys() and all(_tensors_equal(a[k], b[k]) for k in a)
+    if isinstance(a, (list, tuple)):
+        return len(a) == len(b) and all(_tensors_equal(x, y) for x, y in zip(a, b))
+    return a == b
+
+
+def test_async_save_writes_the_blocking_saves_checkpoints_and_resumes_from_them(tmp_path):
+    args = ["--nproc", "2", "--epochs", "6", "--save-every", "2", "--quiet", "--seed", "4"]
+    run_ddpkit("train", *args, "--run-dir", str(tmp_path / "sync"))
+    run_ddpkit("train", *args, "--async-save", "--keep-last", "2", "--run-dir", str(tmp_path / "async"))
+    names = sorted(p.name for p in (tmp_path / "async" / "checkpoints").iterdir())
+    assert names == ["epoch-000004.pt", "epoch-000006.pt"]  # complete at exit, the oldest pruned
+    for name in names:
+        a = torch.load(tmp_path / "async" / "checkpoints" / name, weights_only=True)
+        b = torch.load(tmp_path / "sync" / "checkpoints" / name, weights_only=True)
+        for key in ("model", "optimizer", "epoch", "rng", "extra"):
+            assert _tensors_equal(a[key], b[key]), (name, key)
+    split = tmp_path / "split"
+    shutil.copytree(tmp_path / "async", split)
+    (split / "model.pt").unlink()
+    (split / "checkpoints" / "epoch-000006.pt").unlink()
+    run_ddpkit("train", *args, "--async-save", "--resume", "--run-dir", str(split))
+    assert_state_equal(load_model(split), load_model(tmp_path / "sync"))

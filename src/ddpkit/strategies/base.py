@@ -20,6 +20,7 @@ from typing import Any, ContextManager, Iterator
 import torch
 from torch import nn
 
+from ..checkpoint import file as ckpt_file
 from ..checkpoint import state as ckpt_state
 from ..checkpoint.retention import prune
 from ..data import eval_batches
@@ -38,6 +39,7 @@ class Strategy:
         self.precision = precision
         self.dtype = check_precision(precision, rt.device.type)
         self.cfg = cfg
+        self.writer = ckpt_file.BackgroundWriter() if getattr(cfg, "async_save", False) else None
 
     # -- building -------------------------------------------------------------------
     def setup(self, task: Any, lr: float | None) -> tuple[nn.Module, torch.optim.Optimizer]:
@@ -88,7 +90,25 @@ class Strategy:
         `extra`: plain state to keep beside them (the LR scheduler's, the gradient scaler's)."""
         rng_states = self.rt.all_gather_object(ckpt_state.rng_state())
         self._write_checkpoint(run_dir, model, optimizer, pos, rng_states, config, extra or {})
-        self.prune(run_dir)
+        if self.writer is None:
+            self.prune(run_dir)  # (a background write prunes once its file is complete)
+
+    @contextlib.contextmanager
+    def saving(self) -> Iterator[None]:
+        """Leave only once the last background checkpoint is written; on an error, wait for it
+        too (its own error, if any, is not the one to report then)."""
+        try:
+            yield
+        except BaseException:
+            with contextlib.suppress(Exception):
+                self.wait_for_saves()
+            raise
+        self.wait_for_saves()
+
+    def wait_for_saves(self) -> None:
+        """--async-save: block until the last checkpoint is on disk (raises its error, if any)."""
+        if self.writer is not None:
+            self.writer.wait()
 
     def prune(self, run_dir: Path) -> None:
         """--keep-last: rank 0 deletes what a complete newer checkpoint makes old."""

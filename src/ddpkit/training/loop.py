@@ -70,46 +70,47 @@ def fit(cfg: RunConfig, task: Task, rt: Runtime, run_dir: Path, stop: StopReques
                         cfg.num_workers, task.step) if task.eval_set is not None else {}
 
     run = RunTotals(resumed_from=pos.epoch)
-    for epoch in range(pos.epoch, plan.epochs):
-        loader.set_epoch(epoch)
-        model.train()
-        epoch_run = EpochRun(rt, progress, loader, epoch, pos if epoch == pos.epoch else Position(epoch))
-        for step, (batch, n_local, n_global) in enumerate(loader.iter_steps(skip=plan.skip(epoch_run.first_step)),
-                                                          start=epoch_run.first_step):
-            if plan.last(at):
-                break  # resumed at --max-steps: nothing left to train
-            result = steps.run(batch, n_local, n_global, where=f"epoch {epoch + 1}, step {step + 1}")
-            at += 1
-            epoch_run.add(result, n_local, n_global)
-            inside = plan.inside(step + 1) and not plan.last(at)
-            if inside and plan.eval_due(at):
-                report({"epoch": epoch + 1, "step": at, **evaluation(), "lr": optimizer.param_groups[0]["lr"]}, log, None, task, rt)
-            if inside and (result.stop or result.save or plan.save_due(at)):  # a signal, --save-every-steps/-minutes
-                save(epoch_run.position(step + 1, at))
-            if result.stop and inside:
-                run.stop(epoch_run.elapsed(), stop)
+    with strategy.saving():  # --async-save: every checkpoint is on disk when this block is left
+        for epoch in range(pos.epoch, plan.epochs):
+            loader.set_epoch(epoch)
+            model.train()
+            epoch_run = EpochRun(rt, progress, loader, epoch, pos if epoch == pos.epoch else Position(epoch))
+            for step, (batch, n_local, n_global) in enumerate(loader.iter_steps(skip=plan.skip(epoch_run.first_step)),
+                                                              start=epoch_run.first_step):
+                if plan.last(at):
+                    break  # resumed at --max-steps: nothing left to train
+                result = steps.run(batch, n_local, n_global, where=f"epoch {epoch + 1}, step {step + 1}")
+                at += 1
+                epoch_run.add(result, n_local, n_global)
+                inside = plan.inside(step + 1) and not plan.last(at)
+                if inside and plan.eval_due(at):
+                    report({"epoch": epoch + 1, "step": at, **evaluation(), "lr": optimizer.param_groups[0]["lr"]}, log, None, task, rt)
+                if inside and (result.stop or result.save or plan.save_due(at)):  # a signal, --save-every-steps/-minutes
+                    save(epoch_run.position(step + 1, at))
+                if result.stop and inside:
+                    run.stop(epoch_run.elapsed(), stop)
+                    break
+                if plan.last(at):
+                    break  # --max-steps reached
+            else:
+                epoch_run.complete = True  # the pass ran to its end
+            if run.stopped_early:
                 break
-            if plan.last(at):
-                break  # --max-steps reached
-        else:
-            epoch_run.complete = True  # the pass ran to its end
-        if run.stopped_early:
-            break
-        done = epoch + 1 == plan.epochs or plan.last(at)
-        record = epoch_run.finish(at)
-        run.add_epoch(record, epoch_run)
-        if (epoch + 1) % cfg.eval_every == 0 or done or plan.eval_due(at):
-            record.update(evaluation())
-        record.update(epoch_run.rates(), lr=optimizer.param_groups[0]["lr"], **steps.figures())
-        report(record, log, progress, task, rt)
-        stopping = not done and steps.stop_requested()
-        if stopping or plan.save_due(at) or (cfg.save_every and ((epoch + 1) % cfg.save_every == 0 or done)):
-            save(epoch_run.position(None, at))
-        if stopping:
-            run.stop(0.0, stop)
-            break
-        if done:
-            break
+            done = epoch + 1 == plan.epochs or plan.last(at)
+            record = epoch_run.finish(at)
+            run.add_epoch(record, epoch_run)
+            if (epoch + 1) % cfg.eval_every == 0 or done or plan.eval_due(at):
+                record.update(evaluation())
+            record.update(epoch_run.rates(), lr=optimizer.param_groups[0]["lr"], **steps.figures())
+            report(record, log, progress, task, rt)
+            stopping = not done and steps.stop_requested()
+            if stopping or plan.save_due(at) or (cfg.save_every and ((epoch + 1) % cfg.save_every == 0 or done)):
+                save(epoch_run.position(None, at))
+            if stopping:
+                run.stop(0.0, stop)
+                break
+            if done:
+                break
     progress.close()
     log.close()
     if not run.stopped_early:
