@@ -140,6 +140,10 @@ class RunConfig:
                                "the CPU first; the next save waits for the last); DDP's one-file checkpoints", group=FAULTS)
     keep_last: int | None = setting(None, "keep only the K newest complete checkpoints (older ones are deleted after a newer one "
                                     "is complete)", group=FAULTS, type=int, metavar="K")
+    keep_best: int | None = setting(None, "also keep the B checkpoints with the best --best-metric (taken where an evaluation ran)",
+                                    group=FAULTS, type=int, metavar="B")
+    best_metric: str = setting("eval_loss", "the metrics.jsonl value that ranks checkpoints for --keep-best; NAME:max for one "
+                               "where higher is better (eval_accuracy:max)", group=FAULTS)
     run_dir: str | None = setting(None, "where model.pt, metrics.jsonl and checkpoints/ go", group=OUTPUT, type=str,
                                   default_help="runs/TASK-TIME")
     resume: bool = setting(False, "continue from the newest valid checkpoint in --run-dir", group=FAULTS)
@@ -201,6 +205,11 @@ class RunConfig:
                 _positive(flag, value)
         if self.keep_last is not None:
             _positive("--keep-last", self.keep_last)
+        if self.keep_best is not None:
+            _positive("--keep-best", self.keep_best)
+        if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*(:(min|max))?", self.best_metric or ""):
+            raise DdpkitError(f"--best-metric must be a metrics.jsonl name, optionally :min or :max (eval_accuracy:max), "
+                              f"got {self.best_metric!r}")
         if self.save_every_minutes is not None and not (isinstance(self.save_every_minutes, (int, float)) and self.save_every_minutes > 0):
             raise DdpkitError(f"--save-every-minutes must be a positive number of minutes, got {self.save_every_minutes!r}")
         if not isinstance(self.warmup_steps, int) or self.warmup_steps < 0:

@@ -1,6 +1,7 @@
 """Streaming data through the real CLI: every sample trained on by exactly one rank (and
 worker) once per pass, uneven ends that stop every rank at the same step, exact resume,
 --keep-last after a crash mid-save, and clear errors for bad streams."""
+import json
 import shutil
 import sys
 from pathlib import Path
@@ -128,3 +129,15 @@ def test_async_save_writes_the_blocking_saves_checkpoints_and_resumes_from_them(
     (split / "checkpoints" / "epoch-000006.pt").unlink()
     run_ddpkit("train", *args, "--async-save", "--resume", "--run-dir", str(split))
     assert_state_equal(load_model(split), load_model(tmp_path / "sync"))
+
+
+def test_keep_best_keeps_the_best_checkpoints_by_the_metric_and_the_newest(tmp_path):
+    run = tmp_path / "run"
+    run_ddpkit("train", "--nproc", "2", "--epochs", "8", "--save-every", "1", "--keep-best", "2", "--keep-last", "1",
+               "--best-metric", "eval_loss", "--quiet", "--seed", "2", "--lr", "0.05", "--run-dir", str(run))
+    losses = {r["epoch"]: r["eval_loss"] for r in (json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines())}
+    best = sorted(losses, key=losses.get)[:2]
+    expected = sorted({f"epoch-{e:06d}.pt" for e in best} | {"epoch-000008.pt"})
+    assert sorted(p.name for p in (run / "checkpoints").glob("epoch-*.pt")) == expected, losses
+    recorded = json.loads((run / "checkpoints" / "metrics.json").read_text())
+    assert recorded["epoch-000003"] == pytest.approx(losses[3])

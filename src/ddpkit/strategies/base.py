@@ -22,7 +22,7 @@ from torch import nn
 
 from ..checkpoint import file as ckpt_file
 from ..checkpoint import state as ckpt_state
-from ..checkpoint.retention import prune
+from ..checkpoint.retention import prune, record_metric
 from ..data import eval_batches
 from ..runtime import Runtime
 from .precision import autocast, check_precision
@@ -85,13 +85,16 @@ class Strategy:
 
     # -- checkpoints ----------------------------------------------------------------
     def save_checkpoint(self, run_dir: Path, model: nn.Module, optimizer: torch.optim.Optimizer,
-                        pos: ckpt_state.Position, config: dict[str, Any], extra: dict[str, Any] | None = None) -> None:
+                        pos: ckpt_state.Position, config: dict[str, Any], extra: dict[str, Any] | None = None,
+                        metric: float | None = None) -> None:
         """Collective: every rank contributes its RNG state; the strategy writes its kind.
-        `extra`: plain state to keep beside them (the LR scheduler's, the gradient scaler's)."""
+        `extra`: plain state to keep beside them (the LR scheduler's, the gradient scaler's);
+        `metric`: the --best-metric value at this checkpoint, for --keep-best."""
         rng_states = self.rt.all_gather_object(ckpt_state.rng_state())
+        self._metric = (ckpt_file.checkpoint_path(run_dir, pos.epoch, pos.step).stem, metric) if metric is not None else None
         self._write_checkpoint(run_dir, model, optimizer, pos, rng_states, config, extra or {})
         if self.writer is None:
-            self.prune(run_dir)  # (a background write prunes once its file is complete)
+            self.prune(run_dir, self._metric)  # (a background write prunes once its file is complete)
 
     @contextlib.contextmanager
     def saving(self) -> Iterator[None]:
@@ -110,11 +113,14 @@ class Strategy:
         if self.writer is not None:
             self.writer.wait()
 
-    def prune(self, run_dir: Path) -> None:
-        """--keep-last: rank 0 deletes what a complete newer checkpoint makes old."""
-        keep = getattr(self.cfg, "keep_last", None)
-        if keep and self.rt.is_main:
-            prune(run_dir, keep)
+    def prune(self, run_dir: Path, metric: tuple[str, float] | None = None) -> None:
+        """--keep-last/--keep-best: rank 0 records the new checkpoint's metric, then deletes what
+        a complete newer checkpoint makes old."""
+        keep, best = getattr(self.cfg, "keep_last", None), getattr(self.cfg, "keep_best", None)
+        if best and self.rt.is_main and metric is not None:
+            record_metric(run_dir, *metric)
+        if (keep or best) and self.rt.is_main:
+            prune(run_dir, keep, best, maximize=str(getattr(self.cfg, "best_metric", "")).endswith(":max"))
 
     def _write_checkpoint(self, run_dir: Path, model: nn.Module, optimizer: torch.optim.Optimizer, pos: ckpt_state.Position,
                           rng_states: list[dict[str, Any]], config: dict[str, Any], extra: dict[str, Any]) -> None:

@@ -98,8 +98,10 @@ class DdpStrategy(Strategy):
             ckpt_file.save_or_explain(state, path)
             return
 
+        metric = self._metric  # this checkpoint's, not the next one's
+
         def write() -> None:
             ckpt_file.save_or_explain(state, path)
-            self.prune(run_dir)
+            self.prune(run_dir, metric)
 
         self.writer.submit(write)

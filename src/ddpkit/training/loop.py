@@ -58,11 +58,12 @@ def fit(cfg: RunConfig, task: Task, rt: Runtime, run_dir: Path, stop: StopReques
                      keep_until_step=at)
     progress = Progress(choose_mode(cfg.progress, cfg.quiet, rt.is_main, sys.stdout), plan.passes, pos.epoch, loader.n)
 
-    def save(where: Position) -> None:
+    def save(where: Position, record: dict[str, Any] | None = None) -> None:
         extra = steps.state()
         if isinstance(loader, StreamLoader):  # every rank's position in its shards
             extra["stream"] = rt.all_gather_object(loader.state())
-        strategy.save_checkpoint(run_dir, model, optimizer, where, cfg.as_dict(), extra)
+        metric = (record or {}).get(cfg.best_metric.split(":")[0])
+        strategy.save_checkpoint(run_dir, model, optimizer, where, cfg.as_dict(), extra, metric)
         steps.saved()
 
     def evaluation() -> dict[str, Any]:
@@ -105,7 +106,7 @@ def fit(cfg: RunConfig, task: Task, rt: Runtime, run_dir: Path, stop: StopReques
             report(record, log, progress, task, rt)
             stopping = not done and steps.stop_requested()
             if stopping or plan.save_due(at) or (cfg.save_every and ((epoch + 1) % cfg.save_every == 0 or done)):
-                save(epoch_run.position(None, at))
+                save(epoch_run.position(None, at), record)
             if stopping:
                 run.stop(0.0, stop)
                 break
