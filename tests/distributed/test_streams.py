@@ -1,6 +1,7 @@
 """Streaming data through the real CLI: every sample trained on by exactly one rank (and
 worker) once per pass, uneven ends that stop every rank at the same step, exact resume,
 --keep-last after a crash mid-save, and clear errors for bad streams."""
+import importlib.util
 import json
 import shutil
 import sys
@@ -141,3 +142,17 @@ def test_keep_best_keeps_the_best_checkpoints_by_the_metric_and_the_newest(tmp_p
     assert sorted(p.name for p in (run / "checkpoints").glob("epoch-*.pt")) == expected, losses
     recorded = json.loads((run / "checkpoints" / "metrics.json").read_text())
     assert recorded["epoch-000003"] == pytest.approx(losses[3])
+
+
+@pytest.mark.skipif(importlib.util.find_spec("datasets") is None, reason="needs the datasets extra (pip install 'ddpkit[datasets]')")
+@pytest.mark.parametrize("hf_shards", [6, 2])
+def test_a_hugging_face_streaming_set_is_read_by_its_shards_and_resumes(tmp_path, hf_shards):
+    # 6 shards: each of the 2 ranks x 2 workers reads its own; 2 shards: fewer than readers, round-robin
+    args = [TASK, "--task-arg", "hf=48", "--task-arg", f"hf_shards={hf_shards}", "--nproc", "2", "--num-workers", "2",
+            "--quiet", "--seed", "1", "--batch-size", "4", "--save-every", "0"]
+    run_ddpkit("train", *args, "--epochs", "2", "--run-dir", str(tmp_path / "full"))
+    assert sorted(seen_ids(tmp_path / "full")) == sorted(list(range(48)) * 2)
+    part = tmp_path / "part"
+    run_ddpkit("train", *args, "--max-steps", "3", "--save-every-steps", "3", "--run-dir", str(part))
+    run_ddpkit("train", *args, "--epochs", "2", "--resume", "--run-dir", str(part))
+    assert_state_equal(load_model(part), load_model(tmp_path / "full"))

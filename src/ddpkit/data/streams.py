@@ -9,6 +9,8 @@ Two forms, and how each is shared so that every sample is trained on by exactly 
     goes to rank k % world and, on that rank, to worker (k // world) % workers. Every shard
     is read by one reader only. A shard's position (how many samples were taken from it,
     whether it is done) is the stream's state.
+  * A Hugging Face `datasets` streaming set (the optional extra) with at least as many
+    shards as readers: its own shards, read as above (`ds.shard(n, k)`).
   * Any torch IterableDataset: every reader iterates it and keeps the items whose index
     i satisfies i % readers == reader (readers = world x workers): each item is trained on
     once, but every reader reads the whole stream (give shards to read less). The state is
@@ -113,6 +115,39 @@ def is_stream(dataset: Any) -> bool:
     return isinstance(dataset, IterableDataset)
 
 
+class HfShard:
+    """Shard k of a Hugging Face `datasets` IterableDataset (a picklable reader)."""
+
+    def __init__(self, dataset: Any, count: int) -> None:
+        self.dataset, self.count = dataset, count
+
+    def __call__(self, k: int) -> Iterator[Any]:
+        return hf_rows(self.dataset.shard(num_shards=self.count, index=k))
+
+
+def _is_hf(dataset: Any) -> bool:
+    return type(dataset).__module__.startswith("datasets.") and callable(getattr(dataset, "iter", None))
+
+
+def hf_rows(dataset: Any) -> Iterator[Any]:
+    """A `datasets` IterableDataset's rows, read whole: iterating it directly inside a
+    DataLoader worker would make datasets split it once more among the workers."""
+    for rows in dataset.iter(batch_size=256):
+        for i in range(len(next(iter(rows.values())))):
+            yield {key: column[i] for key, column in rows.items()}
+
+
+def as_stream(dataset: Any, readers: int) -> Any:
+    """A Hugging Face streaming set with at least as many shards as readers becomes a
+    ShardedStream of its own shards (each read by one reader, positions resumable); with
+    fewer, it stays a plain stream, dealt out round-robin (as datasets' split_dataset_by_node
+    does then)."""
+    count = getattr(dataset, "num_shards", None) or getattr(dataset, "n_shards", None)
+    if _is_hf(dataset) and callable(getattr(dataset, "shard", None)) and count and count >= readers:
+        return ShardedStream(list(range(count)), read=HfShard(dataset, count))
+    return dataset
+
+
 @dataclass(frozen=True)
 class Reader:
     """One reader of a pass: rank `rank`'s worker `worker`, of `world` ranks x `workers`."""
@@ -210,7 +245,7 @@ class StreamBatches(IterableDataset):
         # the earliest any reader had reached (then up to readers x batch items may repeat)
         behind = {int(k): v for k, v in self.state.get("items", {}).items()}
         start = behind.get(reader.index, 0) if same_deal else min(behind.values(), default=0)
-        for i, item in enumerate(self.dataset):
+        for i, item in enumerate(hf_rows(self.dataset) if _is_hf(self.dataset) else self.dataset):
             if i < start or i % reader.count != reader.index:
                 continue
             yield item, {"items": {reader.index: i + 1}}
@@ -238,6 +273,7 @@ class StreamLoader:
             raise ValueError("batch_size must be positive")
         self.agree = agree  # an in-place sum over all ranks (the runtime's collectives)
         self.device = torch.device(device)
+        dataset = as_stream(dataset, world_size * max(1, num_workers))
         self.dataset, self.batch_size, self.rank, self.world_size = dataset, batch_size, rank, world_size
         self.seed, self.shuffle, self.num_workers = seed, shuffle, num_workers
         self.epoch = 0

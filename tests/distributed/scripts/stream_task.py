@@ -68,8 +68,20 @@ def _log(config):
     return Path(config.run_dir) / f"ids-rank{rank}.txt" if config is not None and config.run_dir else None
 
 
-def build(config=None, shards_dir: str = "", plain: int = 0, bad: str = ""):
-    if plain:
+def hf_stream(n: int, shards: int):
+    """A Hugging Face `datasets` streaming set of n samples in `shards` shards, made in memory."""
+    import datasets
+
+    g = torch.Generator().manual_seed(9)
+    x = torch.randn(n, 4, generator=g)
+    table = {"x": x.tolist(), "y": (x.sum(1) > 0).long().tolist(), "id": list(range(n))}
+    return datasets.Dataset.from_dict(table).to_iterable_dataset(num_shards=shards).with_format("torch")
+
+
+def build(config=None, shards_dir: str = "", plain: int = 0, bad: str = "", hf: int = 0, hf_shards: int = 6):
+    if hf:
+        train = hf_stream(hf, hf_shards)
+    elif plain:
         train = Counting(plain)
     else:
         paths = sorted(str(p) for p in Path(shards_dir).glob("*.jsonl")) if shards_dir else []
