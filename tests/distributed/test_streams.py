@@ -156,3 +156,31 @@ def test_a_hugging_face_streaming_set_is_read_by_its_shards_and_resumes(tmp_path
     run_ddpkit("train", *args, "--max-steps", "3", "--save-every-steps", "3", "--run-dir", str(part))
     run_ddpkit("train", *args, "--epochs", "2", "--resume", "--run-dir", str(part))
     assert_state_equal(load_model(part), load_model(tmp_path / "full"))
+
+
+def test_a_stream_resumed_at_another_world_size_repeats_no_sample(tmp_path):
+    shards = write_shards(tmp_path / "shards", 6, 10)
+    args = [TASK, "--task-arg", f"shards_dir={Path(shards[0]).parent}", "--quiet", "--seed", "1", "--batch-size", "4",
+            "--save-every", "0"]
+    run = tmp_path / "run"
+    run_ddpkit("train", *args, "--nproc", "2", "--max-steps", "3", "--save-every-steps", "3", "--run-dir", str(run))
+    first = seen_ids(run)
+    assert len(first) == 24  # 3 steps x 2 ranks x 4
+    for p in run.glob("ids-rank*.txt"):
+        p.rename(p.with_suffix(".before"))
+    run_ddpkit("train", *args, "--nproc", "3", "--epochs", "1", "--resume", "--run-dir", str(run))
+    rest = seen_ids(run)
+    # the partly read shards continue at their positions on their new readers: nothing twice;
+    # the pass still ends when the first of the 3 ranks runs out (what the others held is dropped)
+    assert not set(first) & set(rest) and len(rest) == len(set(rest)), sorted(set(first) & set(rest))
+    assert len(first) + len(rest) >= 48
+
+
+def test_save_every_minutes_checkpoints_inside_passes(tmp_path):
+    run = tmp_path / "run"
+    run_ddpkit("train", "--nproc", "2", "--epochs", "3", "--batch-size", "8", "--save-every", "0",
+               "--save-every-minutes", "1e-9", "--keep-last", "3", "--quiet", "--run-dir", str(run))
+    names = sorted(p.name for p in (run / "checkpoints").glob("epoch-*.pt"))
+    # due at every step boundary inside a pass (9 steps of 16); the 3 newest complete ones stay
+    assert names == ["epoch-000002-step-000006.pt", "epoch-000002-step-000007.pt", "epoch-000002-step-000008.pt"], names
+    assert all(torch.load(run / "checkpoints" / n, weights_only=True)["step"] == int(n[-9:-3]) for n in names)

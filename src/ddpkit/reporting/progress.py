@@ -144,7 +144,7 @@ class Progress:
         line = epoch_line(record, self.epochs)
         if record.get("samples_per_s"):
             line += f"  samples/s {record['samples_per_s']:,.0f}"
-        if record["epoch"] < self.epochs and self.samples_per_epoch is not None:
+        if self.epochs and record["epoch"] < self.epochs and self.samples_per_epoch is not None:
             line += f"  eta {format_eta(self._eta(1.0, 0.0))}"
         if self.mode == "lines":
             print(line, file=self.stream, flush=True)
