@@ -1,5 +1,11 @@
 """A real 2-node SLURM cluster (Debian's slurm-wlm, started by the fixture) runs the script
-`ddpkit slurm` writes. Results must equal a single-node run with the same world size."""
+`ddpkit slurm` writes. Results must equal a single-node run with the same world size.
+
+Bit for bit only where the arithmetic is the same: every run here pins `--threads 1`
+(by default a SLURM task gets its node's cores, a local process cores / processes, and
+matrix kernels may round differently at another thread count on some CPUs), and a local
+reference for a 2-node job sums gradients through gloo (`--grad-sync backend`), as the
+job does between its nodes."""
 import json
 import subprocess
 import sys
@@ -16,9 +22,12 @@ def _slurm_env(slurm):
     return {**slurm.env, "PYTHONPATH": str(REPO / "src")}
 
 
+SAME_ARITHMETIC = ["--threads", "1"]  # in the job and in its local reference
+
+
 def test_generated_script_trains_on_two_nodes_like_one_node(slurm, tmp_path):
-    train = ["wine", "--epochs", "6", "--batch-size", "16", "--seed", "4", "--save-every", "3"]
-    run_ddpkit("train", "--nproc", "2", "--quiet", "--run-dir", str(tmp_path / "ref"), *train[1:])
+    train = ["wine", "--epochs", "6", "--batch-size", "16", "--seed", "4", "--save-every", "3", *SAME_ARITHMETIC]
+    run_ddpkit("train", "--nproc", "2", "--quiet", "--run-dir", str(tmp_path / "ref"), "--grad-sync", "backend", *train[1:])
     run_dir = tmp_path / "job"
     proc = run_ddpkit("slurm", "--nodes", "2", "--job-name", "two-nodes", "--submit", "--wait", "--wait-timeout", "150",
                       "--", *train, "--run-dir", str(run_dir), cwd=tmp_path, env=_slurm_env(slurm), timeout=200, check=False)
@@ -36,7 +45,7 @@ def test_generated_script_trains_on_two_nodes_like_one_node(slurm, tmp_path):
 def test_two_tasks_on_one_node_sum_gradients_in_shared_memory(slurm, tmp_path):
     # srun starts both tasks on one node: ddpkit sees one machine and uses /dev/shm, and the
     # model equals a local 2-process run bit for bit
-    train = ["wine", "--epochs", "4", "--batch-size", "16", "--seed", "5", "--save-every", "0"]
+    train = ["wine", "--epochs", "4", "--batch-size", "16", "--seed", "5", "--save-every", "0", *SAME_ARITHMETIC]
     run_ddpkit("train", "--nproc", "2", "--quiet", "--run-dir", str(tmp_path / "ref"), "--grad-sync", "backend", *train[1:])
     run_dir = tmp_path / "job"
     proc = run_ddpkit("slurm", "--nodes", "1", "--ntasks-per-node", "2", "--cpus-per-task", "1", "--job-name", "one-node",
@@ -61,8 +70,12 @@ def test_a_batch_script_without_srun_on_two_nodes_is_refused(slurm, tmp_path):
 
 
 def test_warning_signal_checkpoints_requeues_and_the_job_resumes_to_the_same_model(slurm, tmp_path):
-    train = ["--epochs", "120", "--batch-size", "16", "--seed", "9", "--save-every", "0", "--eval-every", "40"]
-    run_ddpkit("train", "--nproc", "2", "--quiet", "--run-dir", str(tmp_path / "ref"), *train, timeout=300)
+    # The reference does the job's arithmetic (gloo, 1 thread per rank), so any difference
+    # would come from the stop, the requeue or the resume (data order, optimizer state, path)
+    train = ["--epochs", "120", "--batch-size", "16", "--seed", "9", "--save-every", "0", "--eval-every", "40",
+             *SAME_ARITHMETIC]
+    run_ddpkit("train", "--nproc", "2", "--quiet", "--run-dir", str(tmp_path / "ref"), "--grad-sync", "backend", *train,
+               timeout=300)
     run_dir = tmp_path / "job"
     proc = run_ddpkit("slurm", "--nodes", "2", "--job-name", "requeue", "--submit", "--", "wine", *train,
                       "--run-dir", str(run_dir), cwd=tmp_path, env=_slurm_env(slurm), timeout=60)
