@@ -30,12 +30,13 @@ def _summary(run):
 
 
 @pytest.fixture(scope="module")
-def wine_runs(tmp_path_factory):
-    """The same Wine job, uninterrupted, under DDP and under FSDP (2 processes each)."""
-    root = tmp_path_factory.mktemp("wine")
-    for strategy in ("ddp", "fsdp"):
-        run_ddpkit("train", "--strategy", strategy, "--nproc", "2", "--run-dir", str(root / strategy), *WINE)
-    return root
+def wine_runs(tmp_path_factory, reference_run):
+    """The same Wine job, uninterrupted, under DDP (the default strategy; test_train's resume
+    test compares with the same run) and under FSDP (2 processes each): {strategy: run dir}."""
+    fsdp = tmp_path_factory.mktemp("wine") / "fsdp"
+    run_ddpkit("train", "--strategy", "fsdp", "--nproc", "2", "--run-dir", str(fsdp), *WINE)
+    return {"ddp": reference_run("--nproc", "2", "--seed", "5", "--save-every", "2", "--epochs", "6", "--quiet"),
+            "fsdp": fsdp}
 
 
 @pytest.fixture(scope="module")
@@ -52,7 +53,7 @@ def deep_runs(tmp_path_factory):
 
 
 def test_fsdp_trains_wine_to_ddps_parameters_and_keeps_the_run_contract(wine_runs):
-    ddp, fsdp = wine_runs / "ddp", wine_runs / "fsdp"
+    ddp, fsdp = wine_runs["ddp"], wine_runs["fsdp"]
     assert_state_close(load_model(fsdp), load_model(ddp), rtol=1e-5, atol=1e-6)
     model = wine_model()
     model.load_state_dict(load_model(fsdp))  # model.pt: a plain consolidated state_dict
@@ -61,7 +62,7 @@ def test_fsdp_trains_wine_to_ddps_parameters_and_keeps_the_run_contract(wine_run
     assert s["strategy"] == "fsdp" and s["precision"] == "fp32" and len(s["peak_memory_bytes"]) == 2
     assert s["eval_accuracy"] == pytest.approx(_summary(ddp)["eval_accuracy"])
     # sharded checkpoints: one directory per save, one shard file per rank
-    ckpts = wine_runs / "fsdp" / "checkpoints"
+    ckpts = wine_runs["fsdp"] / "checkpoints"
     assert sorted(p.name for p in ckpts.iterdir()) == ["epoch-000002", "epoch-000004", "epoch-000006"]
     assert {".metadata", "__0_0.distcp", "__1_0.distcp", "ddpkit.pt"} <= {p.name for p in (ckpts / "epoch-000006").iterdir()}
     meta = torch.load(ckpts / "epoch-000006" / "ddpkit.pt", weights_only=True)
@@ -71,7 +72,7 @@ def test_fsdp_trains_wine_to_ddps_parameters_and_keeps_the_run_contract(wine_run
 def test_fsdp_resume_is_bit_identical_and_skips_incomplete_checkpoints(wine_runs, tmp_path):
     split = tmp_path / "split"
     (split / "checkpoints").mkdir(parents=True)  # the run as it was after epoch 2 ...
-    shutil.copytree(wine_runs / "fsdp" / "checkpoints" / "epoch-000002", split / "checkpoints" / "epoch-000002")
+    shutil.copytree(wine_runs["fsdp"] / "checkpoints" / "epoch-000002", split / "checkpoints" / "epoch-000002")
     # ... and what a crash leaves: a save that never got renamed, and a directory without one of its shards
     (split / "checkpoints" / ".epoch-000004.partial").mkdir()
     (split / "checkpoints" / ".epoch-000004.partial" / "__0_0.distcp").write_bytes(b"half")
@@ -81,10 +82,10 @@ def test_fsdp_resume_is_bit_identical_and_skips_incomplete_checkpoints(wine_runs
     assert "skipping checkpoint" in proc.stdout and "epoch-000005: incomplete" in proc.stdout
     assert "resuming from" in proc.stdout and "epoch-000002 (epoch 2 done)" in proc.stdout
     assert sorted(p.name for p in (split / "checkpoints").iterdir()) == ["epoch-000002", "epoch-000004", "epoch-000005", "epoch-000006"]
-    assert_state_equal(load_model(split), load_model(wine_runs / "fsdp"))
+    assert_state_equal(load_model(split), load_model(wine_runs["fsdp"]))
     keep = ("epoch", "train_loss", "eval_loss")
     rows = lambda run: [{k: r[k] for k in keep} for r in map(json.loads, (run / "metrics.jsonl").read_text().splitlines())]  # noqa: E731
-    assert rows(split) == rows(wine_runs / "fsdp")[2:]
+    assert rows(split) == rows(wine_runs["fsdp"])[2:]
 
 
 def test_save_on_4_ranks_resume_on_2(wine_runs, tmp_path):
@@ -96,7 +97,7 @@ def test_save_on_4_ranks_resume_on_2(wine_runs, tmp_path):
     assert {f"__{r}_0.distcp" for r in range(4)} <= shards
     proc = run_ddpkit("train", "--strategy", "fsdp", "--nproc", "2", "--resume", "--run-dir", str(run), *WINE)
     assert proc.returncode == 0
-    assert_state_close(load_model(run), load_model(wine_runs / "fsdp"), rtol=1e-5, atol=1e-6)
+    assert_state_close(load_model(run), load_model(wine_runs["fsdp"]), rtol=1e-5, atol=1e-6)
 
 
 @pytest.mark.parametrize("saved, source, resumed", [
@@ -105,12 +106,12 @@ def test_save_on_4_ranks_resume_on_2(wine_runs, tmp_path):
 ])
 def test_checkpoints_cross_between_ddp_and_fsdp(wine_runs, tmp_path, saved, source, resumed):
     run = tmp_path / "run"
-    src = wine_runs / saved / "checkpoints" / source
+    src = wine_runs[saved] / "checkpoints" / source
     (run / "checkpoints").mkdir(parents=True)
     (shutil.copytree if src.is_dir() else shutil.copy)(src, run / "checkpoints" / source)
     proc = run_ddpkit("train", "--strategy", resumed, "--nproc", "2", "--resume", "--run-dir", str(run), *WINE[:-1])
     assert f"resuming from {run / 'checkpoints' / source}" in proc.stdout
-    assert_state_close(load_model(run), load_model(wine_runs / resumed), rtol=1e-5, atol=1e-6)
+    assert_state_close(load_model(run), load_model(wine_runs[resumed]), rtol=1e-5, atol=1e-6)
 
 
 def test_fsdp_deep_mlp_matches_ddp_and_the_plan_measures_the_sharding(deep_runs):
