@@ -10,6 +10,10 @@ start to exit, launchers and interpreter teardown included).
 argv may use placeholders, filled per run: {python} (this interpreter), {tmp} (a fresh
 temporary directory, deleted afterwards; BENCH_SAVE_DIR={tmp}/ckpt is also set), {port}
 (a free TCP port), plus any keyword given in `subst`.
+
+A variant may also name `collect`: a function called with the run's {tmp} directory before
+it is deleted (only after a run that exited 0); the fields it returns are added to the
+result, e.g. a figure read from the run directory of `ddpkit train --run-dir {tmp}/run`.
 """
 from __future__ import annotations
 
@@ -71,7 +75,7 @@ def _fill(s: str, mapping: dict) -> str:
 
 def run_cmd(name: str, argv: list[str], env: dict | None = None, *, timeout: float = 600,
             cwd: str | None = None, log_dir: str | None = None, subst: dict | None = None,
-            log_name: str | None = None) -> dict:
+            log_name: str | None = None, collect: Callable[[str], dict] | None = None) -> dict:
     """Run argv once; return a result dict (name, argv, rc, ok, wall_s, parsed RESULT fields)."""
     tmp = tempfile.mkdtemp(prefix="bench_run_")
     mapping = {"python": sys.executable, "tmp": tmp, **(subst or {})}
@@ -93,9 +97,17 @@ def run_cmd(name: str, argv: list[str], env: dict | None = None, *, timeout: flo
     except OSError as e:
         rc, out, err = "oserror", "", str(e)
     wall = time.perf_counter() - t0
+    collected, collect_error = {}, None
+    if collect is not None and rc == 0:
+        try:
+            collected = collect(tmp)
+        except Exception as e:  # noqa: BLE001 - a missing file is reported as this run's failure
+            collect_error = f"collect: {type(e).__name__}: {e}"
     shutil.rmtree(tmp, ignore_errors=True)
 
     parsed = parse_result(out) or parse_result(err)
+    if parsed is not None and collected:
+        parsed = {**parsed, **collected}
     res = {"name": name, "argv": argv, "rc": rc, "wall_s": wall, "result": parsed}
     if parsed:
         for k, v in parsed.items():
@@ -105,10 +117,11 @@ def run_cmd(name: str, argv: list[str], env: dict | None = None, *, timeout: flo
                 res[k] = res[alias]
     if isinstance(res.get("fit_end_s"), (int, float)):
         res["teardown_s"] = max(0.0, wall - res["fit_end_s"])  # fit done -> the command exited
-    res["ok"] = rc == 0 and parsed is not None
+    res["ok"] = rc == 0 and parsed is not None and collect_error is None
     if not res["ok"]:
         tail = (err or out).strip().splitlines()[-8:]
-        res["error"] = ("no RESULT line; " if parsed is None else "") + " | ".join(tail)[-800:]
+        res["error"] = ("no RESULT line; " if parsed is None else "") + (f"{collect_error}; " if collect_error else "") \
+            + " | ".join(tail)[-800:]
     if log_dir:
         os.makedirs(log_dir, exist_ok=True)
         stem = re.sub(r"[^A-Za-z0-9_.-]+", "_", log_name or name)
@@ -136,10 +149,10 @@ def alternate(variants: list[dict], repeats: int, *, log: Callable[[str], None] 
             if "timeout" in v:
                 kw["timeout"] = v["timeout"]
             log_name = f"{v['workload']}-{v['name']}" if v.get("workload") else v["name"]
-            res = run_cmd(v["name"], v["argv"], v.get("env"), log_name=log_name, **kw)
+            res = run_cmd(v["name"], v["argv"], v.get("env"), log_name=log_name, collect=v.get("collect"), **kw)
             res["repeat"] = r
             for k, val in v.items():
-                if k not in ("name", "argv", "env") and k not in res:
+                if k not in ("name", "argv", "env", "collect") and k not in res:
                     res[k] = val
             want = v.get("world_size")
             if res["ok"] and want is not None and res.get("world_size") != want:

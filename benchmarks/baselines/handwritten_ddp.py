@@ -2,7 +2,8 @@
 
     torchrun --standalone --nproc-per-node N benchmarks/baselines/handwritten_ddp.py \
         --workload {wine,mlp} [--threads 1] [--no-sync] [--loader {dataloader,index}] \
-        [--samples N] [--warmup 5] [--bucket-view] [--save-dir DIR]
+        [--samples N] [--warmup 5] [--bucket-view] [--save-dir DIR] \
+        [--device {cpu,cuda}] [--precision {fp32,bf16}] [--batch-size B] [--epochs E] [--data-on-device]
 
 (`python -m torch.distributed.run` is the same as `torchrun`.) gloo on CPU, 1 intra-op
 thread per process by default (--threads), DistributedSampler with set_epoch, global
@@ -20,6 +21,14 @@ mlp:  benchmarks/tasks/mlp.py (9.46M params, SGD lr 0.01), batch 256 per process
       (replicas drift apart; the loss is then meaningless as DDP training).
       --bucket-view passes gradient_as_bucket_view=True to DDP (ddpkit's setting), so
       that `ddpkit train --grad-sync backend` and this loop run identical DDP settings.
+      --device cuda (mlp only): NCCL, one GPU per process (LOCAL_RANK), DDP(device_ids=...),
+      each batch gathered on the CPU and copied to the GPU (non_blocking), as ddpkit's loader
+      does; --data-on-device keeps the whole data set on the GPU instead (no host gather or
+      copy: the upper bound of the data path). Step times are bracketed by
+      torch.cuda.synchronize(). --precision bf16: forward and loss under
+      torch.autocast(device, bfloat16), fp32 weights and gradients (ddpkit's --precision bf16
+      under DDP). --batch-size (per process, default 256) and --epochs (passes over the data
+      set, default 1; --warmup counts steps from the first pass).
 
 Last line: RESULT {"world_size", "threads", "samples_per_s", "train_s", "wall_s",
 "final_loss", ...}. samples_per_s counts real samples of all processes per second of
@@ -45,7 +54,7 @@ import common  # noqa: E402
 
 
 def batches_by_index(sampler, x, y, batch_size):
-    idx = torch.tensor(list(iter(sampler)), dtype=torch.long)
+    idx = torch.tensor(list(iter(sampler)), dtype=torch.long, device=x.device)  # where the data is
     for i in range(0, len(idx), batch_size):
         b = idx[i:i + batch_size]
         yield x[b], y[b]
@@ -106,38 +115,53 @@ def run_wine(args, model_ctx, rank, world):
     }
 
 
-def run_mlp(args, model_ctx, rank, world):
+def run_mlp(args, model_ctx, rank, world, device):
     task = common.load_mlp_task()
     x, y = task.make_data(args.samples)
-    model = DDP(task.make_model(), gradient_as_bucket_view=args.bucket_view)
+    if args.data_on_device:
+        x, y = x.to(device), y.to(device)
+    ids = [device.index] if device.type == "cuda" else None
+    model = DDP(task.make_model().to(device), device_ids=ids, gradient_as_bucket_view=args.bucket_view)
     opt = task.make_optimizer(model)
     loss_fn = nn.CrossEntropyLoss()
-    bs = task.BATCH_PER_PROCESS
+    bs = args.batch_size or task.BATCH_PER_PROCESS
     sampler = DistributedSampler(range(len(x)), shuffle=True, seed=0)
-    sampler.set_epoch(0)
+    autocast = (lambda: torch.autocast(device.type, dtype=torch.bfloat16)) if args.precision == "bf16" else contextlib.nullcontext
+
+    def sync():
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
 
     model.train()
     steps, all_samples, timed_samples, t_timed = 0, 0, 0, None
+    sync()
     t = time.perf_counter()
-    for xb, yb in batches_by_index(sampler, x, y, bs):
-        if steps == args.warmup:
-            dist.barrier()
-            t_timed = time.perf_counter()
-        opt.zero_grad(set_to_none=True)
-        with model_ctx(model):
-            loss = loss_fn(model(xb), yb)
-            loss.backward()
-        opt.step()
-        steps += 1
-        all_samples += len(xb)
-        if t_timed is not None:
-            timed_samples += len(xb)
+    for epoch in range(args.epochs):
+        sampler.set_epoch(epoch)
+        for xb, yb in batches_by_index(sampler, x, y, bs):
+            if steps == args.warmup:
+                sync()
+                dist.barrier()
+                t_timed = time.perf_counter()
+            if xb.device != device:
+                xb, yb = xb.to(device, non_blocking=True), yb.to(device, non_blocking=True)
+            opt.zero_grad(set_to_none=True)
+            with model_ctx(model):
+                with autocast():
+                    loss = loss_fn(model(xb), yb)
+                loss.backward()
+            opt.step()
+            steps += 1
+            all_samples += len(xb)
+            if t_timed is not None:
+                timed_samples += len(xb)
+    sync()
     end = time.perf_counter()
     if t_timed is None:
         raise SystemExit(f"only {steps} steps: need more than --warmup {args.warmup}")
-    r = torch.tensor([end - t, end - t_timed], dtype=torch.float64)
+    r = torch.tensor([end - t, end - t_timed], dtype=torch.float64, device=device)
     dist.all_reduce(r, op=dist.ReduceOp.MAX)
-    s = torch.tensor([float(timed_samples), loss.item(), float(all_samples)], dtype=torch.float64)
+    s = torch.tensor([float(timed_samples), loss.item(), float(all_samples)], dtype=torch.float64, device=device)
     dist.all_reduce(s)
     return {
         "samples_per_s": s[2].item() / r[0].item(),  # whole loop, warm-up included (= ddpkit's)
@@ -148,6 +172,11 @@ def run_mlp(args, model_ctx, rank, world):
         "warmup_steps": args.warmup,
         "final_loss": s[1].item() / world,
         "no_sync": args.no_sync,
+        "device": str(device),
+        "precision": args.precision,
+        "batch_size": bs,
+        "epochs": args.epochs,
+        "data_on_device": args.data_on_device,
     }
 
 
@@ -161,16 +190,28 @@ def main():
     p.add_argument("--warmup", type=int, default=common.WARMUP_STEPS, help="mlp untimed steps")
     p.add_argument("--bucket-view", action="store_true", help="mlp: DDP(gradient_as_bucket_view=True)")
     p.add_argument("--save-dir", default=None)
+    p.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help="mlp: cuda = NCCL, one GPU per process")
+    p.add_argument("--precision", choices=["fp32", "bf16"], default="fp32", help="mlp: bf16 = autocast(bfloat16)")
+    p.add_argument("--batch-size", type=int, default=None, help="mlp: per process (default: tasks/mlp.py's 256)")
+    p.add_argument("--epochs", type=int, default=1, help="mlp: passes over the data set (default 1)")
+    p.add_argument("--data-on-device", action="store_true", help="mlp: keep the data set on the device (no host gather/copy)")
     args = p.parse_args()
 
     torch.set_num_threads(args.threads)  # before the first op creates the pool
     if "RANK" not in os.environ:
         raise SystemExit("launch with torchrun --standalone --nproc-per-node N ...")
-    dist.init_process_group("gloo")
+    if args.workload == "wine" and (args.device != "cpu" or args.precision != "fp32"):
+        raise SystemExit("--device cuda and --precision bf16 are for --workload mlp")
+    if args.device == "cuda":
+        device = torch.device("cuda", int(os.environ["LOCAL_RANK"]))
+        torch.cuda.set_device(device)  # before the process group, as NCCL wants
+        dist.init_process_group("nccl", device_id=device)
+    else:
+        device = torch.device("cpu")
+        dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
     model_ctx = (lambda m: m.no_sync()) if args.no_sync else (lambda m: contextlib.nullcontext())
-    run = run_wine if args.workload == "wine" else run_mlp
-    res = run(args, model_ctx, rank, world)
+    res = run_wine(args, model_ctx, rank, world) if args.workload == "wine" else run_mlp(args, model_ctx, rank, world, device)
     dist.barrier()
     dist.destroy_process_group()
     if rank == 0:

@@ -52,7 +52,7 @@ def train(config: RunConfig | None = None, *, dry_run: bool = False, _clean_pare
     cfg = prepare_local_run(cfg)
     if nproc == 1 and not cfg.multi_node and not cfg.rdzv_endpoint and cfg.max_restarts == 0:
         return train_worker(cfg.as_dict())
-    _check_task_exists(cfg.task)
+    _check_task_exists(cfg)
     results = run_elastic(plan, train_worker, [cfg.as_dict()], verbose=cfg.verbose)
     return results.get(0, {}) if isinstance(results, dict) else results[0]
 
@@ -150,11 +150,12 @@ def _task_slug(task: str) -> str:
     return "-".join(p for p in (base, name) if p) or "task"
 
 
-def _check_task_exists(spec: str) -> None:
-    """Fail in the launcher, before any worker starts, when the task cannot be found."""
-    from .task import load_task_function
+def _check_task_exists(cfg: RunConfig) -> None:
+    """Fail in the launcher, before any worker starts, when the task cannot be found or does
+    not take the --task-arg names."""
+    from .task import check_task_call, load_task_function
 
-    load_task_function(spec)
+    check_task_call(cfg.task, load_task_function(cfg.task), cfg.task_args)
 
 
 def init(device: str = "auto", backend: str = "auto", timeout: float = DEFAULT_TIMEOUT_S, threads: int | None = None) -> Session:

@@ -14,7 +14,8 @@ DEVICES = ("auto", "cpu", "cuda")
 START_METHODS = ("auto", "fork", "spawn")
 PROGRESS_MODES = ("auto", "bar", "lines")
 STRATEGIES = ("ddp", "fsdp", "auto")
-PRECISIONS = ("fp32", "bf16")
+PRECISIONS = ("fp32", "bf16", "fp16")
+LR_SCHEDULES = ("constant", "linear", "cosine")
 GRAD_SYNC_MODES = ("auto", "shm", "backend")  # how DDP gradients are all-reduced (strategies/grad_sync.py)
 GRAD_COMPRESSIONS = ("none", "bf16", "fp16", "powersgd")
 FUSED_MODES = ("off", "on", "auto")
@@ -38,12 +39,14 @@ PERFORMANCE = "performance (see README: Performance)"
 
 def setting(default: Any = None, help: str = "", *, group: str = TRAINING, choices: tuple[str, ...] | None = None,
             flag: str | None = None, aliases: tuple[str, ...] = (), metavar: str | None = None, type: Any = None,
-            default_help: str | None = None, positional: bool = False, cli: bool = True, factory: Any = None) -> Any:
+            default_help: str | None = None, positional: bool = False, cli: bool = True, factory: Any = None,
+            append: bool = False) -> Any:
     """A RunConfig field with what the CLI needs to offer it: the help text, the choices and
     the default are written here once; cli/flags.py makes the flag from them.
-    `default_help` describes a default that is not a plain value ("one per GPU")."""
+    `default_help` describes a default that is not a plain value ("one per GPU"); `append`:
+    the flag may be repeated, each value parsed by `type` into a (key, value) pair of a dict."""
     meta = {"help": help, "group": group, "choices": choices, "flag": flag, "aliases": aliases, "metavar": metavar,
-            "type": type, "default_help": default_help, "positional": positional, "cli": cli}
+            "type": type, "default_help": default_help, "positional": positional, "cli": cli, "append": append}
     if factory is not None:
         return field(default_factory=factory, metadata=meta)
     return field(default=default, metadata=meta)
@@ -62,12 +65,29 @@ def parse_nproc(value: str) -> int | None:
     return n
 
 
+def parse_task_arg(text: str) -> tuple[str, Any]:
+    """--task-arg KEY=VALUE: VALUE as a Python literal (4, 0.1, True, None, 'x', [1, 2]), else the text itself."""
+    import ast
+
+    key, sep, value = text.partition("=")
+    if not sep or not key.strip().isidentifier():
+        raise ValueError(f"must be KEY=VALUE with KEY a Python name, got {text!r}")
+    try:
+        parsed = ast.literal_eval(value)
+    except (ValueError, SyntaxError):
+        parsed = value
+    return key.strip(), parsed
+
+
 @dataclass(frozen=True)
 class RunConfig:
     """What to train and how. Built by the CLI or the Python API, read by every worker.
     Every field's help, choices and default live here; the CLI's flags are made from them."""
 
     task: str = setting("wine", "wine (default), digits, MODULE:FUNCTION or FILE.py:FUNCTION", positional=True)
+    task_args: dict[str, Any] = setting(help="a keyword argument of the task function, KEY=VALUE (VALUE a Python literal or text); "
+                                        "repeat for several", flag="--task-arg", metavar="KEY=VALUE", type=parse_task_arg,
+                                        append=True, factory=dict)
     # processes
     nproc: int | None = setting(None, "worker processes on this node", group=PROCESSES, aliases=("--nproc-per-node",),
                                 metavar="N|auto", type=parse_nproc, default_help="auto: one per GPU; 2 on a machine without GPUs")
@@ -100,11 +120,20 @@ class RunConfig:
     seed: int = setting(0, "seed for the model and the sample order; same seed = same result at any --nproc")
     shuffle: bool = setting(True, "train in data-set order", flag="--no-shuffle")
     eval_every: int = setting(1, "evaluate the held-out split every N epochs")
+    max_steps: int | None = setting(None, "stop after this many optimizer steps in all (overrides --epochs)", type=int)
+    eval_every_steps: int | None = setting(None, "also evaluate every N optimizer steps, inside epochs", type=int)
+    lr_schedule: str = setting("constant", "the learning rate over the run's optimizer steps, after --warmup-steps of linear "
+                               "warm-up (a Task.scheduler replaces it)", choices=LR_SCHEDULES)
+    warmup_steps: int = setting(0, "optimizer steps of linear warm-up from 0 to the learning rate")
+    clip_grad_norm: float | None = setting(None, "clip the gradients' global 2-norm (over every rank and shard) to this before "
+                                           "each optimizer step", type=float)
     num_workers: int = setting(0, "DataLoader worker processes per rank for data sets that are not in-memory tensors")
     backend: str = setting("auto", "process-group backend", choices=BACKENDS, default_help="auto: nccl with GPUs, gloo on CPU")
     device: str = setting("auto", "device", choices=DEVICES, default_help="auto: cuda when a GPU is visible")
     # checkpoints, faults and signals
     save_every: int = setting(50, "write a full checkpoint every N epochs, and at the end; 0 = final model only", group=FAULTS)
+    save_every_steps: int | None = setting(None, "also write a checkpoint every N optimizer steps, inside epochs", group=FAULTS,
+                                           type=int)
     run_dir: str | None = setting(None, "where model.pt, metrics.jsonl and checkpoints/ go", group=OUTPUT, type=str,
                                   default_help="runs/TASK-TIME")
     resume: bool = setting(False, "continue from the newest valid checkpoint in --run-dir", group=FAULTS)
@@ -127,8 +156,8 @@ class RunConfig:
     strategy: str = setting("ddp", "ddp: a whole replica per process (fastest); fsdp: shard parameters, gradients and optimizer "
                             "state across processes (for models that do not fit); auto: the memory plan picks",
                             group=STRATEGY, choices=STRATEGIES)
-    precision: str = setting("fp32", "bf16: autocast (DDP) or bf16 compute with fp32 weights (FSDP); needs a GPU or CPU with bf16",
-                             group=STRATEGY, choices=PRECISIONS)
+    precision: str = setting("fp32", "bf16: autocast (DDP) or bf16 compute with fp32 weights (FSDP); needs a GPU or CPU with "
+                             "bf16; fp16: autocast with a gradient scaler (DDP on a GPU)", group=STRATEGY, choices=PRECISIONS)
     device_memory: int | None = setting(None, "memory per device for the plan and --strategy auto: 80GiB (2^30 bytes), 80GB (10^9), "
                                         "512MB", group=STRATEGY, type=str, metavar="SIZE", default_help="detected")
     # performance knobs (strategies/ddp_knobs.py): what each changes in the result is documented there
@@ -150,6 +179,8 @@ class RunConfig:
     def __post_init__(self) -> None:
         if isinstance(self.device_memory, str):  # "80GB" from the Python API
             object.__setattr__(self, "device_memory", parse_memory(self.device_memory))
+        if isinstance(self.task_args, (list, tuple)):  # (key, value) pairs from repeated --task-arg
+            object.__setattr__(self, "task_args", dict(self.task_args))
         self.validate()
 
     def validate(self) -> None:
@@ -158,6 +189,18 @@ class RunConfig:
         _positive("--epochs", self.epochs)
         _positive("--batch-size", self.batch_size)
         _positive("--eval-every", self.eval_every)
+        for flag, value in (("--max-steps", self.max_steps), ("--eval-every-steps", self.eval_every_steps),
+                            ("--save-every-steps", self.save_every_steps)):
+            if value is not None:
+                _positive(flag, value)
+        if not isinstance(self.warmup_steps, int) or self.warmup_steps < 0:
+            raise DdpkitError(f"--warmup-steps must be 0 or a positive number of optimizer steps, got {self.warmup_steps!r}")
+        _choice("--lr-schedule", self.lr_schedule, LR_SCHEDULES)
+        if self.clip_grad_norm is not None and not (isinstance(self.clip_grad_norm, (int, float)) and self.clip_grad_norm > 0):
+            raise DdpkitError(f"--clip-grad-norm must be a positive norm such as 1.0, got {self.clip_grad_norm!r} "
+                              "(leave it out not to clip)")
+        if not isinstance(self.task_args, dict):
+            raise DdpkitError(f"task_args must be a dict of keyword arguments for the task function, got {type(self.task_args).__name__}")
         if self.save_every < 0:
             raise DdpkitError(f"--save-every must be 0 (final model only) or a positive number of epochs, got {self.save_every}")
         if self.lr is not None and not self.lr > 0:
@@ -199,6 +242,9 @@ class RunConfig:
             raise DdpkitError(FSDP_NEEDS_TWO)
         if self.strategy == "fsdp":
             check_no_ddp_only_flags(self)
+        if self.precision == "fp16" and self.strategy == "fsdp":
+            raise DdpkitError("--precision fp16 needs a gradient scaler, which ddpkit offers under DDP only; "
+                              "use --precision bf16 with --strategy fsdp")
         if self.device_memory is not None and (not isinstance(self.device_memory, int) or self.device_memory < 1):
             raise DdpkitError(f"--device-memory must be a positive size such as 80GiB, got {self.device_memory!r}")
 

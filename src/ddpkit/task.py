@@ -2,7 +2,9 @@
 
 A task function is named as a built-in (``wine``), ``package.module:function`` or
 ``path/to/file.py:function``. It is called in every worker after the seed is set, so every
-rank builds the same model. It may take no argument, or one: the RunConfig.
+rank builds the same model. Its first parameter, when it has no default or is named
+``config``/``cfg``, gets the RunConfig; ``--task-arg KEY=VALUE`` become keyword arguments,
+checked against the signature.
 """
 from __future__ import annotations
 
@@ -45,8 +47,14 @@ class Task:
     metric_name: str = "accuracy"
     on_metrics: Callable[[dict[str, Any]], None] | None = None
     # --strategy fsdp: the submodules to shard one by one (then the root); None: each element
-    # of the model's ModuleLists, or the children of a Sequential (ddpkit.fsdp.default_blocks)
+    # of the model's ModuleLists, or the children of a Sequential (ddpkit.strategies.fsdp.default_blocks)
     fsdp_blocks: Callable[[nn.Module], Any] | None = None
+    # scheduler(optimizer) -> a torch LR scheduler, stepped once per optimizer step; its state
+    # is in every checkpoint. (Or --lr-schedule/--warmup-steps for the common shapes.)
+    scheduler: Callable[[torch.optim.Optimizer], Any] | None = None
+    # step(model, batch) -> the micro-batch's mean loss, or (loss_sum, count): then ddpkit divides
+    # by the count over all micro-batches and ranks (token-level losses stay exact with padding)
+    step: Callable[[nn.Module, Any], Any] | None = None
 
 
 def accuracy_sum(outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
@@ -93,15 +101,36 @@ def load_task_function(spec: str) -> Callable[..., Any]:
     return fn
 
 
-def build_task(spec: str, config: Any = None) -> Task:
-    """Call the task function and check what it returned."""
+def build_task(spec: str, config: Any = None, task_args: dict[str, Any] | None = None) -> Task:
+    """Call the task function (with the RunConfig when it takes a first positional argument,
+    and the --task-arg keywords) and check what it returned."""
     fn = load_task_function(spec)
-    try:
-        takes_arg = len(inspect.signature(fn).parameters) > 0
-    except (TypeError, ValueError):
-        takes_arg = False
-    built = fn(config) if takes_arg else fn()
+    task_args = dict(task_args if task_args is not None else getattr(config, "task_args", None) or {})
+    takes_config = check_task_call(spec, fn, task_args)
+    built = fn(config, **task_args) if takes_config else fn(**task_args)
     return as_task(built, spec)
+
+
+def check_task_call(spec: str, fn: Callable[..., Any], task_args: dict[str, Any]) -> bool:
+    """Whether `fn` takes the RunConfig (a first parameter without default, or named
+    config/cfg); refuses --task-arg names it does not take, naming the ones it does."""
+    try:
+        params = list(inspect.signature(fn).parameters.values())
+    except (TypeError, ValueError):
+        return False
+    positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    first = positional[0] if positional else None
+    takes_config = first is not None and first.name not in task_args and (
+        first.default is inspect.Parameter.empty or first.name in ("config", "cfg"))
+    if not task_args or any(p.kind is p.VAR_KEYWORD for p in params):
+        return takes_config
+    skip = first.name if takes_config else None
+    takes = [p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY) and p.name != skip]
+    unknown = sorted(set(task_args) - set(takes))
+    if unknown:
+        offer = ", ".join(takes) if takes else "no keyword arguments"
+        raise DdpkitError(f"task {spec!r} takes no argument {', '.join(repr(u) for u in unknown)} (--task-arg); it takes: {offer}")
+    return takes_config
 
 
 def as_task(built: Any, spec: str = "task") -> Task:
@@ -136,6 +165,11 @@ def as_task(built: Any, spec: str = "task") -> Task:
             raise DdpkitError(f"task {spec!r}: {name} is empty")
     if task.on_metrics is not None and not callable(task.on_metrics):
         raise DdpkitError(f"task {spec!r}: on_metrics must be a function of the epoch's metrics dict")
+    for name, what in (("scheduler", "of the optimizer, returning a torch LR scheduler"),
+                       ("step", "of (model, batch), returning the loss or (loss_sum, count)")):
+        value = getattr(task, name)
+        if value is not None and not callable(value):
+            raise DdpkitError(f"task {spec!r}: {name} must be a function {what}, got {type(value).__name__}")
     if not (isinstance(task.optimizer, torch.optim.Optimizer) or callable(task.optimizer)):
         raise DdpkitError(f"task {spec!r}: optimizer must be a torch.optim.Optimizer or a function of the parameters")
     return task

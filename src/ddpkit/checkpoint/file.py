@@ -138,6 +138,8 @@ def make_checkpoint(
     world_size: int,
     step: int = 0,
     loss_sum: float = 0.0,
+    count_sum: float = 0.0,
+    extra: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     return {
         "format": FORMAT,
@@ -145,6 +147,8 @@ def make_checkpoint(
         "epoch": epoch,
         "step": step,  # steps done in epoch `epoch + 1` (0: at the epoch boundary)
         "loss_sum": loss_sum,  # global training-loss sum of those steps
+        "count_sum": count_sum,  # and their global count (samples, or a step hook's tokens)
+        "extra": extra or {},  # the LR scheduler's and gradient scaler's state
         "model": model_state,
         "optimizer": optimizer_state,
         "rng": rng_states,

@@ -32,7 +32,7 @@ from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_di
 from ..errors import DdpkitError
 from ..runtime import Runtime
 from . import file as ckpt_io
-from .state import unwrap
+from .state import Position, unwrap
 
 FORMAT = "ddpkit-sharded-checkpoint"
 VERSION = 1
@@ -55,9 +55,10 @@ def list_sharded(run_dir: str | os.PathLike) -> list[tuple[tuple[int, int], Path
     return sorted(found, reverse=True)
 
 
-def save_dcp(run_dir: Path, epoch: int, step: int, loss_sum: float, model: nn.Module, optimizer: torch.optim.Optimizer,
-             rng_states: list[dict[str, Any]], config: dict[str, Any], rt: Runtime) -> Path:
+def save_dcp(run_dir: Path, pos: Position, model: nn.Module, optimizer: torch.optim.Optimizer,
+             rng_states: list[dict[str, Any]], config: dict[str, Any], rt: Runtime, extra: dict[str, Any] | None = None) -> Path:
     """Collective: every rank writes its shard; rank 0 completes and renames the directory."""
+    epoch, step = pos.epoch, pos.step
     final = checkpoint_dir(run_dir, epoch, step)
     if not _all_finite(model):
         raise DdpkitError(f"the weights hold NaN/inf at epoch {epoch + 1}; no checkpoint written, the last one is intact")
@@ -71,7 +72,8 @@ def save_dcp(run_dir: Path, epoch: int, step: int, loss_sum: float, model: nn.Mo
         dcp.save({"model": model_state, "optim": optim_state}, storage_writer=FileSystemWriter(tmp, sync_files=True))
         if rt.is_main:  # dcp.save returned on rank 0: every shard and .metadata are written
             meta = {
-                "format": FORMAT, "version": VERSION, "epoch": epoch, "step": step, "loss_sum": loss_sum,
+                "format": FORMAT, "version": VERSION, "epoch": epoch, "step": step, "loss_sum": pos.loss_sum,
+                "count_sum": pos.count_sum, "extra": extra or {},
                 "sampler_epoch": epoch, "rng": rng_states, "world_size": rt.world_size, "config": config,
                 "model_signature": ckpt_io.model_signature(unwrap(model).state_dict()),
                 "optimizer_groups": [len(g["params"]) for g in optimizer.param_groups],

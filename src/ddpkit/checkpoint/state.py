@@ -15,11 +15,13 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 @dataclass(frozen=True)
 class Position:
     """Where training stands: `epoch` epochs done, plus `step` steps of the next one
-    (a stop between steps), with the global loss sum of those steps."""
+    (a stop between steps), with the global loss sum and count (samples, or a step hook's
+    tokens) of those steps."""
 
     epoch: int = 0
     step: int = 0
     loss_sum: float = 0.0
+    count_sum: float = 0.0
 
 
 def unwrap(model: nn.Module) -> nn.Module:

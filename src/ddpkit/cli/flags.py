@@ -21,7 +21,7 @@ def add_config_flags(parser: argparse.ArgumentParser, groups: Iterable[str] = ()
         meta = f.metadata
         if not meta.get("cli", True) or not (f.name in wanted_names or meta.get("group") in wanted_groups):
             continue
-        default = (defaults or {}).get(f.name, f.default)
+        default = (defaults or {}).get(f.name, None if meta.get("append") else f.default)
         if meta.get("positional"):
             parser.add_argument(f.name, nargs="?", default=default, help=meta["help"])
             continue
@@ -44,6 +44,8 @@ def _argparse_kwargs(f: dataclasses.Field, default: Any) -> dict[str, Any]:
         return kwargs
     kind = meta.get("type") or type(default)
     kwargs["type"] = _argparse_type(kind) if kind not in (int, float, str) else kind
+    if meta.get("append"):
+        kwargs["action"] = "append"  # (key, value) pairs; RunConfig makes them a dict
     if meta.get("choices"):
         kwargs["choices"] = meta["choices"]
     if meta.get("metavar"):
@@ -75,4 +77,5 @@ def _argparse_type(parse: Callable[[str], Any]) -> Callable[[str], Any]:
 def config_from(ns: argparse.Namespace, **changes: Any) -> RunConfig:
     """The RunConfig of the flags a command parsed (fields it has no flag for keep their default)."""
     values = {name: getattr(ns, name) for name in _FIELDS if hasattr(ns, name)}
+    values = {k: v for k, v in values.items() if not (v is None and _FIELDS[k].metadata.get("append"))}
     return RunConfig(**{**values, **changes})

@@ -11,25 +11,27 @@ from typing import Any
 
 class MetricsLog:
     def __init__(self, run_dir: str | os.PathLike, enabled: bool, keep_until_epoch: int = 0,
-                 csv: bool = False, tensorboard: bool = False) -> None:
+                 csv: bool = False, tensorboard: bool = False, keep_until_step: int | None = None) -> None:
         self.path = Path(run_dir) / "metrics.jsonl"
         self.enabled = enabled
         self._sinks: list[Any] = []
         if enabled:
-            self._truncate_after(keep_until_epoch)
+            self._truncate_after(keep_until_epoch, keep_until_step)
             if csv:
                 self._sinks.append(CsvLog(Path(run_dir) / "metrics.csv", read_metrics(run_dir) if self.path.exists() else []))
             if tensorboard:
                 self._sinks.append(TensorBoardLog(Path(run_dir) / "tensorboard", resume_after_epoch=keep_until_epoch))
 
-    def _truncate_after(self, epoch: int) -> None:
-        """On resume, drop lines of epochs the checkpoint does not contain (they will be redone)."""
+    def _truncate_after(self, epoch: int, step: int | None = None) -> None:
+        """On resume, drop lines of epochs (and, given `step`, of optimizer steps) the
+        checkpoint does not contain: they will be redone."""
         if not self.path.exists():
             return
         kept = []
         for line in self.path.read_text().splitlines():
             try:
-                if json.loads(line).get("epoch", 0) <= epoch:
+                record = json.loads(line)
+                if record.get("epoch", 0) <= epoch or (step is not None and record.get("step", step + 1) <= step):
                     kept.append(line)
             except json.JSONDecodeError:
                 continue

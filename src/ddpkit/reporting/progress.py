@@ -80,9 +80,9 @@ class Progress:
             self._epoch_bar = tqdm(total=epochs, initial=start_epoch, desc="epochs", unit="epoch", file=self.stream,
                                    position=0, dynamic_ncols=True, leave=True)
 
-    def start_epoch(self, epoch: int, skipped_samples: int = 0, loss_offset: float = 0.0) -> None:
-        """`skipped_samples`: done before a mid-epoch stop this run resumes from; `loss_offset`:
-        what the trainer's loss sum already holds for them (not rank 0's own loss)."""
+    def start_epoch(self, epoch: int, skipped_samples: int = 0, loss_offset: float = 0.0, count_offset: float = 0.0) -> None:
+        """`skipped_samples`: done before a mid-epoch stop this run resumes from; `loss_offset`,
+        `count_offset`: what the trainer's sums already hold for them (not rank 0's own)."""
         if self.mode == "off":
             return
         self._epoch = epoch
@@ -90,6 +90,7 @@ class Progress:
         self._seen_global = skipped_samples
         self._skipped = skipped_samples
         self._loss_offset = loss_offset
+        self._count_offset = count_offset
         self._t0 = self._last_shown = time.perf_counter()
         if self._first_start is None:
             self._first_start = self._t0
@@ -100,7 +101,8 @@ class Progress:
                                         dynamic_ncols=True, leave=False)
 
     def step(self, n_local: int, n_global: int, local_loss_sum: torch.Tensor) -> None:
-        """After each optimizer step. `local_loss_sum`: this rank's summed loss so far this epoch."""
+        """After each optimizer step. `local_loss_sum`: this rank's summed loss so far this
+        epoch, or [loss sum, count] (the count: samples, or the task's tokens)."""
         if self.mode == "off":
             return
         self._seen_local += n_local
@@ -152,6 +154,10 @@ class Progress:
         self._step_bar = self._epoch_bar = None
 
     def _rank0_loss(self, local_loss_sum: torch.Tensor) -> float:
+        if local_loss_sum.numel() == 2:
+            loss, count = local_loss_sum.tolist()
+            count -= self._count_offset
+            return (loss - self._loss_offset) / count if count > 0 else float("nan")
         return (local_loss_sum.item() - self._loss_offset) / self._seen_local
 
     def _eta(self, fraction_of_epoch: float, epoch_pace_s: float) -> float:

@@ -10,7 +10,7 @@ def format_summary(s: dict[str, Any]) -> str:
     def num(v: Any, fmt: str) -> str:
         return "-" if v is None else format(v, fmt)
 
-    metric_key = next((k for k in s if k.startswith("eval_") and k != "eval_loss"), None)
+    metric_key = next((k for k in s if k.startswith("eval_") and k != "eval_loss" and s[k] is not None), None)
     lines = [
         "ddpkit: run finished" if not s.get("stopped_early") else "ddpkit: run stopped early (checkpoint saved; continue with --resume)",
         f"  world size   {s['world_size']} ({s['nnodes']} node{'s' if s['nnodes'] != 1 else ''}), backend {s['backend']}, device {s['device']}"

@@ -47,6 +47,12 @@ class Strategy:
     def autocast(self) -> ContextManager[Any]:
         return autocast(self.rt.device.type, self.dtype)
 
+    def grad_scaler(self) -> Any:
+        """fp16's loss scaler (its gradients would underflow without one); None otherwise."""
+        if self.dtype is not torch.float16:
+            return None
+        return torch.amp.GradScaler(self.rt.device.type)
+
     def no_sync(self, model: nn.Module, skip_sync: bool) -> ContextManager[Any]:
         """While active, backward accumulates gradients locally (no communication); the
         step's last micro-batch runs outside it and syncs them all at once."""
@@ -57,6 +63,9 @@ class Strategy:
         clipping, the same on every rank (after the sync every replica holds the same gradients)."""
         params = [p for p in model.parameters() if p.grad is not None]
         return float(torch.nn.utils.clip_grad_norm_(params, max_norm))
+
+    def check_output(self, output: Any) -> None:
+        """Called on the first training forward: refuse an output this strategy cannot work with."""
 
     def grad_sync(self, model: nn.Module) -> str:
         """How gradients travel, for the summary."""
@@ -73,13 +82,14 @@ class Strategy:
 
     # -- checkpoints ----------------------------------------------------------------
     def save_checkpoint(self, run_dir: Path, model: nn.Module, optimizer: torch.optim.Optimizer,
-                        pos: ckpt_state.Position, config: dict[str, Any]) -> None:
-        """Collective: every rank contributes its RNG state; the strategy writes its kind."""
+                        pos: ckpt_state.Position, config: dict[str, Any], extra: dict[str, Any] | None = None) -> None:
+        """Collective: every rank contributes its RNG state; the strategy writes its kind.
+        `extra`: plain state to keep beside them (the LR scheduler's, the gradient scaler's)."""
         rng_states = self.rt.all_gather_object(ckpt_state.rng_state())
-        self._write_checkpoint(run_dir, model, optimizer, pos, rng_states, config)
+        self._write_checkpoint(run_dir, model, optimizer, pos, rng_states, config, extra or {})
 
-    def _write_checkpoint(self, run_dir: Path, model: nn.Module, optimizer: torch.optim.Optimizer,
-                          pos: ckpt_state.Position, rng_states: list[dict[str, Any]], config: dict[str, Any]) -> None:
+    def _write_checkpoint(self, run_dir: Path, model: nn.Module, optimizer: torch.optim.Optimizer, pos: ckpt_state.Position,
+                          rng_states: list[dict[str, Any]], config: dict[str, Any], extra: dict[str, Any]) -> None:
         raise NotImplementedError
 
     def load_checkpoint(self, kind: str, ckpt: dict[str, Any], path: Path, model: nn.Module,

@@ -82,11 +82,12 @@ class DdpStrategy(Strategy):
         return unwrap(model)  # no DDP forward: ranks may run different numbers of eval batches
 
     def _write_checkpoint(self, run_dir: Path, model: nn.Module, optimizer: torch.optim.Optimizer, pos: Position,
-                          rng_states: list[dict[str, Any]], config: dict[str, Any]) -> None:
+                          rng_states: list[dict[str, Any]], config: dict[str, Any], extra: dict[str, Any]) -> None:
         if not self.rt.is_main:
             return
         if not all(torch.isfinite(p).all() for p in unwrap(model).parameters()):
             raise DdpkitError(f"the weights hold NaN/inf at epoch {pos.epoch + 1}; no checkpoint written, the last one is intact")
         state = ckpt_file.make_checkpoint(plain_state_dict(model), optimizer.state_dict(), pos.epoch, rng_states, config,
-                                          self.rt.world_size, step=pos.step, loss_sum=pos.loss_sum)
+                                          self.rt.world_size, step=pos.step, loss_sum=pos.loss_sum, count_sum=pos.count_sum,
+                                          extra=extra)
         ckpt_file.save_or_explain(state, ckpt_file.checkpoint_path(run_dir, pos.epoch, pos.step))

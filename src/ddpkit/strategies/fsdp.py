@@ -96,6 +96,18 @@ class FsdpStrategy(Strategy):
         step's last micro-batch reduce-scatters the sum once."""
         return _gradient_sync(model, not skip_sync)
 
+    def check_output(self, output: Any) -> None:
+        """FSDP2 finds the output's tensors with torch's pytree to hook the backward that
+        reduce-scatters the gradients; tensors inside an object it cannot traverse (a
+        SimpleNamespace, a plain class) are invisible, and the gradients are silently never
+        synced (measured: a model 0.7 away from the DDP run). Refuse that."""
+        from torch.utils._pytree import tree_leaves
+
+        if not any(isinstance(leaf, torch.Tensor) and leaf.requires_grad for leaf in tree_leaves(output)):
+            raise DdpkitError(f"--strategy fsdp: the model returned a {type(output).__name__} whose tensors FSDP cannot see, "
+                              "so its gradients would never be synced; return a tensor, a tuple, list or dict of tensors, or a "
+                              "dataclass registered with torch.utils._pytree (Hugging Face ModelOutput is)")
+
     def clip_grad_norm(self, model: nn.Module, max_norm: float) -> float:
         """The norm over every shard (the gradients are DTensors: their norm is a collective)."""
         params = [p for p in model.parameters() if p.grad is not None]
@@ -108,11 +120,11 @@ class FsdpStrategy(Strategy):
         return {k: v.detach().clone() for k, v in state.items()} if self.rt.is_main else None
 
     def _write_checkpoint(self, run_dir: Path, model: nn.Module, optimizer: torch.optim.Optimizer, pos: Position,
-                          rng_states: list[dict[str, Any]], config: dict[str, Any]) -> None:
+                          rng_states: list[dict[str, Any]], config: dict[str, Any], extra: dict[str, Any]) -> None:
         """Collective: every rank writes its shard (checkpoint/sharded.py)."""
         from ..checkpoint.sharded import save_dcp  # torch.distributed.checkpoint: ~0.5 s to import
 
-        save_dcp(run_dir, pos.epoch, pos.step, pos.loss_sum, model, optimizer, rng_states, config, self.rt)
+        save_dcp(run_dir, pos, model, optimizer, rng_states, config, self.rt, extra)
 
     def _load_full(self, model: nn.Module, optimizer: torch.optim.Optimizer, ckpt: dict[str, Any]) -> None:
         """A one-file (DDP) checkpoint into the sharded model: every rank keeps its part."""

@@ -18,6 +18,11 @@ def check_precision(precision: str, device_type: str) -> torch.dtype | None:
     """
     if precision == "fp32":
         return None
+    if precision == "fp16":
+        if device_type != "cuda":
+            raise DdpkitError("--precision fp16 needs a CUDA GPU (fp16 autocast with a gradient scaler); on a CPU use "
+                              "--precision bf16 (CPUs with AVX512-BF16/AMX) or fp32")
+        return torch.float16
     if precision != "bf16":
         raise DdpkitError(f"--precision must be one of {', '.join(PRECISIONS)}, got {precision!r}")
     if device_type == "cuda":

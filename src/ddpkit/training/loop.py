@@ -26,9 +26,10 @@ from ..reporting.progress import Progress, choose_mode
 from ..runtime import Runtime
 from ..strategies import Strategy, make_strategy
 from ..strategies.memory import local_state_bytes, peak_memory_bytes
-from ..task import Task, accuracy_sum
+from ..task import Task
 from .evaluate import evaluate
 from .resume import resume
+from .schedule import make_scheduler
 from .signals import StopRequest
 from .step import StepRunner
 
@@ -36,49 +37,67 @@ from .step import StepRunner
 def fit(cfg: RunConfig, task: Task, rt: Runtime, run_dir: Path, stop: StopRequest | None = None) -> dict[str, Any]:
     """Train `task` as `cfg` says; returns the run's summary (the same on every rank).
     With `stop`, a signal makes every rank save a checkpoint at the same step boundary and return."""
-    loss_fn = task.loss_fn or nn.CrossEntropyLoss()
-    metric = task.metric or (accuracy_sum if isinstance(loss_fn, nn.CrossEntropyLoss) else None)
     strategy = make_strategy(cfg, rt, task)  # DDP or FSDP, the precision, DDP's knobs
     model, optimizer = strategy.setup(task, cfg.lr)
-    pos = Position()
-    if cfg.resume or cfg.auto_resume:
-        pos = resume(run_dir, rt, strategy, model, optimizer, required=cfg.resume, quiet=cfg.quiet)
     loader = ShardedLoader(task.train_set, cfg.batch_size * cfg.accumulate, rt.rank, rt.world_size, cfg.seed, cfg.shuffle,
                            num_workers=cfg.num_workers)
-    steps = StepRunner(rt, strategy, model, optimizer, loss_fn, cfg.accumulate, cfg.on_nan, stop)
-    log = MetricsLog(run_dir, enabled=rt.is_main, keep_until_epoch=pos.epoch, csv=cfg.csv, tensorboard=cfg.tensorboard)
-    progress = Progress(choose_mode(cfg.progress, cfg.quiet, rt.is_main, sys.stdout), cfg.epochs, pos.epoch, loader.n)
+    plan = StepPlan(cfg, len(loader))
+    steps = StepRunner(rt, strategy, model, optimizer, task.loss_fn, cfg.accumulate, cfg.on_nan, stop, task.step,
+                       cfg.clip_grad_norm, make_scheduler(task.scheduler, cfg.lr_schedule, cfg.warmup_steps, optimizer,
+                                                          plan.total_steps), strategy.grad_scaler())
+    pos = Position()
+    if cfg.resume or cfg.auto_resume:
+        pos, extra = resume(run_dir, rt, strategy, model, optimizer, required=cfg.resume, quiet=cfg.quiet)
+        steps.load_state(extra)
+    log = MetricsLog(run_dir, enabled=rt.is_main, keep_until_epoch=pos.epoch, csv=cfg.csv, tensorboard=cfg.tensorboard,
+                     keep_until_step=plan.global_step(pos.epoch, pos.step))
+    progress = Progress(choose_mode(cfg.progress, cfg.quiet, rt.is_main, sys.stdout), plan.epochs, pos.epoch, loader.n)
 
     def save(at: Position) -> None:
-        strategy.save_checkpoint(run_dir, model, optimizer, at, cfg.as_dict())
+        strategy.save_checkpoint(run_dir, model, optimizer, at, cfg.as_dict(), steps.state())
+
+    def evaluation() -> dict[str, Any]:
+        return evaluate(model, task.eval_set, task.loss_fn, task.metric, task.metric_name, rt, strategy, cfg.batch_size,
+                        cfg.num_workers, task.step) if task.eval_set is not None else {}
 
     run = RunTotals(resumed_from=pos.epoch)
-    for epoch in range(pos.epoch, cfg.epochs):
+    for epoch in range(pos.epoch, plan.epochs):
         loader.set_epoch(epoch)
         model.train()
         epoch_run = EpochRun(rt, progress, loader, epoch, pos if epoch == pos.epoch else Position(epoch))
         for step, (batch, n_local, n_global) in enumerate(loader.iter_steps(skip=epoch_run.first_step), start=epoch_run.first_step):
+            if plan.last(plan.global_step(epoch, step)):
+                break  # resumed at --max-steps: nothing left to train
             result = steps.run(batch, n_local, n_global, where=f"epoch {epoch + 1}, step {step + 1}")
             epoch_run.add(result, n_local, n_global)
-            if result.stop and step + 1 < len(loader):  # a signal: save here, between two steps, and stop
-                save(Position(epoch, step + 1, rt.all_sum(epoch_run.loss_sum).item()))
+            at = plan.global_step(epoch, step + 1)
+            inside = step + 1 < len(loader) and not plan.last(at)
+            if inside and plan.eval_due(at):
+                report({"epoch": epoch + 1, "step": at, **evaluation(), "lr": optimizer.param_groups[0]["lr"]}, log, None, task, rt)
+            if inside and (result.stop or plan.save_due(at)):  # a signal, or --save-every-steps: save between two steps
+                save(epoch_run.position(step + 1))
+            if result.stop and inside:
                 run.stop(epoch_run.elapsed(), stop)
                 break
+            if plan.last(at):
+                break  # --max-steps reached
         if run.stopped_early:
             break
-        record = epoch_run.finish(cfg.epochs)
+        at = plan.global_step(epoch, epoch_run.steps_done)
+        done = epoch + 1 == plan.epochs or plan.last(at)
+        record = epoch_run.finish(at)
         run.add_epoch(record, epoch_run)
-        if task.eval_set is not None and ((epoch + 1) % cfg.eval_every == 0 or epoch + 1 == cfg.epochs):
-            record.update(evaluate(model, task.eval_set, loss_fn, metric, task.metric_name, rt, strategy,
-                                   cfg.batch_size, cfg.num_workers))
-        record.update(epoch_run.rates(), lr=optimizer.param_groups[0]["lr"])
+        if (epoch + 1) % cfg.eval_every == 0 or done or plan.eval_due(at):
+            record.update(evaluation())
+        record.update(epoch_run.rates(), lr=optimizer.param_groups[0]["lr"], **steps.figures())
         report(record, log, progress, task, rt)
-        done = epoch + 1 == cfg.epochs
         stopping = not done and steps.stop_requested()
-        if stopping or (cfg.save_every and ((epoch + 1) % cfg.save_every == 0 or done)):
-            save(Position(epoch + 1))
+        if stopping or plan.save_due(at) or (cfg.save_every and ((epoch + 1) % cfg.save_every == 0 or done)):
+            save(epoch_run.position(None))
         if stopping:
             run.stop(0.0, stop)
+            break
+        if done:
             break
     progress.close()
     log.close()
@@ -86,49 +105,94 @@ def fit(cfg: RunConfig, task: Task, rt: Runtime, run_dir: Path, stop: StopReques
         final = strategy.full_state_dict(model)  # gathered from the shards under FSDP: every rank takes part
         if rt.is_main:
             ckpt_file.save_or_explain(final, run_dir / "model.pt")
-    return run.summary(task.metric_name) | {"grad_sync": strategy.grad_sync(model)} | memory_stats(rt, strategy, model, optimizer)
+    return run.summary(task.metric_name) | {"grad_sync": strategy.grad_sync(model), "steps_done": plan.steps_done(run)} \
+        | memory_stats(rt, strategy, model, optimizer)
+
+
+class StepPlan:
+    """The run in optimizer steps: how many epochs, whether --max-steps ends it, when the
+    step-based evaluations and checkpoints fall. A global step counts every optimizer step
+    from the start of the run (skipped ones too): epoch x steps per epoch + step."""
+
+    def __init__(self, cfg: RunConfig, steps_per_epoch: int) -> None:
+        self.per_epoch = max(1, steps_per_epoch)
+        self.max_steps = cfg.max_steps
+        self.epochs = cfg.epochs if cfg.max_steps is None else -(-cfg.max_steps // self.per_epoch)  # --max-steps overrides
+        self.total_steps = cfg.max_steps or cfg.epochs * self.per_epoch
+        self.eval_every, self.save_every = cfg.eval_every_steps, cfg.save_every_steps
+
+    def global_step(self, epoch: int, step: int) -> int:
+        return epoch * self.per_epoch + step
+
+    def last(self, at: int) -> bool:
+        return self.max_steps is not None and at >= self.max_steps
+
+    def eval_due(self, at: int) -> bool:
+        return bool(self.eval_every) and at % self.eval_every == 0
+
+    def save_due(self, at: int) -> bool:
+        return bool(self.save_every) and at % self.save_every == 0
+
+    def steps_done(self, run: RunTotals) -> int | None:
+        return run.last.get("step")
 
 
 class EpochRun:
-    """One epoch's running figures: this rank's loss sum (rank 0 also carries the steps done
-    before a mid-epoch stop), skipped steps, time."""
+    """One epoch's running figures: this rank's [loss sum, count] (rank 0 also carries the
+    global sums of the steps done before a mid-epoch stop), samples, skipped steps, time."""
 
     def __init__(self, rt: Runtime, progress: Progress, loader: ShardedLoader, epoch: int, start: Position) -> None:
         self.rt, self.progress, self.loader, self.epoch = rt, progress, loader, epoch
-        self.first_step = start.step
-        self.loss_sum = torch.zeros((), dtype=torch.float64, device=rt.device)
-        carried = start.loss_sum if start.step and rt.is_main else 0.0
-        if carried:
-            self.loss_sum += carried  # the global sum of the steps done before the stop
+        self.first_step = self.steps_done = start.step
+        self.sums = torch.zeros(2, dtype=torch.float64, device=rt.device)  # loss sum, count (samples or tokens)
+        done_before = min(loader.n, start.step * loader.global_batch_size)
+        carried = (start.loss_sum, start.count_sum or float(done_before)) if start.step and rt.is_main else (0.0, 0.0)
+        if start.step and rt.is_main:
+            self.sums += torch.tensor(carried, dtype=torch.float64, device=rt.device)
+        self.samples = done_before if start.step else 0  # global samples of this epoch so far
+        self.samples_here = 0
         self.skipped = 0
         self.t0 = time.perf_counter()
-        progress.start_epoch(epoch, skipped_samples=min(loader.n, start.step * loader.global_batch_size), loss_offset=carried)
+        progress.start_epoch(epoch, skipped_samples=done_before, loss_offset=carried[0], count_offset=carried[1])
 
     def add(self, result: Any, n_local: int, n_global: int) -> None:
+        self.steps_done += 1
+        self.samples += n_global
+        self.samples_here += n_global
         if result.loss_sum is None:
             self.skipped += 1  # --on-nan skip
             return
-        self.loss_sum += result.loss_sum
-        self.progress.step(n_local, n_global, self.loss_sum)
+        self.sums += result.loss_sum
+        self.progress.step(n_local, n_global, self.sums)
+
+    def position(self, step: int | None) -> Position:
+        """Where a checkpoint taken now resumes: after `step` steps of this epoch (a collective:
+        the global sums so far), or at the epoch's end (None) when it is complete."""
+        step = self.steps_done if step is None else step
+        if step >= len(self.loader):
+            return Position(self.epoch + 1)
+        loss, count = self.rt.all_sum(self.sums).tolist()
+        return Position(self.epoch, step, loss, count)
 
     def elapsed(self) -> float:
         return time.perf_counter() - self.t0
 
-    def finish(self, epochs: int) -> dict[str, Any]:
+    def finish(self, global_step: int) -> dict[str, Any]:
         """The epoch's record so far: its global mean training loss (one all-reduce)."""
-        train_loss = self.rt.all_sum(self.loss_sum).item() / self.loader.n
+        loss, count = self.rt.all_sum(self.sums).tolist()
+        train_loss = loss / count if count else float("nan")
         self.epoch_s = self.elapsed()
         if not math.isfinite(train_loss):
             raise DdpkitError(f"the training loss is {train_loss} in epoch {self.epoch + 1}; no checkpoint of these weights "
                               "was written (lower --lr?)")
-        record: dict[str, Any] = {"epoch": self.epoch + 1, "train_loss": train_loss}
+        record: dict[str, Any] = {"epoch": self.epoch + 1, "step": global_step, "train_loss": train_loss}
         if self.skipped:
             record["skipped_steps"] = self.skipped
         return record
 
     def rates(self) -> dict[str, Any]:
         s = self.epoch_s
-        return {"epoch_s": round(s, 6), "samples_per_s": round(self.loader.n / s, 2) if s > 0 else None}
+        return {"epoch_s": round(s, 6), "samples_per_s": round(self.samples_here / s, 2) if s > 0 else None}
 
 
 class RunTotals:
@@ -145,7 +209,7 @@ class RunTotals:
     def add_epoch(self, record: dict[str, Any], epoch_run: EpochRun) -> None:
         self.last = record
         self.train_s += epoch_run.epoch_s
-        self.samples += epoch_run.loader.n
+        self.samples += epoch_run.samples_here
 
     def stop(self, seconds: float, stop: StopRequest | None) -> None:
         self.train_s += seconds
@@ -167,12 +231,14 @@ class RunTotals:
         }
 
 
-def report(record: dict[str, Any], log: MetricsLog, progress: Progress, task: Task, rt: Runtime) -> None:
-    """metrics.jsonl (+ csv, TensorBoard), the task's on_metrics hook on rank 0, the epoch line."""
+def report(record: dict[str, Any], log: MetricsLog, progress: Progress | None, task: Task, rt: Runtime) -> None:
+    """metrics.jsonl (+ csv, TensorBoard), the task's on_metrics hook on rank 0, the epoch line
+    (`progress`: None for a step-based evaluation inside an epoch)."""
     log.write(record)
     if task.on_metrics is not None and rt.is_main:
         task.on_metrics(dict(record))  # global values: every number above is already reduced across ranks
-    progress.end_epoch(record)
+    if progress is not None:
+        progress.end_epoch(record)
 
 
 def memory_stats(rt: Runtime, strategy: Strategy, model: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:

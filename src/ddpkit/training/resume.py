@@ -17,9 +17,10 @@ from ..strategies import Strategy
 
 
 def resume(run_dir: Path, rt: Runtime, strategy: Strategy, model: nn.Module, optimizer: torch.optim.Optimizer,
-           required: bool, quiet: bool = False) -> Position:
-    """Where to continue from. `required` (--resume): no checkpoint is an error; otherwise
-    (--auto-resume) no checkpoint at all means a fresh start."""
+           required: bool, quiet: bool = False) -> tuple[Position, dict[str, Any]]:
+    """Where to continue from, and the checkpoint's extra state (scheduler, scaler). `required`
+    (--resume): no checkpoint is an error; otherwise (--auto-resume) no checkpoint at all
+    means a fresh start."""
     from ..checkpoint.sharded import find_any_resumable, list_sharded  # torch.distributed.checkpoint: ~0.5 s
 
     message: Any = None
@@ -38,12 +39,13 @@ def resume(run_dir: Path, rt: Runtime, strategy: Strategy, model: nn.Module, opt
     if status == "error":
         raise DdpkitError(payload)
     if status == "fresh":
-        return Position()
+        return Position(), {}
     strategy.load_checkpoint(status, payload, Path(path), model, optimizer)
     rngs = payload["rng"]
     set_rng_state(rngs[rt.rank] if len(rngs) == rt.world_size else rngs[0])
-    pos = Position(int(payload["epoch"]), int(payload.get("step", 0)), float(payload.get("loss_sum", 0.0)))
+    pos = Position(int(payload["epoch"]), int(payload.get("step", 0)), float(payload.get("loss_sum", 0.0)),
+                   float(payload.get("count_sum", 0.0)))
     if not quiet:
         where = f"epoch {pos.epoch} done" + (f", {pos.step} steps into epoch {pos.epoch + 1}" if pos.step else "")
         rt.print(f"ddpkit: resuming from {path} ({where})")
-    return pos
+    return pos, payload.get("extra", {})

@@ -4,12 +4,17 @@ NaN/inf losses and stop signals, the backward passes and the optimizer step.
 Why each piece is here:
   * Micro-batches (--accumulate K): the share is cut into K contiguous parts; all but the
     last run under the strategy's no_sync, so gradients travel once per optimizer step.
-  * Weights: each micro-batch's loss is scaled by its share of the global batch
+  * Weights: each micro-batch's mean loss is scaled by its share of the global batch
     (n_micro x world / n_global), so the averaged gradient is exactly the mean over the
-    global batch, as on one process, also for a short last batch.
+    global batch, as on one process, also for a short last batch. A task's step hook that
+    returns (loss_sum, count) is summed instead, and the synced gradients are divided by
+    the count over every micro-batch and rank (world / global count, after the sync).
   * Agreement: one small all-reduce per optimizer step carries (any loss not finite, any
-    rank asked to stop): every rank takes the same branch, so none waits for a collective
-    the others skip.
+    rank asked to stop, this rank's count): every rank takes the same branch, so none
+    waits for a collective the others skip.
+  * Then, in this order: clip the global gradient norm (--clip-grad-norm; unscaled first
+    under fp16), the optimizer step (through the gradient scaler under fp16), the LR
+    scheduler's step.
   * An empty share (more ranks than samples left) still joins the gradient sync, with zeros.
 """
 from __future__ import annotations
@@ -23,12 +28,13 @@ from torch import nn
 from ..errors import DdpkitError
 from ..runtime import Runtime
 from ..strategies import Strategy
+from .batches import compute_loss, sample_count, split, to_device, zero_loss
 from .signals import StopRequest
 
 
 @dataclass
 class StepResult:
-    loss_sum: torch.Tensor | None  # this rank's loss summed over its samples (None: the step was skipped)
+    loss_sum: torch.Tensor | None  # [this rank's loss sum, its count] (None: the step was skipped)
     stop: bool  # some rank asked to stop: save at this step boundary
 
 
@@ -40,40 +46,57 @@ class StepRunner:
     strategy: Strategy
     model: nn.Module
     optimizer: torch.optim.Optimizer
-    loss_fn: Callable[..., torch.Tensor]
+    loss_fn: Callable[..., torch.Tensor] | None = None
     accumulate: int = 1
     on_nan: str = "stop"
     stop: StopRequest | None = None
+    step_fn: Callable[..., Any] | None = None  # the task's step(model, batch) hook
+    clip_grad_norm: float | None = None
+    scheduler: Any = None  # stepped after every optimizer step
+    scaler: Any = None  # torch.amp.GradScaler under fp16
+    last_grad_norm: float | None = None
+    _output_checked: bool = False
 
     def run(self, batch: Any, n_local: int, n_global: int, where: str) -> StepResult:
         """One optimizer step over this rank's share of a global batch of `n_global` samples.
         `where` names the step in errors ("epoch 3, step 7")."""
         world = self.rt.world_size
         pending = None  # non-finite losses of earlier micro-batches (no extra collective)
-        losses = []
+        totals = torch.zeros(2, dtype=torch.float64, device=self.rt.device)  # loss sum, count
+        kinds = set()
         bad = 0
         stop_now = False
+        global_count = None
         for micro, n_micro, last in iter_micro(batch, n_local, self.accumulate):
             if not last and not n_micro:
                 continue  # an empty micro-batch outside the sync adds nothing
-            *inputs, target = to_device(micro, self.rt.device)
+            micro = to_device(micro, self.rt.device)
             with self.strategy.no_sync(self.model, skip_sync=not last):
                 with self.strategy.autocast():
-                    out = self.model(*inputs)
-                    loss = self.loss_fn(out, target) if n_micro else None
+                    loss = compute_loss(self.model, micro, n_micro, self.loss_fn, self.step_fn, self.rt.device)
+                if not self._output_checked:
+                    self.strategy.check_output(loss.output)
+                    self._output_checked = True
+                if loss.value is not None:
+                    kinds.add(loss.summed)
+                    if len(kinds) > 1:
+                        raise DdpkitError("the task's step(model, batch) returned a loss for some micro-batches and "
+                                          "(loss_sum, count) for others: return the same kind every time")
                 if last:
-                    bad, stop_now = self.flags(loss, pending)
+                    local_count = totals[1] + (loss.count if loss.value is not None else 0.0)
+                    bad, stop_now, global_count = self.flags(loss.value, pending, local_count)
                     if bad:
                         break
-                elif loss is not None:
-                    nonfinite = (~torch.isfinite(loss.detach())).float()
+                elif loss.value is not None:
+                    nonfinite = (~torch.isfinite(loss.value.detach())).double()
                     pending = nonfinite if pending is None else pending + nonfinite
-                if loss is not None:
-                    scale = n_micro * world / n_global
-                    (loss if scale == 1.0 else loss * scale).backward()
-                    losses.append(loss.detach().double() * n_micro)
+                if loss.value is not None:
+                    weighted = loss.value if loss.summed else loss.value * (n_micro * world / n_global)
+                    self._backward(weighted)
+                    totals[0] += loss.value.detach().double() * (1.0 if loss.summed else n_micro)
+                    totals[1] += loss.count
                 else:  # no sample for this rank in a short last batch: join the gradient sync with zeros
-                    (first_tensor(out).sum() * 0.0).backward()
+                    self._backward(self._empty_share_loss(loss))
         if bad:
             self.optimizer.zero_grad(set_to_none=True)  # drop what earlier micro-batches accumulated
             if self.on_nan == "stop":
@@ -81,26 +104,85 @@ class StepRunner:
                     f"the training loss is not finite in {where} (on {bad} of {world} rank(s)); stopped before the "
                     "optimizer step, so the last checkpoint holds finite weights (lower --lr, check the data, or --on-nan skip)")
             return StepResult(None, False)  # --on-nan skip: every rank drops this step
-        self.optimizer.step()
-        self.optimizer.zero_grad(set_to_none=True)
-        total = torch.zeros((), dtype=torch.float64, device=self.rt.device)
-        for part in losses:
-            total += part
-        return StepResult(total, stop_now)
+        if True in kinds and global_count:
+            self._scale_grads(world / global_count)  # summed losses: the mean over every rank's count
+        self._optimizer_step()
+        return StepResult(totals, stop_now)
 
-    def flags(self, loss: torch.Tensor | None, pending: torch.Tensor | None = None) -> tuple[int, bool]:
-        """(ranks whose loss is not finite, whether any rank asked to stop): the same on every rank.
-        `pending`: non-finite losses of earlier micro-batches of this step on this rank."""
-        flags = torch.zeros(2, device=self.rt.device)
+    def _backward(self, loss: torch.Tensor) -> None:
+        (self.scaler.scale(loss) if self.scaler is not None else loss).backward()
+
+    def _empty_share_loss(self, loss: Any) -> torch.Tensor:
+        if self.step_fn is None:
+            return zero_loss(loss.output)
+        value = loss.output[0] if isinstance(loss.output, (tuple, list)) else loss.output
+        if not (isinstance(value, torch.Tensor) and torch.isfinite(value).all()):
+            raise DdpkitError("the task's step(model, batch) gave a non-finite loss for a rank's empty share of a short last "
+                              "batch (a mean over no sample); return (loss_sum, count) from step, which is 0 for no sample")
+        return value.sum() * 0.0
+
+    def _scale_grads(self, factor: float) -> None:
+        with torch.no_grad():
+            for p in self.model.parameters():
+                if p.grad is not None:
+                    p.grad.mul_(factor)
+
+    def _optimizer_step(self) -> None:
+        if self.clip_grad_norm is not None:
+            if self.scaler is not None:
+                self.scaler.unscale_(self.optimizer)
+            self.last_grad_norm = self.strategy.clip_grad_norm(self.model, self.clip_grad_norm)
+        if self.scaler is not None:
+            self.scaler.step(self.optimizer)
+            self.scaler.update()
+        else:
+            self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        if self.scheduler is not None:
+            self.scheduler.step()
+
+    def state(self) -> dict[str, Any]:
+        """What a checkpoint keeps besides model and optimizer: the scheduler's and scaler's state."""
+        out = {}
+        if self.scheduler is not None:
+            out["scheduler"] = self.scheduler.state_dict()
+        if self.scaler is not None:
+            out["scaler"] = self.scaler.state_dict()
+        return out
+
+    def load_state(self, extra: dict[str, Any]) -> None:
+        """Restore state() from a checkpoint; a schedule the checkpoint and this run disagree on is an error
+        (resuming it silently would restart or drop the learning-rate schedule)."""
+        for name, obj in (("scheduler", self.scheduler), ("scaler", self.scaler)):
+            saved = extra.get(name)
+            if (saved is None) != (obj is None):
+                what = "an LR scheduler (--lr-schedule/--warmup-steps or Task.scheduler)" if name == "scheduler" else "an fp16 gradient scaler"
+                has = "the checkpoint has" if saved is not None else "this run has"
+                raise DdpkitError(f"--resume: {has} {what} and the other does not; resume with the settings of the run "
+                                  "that wrote the checkpoint")
+            if obj is not None:
+                obj.load_state_dict(saved)
+
+    def figures(self) -> dict[str, Any]:
+        """For the epoch's record: the last step's gradient norm before clipping."""
+        return {"grad_norm": self.last_grad_norm} if self.last_grad_norm is not None else {}
+
+    def flags(self, loss: torch.Tensor | None, pending: torch.Tensor | None = None,
+              count: torch.Tensor | float = 0.0) -> tuple[int, bool, float]:
+        """(ranks whose loss is not finite, whether any rank asked to stop, the global count):
+        the same on every rank. `pending`: non-finite losses of earlier micro-batches of this
+        step on this rank; `count`: this rank's samples or tokens in this step."""
+        flags = torch.zeros(3, dtype=torch.float64, device=self.rt.device)
         if loss is not None:
-            flags[0] = (~torch.isfinite(loss.detach())).float()
+            flags[0] = (~torch.isfinite(loss.detach())).double()
         if pending is not None:
             flags[0] = torch.clamp(flags[0] + pending, max=1.0)
         if self.stop is not None and self.stop.received:
             flags[1] = 1.0
+        flags[2] = count
         self.rt.collectives.all_reduce_(flags)
-        bad, stopping = flags.tolist()
-        return int(bad), stopping > 0
+        bad, stopping, total = flags.tolist()
+        return int(bad), stopping > 0, total
 
     def stop_requested(self) -> bool:
         """Between epochs: has any rank received a stop signal? (A collective when stop is set.)"""
@@ -109,17 +191,16 @@ class StepRunner:
 
 def micro_batches(batch: Any, n_local: int, k: int) -> list[tuple[Any, int]]:
     """Split this rank's share of a step into k contiguous micro-batches whose sizes differ
-    by at most one (the first get the extra samples, the last may be empty)."""
+    by at most one (the first get the extra samples, the last may be empty). Any structure
+    (tensors, tuples, dicts, nested) is cut along every tensor's first dimension."""
     if k == 1:
         return [(batch, n_local)]
     base, extra = divmod(n_local, k)
     sizes = [base + (1 if i < extra else 0) for i in range(k)]
-    if isinstance(batch, torch.Tensor):
-        return list(zip(torch.split(batch, sizes), sizes))
-    if isinstance(batch, (list, tuple)) and all(isinstance(t, torch.Tensor) for t in batch):
-        cols = [torch.split(t, sizes) for t in batch]
-        return [(tuple(c[i] for c in cols), n) for i, n in enumerate(sizes)]
-    raise DdpkitError(f"--accumulate needs batches that are tensors or tuples of tensors, got {type(batch).__name__}")
+    if n_local and sample_count(batch) != n_local:
+        raise DdpkitError(f"--accumulate: a batch of {n_local} samples holds a tensor of {sample_count(batch)} rows first; "
+                          "every tensor of a batch needs the samples along its first dimension")
+    return list(zip(split(batch, sizes), sizes))
 
 
 def iter_micro(batch: Any, n_local: int, k: int) -> Iterator[tuple[Any, int, bool]]:
@@ -127,19 +208,3 @@ def iter_micro(batch: Any, n_local: int, k: int) -> Iterator[tuple[Any, int, boo
     parts = micro_batches(batch, n_local, k)
     for i, (b, n) in enumerate(parts):
         yield b, n, i == len(parts) - 1
-
-
-def to_device(batch: Any, device: torch.device) -> list[Any]:
-    if not isinstance(batch, (list, tuple)) or len(batch) < 2:
-        raise DdpkitError("each item of the training set must be (inputs..., target); got a single value")
-    if device.type == "cpu":
-        return list(batch)
-    return [b.to(device, non_blocking=True) if isinstance(b, torch.Tensor) else b for b in batch]
-
-
-def first_tensor(out: Any) -> torch.Tensor:
-    if isinstance(out, torch.Tensor):
-        return out
-    if isinstance(out, dict):
-        out = list(out.values())
-    return next(o for o in out if isinstance(o, torch.Tensor))

@@ -20,7 +20,10 @@ def test_every_config_field_is_a_train_flag_with_its_default_and_choices():
     actions = _train_actions()
     for f in CLI_FIELDS:
         action = actions[f.name]
-        assert action.default == f.default, f.name
+        if f.metadata.get("append"):  # repeated KEY=VALUE pairs: nothing given is None, RunConfig's default {}
+            assert action.default is None and f.default_factory() == {}, f.name
+        else:
+            assert action.default == f.default, f.name
         assert tuple(action.choices or ()) == tuple(f.metadata.get("choices") or ()), f.name
         if not f.metadata.get("positional"):
             assert list(action.option_strings) == list(flag_names(f.name)), f.name
@@ -40,6 +43,12 @@ def test_flags_reach_the_config():
     assert cfg.device_memory == 2 * 2**30
 
 
+def test_task_args_are_repeated_key_value_pairs_of_python_literals():
+    ns = build_parser().parse_args(["train", "x.py:build", "--task-arg", "n_layer=4", "--task-arg", "lr=3e-4",
+                                    "--task-arg", "name=tiny", "--task-arg", "flags=[1, 2]", "--task-arg", "on=True"])
+    assert config_from(ns).task_args == {"n_layer": 4, "lr": 3e-4, "name": "tiny", "flags": [1, 2], "on": True}
+
+
 def test_the_help_names_each_default_once():
     help_text = {a.dest: a.help for a in _train_actions().values()}
     assert help_text["epochs"].endswith("(default 100)")
@@ -52,6 +61,8 @@ def test_the_help_names_each_default_once():
     (["train", "--nproc", "0"], "must be a positive integer or 'auto', got '0'"),
     (["train", "--grad-sync", "nope"], "invalid choice: 'nope'"),
     (["train", "--epochs", "many"], "invalid int value: 'many'"),
+    (["train", "--task-arg", "n layer=4"], "must be KEY=VALUE with KEY a Python name"),
+    (["train", "--lr-schedule", "step"], "invalid choice: 'step'"),
 ])
 def test_bad_flags_exit_2_with_the_reason(argv, fragment, capsys):
     with pytest.raises(SystemExit) as e:

@@ -33,8 +33,8 @@ def test_run_config_takes_strategy_precision_and_a_memory_size():
         RunConfig(strategy="fsdp", nproc=1)
     with pytest.raises(DdpkitError, match="--strategy must be one of ddp, fsdp, auto"):
         RunConfig(strategy="zero3")
-    with pytest.raises(DdpkitError, match="--precision must be one of fp32, bf16"):
-        RunConfig(precision="fp16")
+    with pytest.raises(DdpkitError, match="--precision must be one of fp32, bf16, fp16"):
+        RunConfig(precision="int8")
 
 
 @pytest.mark.parametrize("make, expected", [

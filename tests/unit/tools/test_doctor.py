@@ -75,7 +75,15 @@ def test_without_scontrol_ddpkit_expands_the_node_list_itself_and_shows_what_it_
 
 
 def test_gpus_hidden_by_cuda_visible_devices_and_thread_oversubscription(monkeypatch):
+    import torch
+
+    import ddpkit.runtime
+
     monkeypatch.setattr(doctor.glob, "glob", lambda pattern: ["/dev/nvidia0", "/dev/nvidia1"])
+    # the GPUs are hidden and torch is a CPU build, whatever this machine has (a CUDA build of torch,
+    # as on a GPU machine, sees its real GPUs and does not get the CPU-build warning)
+    monkeypatch.setattr(ddpkit.runtime, "cuda_device_count", lambda: 0)
+    monkeypatch.setattr(torch.version, "cuda", None)
     r = doctor.collect({"CUDA_VISIBLE_DEVICES": "", "OMP_NUM_THREADS": "8"})
     cores = r["devices"]["cpu_cores_usable"]
     assert any("CUDA_VISIBLE_DEVICES='' hides 2 of this machine's 2 GPUs" in w for w in r["warnings"])

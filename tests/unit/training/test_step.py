@@ -32,7 +32,8 @@ def test_micro_batches_sum_to_the_whole_batch_step(rt):
     whole, split = _runner(rt), _runner(rt, accumulate=3)
     r1 = whole.run(_batch(), 7, 7, "epoch 1, step 1")
     r3 = split.run(_batch(), 7, 7, "epoch 1, step 1")
-    assert r1.loss_sum.item() == pytest.approx(r3.loss_sum.item(), rel=1e-6)  # float32 means of other sizes
+    assert r1.loss_sum[1].item() == r3.loss_sum[1].item() == 7  # [loss sum, samples]
+    assert r1.loss_sum[0].item() == pytest.approx(r3.loss_sum[0].item(), rel=1e-6)  # float32 means of other sizes
     for a, b in zip(whole.model.parameters(), split.model.parameters()):
         torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-7)
 
@@ -64,5 +65,5 @@ def test_on_nan_skip_drops_the_step_and_its_gradients(rt):
 
 
 def test_an_item_that_is_not_inputs_and_target_is_named(rt):
-    with pytest.raises(DdpkitError, match=r"must be \(inputs..., target\)"):
+    with pytest.raises(DdpkitError, match=r"must be a dict \(passed to the model as keyword arguments\) or \(inputs..., target\)"):
         _runner(rt).run(torch.randn(4, 3), 4, 4, "epoch 1, step 1")

@@ -1,0 +1,158 @@
+"""Batches of any structure, and the loss of one micro-batch.
+
+A batch is what the data set's items collate to:
+  * a dict (what a tokenised Hugging Face data set gives): the model is called as
+    `model(**batch)`;
+  * a tuple or list: the `(inputs..., target)` rule, `model(*inputs)` and
+    `loss_fn(output, target)`;
+  * anything nested: moved to the device and cut into micro-batches whole (every tensor
+    along its first dimension, other values kept as they are).
+The number of samples is the first tensor's length.
+
+The loss, in this order: the task's `step(model, batch)` hook; the task's `loss_fn`; the loss
+the model's output carries (an attribute or key `loss`, or a `(logits, loss)` tuple, as
+Hugging Face and nanoGPT models return); cross-entropy of `(inputs..., target)` items.
+A `step` that returns `(loss_sum, count)` makes the loss exact over tokens: ddpkit divides
+by the count over every micro-batch and rank, so padding cannot make world sizes differ.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import torch
+from torch import nn
+
+from ..errors import DdpkitError
+
+_CROSS_ENTROPY = nn.CrossEntropyLoss()
+
+
+@dataclass
+class Loss:
+    """One micro-batch's loss: `value` to backward, and how it is normalised."""
+
+    value: torch.Tensor | None  # None: no sample in this micro-batch
+    count: torch.Tensor  # samples (mean losses) or the step hook's count (summed losses), float64
+    summed: bool  # value is a sum over `count` items (else a mean over the samples)
+    output: Any = None
+
+
+def sample_count(batch: Any) -> int:
+    t = first_tensor(batch)
+    if t is None or t.dim() == 0:
+        raise DdpkitError(f"a batch must hold at least one tensor with a batch dimension; got {type(batch).__name__}")
+    return int(t.shape[0])
+
+
+def first_tensor(obj: Any) -> torch.Tensor | None:
+    """The first tensor in a nested structure (dict values in order), or None."""
+    if isinstance(obj, torch.Tensor):
+        return obj
+    values = obj.values() if isinstance(obj, dict) else obj if isinstance(obj, (list, tuple)) else ()
+    for v in values:
+        t = first_tensor(v)
+        if t is not None:
+            return t
+    return None
+
+
+def zero_loss(out: Any) -> torch.Tensor:
+    """0 x the model's output, for a rank with no sample in a short last batch: its backward
+    joins the gradient sync with zeros. Not from a carried loss: the mean of nothing is NaN."""
+    if isinstance(out, dict):
+        out = {k: v for k, v in out.items() if k != "loss"}
+    elif carried_loss(out) is not None and isinstance(out, tuple):
+        out = out[0]
+    t = first_tensor(out)
+    if t is None:
+        raise DdpkitError("the model's output holds no tensor to join the gradient sync with")
+    return t.sum() * 0.0
+
+
+def to_device(batch: Any, device: torch.device) -> Any:
+    """The batch with every tensor on `device` (the same object on the CPU)."""
+    if device.type == "cpu":
+        return batch
+    return _map_tensors(batch, lambda t: t.to(device, non_blocking=True))
+
+
+def split(batch: Any, sizes: list[int]) -> list[Any]:
+    """The batch cut into consecutive micro-batches of `sizes` samples each."""
+    if isinstance(batch, torch.Tensor):
+        return list(torch.split(batch, sizes))
+    if isinstance(batch, dict):
+        parts = {k: split(v, sizes) for k, v in batch.items()}
+        return [{k: parts[k][i] for k in batch} for i in range(len(sizes))]
+    if isinstance(batch, (list, tuple)):
+        cols = [split(v, sizes) for v in batch]
+        return [tuple(c[i] for c in cols) for i in range(len(sizes))]
+    return [batch] * len(sizes)  # a non-tensor value (a flag, a string) goes to every micro-batch
+
+
+def compute_loss(model: nn.Module, batch: Any, n: int, loss_fn: Callable | None, step: Callable | None,
+                 device: torch.device) -> Loss:
+    """Forward one micro-batch of `n` samples and take its loss (see the module docstring)."""
+    if step is not None:
+        result = step(model, batch)
+        if isinstance(result, (tuple, list)):
+            if len(result) != 2:
+                raise DdpkitError("the task's step(model, batch) must return the loss, or (loss_sum, count)")
+            total, count = result
+            return Loss(_scalar(total, "step(model, batch)'s loss_sum") if n else None,
+                        torch.as_tensor(count, dtype=torch.float64, device=device).reshape(()), True, total)
+        return Loss(_scalar(result, "step(model, batch)") if n else None, _count(n, device), False, result)
+    if isinstance(batch, dict):
+        out = model(**batch)
+        if loss_fn is not None:
+            return Loss(loss_fn(out, batch) if n else None, _count(n, device), False, out)
+        return Loss(own_loss(out, "a dict batch") if n else None, _count(n, device), False, out)
+    if not isinstance(batch, (list, tuple)) or len(batch) < 2:
+        raise DdpkitError("each item of the training set must be a dict (passed to the model as keyword arguments) "
+                          f"or (inputs..., target); got {type(batch).__name__}")
+    *inputs, target = batch
+    out = model(*inputs)
+    if loss_fn is not None:
+        return Loss(loss_fn(out, target) if n else None, _count(n, device), False, out)
+    carried = carried_loss(out)
+    if carried is not None:
+        return Loss(carried if n else None, _count(n, device), False, out)
+    return Loss(_CROSS_ENTROPY(out, target) if n else None, _count(n, device), False, out)
+
+
+def carried_loss(out: Any) -> torch.Tensor | None:
+    """The loss a model's output carries: `.loss`, `["loss"]`, or the second of `(logits, loss)`."""
+    loss = getattr(out, "loss", None) if not isinstance(out, dict) else out.get("loss")
+    if isinstance(loss, torch.Tensor):
+        return loss
+    if isinstance(out, tuple) and len(out) == 2 and isinstance(out[1], torch.Tensor) and out[1].dim() == 0:
+        return out[1]
+    return None
+
+
+def own_loss(out: Any, what: str) -> torch.Tensor:
+    loss = carried_loss(out)
+    if loss is None:
+        raise DdpkitError(f"the model's output for {what} carries no loss (an attribute or key 'loss', or (logits, loss)); "
+                          "give the task a loss_fn(output, batch) or a step(model, batch) that returns the loss")
+    return loss
+
+
+def _scalar(value: Any, what: str) -> torch.Tensor:
+    if not isinstance(value, torch.Tensor) or value.numel() != 1:
+        raise DdpkitError(f"the task's {what} must return a scalar tensor, got {type(value).__name__}")
+    return value.reshape(())
+
+
+def _count(n: int, device: torch.device) -> torch.Tensor:
+    return torch.tensor(float(n), dtype=torch.float64, device=device)
+
+
+def _map_tensors(obj: Any, fn: Callable[[torch.Tensor], torch.Tensor]) -> Any:
+    if isinstance(obj, torch.Tensor):
+        return fn(obj)
+    if isinstance(obj, dict):
+        return {k: _map_tensors(v, fn) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(_map_tensors(v, fn) for v in obj) if type(obj) in (list, tuple) else tuple(_map_tensors(v, fn) for v in obj)
+    return obj

@@ -1,0 +1,50 @@
+"""The learning rate over the run: the task's own scheduler, or --lr-schedule with
+--warmup-steps. Stepped once per optimizer step; its state is in every checkpoint."""
+from __future__ import annotations
+
+import math
+from typing import Any, Callable
+
+import torch
+from torch.optim.lr_scheduler import LambdaLR
+
+from ..errors import DdpkitError
+
+
+class Schedule:
+    """The LR factor at optimizer step `step` (0-based): linear warm-up from 0 over `warmup`
+    steps, then constant, linear to 0, or cosine to 0 at `total` steps. A class, not a
+    closure, so LambdaLR's state_dict holds its numbers."""
+
+    def __init__(self, shape: str, warmup: int, total: int) -> None:
+        self.shape, self.warmup, self.total = shape, warmup, max(total, 1)
+
+    def __call__(self, step: int) -> float:
+        if step < self.warmup:
+            return (step + 1) / (self.warmup + 1)
+        if self.shape == "constant":
+            return 1.0
+        progress = min(1.0, (step - self.warmup) / max(1, self.total - self.warmup))
+        if self.shape == "linear":
+            return 1.0 - progress
+        return 0.5 * (1.0 + math.cos(math.pi * progress))
+
+
+def make_scheduler(task_scheduler: Callable[[torch.optim.Optimizer], Any] | None, shape: str, warmup: int,
+                   optimizer: torch.optim.Optimizer, total_steps: int) -> Any:
+    """The run's LR scheduler, or None when the learning rate stays as the optimizer has it."""
+    if task_scheduler is not None:
+        if shape != "constant" or warmup:
+            raise DdpkitError("the task has its own scheduler and --lr-schedule/--warmup-steps were given too: drop one of them")
+        scheduler = task_scheduler(optimizer)
+        if not (callable(getattr(scheduler, "step", None)) and callable(getattr(scheduler, "state_dict", None))
+                and callable(getattr(scheduler, "load_state_dict", None))):
+            raise DdpkitError(f"the task's scheduler(optimizer) must return a torch LR scheduler (with step, state_dict and "
+                              f"load_state_dict), got {type(scheduler).__name__}")
+        return scheduler
+    if shape == "constant" and not warmup:
+        return None
+    if warmup >= total_steps and shape != "constant":
+        raise DdpkitError(f"--warmup-steps {warmup} is not less than the run's {total_steps} optimizer steps: "
+                          "nothing would be left for the schedule")
+    return LambdaLR(optimizer, Schedule(shape, warmup, total_steps))
