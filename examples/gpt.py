@@ -228,8 +228,9 @@ def warmup_cosine(warmup_steps: int, decay_steps: int, min_ratio: float = 0.1):
 
 
 def run_steps(config, n_train: int) -> int | None:
-    """The optimizer steps this run will take (None without a RunConfig): --max-steps, or
-    epochs x steps per epoch at the job's global batch (batch x accumulate x world size)."""
+    """The optimizer steps this run will take (None without a RunConfig): --max-steps (which
+    overrides --epochs), or epochs x steps per epoch at the job's global batch (batch x
+    accumulate x world size), as ddpkit counts them."""
     if config is None:
         return None
     if torch.distributed.is_available() and torch.distributed.is_initialized():
@@ -237,9 +238,7 @@ def run_steps(config, n_train: int) -> int | None:
     else:
         world = int(os.environ.get("WORLD_SIZE", "1"))
     per_epoch = math.ceil(n_train / (config.batch_size * getattr(config, "accumulate", 1) * world))
-    steps = config.epochs * per_epoch
-    max_steps = getattr(config, "max_steps", None)
-    return min(steps, max_steps) if max_steps else steps
+    return getattr(config, "max_steps", None) or config.epochs * per_epoch
 
 
 # ---------------------------------------------------------------------------- the task
