@@ -211,12 +211,26 @@ _LABELS = {"wall_s": "wall s", "train_s": "train s", "samples_per_s": "samples/s
            "final_loss": "final loss", "test_acc": "test acc", "inner_wall_s": "in-process s"}
 
 
+def _paired_cell(runs: list[dict], twin: list[dict], metric: str) -> str:
+    """median(runs) / median(twin), then the min-max of the round-by-round ratios."""
+    mv, tv = _vals(runs, metric), _vals(twin, metric)
+    if not mv or not tv or not statistics.median(tv):
+        return "-"
+    by_round = {r.get("repeat"): r[metric] for r in twin if r.get("ok") and isinstance(r.get(metric), (int, float))}
+    per = [r[metric] / by_round[r.get("repeat")] for r in runs
+           if r.get("ok") and isinstance(r.get(metric), (int, float)) and by_round.get(r.get("repeat"))]
+    cell = f"{statistics.median(mv) / statistics.median(tv):.3f}x"
+    return cell + (f" ({min(per):.3f}-{max(per):.3f})" if len(per) > 1 else "")
+
+
 def table(results: list[dict], baselines: list[str] = (), *, metric: str = "wall_s",
           columns: list[str] = ("wall_s", "startup_s", "fit_s", "train_s", "teardown_s", "samples_per_s", "steady_samples_per_s",
-                                "final_loss", "test_acc")) -> str:
+                                "final_loss", "test_acc"), paired_suffix: str = "") -> str:
     """Markdown table: one row per variant (in first-seen order) with median (min-max) of
     each column over its successful runs, and median(metric) / median(metric of baseline)
-    for each named baseline."""
+    for each named baseline. With paired_suffix (e.g. "@baseline"), one more column: each
+    variant NAME that has a NAME+paired_suffix twin gets median(NAME) / median(twin), and in
+    brackets the min-max of the same ratio taken round by round (repeat r against repeat r)."""
     groups = _groups(results)
     cols = [c for c in columns if any(_vals(runs, c) for runs in groups.values())]
     base_med = {}
@@ -226,6 +240,9 @@ def table(results: list[dict], baselines: list[str] = (), *, metric: str = "wall
             base_med[b] = statistics.median(v)
     head = ["variant", "procs", "ok/runs"] + [_LABELS.get(c, c) for c in cols] + \
            [f"{_LABELS.get(metric, metric)} ÷ {b}" for b in base_med]
+    paired = bool(paired_suffix) and any(n + paired_suffix in groups for n in groups)
+    if paired:
+        head.append(f"{_LABELS.get(metric, metric)} ÷ same variant {paired_suffix} (per round)")
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for name, runs in groups.items():
         ok = [r for r in runs if r.get("ok")]
@@ -235,6 +252,8 @@ def table(results: list[dict], baselines: list[str] = (), *, metric: str = "wall
         mv = _vals(runs, metric)
         for _name, bm in base_med.items():
             row.append(f"{statistics.median(mv) / bm:.2f}x" if mv and bm else "-")
+        if paired:
+            row.append(_paired_cell(runs, groups.get(name + paired_suffix, []), metric))
         lines.append("| " + " | ".join(row) + " |")
     fails = [r for r in results if not r.get("ok")]
     for r in fails:

@@ -5,6 +5,7 @@ GPT example (examples/gpt.py at 0.8M parameters, against a hand-written torchrun
 
     python benchmarks/run.py [--repeats 3] [--quick] [--out benchmarks/results]
                              [--workload wine|mlp|gpt|all] [--only NAME,NAME] [--list]
+                             [--baseline-src OTHER_CHECKOUT/src]
     python benchmarks/run.py --workload gpt --out benchmarks/results/gpt   # the GPT rows alone
 
 Writes OUT/results.md (tables + exact commands), OUT/results.json (every run),
@@ -16,6 +17,10 @@ ratio columns, not absolute seconds across runs. Needs the bench extra:
 Wine rows are judged by wall time (measured from outside: launcher, imports, training,
 evaluation, teardown); MLP and GPT rows by samples/s of the training loop (GPT: windows of
 128 characters per second; its evaluation at the end is outside the timed loop).
+
+--baseline-src PATH (the src/ folder of another ddpkit checkout, e.g. a `git worktree` of an
+older commit) adds, right after each selected ddpkit variant, the same command with
+PYTHONPATH=PATH, named NAME@baseline; the tables get a column NAME ÷ NAME@baseline.
 """
 from __future__ import annotations
 
@@ -193,6 +198,7 @@ JUDGE = {
     "mlp": ("samples_per_s", ["hw-2x1", "hw-2x1-nosync", "hw-2x1-view", "ddpkit-2"]),
     "gpt": ("samples_per_s", ["hw-2x1", "ddpkit-2"]),
 }
+BASELINE = "@baseline"  # suffix of the --baseline-src twin of a ddpkit variant
 MLP_SAMPLES = {"full": 30 * 2 * 256, "quick": 12 * 2 * 256}  # 30 / 12 steps at 2 processes
 GPT_SAMPLES = {"full": 30 * 2 * 16, "quick": 12 * 2 * 16}  # 30 / 12 steps at 2 processes of 16
 WORKLOADS = ("wine", "mlp", "gpt")
@@ -218,6 +224,24 @@ def _skip_reason(v: dict) -> str | None:
     if "{" not in exe and "/" not in exe and shutil.which(exe) is None:
         return f"`{exe}` is not on PATH"
     return None
+
+
+def _with_baseline(chosen: list[dict], src: str) -> list[dict]:
+    """chosen, with each ddpkit variant (one running this checkout's src) followed by its
+    twin running the ddpkit found in `src`: same argv and env but PYTHONPATH=src."""
+    out = []
+    for v in chosen:
+        out.append(v)
+        if v.get("env", {}).get("PYTHONPATH") == DDPKIT_ENV["PYTHONPATH"]:
+            out.append({**v, "name": v["name"] + BASELINE, "env": {**v["env"], "PYTHONPATH": src},
+                        "about": f"{v['about']}; ddpkit from {src}"})
+    return out
+
+
+def _commit(path: Path) -> str:
+    p = subprocess.run(["git", "-C", str(path), "log", "-1", "--format=%h %s"],
+                       capture_output=True, text=True, check=False)
+    return p.stdout.strip() or "?"
 
 
 def _versions() -> dict:
@@ -251,7 +275,12 @@ def main() -> int:
     ap.add_argument("--samples", type=int, default=None, help="MLP data set size (overrides the default)")
     ap.add_argument("--timeout", type=float, default=300, help="seconds per run")
     ap.add_argument("--list", action="store_true", help="print the variants and their commands, run nothing")
+    ap.add_argument("--baseline-src", metavar="PATH", default=None,
+                    help="src/ folder of another ddpkit checkout: also run each ddpkit variant from it, as NAME@baseline")
     args = ap.parse_args()
+    baseline = Path(args.baseline_src).resolve() if args.baseline_src else None
+    if baseline and not (baseline / "ddpkit" / "__init__.py").is_file():
+        ap.error(f"--baseline-src {args.baseline_src}: no ddpkit/__init__.py there")
     repeats = args.repeats or (1 if args.quick else 3)
     samples = args.samples or MLP_SAMPLES["quick" if args.quick else "full"]
     gpt_samples = GPT_SAMPLES["quick" if args.quick else "full"]
@@ -261,6 +290,8 @@ def main() -> int:
               if (args.workload == "all" or v["workload"] == args.workload)
               and not (args.quick and v.get("full_only") and not args.only)
               and (not args.only or v["name"] in args.only.split(","))]
+    if baseline:
+        chosen = _with_baseline(chosen, str(baseline))
     if args.list:
         for v in chosen:
             print(f"{v['workload']:5} {v['name']:14} {_cmdline(v['argv'], v.get('env'), subst)}")
@@ -287,6 +318,8 @@ def main() -> int:
                     "for m in ('accelerate', 'lightning.fabric', 'ddpkit'):\n"
                     "    try: __import__(m)\n    except Exception: pass"],
                    env=harness.clean_env(), cwd=ROOT, check=False)
+    for src in [ROOT / "src"] + ([baseline] if baseline else []):  # every module, lazy imports too
+        subprocess.run([sys.executable, "-m", "compileall", "-q", str(src)], cwd=ROOT, check=False)
     print(f"primed imports in {time.perf_counter() - t:.1f}s; {len(runnable)} variants x {repeats} rounds, "
           f"MLP samples {samples}", flush=True)
 
@@ -309,6 +342,8 @@ def main() -> int:
           + ", ".join(f"{k} {v}" for k, v in ver.items())
           + f"; {repeats} round(s), interleaved; MLP data set {samples} samples; suite took {elapsed:.0f}s; "
           f"load average {load0[0]:.2f} before, {load1[0]:.2f} after.\n",
+          *([f"ddpkit: this checkout `{_commit(ROOT)}`; NAME{BASELINE}: PYTHONPATH={baseline} "
+             f"`{_commit(baseline)}`.\n"] if baseline else []),
           "Cells: median (min-max) over the successful runs. wall s is measured from outside "
           "(launcher start to exit); train s is the training loop inside the processes "
           "(slowest rank); samples/s counts real samples of all processes per second "
@@ -325,7 +360,8 @@ def main() -> int:
                  "mlp": f"MLP 512-2048-2048-2048-10 (9.46M params), SGD, batch 256/process, {samples} samples",
                  "gpt": f"GPT example (examples/gpt.py: 4 blocks x 128, 0.8M params), AdamW, warm-up + cosine, clip 1.0, "
                         f"batch 16/process, {gpt_samples} windows of 128 characters"}[wl]
-        tab = harness.table(rs, baselines=bases, metric=metric) if rs else "(nothing ran)"
+        tab = harness.table(rs, baselines=bases, metric=metric,
+                            paired_suffix=BASELINE if baseline else "") if rs else "(nothing ran)"
         print(f"\n## {title}\n\n{tab}")
         md += [f"## {title}\n", tab + "\n", "Commands (from the repository root):\n"]
         for v in [v for v in chosen if v["workload"] == wl]:
@@ -336,8 +372,8 @@ def main() -> int:
     (out / "results.md").write_text("\n".join(md))
     (out / "results.json").write_text(json.dumps(
         {"versions": ver, "repeats": repeats, "mlp_samples": samples, "gpt_samples": gpt_samples, "elapsed_s": elapsed,
-         "loadavg": [load0, load1], "skipped": [{"name": v["name"], "workload": v["workload"], "why": w}
-                                                  for v, w in skipped],
+         "loadavg": [load0, load1], "baseline_src": str(baseline) if baseline else None,
+         "skipped": [{"name": v["name"], "workload": v["workload"], "why": w} for v, w in skipped],
          "runs": results}, indent=1, default=str))
     if results:
         harness.plot(results, str(out / "results.png"),

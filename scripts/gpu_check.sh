@@ -28,6 +28,9 @@
 #   7b resume-cnn  the same for the digits CNN (cuDNN convolutions), with a control run
 #   8 bench     benchmarks/gpu.py: the MLP, hand-written DDP vs ddpkit, fp32 and bf16, samples/s
 #               -> benchmarks/results/gpu.md (with --cpu: only into the output folder)
+#   9 fp16      --precision fp16 (autocast + gradient scaler) trains, accuracy within 0.05 of
+#               fp32, and 50 epochs + --resume is bit-identical to 100 (the scaler's state is in
+#               the checkpoint); with --cpu its refusal is what is checked
 #
 # With one process ddpkit starts no process group (summary backend "none", as on CPU): NCCL
 # and DDP are exercised only with 2+ GPUs (step 4's 2-process runs) and by the hand-written
@@ -50,7 +53,7 @@ set -uo pipefail
 usage() { sed -n '2,9p' "$0" | sed 's/^# \{0,1\}//'; }
 
 MODE=gpu
-ONLY="1,2,3,4,5,6,7,7b,8"
+ONLY="1,2,3,4,5,6,7,7b,8,9"
 while [[ $# -gt 0 ]]; do
   case $1 in
     --cpu) MODE=cpu ;;
@@ -606,6 +609,28 @@ step_bench() {
   check "every row measured (steady samples/s > 0)" pycheck bench "$OUTDIR/bench.json" && add_note "$LAST"
 }
 
+step_fp16() {
+  if [[ $MODE == cpu ]]; then
+    check "--precision fp16 refused on a CPU with exit 2" exit_code_is 2 wine-fp16 train "${WINE[@]}" --precision fp16 \
+      --save-every 0 --run-dir "$W/wine-fp16"
+    check "the refusal names the GPU it needs" grep_out wine-fp16 "--precision fp16 needs a CUDA GPU"
+    check "no traceback" no_traceback wine-fp16
+    add_note "CPU: the refusal is checked"
+    return 0
+  fi
+  wine_ref
+  if trained wine-fp16 "$W/wine-fp16" "${WINE[@]}" --precision fp16; then
+    check "wine fp16: precision fp16, accuracy >= 0.97" pycheck summary "$W/wine-fp16" precision=fp16 \
+      device="$EXPECT_DEVICE" eval_accuracy'>='0.97
+    check "wine fp16 accuracy within 0.05 of fp32" pycheck acc_close "$W/wine-fp16" "$W/wine-fp32" 0.05
+  fi
+  local r=$W/wine-fp16-split
+  trained wine-fp16-half "$r" "${WINE[@]}" --precision fp16 --epochs 50 || return 0
+  if trained wine-fp16-resume "$r" "${WINE[@]}" --precision fp16 --resume; then
+    check "fp16 resumed model.pt bit-identical to 100 uninterrupted epochs (scaler state restored)" pycheck equal "$r" "$W/wine-fp16"
+  fi
+}
+
 # ---------------------------------------------------------------- run
 say "gpu_check ($MODE) $(date '+%F %T') on $(uname -n 2>/dev/null || echo '?'): repo $REPO"
 say "  python $PYTHON ($("$PYTHON" -c 'import sys; print(sys.version.split()[0])')), torch $TORCH_VERSION, CUDA build $TORCH_CUDA, GPUs visible $NGPU"
@@ -630,6 +655,7 @@ step 6 compile step_compile
 step 7 resume step_resume
 step 7b resume-cnn step_resume_cnn
 step 8 bench step_bench
+step 9 fp16 step_fp16
 
 pycheck collect "$OUTDIR/summaries.json" "$W"/* > /dev/null 2>&1
 FAILED=0

@@ -75,6 +75,15 @@ def build(*_args, samples: int | None = None, **_kwargs) -> dict:
     }
 
 
+
+def build_momentum(*_args, **_kwargs) -> dict:
+    """The same workload with SGD momentum: a checkpoint then holds one state tensor per
+    parameter as well (benchmarks/checkpoint_save.py)."""
+    task = build()
+    task["optimizer"] = torch.optim.SGD(task["model"].parameters(), lr=LR, momentum=0.9)
+    return task
+
+
 if __name__ == "__main__":
     t = build()
     print(sum(p.numel() for p in t["model"].parameters()), "parameters,", len(t["train_set"]), "samples")

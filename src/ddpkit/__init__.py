@@ -13,7 +13,7 @@ _WHERE = {
     "load_file": "checkpoint", "unwrap": "checkpoint", "RunConfig": "config", "ShardedLoader": "data",
     "eval_batches": "data", "DistEnv": "environments", "DdpkitError": "errors", "Runtime": "runtime",
     "all_sum": "runtime", "mean_across_ranks": "runtime", "Session": "session", "wrap_model": "strategies",
-    "Task": "task",
+    "Task": "task", "ShardedStream": "data", "read_lines": "data", "read_jsonl": "data", "read_tar": "data",
 }
 __all__ = sorted(_WHERE)
 __version__ = "0.1.0"

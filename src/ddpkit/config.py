@@ -134,6 +134,16 @@ class RunConfig:
     save_every: int = setting(50, "write a full checkpoint every N epochs, and at the end; 0 = final model only", group=FAULTS)
     save_every_steps: int | None = setting(None, "also write a checkpoint every N optimizer steps, inside epochs", group=FAULTS,
                                            type=int)
+    save_every_minutes: float | None = setting(None, "also write a checkpoint when this many minutes have passed since the last "
+                                               "(rank 0's clock, agreed at the next step)", group=FAULTS, type=float)
+    async_save: bool = setting(False, "write checkpoints in a background thread while training goes on (the state is copied to "
+                               "the CPU first; the next save waits for the last); DDP's one-file checkpoints", group=FAULTS)
+    keep_last: int | None = setting(None, "keep only the K newest complete checkpoints (older ones are deleted after a newer one "
+                                    "is complete)", group=FAULTS, type=int, metavar="K")
+    keep_best: int | None = setting(None, "also keep the B checkpoints with the best --best-metric (taken where an evaluation ran)",
+                                    group=FAULTS, type=int, metavar="B")
+    best_metric: str = setting("eval_loss", "the metrics.jsonl value that ranks checkpoints for --keep-best; NAME:max for one "
+                               "where higher is better (eval_accuracy:max)", group=FAULTS)
     run_dir: str | None = setting(None, "where model.pt, metrics.jsonl and checkpoints/ go", group=OUTPUT, type=str,
                                   default_help="runs/TASK-TIME")
     resume: bool = setting(False, "continue from the newest valid checkpoint in --run-dir", group=FAULTS)
@@ -193,6 +203,15 @@ class RunConfig:
                             ("--save-every-steps", self.save_every_steps)):
             if value is not None:
                 _positive(flag, value)
+        if self.keep_last is not None:
+            _positive("--keep-last", self.keep_last)
+        if self.keep_best is not None:
+            _positive("--keep-best", self.keep_best)
+        if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*(:(min|max))?", self.best_metric or ""):
+            raise DdpkitError(f"--best-metric must be a metrics.jsonl name, optionally :min or :max (eval_accuracy:max), "
+                              f"got {self.best_metric!r}")
+        if self.save_every_minutes is not None and not (isinstance(self.save_every_minutes, (int, float)) and self.save_every_minutes > 0):
+            raise DdpkitError(f"--save-every-minutes must be a positive number of minutes, got {self.save_every_minutes!r}")
         if not isinstance(self.warmup_steps, int) or self.warmup_steps < 0:
             raise DdpkitError(f"--warmup-steps must be 0 or a positive number of optimizer steps, got {self.warmup_steps!r}")
         _choice("--lr-schedule", self.lr_schedule, LR_SCHEDULES)
@@ -242,6 +261,9 @@ class RunConfig:
             raise DdpkitError(FSDP_NEEDS_TWO)
         if self.strategy == "fsdp":
             check_no_ddp_only_flags(self)
+        if self.async_save and self.strategy != "ddp":
+            raise DdpkitError("--async-save writes DDP's one-file checkpoints in the background; FSDP's sharded checkpoints are "
+                              "written by every rank together: drop --async-save with --strategy fsdp/auto")
         if self.precision == "fp16" and self.strategy == "fsdp":
             raise DdpkitError("--precision fp16 needs a gradient scaler, which ddpkit offers under DDP only; "
                               "use --precision bf16 with --strategy fsdp")

@@ -159,8 +159,14 @@ def as_task(built: Any, spec: str = "task") -> Task:
         ds = getattr(task, name)
         if ds is None and name == "eval_set":
             continue
+        if isinstance(ds, torch.utils.data.IterableDataset):
+            if name == "train_set":
+                continue  # a stream: dealt out by shard or round-robin (data/streams.py)
+            raise DdpkitError(f"task {spec!r}: eval_set must be a map-style data set (with __len__ and __getitem__): exact "
+                              "evaluation cuts it into one slice per rank; a stream cannot be cut so (materialise a held-out part)")
         if not (hasattr(ds, "__len__") and hasattr(ds, "__getitem__")):
-            raise DdpkitError(f"task {spec!r}: {name} must be a map-style data set (with __len__ and __getitem__), got {type(ds).__name__}")
+            raise DdpkitError(f"task {spec!r}: {name} must be a map-style data set (with __len__ and __getitem__) or, for "
+                              f"training, a torch IterableDataset (e.g. ddpkit.ShardedStream); got {type(ds).__name__}")
         if len(ds) == 0:
             raise DdpkitError(f"task {spec!r}: {name} is empty")
     if task.on_metrics is not None and not callable(task.on_metrics):

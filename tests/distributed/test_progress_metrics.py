@@ -73,9 +73,9 @@ def test_csv_tensorboard_and_the_metric_hook_get_the_same_global_values(tmp_path
     assert [json.loads(x) for x in (tmp_path / "hook-rank0.jsonl").read_text().splitlines()] == records
     # CSV: a column for every key (eval_* appeared in epoch 2), empty where there was no eval
     rows = (run / "metrics.csv").read_text().splitlines()
-    assert rows[0] == "epoch,train_loss,epoch_s,samples_per_s,lr,eval_loss,eval_accuracy"
+    assert rows[0] == "epoch,step,train_loss,epoch_s,samples_per_s,lr,eval_loss,eval_accuracy"
     assert len(rows) == 5 and rows[1].endswith(",,") and rows[2].split(",")[0] == "2"
-    assert float(rows[4].split(",")[1]) == records[3]["train_loss"]
+    assert float(rows[4].split(",")[2]) == records[3]["train_loss"]
     # TensorBoard: the same values, step = epoch
     acc = tb.EventAccumulator(str(run / "tensorboard"))
     acc.Reload()

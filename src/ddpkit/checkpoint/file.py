@@ -11,6 +11,7 @@ import os
 import pickle
 import re
 import tempfile
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -58,6 +59,48 @@ def save_or_explain(obj: Any, path: Path) -> None:
     except OSError as e:
         raise DdpkitError(f"cannot write {path}: {e.strerror or e}; nothing partial was left and the previous "
                           "checkpoint is intact: free space (or fix the folder) and continue with --resume") from None
+
+
+class BackgroundWriter:
+    """--async-save: one checkpoint write at a time in a thread, so training goes on while the
+    file is written. The state handed over must already be a copy on the CPU. The next save,
+    the end of the run and any error path wait for it; its error is raised then (the write is
+    atomic, so a failed one leaves nothing partial and the previous checkpoint intact)."""
+
+    def __init__(self) -> None:
+        self._thread: threading.Thread | None = None
+        self._error: BaseException | None = None
+
+    def submit(self, write: Any) -> None:
+        self.wait()
+        self._thread = threading.Thread(target=self._run, args=(write,), name="ddpkit-checkpoint-writer")
+        self._thread.start()
+
+    def _run(self, write: Any) -> None:
+        try:
+            write()
+        except BaseException as e:  # raised in the training thread at the next wait()
+            self._error = e
+
+    def wait(self) -> None:
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+        if self._error is not None:
+            error, self._error = self._error, None
+            raise error
+
+
+def cpu_copy(obj: Any) -> Any:
+    """A copy of a (nested) state with every tensor cloned to the CPU: what a background write
+    may hold while training changes the originals."""
+    if isinstance(obj, torch.Tensor):
+        return obj.detach().to("cpu", copy=True)
+    if isinstance(obj, dict):
+        return {k: cpu_copy(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(cpu_copy(v) for v in obj)
+    return obj
 
 
 def fsync_dir(folder: str | os.PathLike) -> None:
@@ -140,6 +183,7 @@ def make_checkpoint(
     loss_sum: float = 0.0,
     count_sum: float = 0.0,
     extra: dict[str, Any] | None = None,
+    global_step: int = 0,
 ) -> dict[str, Any]:
     return {
         "format": FORMAT,
@@ -148,6 +192,7 @@ def make_checkpoint(
         "step": step,  # steps done in epoch `epoch + 1` (0: at the epoch boundary)
         "loss_sum": loss_sum,  # global training-loss sum of those steps
         "count_sum": count_sum,  # and their global count (samples, or a step hook's tokens)
+        "global_step": global_step,  # optimizer steps done in the run
         "extra": extra or {},  # the LR scheduler's and gradient scaler's state
         "model": model_state,
         "optimizer": optimizer_state,

@@ -73,7 +73,7 @@ def save_dcp(run_dir: Path, pos: Position, model: nn.Module, optimizer: torch.op
         if rt.is_main:  # dcp.save returned on rank 0: every shard and .metadata are written
             meta = {
                 "format": FORMAT, "version": VERSION, "epoch": epoch, "step": step, "loss_sum": pos.loss_sum,
-                "count_sum": pos.count_sum, "extra": extra or {},
+                "count_sum": pos.count_sum, "extra": extra or {}, "global_step": pos.global_step,
                 "sampler_epoch": epoch, "rng": rng_states, "world_size": rt.world_size, "config": config,
                 "model_signature": ckpt_io.model_signature(unwrap(model).state_dict()),
                 "optimizer_groups": [len(g["params"]) for g in optimizer.param_groups],

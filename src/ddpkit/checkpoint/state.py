@@ -22,6 +22,7 @@ class Position:
     step: int = 0
     loss_sum: float = 0.0
     count_sum: float = 0.0
+    global_step: int = 0  # optimizer steps done in the whole run
 
 
 def unwrap(model: nn.Module) -> nn.Module:

@@ -42,10 +42,11 @@ def choose_mode(requested: str, quiet: bool, is_main: bool, stream: TextIO) -> s
     return "bar" if has_tqdm and _isatty(stream) else "lines"
 
 
-def epoch_line(record: dict[str, Any], epochs: int) -> str:
+def epoch_line(record: dict[str, Any], epochs: int | None) -> str:
     """`epoch N/E  train_loss X  eval_loss Y  eval_accuracy Z` (the format tests and logs parse)."""
     width = len(str(epochs))
-    parts = [f"epoch {record['epoch']:>{width}}/{epochs}", f"train_loss {record['train_loss']:.4f}"]
+    of = f"/{epochs}" if epochs else ""  # None: a stream run by --max-steps (no number of passes)
+    parts = [f"epoch {record['epoch']:>{width if epochs else 1}}{of}", f"train_loss {record['train_loss']:.4f}"]
     parts += [f"{k} {v:.4f}" for k, v in record.items() if k.startswith("eval_")]
     return "  ".join(parts)
 
@@ -60,7 +61,7 @@ def format_eta(seconds: float) -> str:
 class Progress:
     """Called by the trainer at epoch and step boundaries; shows nothing in mode 'off'."""
 
-    def __init__(self, mode: str, epochs: int, start_epoch: int, samples_per_epoch: int,
+    def __init__(self, mode: str, epochs: int | None, start_epoch: int, samples_per_epoch: int | None,
                  stream: TextIO | None = None) -> None:
         self.mode = mode
         self.epochs = epochs
@@ -96,7 +97,8 @@ class Progress:
             self._first_start = self._t0
         if self.mode == "bar":
             self._last_shown -= BAR_REFRESH_S  # the bar shows rank0_loss from the first step on
-            self._step_bar = self._tqdm(total=self.samples_per_epoch, initial=skipped_samples, desc=f"epoch {epoch + 1}/{self.epochs}",
+            desc = f"epoch {epoch + 1}" + (f"/{self.epochs}" if self.epochs else "")
+            self._step_bar = self._tqdm(total=self.samples_per_epoch, initial=skipped_samples, desc=desc,
                                         unit="sample", unit_scale=True, file=self.stream, position=1,
                                         dynamic_ncols=True, leave=False)
 
@@ -117,6 +119,13 @@ class Progress:
                 self._step_bar.set_postfix_str(f"rank0_loss {self._rank0_loss(local_loss_sum):.4f}")
         elif due:
             elapsed = now - self._t0
+            if self.samples_per_epoch is None:  # a stream: no length, so steps and samples/s, no share or ETA
+                parts = [f"epoch {self._epoch + 1}", f"{self._seen_global:,} samples"]
+                if self._seen_local:
+                    parts.append(f"rank0_loss {self._rank0_loss(local_loss_sum):.4f}")
+                parts.append(f"samples/s {(self._seen_global - self._skipped) / elapsed:,.0f}" if elapsed > 0 else "samples/s -")
+                print("  ".join(parts), file=self.stream, flush=True)
+                return
             fraction = self._seen_global / self.samples_per_epoch
             parts = [f"epoch {self._epoch + 1}/{self.epochs}", f"{fraction:.0%} of the epoch"]
             if self._seen_local:
@@ -135,7 +144,7 @@ class Progress:
         line = epoch_line(record, self.epochs)
         if record.get("samples_per_s"):
             line += f"  samples/s {record['samples_per_s']:,.0f}"
-        if record["epoch"] < self.epochs:
+        if self.epochs and record["epoch"] < self.epochs and self.samples_per_epoch is not None:
             line += f"  eta {format_eta(self._eta(1.0, 0.0))}"
         if self.mode == "lines":
             print(line, file=self.stream, flush=True)

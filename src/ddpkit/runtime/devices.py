@@ -60,5 +60,9 @@ def select_gpu(local_rank: int, local_world_size: int, launcher: str) -> torch.d
             f"processes but sees {ngpu} GPU(s); start at most one process per GPU"
         )
     device = torch.device("cuda", index)
-    torch.cuda.set_device(device)
+    try:
+        torch.cuda.set_device(device)
+    except RuntimeError as e:  # e.g. a driver too old for this torch's CUDA (the NVML check counted the GPU)
+        raise DdpkitError(f"cannot use {device}: {str(e).splitlines()[0]}; see `ddpkit env` and nvidia-smi, "
+                          "or use --device cpu") from None
     return device

@@ -20,7 +20,9 @@ from typing import Any, ContextManager, Iterator
 import torch
 from torch import nn
 
+from ..checkpoint import file as ckpt_file
 from ..checkpoint import state as ckpt_state
+from ..checkpoint.retention import prune, record_metric
 from ..data import eval_batches
 from ..runtime import Runtime
 from .precision import autocast, check_precision
@@ -37,6 +39,7 @@ class Strategy:
         self.precision = precision
         self.dtype = check_precision(precision, rt.device.type)
         self.cfg = cfg
+        self.writer = ckpt_file.BackgroundWriter() if getattr(cfg, "async_save", False) else None
 
     # -- building -------------------------------------------------------------------
     def setup(self, task: Any, lr: float | None) -> tuple[nn.Module, torch.optim.Optimizer]:
@@ -82,11 +85,42 @@ class Strategy:
 
     # -- checkpoints ----------------------------------------------------------------
     def save_checkpoint(self, run_dir: Path, model: nn.Module, optimizer: torch.optim.Optimizer,
-                        pos: ckpt_state.Position, config: dict[str, Any], extra: dict[str, Any] | None = None) -> None:
+                        pos: ckpt_state.Position, config: dict[str, Any], extra: dict[str, Any] | None = None,
+                        metric: float | None = None) -> None:
         """Collective: every rank contributes its RNG state; the strategy writes its kind.
-        `extra`: plain state to keep beside them (the LR scheduler's, the gradient scaler's)."""
+        `extra`: plain state to keep beside them (the LR scheduler's, the gradient scaler's);
+        `metric`: the --best-metric value at this checkpoint, for --keep-best."""
         rng_states = self.rt.all_gather_object(ckpt_state.rng_state())
+        self._metric = (ckpt_file.checkpoint_path(run_dir, pos.epoch, pos.step).stem, metric) if metric is not None else None
         self._write_checkpoint(run_dir, model, optimizer, pos, rng_states, config, extra or {})
+        if self.writer is None:
+            self.prune(run_dir, self._metric)  # (a background write prunes once its file is complete)
+
+    @contextlib.contextmanager
+    def saving(self) -> Iterator[None]:
+        """Leave only once the last background checkpoint is written; on an error, wait for it
+        too (its own error, if any, is not the one to report then)."""
+        try:
+            yield
+        except BaseException:
+            with contextlib.suppress(Exception):
+                self.wait_for_saves()
+            raise
+        self.wait_for_saves()
+
+    def wait_for_saves(self) -> None:
+        """--async-save: block until the last checkpoint is on disk (raises its error, if any)."""
+        if self.writer is not None:
+            self.writer.wait()
+
+    def prune(self, run_dir: Path, metric: tuple[str, float] | None = None) -> None:
+        """--keep-last/--keep-best: rank 0 records the new checkpoint's metric, then deletes what
+        a complete newer checkpoint makes old."""
+        keep, best = getattr(self.cfg, "keep_last", None), getattr(self.cfg, "keep_best", None)
+        if best and self.rt.is_main and metric is not None:
+            record_metric(run_dir, *metric)
+        if (keep or best) and self.rt.is_main:
+            prune(run_dir, keep, best, maximize=str(getattr(self.cfg, "best_metric", "")).endswith(":max"))
 
     def _write_checkpoint(self, run_dir: Path, model: nn.Module, optimizer: torch.optim.Optimizer, pos: ckpt_state.Position,
                           rng_states: list[dict[str, Any]], config: dict[str, Any], extra: dict[str, Any]) -> None:

@@ -87,7 +87,21 @@ class DdpStrategy(Strategy):
             return
         if not all(torch.isfinite(p).all() for p in unwrap(model).parameters()):
             raise DdpkitError(f"the weights hold NaN/inf at epoch {pos.epoch + 1}; no checkpoint written, the last one is intact")
-        state = ckpt_file.make_checkpoint(plain_state_dict(model), optimizer.state_dict(), pos.epoch, rng_states, config,
-                                          self.rt.world_size, step=pos.step, loss_sum=pos.loss_sum, count_sum=pos.count_sum,
-                                          extra=extra)
-        ckpt_file.save_or_explain(state, ckpt_file.checkpoint_path(run_dir, pos.epoch, pos.step))
+        background = self.writer is not None
+        optimizer_state = optimizer.state_dict()
+        state = ckpt_file.make_checkpoint(plain_state_dict(model), ckpt_file.cpu_copy(optimizer_state) if background else optimizer_state,
+                                          pos.epoch, rng_states, config, self.rt.world_size, step=pos.step, loss_sum=pos.loss_sum,
+                                          count_sum=pos.count_sum, extra=ckpt_file.cpu_copy(extra) if background else extra,
+                                          global_step=pos.global_step)
+        path = ckpt_file.checkpoint_path(run_dir, pos.epoch, pos.step)
+        if not background:
+            ckpt_file.save_or_explain(state, path)
+            return
+
+        metric = self._metric  # this checkpoint's, not the next one's
+
+        def write() -> None:
+            ckpt_file.save_or_explain(state, path)
+            self.prune(run_dir, metric)
+
+        self.writer.submit(write)

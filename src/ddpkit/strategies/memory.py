@@ -200,6 +200,12 @@ def _local(t: torch.Tensor) -> torch.Tensor:
     return t.to_local() if hasattr(t, "to_local") else t
 
 
+def reset_peak_memory(device: torch.device) -> None:
+    """Count this run's peak only (a second run in one process must not report the first's)."""
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+
+
 def peak_memory_bytes(device: torch.device) -> tuple[int, str]:
     """This process's peak: CUDA max allocated on a GPU, the resident set's peak on a CPU."""
     if device.type == "cuda":

@@ -26,7 +26,8 @@ def check_precision(precision: str, device_type: str) -> torch.dtype | None:
     if precision != "bf16":
         raise DdpkitError(f"--precision must be one of {', '.join(PRECISIONS)}, got {precision!r}")
     if device_type == "cuda":
-        if not torch.cuda.is_bf16_supported():
+        # is_bf16_supported() also says yes where bf16 is only emulated (below compute capability 8.0)
+        if not (torch.version.hip or torch.cuda.get_device_capability(torch.cuda.current_device()) >= (8, 0)):
             raise DdpkitError("--precision bf16: this GPU has no bfloat16 support (it needs compute capability 8.0+); use --precision fp32")
     elif not cpu_has_bf16():
         raise DdpkitError("--precision bf16: this CPU has no native bfloat16 (AVX512-BF16 or AMX); torch would emulate it, "

@@ -23,6 +23,7 @@ from typing import Any, Callable
 import torch
 from torch import nn
 
+from ..data.samples import first_tensor, sample_count  # noqa: F401  (re-exported for the loop)
 from ..errors import DdpkitError
 
 _CROSS_ENTROPY = nn.CrossEntropyLoss()
@@ -36,25 +37,6 @@ class Loss:
     count: torch.Tensor  # samples (mean losses) or the step hook's count (summed losses), float64
     summed: bool  # value is a sum over `count` items (else a mean over the samples)
     output: Any = None
-
-
-def sample_count(batch: Any) -> int:
-    t = first_tensor(batch)
-    if t is None or t.dim() == 0:
-        raise DdpkitError(f"a batch must hold at least one tensor with a batch dimension; got {type(batch).__name__}")
-    return int(t.shape[0])
-
-
-def first_tensor(obj: Any) -> torch.Tensor | None:
-    """The first tensor in a nested structure (dict values in order), or None."""
-    if isinstance(obj, torch.Tensor):
-        return obj
-    values = obj.values() if isinstance(obj, dict) else obj if isinstance(obj, (list, tuple)) else ()
-    for v in values:
-        t = first_tensor(v)
-        if t is not None:
-            return t
-    return None
 
 
 def zero_loss(out: Any) -> torch.Tensor:

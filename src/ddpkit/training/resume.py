@@ -44,7 +44,7 @@ def resume(run_dir: Path, rt: Runtime, strategy: Strategy, model: nn.Module, opt
     rngs = payload["rng"]
     set_rng_state(rngs[rt.rank] if len(rngs) == rt.world_size else rngs[0])
     pos = Position(int(payload["epoch"]), int(payload.get("step", 0)), float(payload.get("loss_sum", 0.0)),
-                   float(payload.get("count_sum", 0.0)))
+                   float(payload.get("count_sum", 0.0)), int(payload.get("global_step", 0)))
     if not quiet:
         where = f"epoch {pos.epoch} done" + (f", {pos.step} steps into epoch {pos.epoch + 1}" if pos.step else "")
         rt.print(f"ddpkit: resuming from {path} ({where})")

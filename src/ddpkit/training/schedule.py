@@ -37,10 +37,12 @@ def make_scheduler(task_scheduler: Callable[[torch.optim.Optimizer], Any] | None
         if shape != "constant" or warmup:
             raise DdpkitError("the task has its own scheduler and --lr-schedule/--warmup-steps were given too: drop one of them")
         scheduler = task_scheduler(optimizer)
-        if not (callable(getattr(scheduler, "step", None)) and callable(getattr(scheduler, "state_dict", None))
-                and callable(getattr(scheduler, "load_state_dict", None))):
-            raise DdpkitError(f"the task's scheduler(optimizer) must return a torch LR scheduler (with step, state_dict and "
-                              f"load_state_dict), got {type(scheduler).__name__}")
+        if isinstance(scheduler, torch.optim.lr_scheduler.ReduceLROnPlateau):
+            raise DdpkitError("the task's scheduler is ReduceLROnPlateau, which steps on a metric; ddpkit steps the scheduler "
+                              "after every optimizer step without one: use a step-based scheduler (LambdaLR, OneCycleLR, ...)")
+        if not isinstance(scheduler, torch.optim.lr_scheduler.LRScheduler):
+            raise DdpkitError(f"the task's scheduler(optimizer) must return a torch LR scheduler "
+                              f"(torch.optim.lr_scheduler.LRScheduler), got {type(scheduler).__name__}")
         return scheduler
     if shape == "constant" and not warmup:
         return None

@@ -19,7 +19,8 @@ Why each piece is here:
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+import time
+from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator
 
 import torch
@@ -36,6 +37,7 @@ from .signals import StopRequest
 class StepResult:
     loss_sum: torch.Tensor | None  # [this rank's loss sum, its count] (None: the step was skipped)
     stop: bool  # some rank asked to stop: save at this step boundary
+    save: bool = False  # rank 0's clock says --save-every-minutes is due
 
 
 @dataclass
@@ -55,6 +57,8 @@ class StepRunner:
     scheduler: Any = None  # stepped after every optimizer step
     scaler: Any = None  # torch.amp.GradScaler under fp16
     last_grad_norm: float | None = None
+    save_every_s: float | None = None  # --save-every-minutes, in seconds
+    last_save: float = field(default_factory=time.monotonic)
     _output_checked: bool = False
 
     def run(self, batch: Any, n_local: int, n_global: int, where: str) -> StepResult:
@@ -65,7 +69,7 @@ class StepRunner:
         totals = torch.zeros(2, dtype=torch.float64, device=self.rt.device)  # loss sum, count
         kinds = set()
         bad = 0
-        stop_now = False
+        stop_now = save_now = False
         global_count = None
         for micro, n_micro, last in iter_micro(batch, n_local, self.accumulate):
             if not last and not n_micro:
@@ -84,7 +88,7 @@ class StepRunner:
                                           "(loss_sum, count) for others: return the same kind every time")
                 if last:
                     local_count = totals[1] + (loss.count if loss.value is not None else 0.0)
-                    bad, stop_now, global_count = self.flags(loss.value, pending, local_count)
+                    bad, stop_now, global_count, save_now = self.flags(loss.value, pending, local_count)
                     if bad:
                         break
                 elif loss.value is not None:
@@ -107,7 +111,7 @@ class StepRunner:
         if True in kinds and global_count:
             self._scale_grads(world / global_count)  # summed losses: the mean over every rank's count
         self._optimizer_step()
-        return StepResult(totals, stop_now)
+        return StepResult(totals, stop_now, save_now)
 
     def _backward(self, loss: torch.Tensor) -> None:
         (self.scaler.scale(loss) if self.scaler is not None else loss).backward()
@@ -168,11 +172,12 @@ class StepRunner:
         return {"grad_norm": self.last_grad_norm} if self.last_grad_norm is not None else {}
 
     def flags(self, loss: torch.Tensor | None, pending: torch.Tensor | None = None,
-              count: torch.Tensor | float = 0.0) -> tuple[int, bool, float]:
-        """(ranks whose loss is not finite, whether any rank asked to stop, the global count):
-        the same on every rank. `pending`: non-finite losses of earlier micro-batches of this
-        step on this rank; `count`: this rank's samples or tokens in this step."""
-        flags = torch.zeros(3, dtype=torch.float64, device=self.rt.device)
+              count: torch.Tensor | float = 0.0) -> tuple[int, bool, float, bool]:
+        """(ranks whose loss is not finite, whether any rank asked to stop, the global count,
+        whether rank 0's clock says a timed checkpoint is due): the same on every rank.
+        `pending`: non-finite losses of earlier micro-batches of this step on this rank;
+        `count`: this rank's samples or tokens in this step."""
+        flags = torch.zeros(4, dtype=torch.float64, device=self.rt.device)
         if loss is not None:
             flags[0] = (~torch.isfinite(loss.detach())).double()
         if pending is not None:
@@ -180,9 +185,15 @@ class StepRunner:
         if self.stop is not None and self.stop.received:
             flags[1] = 1.0
         flags[2] = count
+        if self.save_every_s is not None and self.rt.is_main and time.monotonic() - self.last_save >= self.save_every_s:
+            flags[3] = 1.0
         self.rt.collectives.all_reduce_(flags)
-        bad, stopping, total = flags.tolist()
-        return int(bad), stopping > 0, total
+        bad, stopping, total, save = flags.tolist()
+        return int(bad), stopping > 0, total, save > 0
+
+    def saved(self) -> None:
+        """A checkpoint was written: the --save-every-minutes clock starts again."""
+        self.last_save = time.monotonic()
 
     def stop_requested(self) -> bool:
         """Between epochs: has any rank received a stop signal? (A collective when stop is set.)"""

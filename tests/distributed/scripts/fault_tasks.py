@@ -59,3 +59,27 @@ def big(config=None):
     y = torch.randint(0, 4, (64,), generator=g)
     model = nn.Sequential(nn.Linear(2048, 4096), nn.ReLU(), nn.Linear(4096, 4))
     return {"model": model, "train_set": TensorDataset(x, y), "optimizer": lambda p: torch.optim.Adam(p, lr=1e-4)}
+
+
+def crash_in_save(config=None):
+    """Wine, but checkpoint save number DDPKIT_TEST_CRASH_AT_SAVE dies (SIGKILL) halfway
+    through writing its temporary file, as a node losing power mid-save would."""
+    import signal
+
+    import torch
+
+    crash_at = int(os.environ.get("DDPKIT_TEST_CRASH_AT_SAVE", "0"))
+    real_save = torch.save
+    calls = {"n": 0}
+
+    def dying_save(obj, f, *args, **kwargs):
+        if isinstance(obj, dict) and obj.get("format") == "ddpkit-checkpoint" and hasattr(f, "write"):
+            calls["n"] += 1
+            if calls["n"] == crash_at:
+                f.write(b"half a checkpoint")
+                f.flush()
+                os.kill(os.getpid(), signal.SIGKILL)
+        return real_save(obj, f, *args, **kwargs)
+
+    torch.save = dying_save
+    return wine(config)

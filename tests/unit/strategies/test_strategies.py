@@ -70,3 +70,16 @@ def test_non_finite_weights_are_never_checkpointed(rt, tmp_path):
 def test_fsdp_needs_two_ranks(rt):
     with pytest.raises(DdpkitError, match="needs at least 2"):
         make_strategy(RunConfig(strategy="fsdp", nproc=2), rt, _task())  # the job turned out to have one rank
+
+
+def test_bf16_on_a_gpu_below_compute_capability_8_is_refused_even_where_torch_would_emulate_it(monkeypatch):
+    from ddpkit.strategies.precision import check_precision
+
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: True)  # torch's answer includes emulation
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(torch.version, "hip", None)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (7, 0))  # a V100
+    with pytest.raises(DdpkitError, match="this GPU has no bfloat16 support"):
+        check_precision("bf16", "cuda")
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))  # an H100
+    assert check_precision("bf16", "cuda") is torch.bfloat16
