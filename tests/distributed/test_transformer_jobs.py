@@ -165,8 +165,7 @@ def build(config=None, kind="not_callable"):
     ([GPT, "--clip-grad-norm", "0"], "--clip-grad-norm"),
     (["bad.py:build"], "scheduler"),
     (["bad.py:build", "--task-arg", "kind=returns_text"], "scheduler"),
-    pytest.param(["bad.py:build", "--task-arg", "kind=returns_the_optimizer"], "scheduler", marks=pytest.mark.xfail(
-        strict=True, reason="the core takes anything with step/state_dict/load_state_dict for a scheduler, an optimizer too")),
+    (["bad.py:build", "--task-arg", "kind=returns_the_optimizer"], "scheduler"),
     ([GPT, "--precision", "fp16"], "fp16"),
 ])
 def test_bad_inputs_are_one_line_and_exit_2(tmp_path, args, fragment):
