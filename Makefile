@@ -14,7 +14,7 @@ STAMP = $(VENV)/.ddpkit-installed
 $(STAMP): pyproject.toml Makefile
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --disable-pip-version-check "$(TORCH_SPEC)"
-	$(BIN)/python -m pip install -q --disable-pip-version-check -e ".[test,progress,plot,tensorboard,datasets]" "$(TORCH_SPEC)"
+	$(BIN)/python -m pip install -q --disable-pip-version-check -e ".[test,progress,plot,tensorboard,datasets,hf]" "$(TORCH_SPEC)"
 	touch $(STAMP)
 
 setup: $(STAMP)

@@ -1,10 +1,12 @@
 #!/usr/bin/env python
 """Side-by-side benchmark: the guide's scripts, a hand-written DDP loop, Accelerate, Fabric
-(and ddpkit, once it is importable) on the Wine workload and a 9.46M-parameter MLP.
+(and ddpkit, once it is importable) on the Wine workload, a 9.46M-parameter MLP and the
+GPT example (examples/gpt.py at 0.8M parameters, against a hand-written torchrun loop).
 
     python benchmarks/run.py [--repeats 3] [--quick] [--out benchmarks/results]
-                             [--workload wine|mlp|all] [--only NAME,NAME] [--list]
+                             [--workload wine|mlp|gpt|all] [--only NAME,NAME] [--list]
                              [--baseline-src OTHER_CHECKOUT/src]
+    python benchmarks/run.py --workload gpt --out benchmarks/results/gpt   # the GPT rows alone
 
 Writes OUT/results.md (tables + exact commands), OUT/results.json (every run),
 OUT/results.png and OUT/logs/ (stdout/stderr of each run). Variants run interleaved
@@ -13,7 +15,8 @@ ratio columns, not absolute seconds across runs. Needs the bench extra:
 `pip install torch==<installed> accelerate lightning matplotlib`.
 
 Wine rows are judged by wall time (measured from outside: launcher, imports, training,
-evaluation, teardown); MLP rows by samples/s over the timed steps (after 5 warm-up steps).
+evaluation, teardown); MLP and GPT rows by samples/s of the training loop (GPT: windows of
+128 characters per second; its evaluation at the end is outside the timed loop).
 
 --baseline-src PATH (the src/ folder of another ddpkit checkout, e.g. a `git worktree` of an
 older commit) adds, right after each selected ddpkit variant, the same command with
@@ -51,11 +54,20 @@ DDPKIT = [PY, "-m", "ddpkit", "train"]
 DDPKIT_MLP = DDPKIT + ["benchmarks/tasks/mlp.py:build", "--epochs", "1", "--save-every", "0",
                        "--run-dir", "{tmp}/run", "--quiet", "--batch-size", "256"]
 DDPKIT_MLP_ENV = {**DDPKIT_ENV, "BENCH_MLP_SAMPLES": "{samples}"}  # read by benchmarks/tasks/mlp.py
+# The GPT workload: examples/gpt.py at 4 blocks of width 128 over 128 characters (0.8M
+# parameters), batch 16 per process, one pass over {gpt_samples} windows, clipping at 1.0,
+# the example's warm-up + cosine; baselines/handwritten_gpt.py takes the same sizes.
+GPT_SIZES = {"n_layer": 4, "n_head": 4, "n_embd": 128, "block_size": 128}
+DDPKIT_GPT = DDPKIT + ["examples/gpt.py:build", "--epochs", "1", "--save-every", "0", "--clip-grad-norm", "1.0",
+                       "--run-dir", "{tmp}/run", "--quiet", "--batch-size", "16", "--task-arg", "max_samples={gpt_samples}"]
+DDPKIT_GPT += [a for k, v in GPT_SIZES.items() for a in ("--task-arg", f"{k}={v}")]
+HW_GPT = [f"{BL}/handwritten_gpt.py", "--samples", "{gpt_samples}", "--batch-size", "16"]
+HW_GPT += [a for k, v in GPT_SIZES.items() for a in (f"--{k.replace('_', '-')}", str(v))]
 
 # =====================================================================================
 # VARIANTS -- the one list to edit. Each entry: workload, name (short, unique), argv
 # (placeholders: {python}, {tmp} = fresh per-run temp dir, {port} = a free TCP port,
-# {samples} = MLP data set size),
+# {samples} = MLP data set size, {gpt_samples} = GPT training windows),
 # world_size (expected; checked against RESULT), optional env, about (legend text),
 # optional requires = module that must be importable (else: skipped with a notice).
 # Commands run from the repository root. ddpkit prints `RESULT {json}` when
@@ -159,15 +171,37 @@ VARIANTS: list[dict] = [
     dict(workload="mlp", name="ddpkit-2-compile", world_size=2, env=DDPKIT_MLP_ENV, full_only=True,
          argv=DDPKIT_MLP + ["--nproc", "2", "--compile"],
          about="+ --compile (compile time counts in the epoch; full suite only)"),
+    # ---------------- GPT: examples/gpt.py (0.8M params), batch 16/process, {gpt_samples} windows of 128
+    dict(workload="gpt", name="hw-1x2", world_size=1,
+         argv=TORCHRUN + ["--nproc-per-node", "1", *HW_GPT, "--threads", "2"],
+         about="hand-written loop, 1 process x 2 threads (the whole machine, no DDP)"),
+    dict(workload="gpt", name="hw-2x1", world_size=2,
+         argv=TORCHRUN + ["--nproc-per-node", "2", *HW_GPT],
+         about="hand-written DDP loop, torchrun 2 x 1 thread, DataLoader + DistributedSampler over the dict items"),
+    dict(workload="gpt", name="ddpkit-1", world_size=1, env=DDPKIT_ENV,
+         argv=DDPKIT_GPT + ["--nproc", "1"],
+         about="ddpkit, 1 process (its own thread choice: 2 threads)"),
+    dict(workload="gpt", name="ddpkit-2", world_size=2, env=DDPKIT_ENV,
+         argv=DDPKIT_GPT + ["--nproc", "2"],
+         about="ddpkit, 2 processes, defaults (gradients summed in shared memory)"),
+    dict(workload="gpt", name="ddpkit-2-gloo", world_size=2, env=DDPKIT_ENV,
+         argv=DDPKIT_GPT + ["--nproc", "2", "--grad-sync", "backend"],
+         about="+ --grad-sync backend: gloo's all-reduce, as the hand-written loop"),
+    dict(workload="gpt", name="ddpkit-2-fsdp", world_size=2, env=DDPKIT_ENV,
+         argv=DDPKIT_GPT + ["--nproc", "2", "--strategy", "fsdp"],
+         about="+ --strategy fsdp (one unit per block; to fit, not to be fast)"),
 ]
 
 # how each workload is judged: (metric, baselines for the ratio columns)
 JUDGE = {
     "wine": ("wall_s", ["guide-single", "accel-fork", "accel-launch", "hw-ddp"]),
     "mlp": ("samples_per_s", ["hw-2x1", "hw-2x1-nosync", "hw-2x1-view", "ddpkit-2"]),
+    "gpt": ("samples_per_s", ["hw-2x1", "ddpkit-2"]),
 }
 BASELINE = "@baseline"  # suffix of the --baseline-src twin of a ddpkit variant
 MLP_SAMPLES = {"full": 30 * 2 * 256, "quick": 12 * 2 * 256}  # 30 / 12 steps at 2 processes
+GPT_SAMPLES = {"full": 30 * 2 * 16, "quick": 12 * 2 * 16}  # 30 / 12 steps at 2 processes of 16
+WORKLOADS = ("wine", "mlp", "gpt")
 
 
 def _available(mod: str) -> str | None:
@@ -220,8 +254,8 @@ def _versions() -> dict:
     return out
 
 
-def _cmdline(argv: list[str], env: dict | None, samples: int) -> str:
-    fill = {"python": "python", "samples": str(samples), "tmp": "$TMP", "port": "$PORT"}
+def _cmdline(argv: list[str], env: dict | None, subst: dict) -> str:
+    fill = {"python": "python", **{k: str(v) for k, v in subst.items()}, "tmp": "$TMP", "port": "$PORT"}
     a = [harness._fill(x, fill) for x in argv]
     if a[:3] == ["python", "-m", "torch.distributed.run"]:
         a = ["torchrun"] + a[3:]
@@ -236,7 +270,7 @@ def main() -> int:
     ap.add_argument("--repeats", type=int, default=None, help="rounds per variant (default 3; --quick: 1)")
     ap.add_argument("--quick", action="store_true", help="1 round, a smaller MLP data set (~3 min)")
     ap.add_argument("--out", default=str(BENCH / "results"))
-    ap.add_argument("--workload", choices=["wine", "mlp", "all"], default="all")
+    ap.add_argument("--workload", choices=[*WORKLOADS, "all"], default="all")
     ap.add_argument("--only", default="", help="comma-separated variant names")
     ap.add_argument("--samples", type=int, default=None, help="MLP data set size (overrides the default)")
     ap.add_argument("--timeout", type=float, default=300, help="seconds per run")
@@ -249,6 +283,8 @@ def main() -> int:
         ap.error(f"--baseline-src {args.baseline_src}: no ddpkit/__init__.py there")
     repeats = args.repeats or (1 if args.quick else 3)
     samples = args.samples or MLP_SAMPLES["quick" if args.quick else "full"]
+    gpt_samples = GPT_SAMPLES["quick" if args.quick else "full"]
+    subst = {"samples": samples, "gpt_samples": gpt_samples}
 
     chosen = [v for v in VARIANTS
               if (args.workload == "all" or v["workload"] == args.workload)
@@ -258,7 +294,7 @@ def main() -> int:
         chosen = _with_baseline(chosen, str(baseline))
     if args.list:
         for v in chosen:
-            print(f"{v['workload']:5} {v['name']:14} {_cmdline(v['argv'], v.get('env'), samples)}")
+            print(f"{v['workload']:5} {v['name']:14} {_cmdline(v['argv'], v.get('env'), subst)}")
         return 0
 
     runnable, skipped = [], []
@@ -290,13 +326,13 @@ def main() -> int:
     load0 = os.getloadavg()
     t0 = time.perf_counter()
     results = []
-    for wl in ("wine", "mlp"):
+    for wl in WORKLOADS:
         vs = [v for v in runnable if v["workload"] == wl]
         if vs:
             print(f"== {wl}", flush=True)
             results += harness.alternate(vs, repeats, log=lambda m: print(m, flush=True),
                                          cwd=str(ROOT), log_dir=str(logs),
-                                         timeout=args.timeout, subst={"samples": samples})
+                                         timeout=args.timeout, subst=subst)
     elapsed = time.perf_counter() - t0
     load1 = os.getloadavg()
 
@@ -314,26 +350,28 @@ def main() -> int:
           "(Wine: 100 x 142 / train s; MLP: the whole epoch, warm-up included, as ddpkit reports it; "
           "steady samples/s leaves out the first 5 steps). "
           "Compare ratios within one table, not seconds across runs.\n"]
-    for wl in ("wine", "mlp"):
+    for wl in WORKLOADS:
         rs = [r for r in results if r.get("workload") == wl]
         sk = [(v, why) for v, why in skipped if v["workload"] == wl]
         if not rs and not sk:
             continue
         metric, bases = JUDGE[wl]
         title = {"wine": "Wine (the guide's workload: 100 epochs, 142 samples, batch 32)",
-                 "mlp": f"MLP 512-2048-2048-2048-10 (9.46M params), SGD, batch 256/process, {samples} samples"}[wl]
+                 "mlp": f"MLP 512-2048-2048-2048-10 (9.46M params), SGD, batch 256/process, {samples} samples",
+                 "gpt": f"GPT example (examples/gpt.py: 4 blocks x 128, 0.8M params), AdamW, warm-up + cosine, clip 1.0, "
+                        f"batch 16/process, {gpt_samples} windows of 128 characters"}[wl]
         tab = harness.table(rs, baselines=bases, metric=metric,
                             paired_suffix=BASELINE if baseline else "") if rs else "(nothing ran)"
         print(f"\n## {title}\n\n{tab}")
         md += [f"## {title}\n", tab + "\n", "Commands (from the repository root):\n"]
         for v in [v for v in chosen if v["workload"] == wl]:
-            md.append(f"- `{v['name']}`: {v['about']}: `{_cmdline(v['argv'], v.get('env'), samples)}`")
+            md.append(f"- `{v['name']}`: {v['about']}: `{_cmdline(v['argv'], v.get('env'), subst)}`")
         for v, why in sk:
             md.append(f"- skipped `{v['name']}`: {why}")
         md.append("")
     (out / "results.md").write_text("\n".join(md))
     (out / "results.json").write_text(json.dumps(
-        {"versions": ver, "repeats": repeats, "mlp_samples": samples, "elapsed_s": elapsed,
+        {"versions": ver, "repeats": repeats, "mlp_samples": samples, "gpt_samples": gpt_samples, "elapsed_s": elapsed,
          "loadavg": [load0, load1], "baseline_src": str(baseline) if baseline else None,
          "skipped": [{"name": v["name"], "workload": v["workload"], "why": w} for v, w in skipped],
          "runs": results}, indent=1, default=str))
