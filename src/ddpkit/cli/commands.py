@@ -58,7 +58,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--account", default=None)
     s.add_argument("--job-name", default="ddpkit")
     s.add_argument("--output", default=None, help="log file pattern (default RUN_DIR/slurm-%%j.out)")
-    s.add_argument("--signal", default="USR1@90", help="warning signal before the time limit: save, requeue, resume (default USR1@90; '' = none)")
+    s.add_argument("--signal", default="USR2@90", help="warning signal before the time limit: save, requeue, resume "
+                   "(default USR2@90, not USR1, which NCCL and other libraries may handle; '' = none)")
     s.add_argument("--script", default=None, help="where to write the script (default RUN_DIR/job.sbatch)")
     s.add_argument("--dry-run", action="store_true", help="print the script; write and submit nothing")
     s.add_argument("--submit", action="store_true", help="submit it with sbatch; print the job id and log path")
