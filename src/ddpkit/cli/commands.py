@@ -44,7 +44,12 @@ def build_parser() -> argparse.ArgumentParser:
     la = sub.add_parser("launch", help="run any script on N local workers (like torchrun)", description=LAUNCH_HELP)
     add_config_flags(la, [config.PROCESSES, config.NODES])
     _add_dry_run(la)
-    la.add_argument("-m", dest="module", action="store_true", help="run SCRIPT as a module (python -m SCRIPT)")
+    la.add_argument("-m", "--module", dest="module", action="store_true", help="run SCRIPT as a module (python -m SCRIPT)")
+    la.add_argument("--no-python", "--no_python", dest="no_python", action="store_true",
+                    help="run SCRIPT as an executable itself, not through python (torchrun's --no-python)")
+    la.add_argument("--run-path", "--run_path", dest="run_path", action="store_true",
+                    help="run SCRIPT as a Python file path (torchrun's --run-path; what ddpkit does anyway)")
+    _add_agent_options(la)
     la.add_argument("script", help="the script (or module with -m) to run in every worker")
     la.add_argument("args", nargs=argparse.REMAINDER, help="arguments passed to the script")
     s = sub.add_parser("slurm", help="write (and submit) an sbatch script that runs `ddpkit train` on N nodes",
@@ -108,6 +113,31 @@ and the requeued job resumes. Example:
 """
 
 
+# torchrun's flags for torch's elastic agent that ddpkit passes on as they are (same spellings,
+# types and defaults as torch/distributed/run.py); name: (spellings, argparse keywords)
+AGENT_OPTIONS: dict[str, tuple[tuple[str, ...], dict[str, Any]]] = {
+    "role": (("--role",), {"help": "the workers' role name"}),
+    "event_log_handler": (("--event-log-handler", "--event_log_handler"), {"help": "torch's event log handler"}),
+    "signals_to_handle": (("--signals-to-handle", "--signals_to_handle"),
+                          {"help": "signals the agent forwards to the workers (torch's default SIGTERM,SIGINT,SIGHUP,SIGQUIT)"}),
+    "duplicate_stdout_filters": (("--duplicate-stdout-filters", "--duplicate_stdout_filters"),
+                                 {"help": "copy teed stdout lines matching any of these comma-separated filters to a file"}),
+    "duplicate_stderr_filters": (("--duplicate-stderr-filters", "--duplicate_stderr_filters"), {"help": "the same for stderr"}),
+    "virtual_local_rank": (("--virtual-local-rank", "--virtual_local_rank"),
+                           {"action": "store_true", "help": "every worker sees LOCAL_RANK=0 (and its own device)"}),
+    "shutdown_timeout": (("--shutdown-timeout", "--shutdown_timeout"),
+                         {"type": int, "help": "seconds the workers get to stop before SIGKILL (torch's default 30)"}),
+    "numa_binding": (("--numa-binding", "--numa_binding"), {"help": "bind each worker to its GPU's NUMA node (torch's modes)"}),
+    "logs_specs": (("--logs-specs", "--logs_specs"), {"help": "a torchrun.logs_specs entry point instead of torch's DefaultLogsSpecs"}),
+}
+
+
+def _add_agent_options(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("torchrun's agent options (passed to torch's elastic agent as they are)")
+    for name, (spellings, kwargs) in AGENT_OPTIONS.items():
+        g.add_argument(*spellings, dest=name, default=None, **kwargs)
+
+
 def train_config(ns: argparse.Namespace) -> Any:
     return config_from(ns)
 
@@ -127,7 +157,8 @@ def cmd_launch(ns: argparse.Namespace) -> int:
     from ..api import launch
 
     argv = (["-m", ns.script] if ns.module else [ns.script]) + list(ns.args)
-    return launch(argv, config_from(ns), dry_run=ns.dry_run)
+    agent = {name: getattr(ns, name) for name in AGENT_OPTIONS if getattr(ns, name) not in (None, False)}
+    return launch(argv, config_from(ns), dry_run=ns.dry_run, no_python=ns.no_python, agent_options=agent)
 
 
 def cmd_slurm(ns: argparse.Namespace) -> int:
