@@ -94,6 +94,11 @@ def check_optimizer_of(model: nn.Module, optimizer: torch.optim.Optimizer) -> No
 def save_whole(path: str | os.PathLike, model: nn.Module, optimizer: torch.optim.Optimizer | None, extra: dict[str, Any],
                is_main: bool) -> None:
     """Collective when the model is sharded: every rank gathers, rank 0 writes atomically."""
+    if not is_main and not is_sharded(model):
+        check_savable(model)  # the same refusal on every rank
+        if optimizer is not None:
+            check_optimizer_of(model, optimizer)
+        return  # a whole replica: rank 0 alone copies and writes it
     model_state = whole_model_state(model)
     optim_state = whole_optimizer_state(model, optimizer) if optimizer is not None else None
     if not is_main:
