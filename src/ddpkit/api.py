@@ -178,6 +178,12 @@ def launch(argv: list[str], config: RunConfig | None = None, *, dry_run: bool = 
         raise DdpkitError("no script given: ddpkit launch [--nproc N] SCRIPT.py [ARGS...]")
     if argv[0] != "-m" and not os.path.isfile(argv[0]) and not (no_python and shutil.which(argv[0])):
         raise DdpkitError(f"script {argv[0]!r} does not exist")
+    env = DistEnv.detect()
+    if env.launcher in ("mpi", "kubeflow") and env.world_size > 1:  # each would start a separate job of its own
+        who = "mpirun" if env.launcher == "mpi" else "the PyTorchJob"
+        raise DdpkitError(f"{who} already started this job's {env.world_size} processes, each meant to be one worker; "
+                          f"`ddpkit launch` in each would start {env.world_size} independent jobs: run the script itself "
+                          "(e.g. `mpirun -np N python script.py`), which joins the job with ddpkit.init()")
     device_type = resolve_device_type(cfg.device)
     n = resolve_nproc(cfg.nproc, device_type)
     start = cfg.start_method if cfg.start_method != "auto" else "spawn"

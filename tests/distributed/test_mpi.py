@@ -42,3 +42,14 @@ def test_ddpkit_env_under_mpirun_names_mpi_and_each_rank():
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.count("detected    MPI (openmpi") == 2
     assert "rank 0, local rank 0" in proc.stdout and "rank 1, local rank 1" in proc.stdout
+
+
+def test_ddpkit_train_under_mpirun_equals_its_own_two_processes(tmp_path):
+    import sys
+
+    flags = ["wine", "--epochs", "3", "--save-every", "0", "--quiet"]
+    proc = mpirun(2, sys.executable, "-m", "ddpkit", "train", *flags, "--run-dir", str(tmp_path / "mpi"))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    run_ddpkit("train", *flags, "--nproc", "2", "--run-dir", str(tmp_path / "own"))
+    assert_state_equal(torch.load(tmp_path / "mpi" / "model.pt", weights_only=True),
+                       torch.load(tmp_path / "own" / "model.pt", weights_only=True))

@@ -74,3 +74,15 @@ def test_a_world_ddpkit_cannot_complete_is_refused_not_run_alone():
 def test_ddpkit_env_says_which_it_found(environ, shown):
     text = format_report(collect(environ))
     assert shown in text
+
+
+@pytest.mark.parametrize("environ", [OPENMPI, PYTORCHJOB])
+def test_ddpkit_launch_inside_an_mpi_or_pytorchjob_world_is_refused_not_run_n_times(monkeypatch, tmp_path, environ):
+    from ddpkit.api import launch
+
+    for k, v in environ.items():
+        monkeypatch.setenv(k, v)
+    script = tmp_path / "s.py"
+    script.write_text("")
+    with pytest.raises(DdpkitError, match="already started this job's .* independent jobs"):
+        launch([str(script)])
