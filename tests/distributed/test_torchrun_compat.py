@@ -10,6 +10,8 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from conftest import REPO, run_ddpkit
 
 SCRIPT = str(Path(__file__).parent / "scripts" / "rank_lines.py")
@@ -74,11 +76,14 @@ def test_two_launchers_on_one_host_share_one_c10d_store_as_under_torchrun():
     assert all("WORLD_SIZE=2" in o[0] for o in outs)
 
 
-def test_a_rendezvous_that_does_not_complete_is_one_line_naming_the_endpoint():
+@pytest.mark.parametrize("kind", ["c10d", "static"])
+def test_a_rendezvous_that_does_not_complete_is_one_line_naming_the_endpoint(kind):
     port = _free_port()
+    where = (["--rdzv-endpoint", f"127.0.0.1:{port}"] if kind == "c10d"  # node 1 of a static job: node 0 never comes
+             else ["--node_rank", "1", "--master_addr", "127.0.0.1", "--master_port", str(port)])
     t0 = time.monotonic()
-    proc = run_ddpkit("launch", "--nnodes", "2", "--nproc-per-node", "1", "--rdzv-endpoint", f"127.0.0.1:{port}",
-                      "--timeout", "4", SCRIPT, env=ENV, check=False, timeout=90)
+    proc = run_ddpkit("launch", "--nnodes", "2", "--nproc-per-node", "1", *where, "--timeout", "4", SCRIPT, env=ENV,
+                      check=False, timeout=90)
     assert proc.returncode == 2 and time.monotonic() - t0 < 60
     assert "Traceback" not in proc.stderr and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
     assert f"rendezvous at 127.0.0.1:{port} timed out" in proc.stderr and "every node runs the same command" in proc.stderr

@@ -154,6 +154,17 @@ def cmd_train(ns: argparse.Namespace) -> int:
 
 
 def cmd_launch(ns: argparse.Namespace) -> int:
+    # The agent's store clients log every retry with a C++ stack (a static rendezvous whose node 0
+    # never comes); ddpkit says what failed in one line. Quiet only in this process: the variable
+    # is read once, when torch loads, and is gone before any worker starts (--verbose keeps them).
+    quiet = not ns.verbose and "TORCH_CPP_LOG_LEVEL" not in os.environ and "torch" not in sys.modules
+    if quiet:
+        os.environ["TORCH_CPP_LOG_LEVEL"] = "FATAL"
+    try:
+        import torch  # noqa: F401
+    finally:
+        if quiet:
+            del os.environ["TORCH_CPP_LOG_LEVEL"]
     from ..api import launch
 
     argv = (["-m", ns.script] if ns.module else [ns.script]) + list(ns.args)

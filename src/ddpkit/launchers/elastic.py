@@ -61,6 +61,7 @@ def run_elastic(plan: LaunchPlan, entrypoint: Callable[..., Any] | str, args: li
     Returns each local rank's return value. A worker's DdpkitError becomes ours; any other
     failure becomes a DdpkitError that names the rank and exit code. Workers never outlive
     this call: the agent stops the whole group when one fails or on SIGINT/SIGTERM."""
+    from torch.distributed import DistNetworkError, DistStoreError
     from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, Std
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
@@ -121,7 +122,8 @@ def run_elastic(plan: LaunchPlan, entrypoint: Callable[..., Any] | str, args: li
         return elastic_launch(config, entrypoint)(*args)
     except ChildFailedError as e:
         raise DdpkitError(_failure_message(e, errors)) from None
-    except (RendezvousTimeoutError, RendezvousConnectionError, RendezvousClosedError) as e:
+    except (RendezvousTimeoutError, RendezvousConnectionError, RendezvousClosedError, DistStoreError, DistNetworkError) as e:
+        # the agent's own store (static rendezvous: node 0 serves it) never completing is a rendezvous failure too
         raise DdpkitError(_rendezvous_message(e, plan, endpoint)) from None
     except SignalException as e:
         raise DdpkitError(f"stopped by {signal.Signals(e.sigval).name}; the workers were stopped (with --save-on-signal "
@@ -199,12 +201,21 @@ def _ranks(text: str) -> set[int] | None:
 def _rendezvous_message(e: BaseException, plan: LaunchPlan, endpoint: str) -> str:
     """One line for a rendezvous that did not complete, naming the endpoint and what to check."""
     nodes = plan.nnodes if plan.min_nodes == plan.max_nodes else f"{plan.min_nodes} to {plan.max_nodes}"
-    detail = str(e).splitlines()[0][:160] if str(e) else "closed"
-    what = "timed out" if type(e).__name__ == "RendezvousTimeoutError" else f"failed ({type(e).__name__}: {detail})"
-    return (f"rendezvous at {endpoint} {what}: {nodes} node(s) were expected within --timeout {plan.timeout:g} s "
-            f"(job id {plan.rdzv_id}). Check that every node runs the same command (--nnodes {plan.nnodes}, the same "
-            "--rdzv-endpoint and --rdzv-id), that HOST:PORT is reachable from every node (firewall, address), "
-            "and that the other launchers have started")
+    detail = str(e).strip().splitlines()[0][:160] if str(e).strip() else "closed"
+    if type(e).__name__ == "RendezvousTimeoutError":
+        what = "timed out"
+    elif "timed out" in detail.lower():
+        what = f"timed out ({detail})"
+    else:
+        what = f"failed ({type(e).__name__}: {detail})"
+    if plan.rdzv_backend == "static":
+        kind, same = "static rendezvous", (f"--nnodes {plan.nnodes}, the same --master-addr and --master-port, its own "
+                                           f"--node-rank; this is node {plan.node_rank}")
+    else:
+        kind, same = "rendezvous", f"--nnodes {plan.nnodes}, the same --rdzv-endpoint and --rdzv-id {plan.rdzv_id}"
+    return (f"{kind} at {endpoint} {what}: {nodes} node(s) were expected within --timeout {plan.timeout:g} s. "
+            f"Check that every node runs the same command ({same}), that {endpoint} is reachable from every node "
+            "(firewall, address), and that the other launchers have started")
 
 
 def _failure_message(e: Any, errors: Path) -> str:
