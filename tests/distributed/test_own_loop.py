@@ -34,8 +34,13 @@ def test_own_loop_fsdp_with_accumulation_and_clipping_equals_ddpkit_train(tmp_pa
     assert (tmp_path / "final-sharded" / ".metadata").is_file()
 
 
-def test_torchs_own_fully_shard_after_init_saves_whole_and_trains_the_same(tmp_path, train_fsdp):
-    run_ddpkit("launch", "--nproc", "2", SCRIPT, "--own-fully-shard", "--clip", "0.5", "--out", str(tmp_path))
+def _torchrun(*argv: str) -> None:
+    subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", SCRIPT, *argv], check=True,
+                   capture_output=True, timeout=180, env={**os.environ, "PYTHONPATH": str(REPO / "src")})
+
+
+def test_torchs_own_fully_shard_after_init_under_plain_torchrun_saves_whole_and_trains_the_same(tmp_path, train_fsdp):
+    _torchrun("--own-fully-shard", "--clip", "0.5", "--out", str(tmp_path))  # the issue's case, as a user runs it
     saved = _saved(tmp_path)
     assert all(type(t) is torch.Tensor for t in saved.values())  # not rank 0's half as DTensors
     assert_state_close(saved, train_fsdp, rtol=0, atol=1e-6)
@@ -48,9 +53,7 @@ def test_own_loop_ddp_bf16_under_plain_torchrun_equals_ddpkit_train(tmp_path):
     from ddpkit.strategies.precision import cpu_has_bf16
 
     precision = "bf16" if cpu_has_bf16() else "fp32"  # bf16 on a CPU without it is refused (tested in unit tests)
-    subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", SCRIPT, "--precision", precision,
-                    "--out", str(tmp_path / "own")], check=True, capture_output=True, timeout=180,
-                   env={**os.environ, "PYTHONPATH": str(REPO / "src")})
+    _torchrun("--precision", precision, "--out", str(tmp_path / "own"))
     run_ddpkit("train", f"{SCRIPT}:build", *TRAIN, "--precision", precision, "--run-dir", str(tmp_path / "train"))
     assert_state_close(_saved(tmp_path / "own"), torch.load(tmp_path / "train" / "model.pt", weights_only=True),
                        rtol=0, atol=1e-6)
