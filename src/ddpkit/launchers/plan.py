@@ -99,6 +99,10 @@ def describe(plan: LaunchPlan, backend: str, device_type: str) -> str:
         f"  threads/process    {plan.threads_per_process}",
         f"  start method       {plan.start_method}, max restarts {plan.max_restarts}",
     ]
+    if plan.tee != "0" or plan.redirects != "0" or plan.log_dir:
+        shown = f" (local ranks {plan.local_ranks_filter})" if plan.local_ranks_filter else ""
+        lines.append(f"  output             tee {plan.tee}{shown}, redirects {plan.redirects}, lines prefixed with the rank, "
+                     f"logs in {plan.log_dir or 'a temporary folder'}")
     for k, v in plan.extra_env.items():
         lines.append(f"  environment        {k}={v}")
     lines.append("  local processes:")
