@@ -46,8 +46,9 @@ class Session(Runtime):
         """
         if strategy not in STRATEGIES[:2]:
             raise DdpkitError(f"rt.wrap(strategy=...) must be 'ddp' or 'fsdp', got {strategy!r}")
-        if self.strategy is not None:
-            raise DdpkitError("rt.wrap was already called in this session: wrap one model per session")
+        if self.strategy is not None and (self.strategy.name, self.strategy.precision) != (strategy, precision):
+            raise DdpkitError(f"this session already wraps with strategy={self.strategy.name!r}, precision="
+                              f"{self.strategy.precision!r}: rt.autocast() and rt.scaler serve one; wrap every model alike")
         task = SimpleNamespace(model=model, optimizer=optimizer, fsdp_blocks=blocks)
         if strategy == "fsdp":
             if ddp_options or grad_sync != "auto":

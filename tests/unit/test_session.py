@@ -38,8 +38,9 @@ def test_wrap_returns_model_and_optimizer_and_refuses_a_foreign_optimizer(rt):
     m = _model()
     model, opt = rt.wrap(m, torch.optim.SGD(m.parameters(), lr=0.1))
     assert isinstance(opt, torch.optim.SGD) and model is m  # one process: no DDP
-    with pytest.raises(DdpkitError, match="already called"):
-        rt.wrap(_model())
+    assert rt.wrap(_model()) is not None  # a second model alike (a GAN's two)
+    with pytest.raises(DdpkitError, match="already wraps with strategy='ddp', precision='fp32'"):
+        rt.wrap(_model(), precision="bf16")
     with pytest.raises(DdpkitError, match="not this model's"):
         rt.save("x.pt", model, torch.optim.SGD(_model().parameters(), lr=0.1))
 
