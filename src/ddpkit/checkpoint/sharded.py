@@ -16,11 +16,13 @@ must be one file system every rank sees (on several nodes: a shared one).
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import shutil
+import warnings
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import torch
 import torch.distributed as dist
@@ -190,7 +192,8 @@ def save_state_dir(path: str | os.PathLike, model: nn.Module, optimizer: torch.o
         else:
             model_state, optim_state = get_state_dict(model, optimizer)
             state = {"model": model_state, "optim": optim_state}
-        dcp.save(state, storage_writer=FileSystemWriter(tmp, sync_files=True), no_dist=not rt.distributed)
+        with _alone_is_fine():
+            dcp.save(state, storage_writer=FileSystemWriter(tmp, sync_files=True), no_dist=not rt.distributed)
         if rt.is_main:
             meta = {"format": STATE_FORMAT, "version": VERSION, "extra": extra, "world_size": rt.world_size,
                     "has_optimizer": optimizer is not None,
@@ -218,11 +221,23 @@ def load_state_dir(path: str | os.PathLike, model: nn.Module, optimizer: torch.o
     no_dist = not dist.is_initialized()
     if optimizer is None:
         state: dict[str, Any] = {"model": get_model_state_dict(model)}
-        dcp.load(state, storage_reader=FileSystemReader(str(path)), no_dist=no_dist)
+        with _alone_is_fine():
+            dcp.load(state, storage_reader=FileSystemReader(str(path)), no_dist=no_dist)
         set_model_state_dict(model, state["model"])
     else:
         model_state, optim_state = get_state_dict(model, optimizer)
         state = {"model": model_state, "optim": optim_state}
-        dcp.load(state, storage_reader=FileSystemReader(str(path)), no_dist=no_dist)
+        with _alone_is_fine():
+            dcp.load(state, storage_reader=FileSystemReader(str(path)), no_dist=no_dist)
         set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
     return meta.get("extra", {})
+
+
+
+@contextlib.contextmanager
+def _alone_is_fine() -> Iterator[None]:
+    """DCP warns that it assumes one process when there is no process group: that is what an
+    own loop run with plain `python` means, not a mistake to warn about."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled, unavailable or uninitialized")
+        yield
