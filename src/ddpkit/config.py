@@ -11,7 +11,7 @@ from .errors import DdpkitError
 
 BACKENDS = ("auto", "gloo", "nccl")
 DEVICES = ("auto", "cpu", "cuda")
-START_METHODS = ("auto", "fork", "spawn")
+START_METHODS = ("auto", "fork", "spawn", "forkserver")
 RDZV_BACKENDS = ("c10d", "static")
 PROGRESS_MODES = ("auto", "bar", "lines")
 STRATEGIES = ("ddp", "fsdp", "auto")
@@ -54,9 +54,13 @@ def setting(default: Any = None, help: str = "", *, group: str = TRAINING, choic
 
 
 def parse_nproc(value: str) -> int | None:
-    """--nproc N|auto (None: auto)."""
+    """--nproc N|auto|cpu (None: auto; cpu: one per CPU core, as torchrun's --nproc-per-node cpu)."""
     if value == "auto":
         return None
+    if value == "cpu":
+        import os
+
+        return os.cpu_count() or 1
     try:
         n = int(value)
     except ValueError:

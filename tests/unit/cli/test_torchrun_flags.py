@@ -43,11 +43,11 @@ def test_static_spellings_and_c10d_at_the_master_address():
 
 def test_standalone_output_and_agent_flags():
     ns, cfg = _launch("--standalone", "--nproc-per-node", "3", "--max_restarts", "2", "--monitor_interval", "0.5",
-                      "--start_method", "fork", "-r", "1", "-t", "2", "--local_ranks_filter", "0,2", "--log_dir", "/tmp/x",
+                      "--start_method", "forkserver", "-r", "1", "-t", "2", "--local_ranks_filter", "0,2", "--log_dir", "/tmp/x",
                       "--rdzv_conf", "join_timeout=30,is_host=0", "--role", "trainer", "--virtual_local_rank",
                       "--shutdown_timeout", "5", "--no_python", "--run_path", "--module")
     assert (cfg.standalone, cfg.nnodes, cfg.nproc, cfg.max_restarts, cfg.monitor_interval, cfg.start_method) == (
-        True, "1", 3, 2, 0.5, "fork")
+        True, "1", 3, 2, 0.5, "forkserver")
     assert (cfg.redirects, cfg.tee, cfg.local_ranks_filter, cfg.log_dir) == ("1", "2", "0,2", "/tmp/x")
     assert (ns.role, ns.virtual_local_rank, ns.shutdown_timeout, ns.no_python, ns.module) == ("trainer", True, 5, True, True)
     plan = make_launch_plan(cfg, 3, "cpu", False, 1)
@@ -76,3 +76,9 @@ def test_kubeflow_pet_variables_are_the_flags_defaults_as_for_torchrun(monkeypat
     assert (cfg.nnodes, cfg.nproc, cfg.node_rank, cfg.master_addr, cfg.master_port) == ("2", 2, 1, "127.0.0.1", 29400)
     _, cfg = _launch("--nproc_per_node", "1")  # a flag still wins over its variable
     assert cfg.nproc == 1
+
+
+def test_nproc_per_node_cpu_is_one_process_per_core_as_for_torchrun():
+    import os
+
+    assert _launch("--nproc_per_node", "cpu")[1].nproc == os.cpu_count()
