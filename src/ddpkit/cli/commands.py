@@ -20,7 +20,9 @@ the function returns ddpkit.Task(model=, train_set=, optimizer=, [eval_set=, los
 
 LAUNCH_HELP = """Run any script on N local worker processes, with the environment torchrun gives
 (RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT, ...). In the script,
-`rt = ddpkit.init()` joins the job; the same script runs unchanged under torchrun."""
+`rt = ddpkit.init()` joins the job; the same script runs unchanged under torchrun. Every torchrun
+flag is accepted with torchrun's meaning (also with underscores: --nproc_per_node, --rdzv_conf, ...);
+with several local workers every output line is whole and prefixed with its rank (--tee 3)."""
 
 
 PLAN_HELP = """Print the memory plan of a task: per-rank bytes of parameters, gradients and optimizer
