@@ -60,7 +60,7 @@ def train(config: RunConfig | None = None, *, dry_run: bool = False, _clean_pare
 def check_request_matches_launcher(cfg: RunConfig, env: DistEnv) -> None:
     """Inside torchrun or srun the processes already exist: asking ddpkit to start more
     would multiply them (the guide's GPUs-squared bug). Refuse requests that disagree."""
-    who = "srun" if env.launcher == "slurm" else "torchrun"
+    who = {"slurm": "srun", "mpi": "mpirun", "kubeflow": "the PyTorchJob"}.get(env.launcher, "torchrun")
     if cfg.nproc is not None and cfg.nproc != env.local_world_size:
         fix = ("set --ntasks-per-node (one task per GPU) in the job instead" if who == "srun"
                else "set --nproc-per-node of torchrun instead")
@@ -162,25 +162,39 @@ def init(device: str = "auto", backend: str = "auto", timeout: float = DEFAULT_T
     """For scripts with their own loop: join the job this process was started in (by
     `ddpkit launch`, torchrun or srun; alone otherwise) and return its Session (session.py).
     Use it as a context manager so the process group is always torn down."""
-    return Session(DistEnv.detect(), device=device, backend=backend, timeout=timeout, threads=threads)
+    return Session(DistEnv.detect_worker(), device=device, backend=backend, timeout=timeout, threads=threads)
 
 
-def launch(argv: list[str], config: RunConfig | None = None, *, dry_run: bool = False) -> int:
+def launch(argv: list[str], config: RunConfig | None = None, *, dry_run: bool = False, no_python: bool = False,
+           agent_options: dict[str, Any] | None = None) -> int:
     """Run `python ARGV...` in this node's workers with torchrun's environment (the process
     flags of `config`: nproc, nodes, rendezvous, restarts, threads, timeout). Returns 0, or
     raises DdpkitError naming the failed rank (all other workers are stopped)."""
+    import shutil
     import sys
 
     cfg = config or RunConfig()
     if not argv:
         raise DdpkitError("no script given: ddpkit launch [--nproc N] SCRIPT.py [ARGS...]")
-    if argv[0] != "-m" and not os.path.isfile(argv[0]):
+    if argv[0] != "-m" and not os.path.isfile(argv[0]) and not (no_python and shutil.which(argv[0])):
         raise DdpkitError(f"script {argv[0]!r} does not exist")
+    env = DistEnv.detect()
+    if env.launcher in ("mpi", "kubeflow") and env.world_size > 1:  # each would start a separate job of its own
+        who = "mpirun" if env.launcher == "mpi" else "the PyTorchJob"
+        raise DdpkitError(f"{who} already started this job's {env.world_size} processes, each meant to be one worker; "
+                          f"`ddpkit launch` in each would start {env.world_size} independent jobs: run the script itself "
+                          "(e.g. `mpirun -np N python script.py`), which joins the job with ddpkit.init()")
     device_type = resolve_device_type(cfg.device)
     n = resolve_nproc(cfg.nproc, device_type)
-    plan = make_launch_plan(cfg.replace(start_method="spawn"), n, device_type, False, cfg.threads or default_threads(n))
+    start = cfg.start_method if cfg.start_method != "auto" else "spawn"
+    # several local workers: every stream not redirected goes through the agent's tail, whole lines with their rank
+    tee = cfg.tee or (str(3 & ~int(cfg.redirects)) if n > 1 and cfg.redirects.isdigit() else "0")
+    plan = make_launch_plan(cfg.replace(start_method=start, tee=tee), n, device_type, False, cfg.threads or default_threads(n))
     if dry_run:
         print(describe(plan, resolve_backend(cfg.backend, device_type), device_type))
         return 0
-    run_elastic(plan, sys.executable, ["-u", *argv], verbose=cfg.verbose)
+    if no_python:  # torchrun --no-python: the executable itself in every worker
+        run_elastic(plan, shutil.which(argv[0]) or argv[0], argv[1:], verbose=cfg.verbose, agent_options=agent_options)
+    else:
+        run_elastic(plan, sys.executable, ["-u", *argv], verbose=cfg.verbose, agent_options=agent_options)
     return 0

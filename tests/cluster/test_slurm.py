@@ -89,7 +89,7 @@ def test_warning_signal_checkpoints_requeues_and_the_job_resumes_to_the_same_mod
     while not (metrics.exists() and metrics.read_text().strip()):  # training is under way
         assert time.monotonic() < deadline, slurm.diagnostics(job)
         time.sleep(0.2)
-    slurm.signal(job, "USR1", scope="steps")  # what --signal=USR1@90 sends before the time limit
+    slurm.signal(job, "USR2", scope="steps")  # what --signal=USR2@90 sends before the time limit
     result = slurm.wait(job, timeout=240)
     log = next(run_dir.glob("slurm-*.out")).read_text()
     assert result.state == "COMPLETED" and result.restarts >= 1, (result, log)
