@@ -10,9 +10,18 @@ import torch
 
 from conftest import REPO, assert_state_equal, run_ddpkit
 
-pytestmark = pytest.mark.skipif(shutil.which("mpirun") is None,
-                                reason="needs Open MPI's mpirun (apt-get install openmpi-bin); the variables it sets are "
-                                       "tested without it in tests/unit/environments/test_mpi_kubeflow.py")
+
+@pytest.fixture(scope="module", autouse=True)
+def open_mpi():
+    """Debian's openmpi-bin, installed when missing and we are root (as CI is), like the
+    cluster tests' SLURM; without root and without it, these tests skip, saying so."""
+    if shutil.which("mpirun") is None and os.geteuid() == 0 and shutil.which("apt-get"):
+        from cluster.netns import _apt_install
+
+        _apt_install(["openmpi-bin"], timeout=600)
+    if shutil.which("mpirun") is None:
+        pytest.skip("needs Open MPI's mpirun (apt-get install openmpi-bin, as root); the variables it sets are "
+                    "tested without it in tests/unit/environments/test_mpi_kubeflow.py")
 
 
 def mpirun(n: int, *argv: str, env: dict | None = None) -> subprocess.CompletedProcess:
