@@ -46,7 +46,7 @@ def train(config: RunConfig | None = None, *, dry_run: bool = False, _clean_pare
         print(describe(plan, backend if nproc * plan.max_nodes > 1 else "none (one process)", device_type))
         if cfg.strategy != "ddp":  # what fsdp / auto would hold per rank (builds the task, trains nothing)
             print(memory_plan(cfg.task, nproc * plan.max_nodes, cfg.strategy, cfg.precision, cfg.device_memory, cfg.seed,
-                              cfg.device, local_nproc=nproc).format(cfg.task, cfg.strategy))
+                              cfg.device, local_nproc=nproc, task_args=cfg.task_args).format(cfg.task, cfg.strategy))
         return {"plan": plan}
     _check_strategy(cfg, device_type, nproc * plan.max_nodes)
     cfg = prepare_local_run(cfg)
@@ -121,7 +121,7 @@ def _check_strategy(cfg: RunConfig, device_type: str, nproc: int) -> None:
 
 def memory_plan(task: str = "wine", nproc: int | None = None, strategy: str = "auto", precision: str = "fp32",
                 device_memory: int | str | None = None, seed: int = 0, device: str = "auto",
-                local_nproc: int | None = None) -> Any:
+                local_nproc: int | None = None, task_args: dict[str, Any] | None = None) -> Any:
     """The memory plan (ddpkit.strategies.memory.MemoryPlan) of `task` at `nproc` ranks: per-rank bytes
     under DDP and FSDP, and the strategy `auto` would pick (.format(title, strategy) prints
     it). Builds the task in this process, as each worker would; nothing is trained.
@@ -134,7 +134,7 @@ def memory_plan(task: str = "wine", nproc: int | None = None, strategy: str = "a
 
     device_type = resolve_device_type(device)
     n = resolve_nproc(nproc, device_type) if device_type == "cpu" or nproc is None else nproc
-    cfg = RunConfig(task=task, nproc=n, strategy=strategy, precision=precision)
+    cfg = RunConfig(task=task, nproc=n, strategy=strategy, precision=precision, task_args=task_args or {})
     budget = parse_memory(device_memory)
     where = "given"
     if budget is None:

@@ -41,7 +41,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_dry_run(t)
 
     pl = sub.add_parser("plan", help="memory per rank under DDP and FSDP, and which one fits", description=PLAN_HELP)
-    add_config_flags(pl, [config.STRATEGY], names=("task", "nproc"), defaults={"strategy": "auto"})
+    add_config_flags(pl, [config.STRATEGY], names=("task", "nproc", "task_args"), defaults={"strategy": "auto"})
 
     la = sub.add_parser("launch", help="run any script on N local workers (like torchrun)", description=LAUNCH_HELP)
     add_config_flags(la, [config.PROCESSES, config.NODES])
@@ -240,8 +240,8 @@ def cmd_plot(ns: argparse.Namespace) -> int:
 def cmd_plan(ns: argparse.Namespace) -> int:
     from ..api import memory_plan
 
-    print(memory_plan(ns.task, nproc=ns.nproc, strategy=ns.strategy, precision=ns.precision,
-                      device_memory=ns.device_memory).format(ns.task, ns.strategy), flush=True)
+    print(memory_plan(ns.task, nproc=ns.nproc, strategy=ns.strategy, precision=ns.precision, device_memory=ns.device_memory,
+                      task_args=dict(ns.task_args or ())).format(ns.task, ns.strategy), flush=True)
     return 0
 
 
