@@ -15,7 +15,7 @@ from torch import nn
 
 from .checkpoint import whole
 from .config import FSDP_NEEDS_TWO, STRATEGIES
-from .data import ShardedLoader
+from .data import ShardedLoader, StreamLoader, is_stream
 from .errors import DdpkitError
 from .runtime import Runtime
 from .strategies import DdpStrategy, Strategy, wrap_model
@@ -76,9 +76,16 @@ class Session(Runtime):
         self.scaler = self.strategy.grad_scaler()
         return wrapped if optimizer is None else (wrapped, optimizer)
 
-    def loader(self, dataset: Any, batch_size: int, shuffle: bool = True, seed: int = 0, **kwargs: Any) -> ShardedLoader:
+    def loader(self, dataset: Any, batch_size: int, shuffle: bool = True, seed: int = 0, **kwargs: Any) -> ShardedLoader | StreamLoader:
         """This rank's batches of `dataset` (batch_size per process), in ddpkit's global
-        order: call .set_epoch(epoch) on it before each epoch."""
+        order: call .set_epoch(epoch) on it before each epoch. A stream (an IterableDataset,
+        ddpkit.ShardedStream) is dealt out by shard or round-robin, and every rank's pass ends
+        at the same step (data/streams.py); its .state() goes in your checkpoint, .load(states)
+        (every rank's, e.g. from rt.all_gather_object) resumes it."""
+        if is_stream(dataset):
+            device = self.device if self.backend == "nccl" else torch.device("cpu")
+            return StreamLoader(dataset, batch_size, self.rank, self.world_size, seed=seed, shuffle=shuffle,
+                                agree=self.collectives.all_reduce_, device=device, **kwargs)
         return ShardedLoader(dataset, batch_size, self.rank, self.world_size, seed=seed, shuffle=shuffle, **kwargs)
 
     # -- a training step -------------------------------------------------------------

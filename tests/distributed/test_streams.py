@@ -184,3 +184,9 @@ def test_save_every_minutes_checkpoints_inside_passes(tmp_path):
     # due at every step boundary inside a pass (9 steps of 16); the 3 newest complete ones stay
     assert names == ["epoch-000002-step-000006.pt", "epoch-000002-step-000007.pt", "epoch-000002-step-000008.pt"], names
     assert all(torch.load(run / "checkpoints" / n, weights_only=True)["step"] == int(n[-9:-3]) for n in names)
+
+
+def test_an_own_loop_takes_a_stream_through_rt_loader(tmp_path):
+    out = tmp_path / "ids.json"
+    run_ddpkit("launch", "--nproc", "2", str(SCRIPTS / "own_loop_stream.py"), str(out))
+    assert json.loads(out.read_text()) == [list(range(30)), list(range(30))]  # each item once per pass
