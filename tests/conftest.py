@@ -43,3 +43,21 @@ def assert_state_equal(a, b):
     assert a.keys() == b.keys()
     for k in a:
         assert torch.equal(a[k], b[k]), f"{k} differs (max abs diff {(a[k] - b[k]).abs().max().item():.3g})"
+
+
+@pytest.fixture(scope="session")
+def reference_run(tmp_path_factory):
+    """`reference_run(*ARGS)`: the run directory of `ddpkit train ARGS`, trained once per
+    session for every test that asks for exactly these ARGS. A reference to compare with:
+    read it, never resume or train into it (copy what a test changes)."""
+    done: dict[tuple[str, ...], Path] = {}
+
+    def run(*args: str) -> Path:
+        if args not in done:
+            run_dir = tmp_path_factory.mktemp("reference") / "run"
+            run_ddpkit("train", *args, "--run-dir", str(run_dir))
+            done[args] = run_dir
+        return done[args]
+
+    return run
+

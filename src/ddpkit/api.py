@@ -46,7 +46,7 @@ def train(config: RunConfig | None = None, *, dry_run: bool = False, _clean_pare
         print(describe(plan, backend if nproc * plan.max_nodes > 1 else "none (one process)", device_type))
         if cfg.strategy != "ddp":  # what fsdp / auto would hold per rank (builds the task, trains nothing)
             print(memory_plan(cfg.task, nproc * plan.max_nodes, cfg.strategy, cfg.precision, cfg.device_memory, cfg.seed,
-                              cfg.device, local_nproc=nproc).format(cfg.task, cfg.strategy))
+                              cfg.device, local_nproc=nproc, task_args=cfg.task_args).format(cfg.task, cfg.strategy))
         return {"plan": plan}
     _check_strategy(cfg, device_type, nproc * plan.max_nodes)
     cfg = prepare_local_run(cfg)
@@ -60,7 +60,7 @@ def train(config: RunConfig | None = None, *, dry_run: bool = False, _clean_pare
 def check_request_matches_launcher(cfg: RunConfig, env: DistEnv) -> None:
     """Inside torchrun or srun the processes already exist: asking ddpkit to start more
     would multiply them (the guide's GPUs-squared bug). Refuse requests that disagree."""
-    who = "srun" if env.launcher == "slurm" else "torchrun"
+    who = {"slurm": "srun", "mpi": "mpirun", "kubeflow": "the PyTorchJob"}.get(env.launcher, "torchrun")
     if cfg.nproc is not None and cfg.nproc != env.local_world_size:
         fix = ("set --ntasks-per-node (one task per GPU) in the job instead" if who == "srun"
                else "set --nproc-per-node of torchrun instead")
@@ -121,7 +121,7 @@ def _check_strategy(cfg: RunConfig, device_type: str, nproc: int) -> None:
 
 def memory_plan(task: str = "wine", nproc: int | None = None, strategy: str = "auto", precision: str = "fp32",
                 device_memory: int | str | None = None, seed: int = 0, device: str = "auto",
-                local_nproc: int | None = None) -> Any:
+                local_nproc: int | None = None, task_args: dict[str, Any] | None = None) -> Any:
     """The memory plan (ddpkit.strategies.memory.MemoryPlan) of `task` at `nproc` ranks: per-rank bytes
     under DDP and FSDP, and the strategy `auto` would pick (.format(title, strategy) prints
     it). Builds the task in this process, as each worker would; nothing is trained.
@@ -134,7 +134,7 @@ def memory_plan(task: str = "wine", nproc: int | None = None, strategy: str = "a
 
     device_type = resolve_device_type(device)
     n = resolve_nproc(nproc, device_type) if device_type == "cpu" or nproc is None else nproc
-    cfg = RunConfig(task=task, nproc=n, strategy=strategy, precision=precision)
+    cfg = RunConfig(task=task, nproc=n, strategy=strategy, precision=precision, task_args=task_args or {})
     budget = parse_memory(device_memory)
     where = "given"
     if budget is None:
@@ -162,25 +162,39 @@ def init(device: str = "auto", backend: str = "auto", timeout: float = DEFAULT_T
     """For scripts with their own loop: join the job this process was started in (by
     `ddpkit launch`, torchrun or srun; alone otherwise) and return its Session (session.py).
     Use it as a context manager so the process group is always torn down."""
-    return Session(DistEnv.detect(), device=device, backend=backend, timeout=timeout, threads=threads)
+    return Session(DistEnv.detect_worker(), device=device, backend=backend, timeout=timeout, threads=threads)
 
 
-def launch(argv: list[str], config: RunConfig | None = None, *, dry_run: bool = False) -> int:
+def launch(argv: list[str], config: RunConfig | None = None, *, dry_run: bool = False, no_python: bool = False,
+           agent_options: dict[str, Any] | None = None) -> int:
     """Run `python ARGV...` in this node's workers with torchrun's environment (the process
     flags of `config`: nproc, nodes, rendezvous, restarts, threads, timeout). Returns 0, or
     raises DdpkitError naming the failed rank (all other workers are stopped)."""
+    import shutil
     import sys
 
     cfg = config or RunConfig()
     if not argv:
         raise DdpkitError("no script given: ddpkit launch [--nproc N] SCRIPT.py [ARGS...]")
-    if argv[0] != "-m" and not os.path.isfile(argv[0]):
+    if argv[0] != "-m" and not os.path.isfile(argv[0]) and not (no_python and shutil.which(argv[0])):
         raise DdpkitError(f"script {argv[0]!r} does not exist")
+    env = DistEnv.detect()
+    if env.launcher in ("mpi", "kubeflow") and env.world_size > 1:  # each would start a separate job of its own
+        who = "mpirun" if env.launcher == "mpi" else "the PyTorchJob"
+        raise DdpkitError(f"{who} already started this job's {env.world_size} processes, each meant to be one worker; "
+                          f"`ddpkit launch` in each would start {env.world_size} independent jobs: run the script itself "
+                          "(e.g. `mpirun -np N python script.py`), which joins the job with ddpkit.init()")
     device_type = resolve_device_type(cfg.device)
     n = resolve_nproc(cfg.nproc, device_type)
-    plan = make_launch_plan(cfg.replace(start_method="spawn"), n, device_type, False, cfg.threads or default_threads(n))
+    start = cfg.start_method if cfg.start_method != "auto" else "spawn"
+    # several local workers: every stream not redirected goes through the agent's tail, whole lines with their rank
+    tee = cfg.tee or (str(3 & ~int(cfg.redirects)) if n > 1 and cfg.redirects.isdigit() else "0")
+    plan = make_launch_plan(cfg.replace(start_method=start, tee=tee), n, device_type, False, cfg.threads or default_threads(n))
     if dry_run:
         print(describe(plan, resolve_backend(cfg.backend, device_type), device_type))
         return 0
-    run_elastic(plan, sys.executable, ["-u", *argv], verbose=cfg.verbose)
+    if no_python:  # torchrun --no-python: the executable itself in every worker
+        run_elastic(plan, shutil.which(argv[0]) or argv[0], argv[1:], verbose=cfg.verbose, agent_options=agent_options)
+    else:
+        run_elastic(plan, sys.executable, ["-u", *argv], verbose=cfg.verbose, agent_options=agent_options)
     return 0

@@ -7,11 +7,13 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
+from .config_values import format_bytes, parse_memory, parse_nproc, parse_task_arg  # noqa: F401  (re-exported)
 from .errors import DdpkitError
 
 BACKENDS = ("auto", "gloo", "nccl")
 DEVICES = ("auto", "cpu", "cuda")
-START_METHODS = ("auto", "fork", "spawn")
+START_METHODS = ("auto", "fork", "spawn", "forkserver")
+RDZV_BACKENDS = ("c10d", "static")
 PROGRESS_MODES = ("auto", "bar", "lines")
 STRATEGIES = ("ddp", "fsdp", "auto")
 PRECISIONS = ("fp32", "bf16", "fp16")
@@ -52,33 +54,6 @@ def setting(default: Any = None, help: str = "", *, group: str = TRAINING, choic
     return field(default=default, metadata=meta)
 
 
-def parse_nproc(value: str) -> int | None:
-    """--nproc N|auto (None: auto)."""
-    if value == "auto":
-        return None
-    try:
-        n = int(value)
-    except ValueError:
-        raise ValueError(f"must be a positive integer or 'auto', got {value!r}") from None
-    if n < 1:
-        raise ValueError(f"must be a positive integer or 'auto', got {value!r}")
-    return n
-
-
-def parse_task_arg(text: str) -> tuple[str, Any]:
-    """--task-arg KEY=VALUE: VALUE as a Python literal (4, 0.1, True, None, 'x', [1, 2]), else the text itself."""
-    import ast
-
-    key, sep, value = text.partition("=")
-    if not sep or not key.strip().isidentifier():
-        raise ValueError(f"must be KEY=VALUE with KEY a Python name, got {text!r}")
-    try:
-        parsed = ast.literal_eval(value)
-    except (ValueError, SyntaxError):
-        parsed = value
-    return key.strip(), parsed
-
-
 @dataclass(frozen=True)
 class RunConfig:
     """What to train and how. Built by the CLI or the Python API, read by every worker.
@@ -89,30 +64,55 @@ class RunConfig:
                                         "repeat for several", flag="--task-arg", metavar="KEY=VALUE", type=parse_task_arg,
                                         append=True, factory=dict)
     # processes
-    nproc: int | None = setting(None, "worker processes on this node", group=PROCESSES, aliases=("--nproc-per-node",),
+    nproc: int | None = setting(None, "worker processes on this node", group=PROCESSES, aliases=("--nproc-per-node", "--nproc_per_node"),
                                 metavar="N|auto", type=parse_nproc, default_help="auto: one per GPU; 2 on a machine without GPUs")
     max_restarts: int = setting(0, "restart all workers this many times after a failure; they resume from the newest checkpoint",
-                                group=PROCESSES)
+                                group=PROCESSES, aliases=("--max_restarts",))
     threads: int | None = setting(None, "CPU threads per process", group=PROCESSES, type=int, default_help="cores / processes")
     start_method: str = setting("auto", "how workers are created: fork (fast, CPU only) or spawn", group=PROCESSES,
-                                choices=START_METHODS, default_help="auto: fork on CPU, spawn with GPUs")
+                                choices=START_METHODS, default_help="auto: fork on CPU, spawn with GPUs", aliases=("--start_method",))
     timeout: float = setting(DEFAULT_TIMEOUT_S, "seconds any collective or rendezvous may wait before the job fails instead of hanging",
                              group=PROCESSES)
     debug_collectives: bool = setting(False, "check across ranks that every collective matches (op, shapes, order) and name the "
                                       "rank that diverged (slow)", group=PROCESSES)
     verbose: bool = setting(False, "show the elastic agent's own logs (rendezvous, restarts, failures)", group=PROCESSES)
+    # torchrun's output and agent flags, same spellings and meaning (launchers/elastic.py)
+    monitor_interval: float = setting(0.1, "seconds between the agent's checks of its workers", group=PROCESSES,
+                                      aliases=("--monitor_interval",))
+    log_dir: str | None = setting(None, "keep every worker's stdout/stderr in files under this folder "
+                                  "(LOG_DIR/RUN_ID/attempt_N/LOCAL_RANK/stdout.log)", group=PROCESSES, type=str,
+                                  aliases=("--log_dir",))
+    redirects: str = setting("0", "send workers' streams to log files only: 0 none, 1 stdout, 2 stderr, 3 both, or per local "
+                             "rank 0:3,1:0", group=PROCESSES, aliases=("-r",))
+    tee: str = setting("", "streams written to log files and to the console, each line prefixed with its rank: 0-3 as "
+                       "--redirects", group=PROCESSES, aliases=("-t",),
+                       default_help="ddpkit launch: 3 with several local processes (lines never interleave), else 0")
+    local_ranks_filter: str = setting("", "show only these local ranks' teed lines on the console, e.g. 0 or 0,1", group=PROCESSES,
+                                      aliases=("--local_ranks_filter",), metavar="RANKS")
     # where the other nodes are (torchrun's flags); one node by default
     nnodes: str = setting("1", "number of nodes, or MIN:MAX for an elastic job with --rdzv-endpoint", group=NODES)
+    standalone: bool = setting(False, "one node, rendezvous on a free local port (torchrun's --standalone; ddpkit's default)",
+                               group=NODES)
     node_rank: int | None = setting(None, "this node's index, 0 on the master node (static rendezvous with --master-addr)",
-                                    group=NODES, type=int)
-    master_addr: str | None = setting(None, "address of node 0 (static rendezvous)", group=NODES, type=str)
-    master_port: int | None = setting(None, "port on node 0 for the static rendezvous", group=NODES, type=int, default_help="29500")
+                                    group=NODES, type=int, aliases=("--node_rank",))
+    master_addr: str | None = setting(None, "address of node 0 (static rendezvous)", group=NODES, type=str, aliases=("--master_addr",))
+    master_port: int | None = setting(None, "port on node 0 for the static rendezvous", group=NODES, type=int, default_help="29500",
+                                      aliases=("--master_port",))
+    rdzv_backend: str | None = setting(None, "c10d or static; with torchrun's spellings, c10d + --master-addr meets at "
+                                       "MASTER_ADDR:MASTER_PORT and static + --rdzv-endpoint at that endpoint", group=NODES,
+                                       type=str, choices=RDZV_BACKENDS, aliases=("--rdzv_backend",),
+                                       default_help="c10d with --rdzv-endpoint, static with --master-addr")
+    rdzv_conf: str = setting("", "c10d rendezvous settings KEY=VALUE,... (is_host, join_timeout, last_call_timeout, "
+                             "close_timeout, keep_alive_interval, keep_alive_max_attempt, read_timeout)", group=NODES,
+                             aliases=("--rdzv_conf",), metavar="K=V,...")
     rdzv_endpoint: str | None = setting(None, "c10d rendezvous: every node names the same HOST:PORT (hosted by the node that owns "
-                                        "HOST); node ranks are assigned, no --node-rank", group=NODES, type=str, metavar="HOST:PORT")
+                                        "HOST); node ranks are assigned (a --node-rank is ignored, as torchrun does)", group=NODES, type=str,
+                                        metavar="HOST:PORT",
+                                        aliases=("--rdzv_endpoint",))
     rdzv_id: str | None = setting(None, "job id shared by all nodes of a c10d rendezvous", group=NODES, type=str,
-                                  default_help="random; give one for several nodes")
+                                  default_help="derived from the endpoint", aliases=("--rdzv_id",))
     local_addr: str | None = setting(None, "this node's address as the other nodes reach it", group=NODES, type=str,
-                                     default_help="the address that routes to the master")
+                                     default_help="the address that routes to the master", aliases=("--local_addr",))
     # training
     epochs: int = setting(100, "epochs to train")
     batch_size: int = setting(32, "batch size PER PROCESS, as in the guide; the global batch is nproc x this")
@@ -187,6 +187,7 @@ class RunConfig:
     extra: dict[str, Any] = setting(help="free-form settings for user tasks", cli=False, factory=dict)
 
     def __post_init__(self) -> None:
+        self._torchrun_spellings()
         if isinstance(self.device_memory, str):  # "80GB" from the Python API
             object.__setattr__(self, "device_memory", parse_memory(self.device_memory))
         if isinstance(self.task_args, (list, tuple)):  # (key, value) pairs from repeated --task-arg
@@ -253,6 +254,7 @@ class RunConfig:
         if not self.task:
             raise DdpkitError("no task given: name a built-in task (wine, digits) or MODULE:FUNCTION")
         self._validate_nodes()
+        self._validate_output()
         if self.resume and not self.run_dir:
             raise DdpkitError("--resume needs --run-dir: the run directory whose checkpoints to continue from")
         _choice("--strategy", self.strategy, STRATEGIES)
@@ -269,6 +271,35 @@ class RunConfig:
                               "use --precision bf16 with --strategy fsdp")
         if self.device_memory is not None and (not isinstance(self.device_memory, int) or self.device_memory < 1):
             raise DdpkitError(f"--device-memory must be a positive size such as 80GiB, got {self.device_memory!r}")
+
+    def _torchrun_spellings(self) -> None:
+        """torchrun's ways of naming a rendezvous, as the ones ddpkit validates: --standalone
+        is one node on a free port; c10d + --master-addr meets at MASTER_ADDR:MASTER_PORT;
+        static + --rdzv-endpoint is that master; a --node-rank beside a c10d endpoint is
+        ignored (the rendezvous assigns it), as torchrun ignores it."""
+        def put(**kw: Any) -> None:
+            for k, v in kw.items():
+                object.__setattr__(self, k, v)
+
+        if self.standalone:
+            put(nnodes="1", rdzv_endpoint=None, master_addr=None, master_port=None, node_rank=None)
+        if self.rdzv_backend == "c10d" and self.master_addr and not self.rdzv_endpoint:
+            put(rdzv_endpoint=f"{self.master_addr}:{self.master_port or 29500}", master_addr=None, master_port=None)
+        if self.rdzv_backend == "static" and self.rdzv_endpoint and not self.master_addr:
+            host, _, port = self.rdzv_endpoint.rpartition(":")
+            put(master_addr=host or self.rdzv_endpoint, master_port=int(port) if port.isdigit() else None, rdzv_endpoint=None)
+        if self.rdzv_endpoint and self.node_rank is not None and not self.master_addr:
+            put(node_rank=None)
+
+    def rdzv_settings(self) -> dict[str, str]:
+        """--rdzv-conf K=V,... as a dict (refused when malformed)."""
+        out: dict[str, str] = {}
+        for item in filter(None, (s.strip() for s in self.rdzv_conf.split(","))):
+            key, sep, value = item.partition("=")
+            if not sep or not key:
+                raise DdpkitError(f"--rdzv-conf must be KEY=VALUE,..., got {self.rdzv_conf!r}")
+            out[key.strip()] = value.strip()
+        return out
 
     @property
     def node_range(self) -> tuple[int, int]:
@@ -306,6 +337,16 @@ class RunConfig:
         if self.node_rank is not None and not 0 <= self.node_rank < hi:
             raise DdpkitError(f"--node-rank must be in 0..{hi - 1} for --nnodes {self.nnodes}, got {self.node_rank}")
 
+    def _validate_output(self) -> None:
+        for flag, value in (("--redirects", self.redirects), ("--tee", self.tee or "0")):
+            if not re.fullmatch(r"[0-3]|\d+:[0-3](,\d+:[0-3])*", value):
+                raise DdpkitError(f"{flag} must be 0-3 (0 none, 1 stdout, 2 stderr, 3 both) or LOCAL_RANK:N,..., got {value!r}")
+        if self.local_ranks_filter and not re.fullmatch(r"\d+(,\d+)*", self.local_ranks_filter):
+            raise DdpkitError(f"--local-ranks-filter must be local ranks separated by commas, e.g. 0,1; got {self.local_ranks_filter!r}")
+        if not (isinstance(self.monitor_interval, (int, float)) and self.monitor_interval > 0):
+            raise DdpkitError(f"--monitor-interval must be a positive number of seconds, got {self.monitor_interval!r}")
+        self.rdzv_settings()
+
     def replace(self, **changes: Any) -> RunConfig:
         return dataclasses.replace(self, **changes)
 
@@ -316,28 +357,6 @@ class RunConfig:
     def from_dict(cls, d: dict[str, Any]) -> RunConfig:
         names = {f.name for f in dataclasses.fields(cls)}
         return cls(**{k: v for k, v in d.items() if k in names})
-
-
-_UNITS = {"": 1, "b": 1, "k": 10**3, "kb": 10**3, "m": 10**6, "mb": 10**6, "g": 10**9, "gb": 10**9, "t": 10**12,
-          "tb": 10**12, "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
-
-
-def parse_memory(text: str | int | None) -> int | None:
-    """--device-memory: '80GiB' (2^30 bytes), '80GB' (10^9), '512MB', or a number of bytes."""
-    if text is None or isinstance(text, int):
-        return text
-    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*", str(text))
-    unit = m and _UNITS.get(m.group(2).lower())
-    if not m or unit is None or float(m.group(1)) <= 0:
-        raise DdpkitError(f"--device-memory must be a size such as 80GiB, 80GB or 512MB, got {text!r}")
-    return int(float(m.group(1)) * unit)
-
-
-def format_bytes(n: float) -> str:
-    for unit, size in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
-        if n >= size:
-            return f"{n / size:.1f} {unit}"
-    return f"{int(n)} B"
 
 
 def _positive(flag: str, value: int) -> None:

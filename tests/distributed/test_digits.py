@@ -26,7 +26,6 @@ def test_digits_reaches_95_percent_on_2_processes_and_equals_1_process_with_the_
     assert "world size   2 (1 node), backend gloo" in proc.stdout
     summary = json.loads((tmp_path / "two" / "summary.json").read_text())
     assert summary["eval_accuracy"] >= 0.95, summary
-    assert summary["train_s"] < 20, summary  # a few seconds of training on 2 cores
     run_ddpkit("train", "digits", "--nproc", "1", "--batch-size", "64", "--quiet", "--run-dir", str(tmp_path / "one"), *common)
     one, two = load_model(tmp_path / "one"), load_model(tmp_path / "two")
     # 8 epochs x 23 Adam steps through two convolutions: float rounding grows a little more than Wine's

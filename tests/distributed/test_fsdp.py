@@ -11,11 +11,18 @@ import pytest
 import torch
 
 from conftest import REPO, assert_state_close, assert_state_equal, load_model, run_ddpkit
+from ddpkit.parallel import cpu_has_bf16
 from ddpkit.tasks.wine import wine_model
 
 DEEP = str(REPO / "examples" / "deep_mlp.py") + ":build"
 WINE = ["--epochs", "6", "--seed", "5", "--save-every", "2", "--quiet"]
 DEEP_ARGS = ["--epochs", "3", "--seed", "3", "--batch-size", "24", "--save-every", "0", "--quiet"]
+NATIVE_BF16 = cpu_has_bf16()  # what ddpkit itself asks before it accepts --precision bf16 on a CPU
+# Where the CPU lacks it, --precision bf16 is refused (test_bf16_without_native_support_is_refused):
+# this CPU then checks the refusal for real instead of the training.
+needs_native_bf16 = pytest.mark.skipif(
+    not NATIVE_BF16, reason="needs a CPU with native bfloat16 (AVX512-BF16 or AMX); this one has neither, "
+                            "so ddpkit refuses --precision bf16 here (checked by test_bf16_without_native_support_is_refused)")
 
 
 def _summary(run):
@@ -23,12 +30,13 @@ def _summary(run):
 
 
 @pytest.fixture(scope="module")
-def wine_runs(tmp_path_factory):
-    """The same Wine job, uninterrupted, under DDP and under FSDP (2 processes each)."""
-    root = tmp_path_factory.mktemp("wine")
-    for strategy in ("ddp", "fsdp"):
-        run_ddpkit("train", "--strategy", strategy, "--nproc", "2", "--run-dir", str(root / strategy), *WINE)
-    return root
+def wine_runs(tmp_path_factory, reference_run):
+    """The same Wine job, uninterrupted, under DDP (the default strategy; test_train's resume
+    test compares with the same run) and under FSDP (2 processes each): {strategy: run dir}."""
+    fsdp = tmp_path_factory.mktemp("wine") / "fsdp"
+    run_ddpkit("train", "--strategy", "fsdp", "--nproc", "2", "--run-dir", str(fsdp), *WINE)
+    return {"ddp": reference_run("--nproc", "2", "--seed", "5", "--save-every", "2", "--epochs", "6", "--quiet"),
+            "fsdp": fsdp}
 
 
 @pytest.fixture(scope="module")
@@ -45,7 +53,7 @@ def deep_runs(tmp_path_factory):
 
 
 def test_fsdp_trains_wine_to_ddps_parameters_and_keeps_the_run_contract(wine_runs):
-    ddp, fsdp = wine_runs / "ddp", wine_runs / "fsdp"
+    ddp, fsdp = wine_runs["ddp"], wine_runs["fsdp"]
     assert_state_close(load_model(fsdp), load_model(ddp), rtol=1e-5, atol=1e-6)
     model = wine_model()
     model.load_state_dict(load_model(fsdp))  # model.pt: a plain consolidated state_dict
@@ -54,7 +62,7 @@ def test_fsdp_trains_wine_to_ddps_parameters_and_keeps_the_run_contract(wine_run
     assert s["strategy"] == "fsdp" and s["precision"] == "fp32" and len(s["peak_memory_bytes"]) == 2
     assert s["eval_accuracy"] == pytest.approx(_summary(ddp)["eval_accuracy"])
     # sharded checkpoints: one directory per save, one shard file per rank
-    ckpts = wine_runs / "fsdp" / "checkpoints"
+    ckpts = wine_runs["fsdp"] / "checkpoints"
     assert sorted(p.name for p in ckpts.iterdir()) == ["epoch-000002", "epoch-000004", "epoch-000006"]
     assert {".metadata", "__0_0.distcp", "__1_0.distcp", "ddpkit.pt"} <= {p.name for p in (ckpts / "epoch-000006").iterdir()}
     meta = torch.load(ckpts / "epoch-000006" / "ddpkit.pt", weights_only=True)
@@ -64,7 +72,7 @@ def test_fsdp_trains_wine_to_ddps_parameters_and_keeps_the_run_contract(wine_run
 def test_fsdp_resume_is_bit_identical_and_skips_incomplete_checkpoints(wine_runs, tmp_path):
     split = tmp_path / "split"
     (split / "checkpoints").mkdir(parents=True)  # the run as it was after epoch 2 ...
-    shutil.copytree(wine_runs / "fsdp" / "checkpoints" / "epoch-000002", split / "checkpoints" / "epoch-000002")
+    shutil.copytree(wine_runs["fsdp"] / "checkpoints" / "epoch-000002", split / "checkpoints" / "epoch-000002")
     # ... and what a crash leaves: a save that never got renamed, and a directory without one of its shards
     (split / "checkpoints" / ".epoch-000004.partial").mkdir()
     (split / "checkpoints" / ".epoch-000004.partial" / "__0_0.distcp").write_bytes(b"half")
@@ -74,10 +82,10 @@ def test_fsdp_resume_is_bit_identical_and_skips_incomplete_checkpoints(wine_runs
     assert "skipping checkpoint" in proc.stdout and "epoch-000005: incomplete" in proc.stdout
     assert "resuming from" in proc.stdout and "epoch-000002 (epoch 2 done)" in proc.stdout
     assert sorted(p.name for p in (split / "checkpoints").iterdir()) == ["epoch-000002", "epoch-000004", "epoch-000005", "epoch-000006"]
-    assert_state_equal(load_model(split), load_model(wine_runs / "fsdp"))
+    assert_state_equal(load_model(split), load_model(wine_runs["fsdp"]))
     keep = ("epoch", "train_loss", "eval_loss")
     rows = lambda run: [{k: r[k] for k in keep} for r in map(json.loads, (run / "metrics.jsonl").read_text().splitlines())]  # noqa: E731
-    assert rows(split) == rows(wine_runs / "fsdp")[2:]
+    assert rows(split) == rows(wine_runs["fsdp"])[2:]
 
 
 def test_save_on_4_ranks_resume_on_2(wine_runs, tmp_path):
@@ -89,7 +97,7 @@ def test_save_on_4_ranks_resume_on_2(wine_runs, tmp_path):
     assert {f"__{r}_0.distcp" for r in range(4)} <= shards
     proc = run_ddpkit("train", "--strategy", "fsdp", "--nproc", "2", "--resume", "--run-dir", str(run), *WINE)
     assert proc.returncode == 0
-    assert_state_close(load_model(run), load_model(wine_runs / "fsdp"), rtol=1e-5, atol=1e-6)
+    assert_state_close(load_model(run), load_model(wine_runs["fsdp"]), rtol=1e-5, atol=1e-6)
 
 
 @pytest.mark.parametrize("saved, source, resumed", [
@@ -98,12 +106,12 @@ def test_save_on_4_ranks_resume_on_2(wine_runs, tmp_path):
 ])
 def test_checkpoints_cross_between_ddp_and_fsdp(wine_runs, tmp_path, saved, source, resumed):
     run = tmp_path / "run"
-    src = wine_runs / saved / "checkpoints" / source
+    src = wine_runs[saved] / "checkpoints" / source
     (run / "checkpoints").mkdir(parents=True)
     (shutil.copytree if src.is_dir() else shutil.copy)(src, run / "checkpoints" / source)
     proc = run_ddpkit("train", "--strategy", resumed, "--nproc", "2", "--resume", "--run-dir", str(run), *WINE[:-1])
     assert f"resuming from {run / 'checkpoints' / source}" in proc.stdout
-    assert_state_close(load_model(run), load_model(wine_runs / resumed), rtol=1e-5, atol=1e-6)
+    assert_state_close(load_model(run), load_model(wine_runs[resumed]), rtol=1e-5, atol=1e-6)
 
 
 def test_fsdp_deep_mlp_matches_ddp_and_the_plan_measures_the_sharding(deep_runs):
@@ -131,6 +139,7 @@ def test_auto_picks_fsdp_when_ddp_does_not_fit(deep_runs):
     assert _summary(deep_runs / "fsdp")["strategy"] == "fsdp" and _summary(deep_runs / "ddp")["strategy"] == "ddp"
 
 
+@needs_native_bf16
 def test_bf16_trains_under_fsdp_and_ddp_close_to_fp32(deep_runs, tmp_path):
     run_ddpkit("train", DEEP, "--strategy", "fsdp", "--precision", "bf16", "--nproc", "2", "--run-dir", str(tmp_path / "fsdp"), *DEEP_ARGS)
     run_ddpkit("train", DEEP, "--precision", "bf16", "--nproc", "1", "--run-dir", str(tmp_path / "ddp"),
@@ -145,18 +154,28 @@ def test_bf16_trains_under_fsdp_and_ddp_close_to_fp32(deep_runs, tmp_path):
 def test_bad_combinations_are_one_clear_line(tmp_path):
     proc = run_ddpkit("train", "--strategy", "fsdp", "--nproc", "1", "--epochs", "1", cwd=tmp_path, check=False, timeout=60)
     assert proc.returncode == 2 and "--strategy fsdp shards the model across processes and needs at least 2" in proc.stderr
-    no_bf16 = ("import sys, torch\n"
-               "torch.cpu._is_avx512_bf16_supported = lambda: False\n"  # a CPU without native bfloat16
-               "torch.cpu._is_amx_tile_supported = lambda: False\n"
-               "from ddpkit.cli import main\n"
-               "sys.exit(main(sys.argv[1:]))\n")
-    proc = subprocess.run([sys.executable, "-c", no_bf16, "train", "--precision", "bf16", "--nproc", "2", "--epochs", "1"],
-                          cwd=tmp_path, capture_output=True, text=True, timeout=60,
-                          env={**os.environ, "PYTHONPATH": str(REPO / "src")})
-    assert proc.returncode == 2 and "--precision bf16: this CPU has no native bfloat16" in proc.stderr
-    assert "Traceback" not in proc.stderr and not list(tmp_path.rglob("model.pt"))
     proc = run_ddpkit("plan", "--device-memory", "lots", cwd=tmp_path, check=False, timeout=60)
     assert proc.returncode == 2 and "--device-memory must be a size such as 80GiB" in proc.stderr
+
+
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
+def test_bf16_without_native_support_is_refused(tmp_path, strategy):
+    """On a CPU without AVX512-BF16/AMX the real CLI refuses; on one with them, a child
+    process is told the CPU lacks both (what ddpkit asks torch), and must refuse the same way."""
+    args = ["train", "--strategy", strategy, "--precision", "bf16", "--nproc", "2", "--epochs", "1", "--run-dir", "r"]
+    if NATIVE_BF16:
+        no_bf16 = ("import sys, torch\n"
+                   "torch.cpu._is_avx512_bf16_supported = lambda: False\n"  # a CPU without native bfloat16
+                   "torch.cpu._is_amx_tile_supported = lambda: False\n"
+                   "from ddpkit.cli import main\n"
+                   "sys.exit(main(sys.argv[1:]))\n")
+        proc = subprocess.run([sys.executable, "-c", no_bf16, *args], cwd=tmp_path, capture_output=True, text=True,
+                              timeout=60, env={**os.environ, "PYTHONPATH": str(REPO / "src")})
+    else:
+        proc = run_ddpkit(*args, cwd=tmp_path, check=False, timeout=60)
+    assert proc.returncode == 2, proc.stderr
+    assert "--precision bf16: this CPU has no native bfloat16 (AVX512-BF16 or AMX)" in proc.stderr
+    assert "Traceback" not in proc.stderr and not (tmp_path / "r").exists()
 
 
 def test_plan_command_reports_both_strategies_and_the_pick(tmp_path):

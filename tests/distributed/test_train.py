@@ -60,15 +60,14 @@ def test_different_seeds_give_different_models(tmp_path):
 
 
 @pytest.mark.parametrize("nproc", [1, 2])
-def test_resume_is_bit_identical_to_an_uninterrupted_run(tmp_path, nproc):
-    common = ["--nproc", str(nproc), "--save-every", "2", "--quiet", "--seed", "5"]
-    run_ddpkit("train", "--epochs", "6", "--run-dir", str(tmp_path / "full"), *common)
-    run_ddpkit("train", "--epochs", "3", "--run-dir", str(tmp_path / "split"), *common)  # stops after epoch 3
-    proc = run_ddpkit("train", "--epochs", "6", "--resume", "--run-dir", str(tmp_path / "split"),
-                      "--nproc", str(nproc), "--save-every", "2", "--seed", "5")
+def test_resume_is_bit_identical_to_an_uninterrupted_run(tmp_path, nproc, reference_run):
+    common = ["--nproc", str(nproc), "--seed", "5", "--save-every", "2"]
+    full = reference_run(*common, "--epochs", "6", "--quiet")  # with 2 processes also test_fsdp's DDP run
+    run_ddpkit("train", *common, "--epochs", "3", "--quiet", "--run-dir", str(tmp_path / "split"))  # stops after epoch 3
+    proc = run_ddpkit("train", *common, "--epochs", "6", "--resume", "--run-dir", str(tmp_path / "split"))
     assert "resuming from" in proc.stdout and "epoch-000003.pt" in proc.stdout
-    assert_state_equal(load_model(tmp_path / "split"), load_model(tmp_path / "full"))
-    full = (tmp_path / "full" / "metrics.jsonl").read_text().splitlines()
+    assert_state_equal(load_model(tmp_path / "split"), load_model(full))
+    full = (full / "metrics.jsonl").read_text().splitlines()
     split = (tmp_path / "split" / "metrics.jsonl").read_text().splitlines()
 
     def strip(lines):

@@ -9,6 +9,7 @@ SRC = Path(__file__).resolve().parents[2] / "src" / "ddpkit"
 # Lowest first. A module may import its own layer and those before it.
 LAYERS = [
     ["errors"],
+    ["config_values"],
     ["config"],
     ["environments"],
     ["runtime"],

@@ -16,11 +16,13 @@ must be one file system every rank sees (on several nodes: a shared one).
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import shutil
+import warnings
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import torch
 import torch.distributed as dist
@@ -167,3 +169,75 @@ def find_any_resumable(run_dir: str | os.PathLike, model: nn.Module, optimizer: 
         except DdpkitError as e:
             skipped.append(str(e))
     raise DdpkitError(f"--resume: no usable checkpoint in {folder}: " + " | ".join(skipped))
+
+
+STATE_FORMAT = "ddpkit-sharded-state"
+
+
+def save_state_dir(path: str | os.PathLike, model: nn.Module, optimizer: torch.optim.Optimizer | None,
+                   extra: dict[str, Any], rt: Runtime) -> Path:
+    """For own loops (rt.save(..., sharded=True)); collective: every rank writes its shard
+    into `.NAME.partial/`, rank 0 adds ddpkit.pt (the extras) and renames it to `path`."""
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict
+
+    final = Path(path)
+    tmp = final.parent / f".{final.name}.partial"
+    try:
+        if rt.is_main:
+            shutil.rmtree(tmp, ignore_errors=True)
+            tmp.mkdir(parents=True)
+        rt.barrier()
+        if optimizer is None:
+            state: dict[str, Any] = {"model": get_model_state_dict(model)}
+        else:
+            model_state, optim_state = get_state_dict(model, optimizer)
+            state = {"model": model_state, "optim": optim_state}
+        with _alone_is_fine():
+            dcp.save(state, storage_writer=FileSystemWriter(tmp, sync_files=True), no_dist=not rt.distributed)
+        if rt.is_main:
+            meta = {"format": STATE_FORMAT, "version": VERSION, "extra": extra, "world_size": rt.world_size,
+                    "has_optimizer": optimizer is not None,
+                    "model_signature": ckpt_io.model_signature(unwrap(model).state_dict())}
+            ckpt_io.atomic_save(meta, tmp / META)
+            _replace_dir(tmp, final)
+    except (OSError, CheckpointException) as e:
+        raise DdpkitError(f"cannot write {final}: {_first_line(e)}; it was not renamed into place") from None
+    rt.barrier()
+    return final
+
+
+def load_state_dir(path: str | os.PathLike, model: nn.Module, optimizer: torch.optim.Optimizer | None) -> dict[str, Any]:
+    """Collective: what save_state_dir wrote, into this model's layout (any world size,
+    sharded or not); returns the extras."""
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict, set_model_state_dict
+
+    path = Path(path)
+    meta = ckpt_io.load_file(path / META) if (path / META).is_file() else None
+    if not isinstance(meta, dict) or meta.get("format") != STATE_FORMAT:
+        raise DdpkitError(f"{path}: not a complete sharded save of rt.save(..., sharded=True) (no {META})")
+    ckpt_io.check_signature(path, ckpt_io.model_signature(unwrap(model).state_dict()), meta["model_signature"])
+    if optimizer is not None and not meta.get("has_optimizer"):
+        raise DdpkitError(f"{path}: holds no optimizer state")
+    no_dist = not dist.is_initialized()
+    if optimizer is None:
+        state: dict[str, Any] = {"model": get_model_state_dict(model)}
+        with _alone_is_fine():
+            dcp.load(state, storage_reader=FileSystemReader(str(path)), no_dist=no_dist)
+        set_model_state_dict(model, state["model"])
+    else:
+        model_state, optim_state = get_state_dict(model, optimizer)
+        state = {"model": model_state, "optim": optim_state}
+        with _alone_is_fine():
+            dcp.load(state, storage_reader=FileSystemReader(str(path)), no_dist=no_dist)
+        set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
+    return meta.get("extra", {})
+
+
+
+@contextlib.contextmanager
+def _alone_is_fine() -> Iterator[None]:
+    """DCP warns that it assumes one process when there is no process group: that is what an
+    own loop run with plain `python` means, not a mistake to warn about."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled, unavailable or uninitialized")
+        yield

@@ -20,7 +20,9 @@ the function returns ddpkit.Task(model=, train_set=, optimizer=, [eval_set=, los
 
 LAUNCH_HELP = """Run any script on N local worker processes, with the environment torchrun gives
 (RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT, ...). In the script,
-`rt = ddpkit.init()` joins the job; the same script runs unchanged under torchrun."""
+`rt = ddpkit.init()` joins the job; the same script runs unchanged under torchrun. Every torchrun
+flag is accepted with torchrun's meaning (also with underscores: --nproc_per_node, --rdzv_conf, ...);
+with several local workers every output line is whole and prefixed with its rank (--tee 3)."""
 
 
 PLAN_HELP = """Print the memory plan of a task: per-rank bytes of parameters, gradients and optimizer
@@ -39,12 +41,17 @@ def build_parser() -> argparse.ArgumentParser:
     _add_dry_run(t)
 
     pl = sub.add_parser("plan", help="memory per rank under DDP and FSDP, and which one fits", description=PLAN_HELP)
-    add_config_flags(pl, [config.STRATEGY], names=("task", "nproc"), defaults={"strategy": "auto"})
+    add_config_flags(pl, [config.STRATEGY], names=("task", "nproc", "task_args"), defaults={"strategy": "auto"})
 
     la = sub.add_parser("launch", help="run any script on N local workers (like torchrun)", description=LAUNCH_HELP)
     add_config_flags(la, [config.PROCESSES, config.NODES])
     _add_dry_run(la)
-    la.add_argument("-m", dest="module", action="store_true", help="run SCRIPT as a module (python -m SCRIPT)")
+    la.add_argument("-m", "--module", dest="module", action="store_true", help="run SCRIPT as a module (python -m SCRIPT)")
+    la.add_argument("--no-python", "--no_python", dest="no_python", action="store_true",
+                    help="run SCRIPT as an executable itself, not through python (torchrun's --no-python)")
+    la.add_argument("--run-path", "--run_path", dest="run_path", action="store_true",
+                    help="run SCRIPT as a Python file path (torchrun's --run-path; what ddpkit does anyway)")
+    _add_agent_options(la)
     la.add_argument("script", help="the script (or module with -m) to run in every worker")
     la.add_argument("args", nargs=argparse.REMAINDER, help="arguments passed to the script")
     s = sub.add_parser("slurm", help="write (and submit) an sbatch script that runs `ddpkit train` on N nodes",
@@ -58,7 +65,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--account", default=None)
     s.add_argument("--job-name", default="ddpkit")
     s.add_argument("--output", default=None, help="log file pattern (default RUN_DIR/slurm-%%j.out)")
-    s.add_argument("--signal", default="USR1@90", help="warning signal before the time limit: save, requeue, resume (default USR1@90; '' = none)")
+    s.add_argument("--signal", default="USR2@90", help="warning signal before the time limit: save, requeue, resume "
+                   "(default USR2@90, not USR1, which NCCL and other libraries may handle; '' = none)")
     s.add_argument("--script", default=None, help="where to write the script (default RUN_DIR/job.sbatch)")
     s.add_argument("--dry-run", action="store_true", help="print the script; write and submit nothing")
     s.add_argument("--submit", action="store_true", help="submit it with sbatch; print the job id and log path")
@@ -107,6 +115,31 @@ and the requeued job resumes. Example:
 """
 
 
+# torchrun's flags for torch's elastic agent that ddpkit passes on as they are (same spellings,
+# types and defaults as torch/distributed/run.py); name: (spellings, argparse keywords)
+AGENT_OPTIONS: dict[str, tuple[tuple[str, ...], dict[str, Any]]] = {
+    "role": (("--role",), {"help": "the workers' role name"}),
+    "event_log_handler": (("--event-log-handler", "--event_log_handler"), {"help": "torch's event log handler"}),
+    "signals_to_handle": (("--signals-to-handle", "--signals_to_handle"),
+                          {"help": "signals the agent forwards to the workers (torch's default SIGTERM,SIGINT,SIGHUP,SIGQUIT)"}),
+    "duplicate_stdout_filters": (("--duplicate-stdout-filters", "--duplicate_stdout_filters"),
+                                 {"help": "copy teed stdout lines matching any of these comma-separated filters to a file"}),
+    "duplicate_stderr_filters": (("--duplicate-stderr-filters", "--duplicate_stderr_filters"), {"help": "the same for stderr"}),
+    "virtual_local_rank": (("--virtual-local-rank", "--virtual_local_rank"),
+                           {"action": "store_true", "help": "every worker sees LOCAL_RANK=0 (and its own device)"}),
+    "shutdown_timeout": (("--shutdown-timeout", "--shutdown_timeout"),
+                         {"type": int, "help": "seconds the workers get to stop before SIGKILL (torch's default 30)"}),
+    "numa_binding": (("--numa-binding", "--numa_binding"), {"help": "bind each worker to its GPU's NUMA node (torch's modes)"}),
+    "logs_specs": (("--logs-specs", "--logs_specs"), {"help": "a torchrun.logs_specs entry point instead of torch's DefaultLogsSpecs"}),
+}
+
+
+def _add_agent_options(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("torchrun's agent options (passed to torch's elastic agent as they are)")
+    for name, (spellings, kwargs) in AGENT_OPTIONS.items():
+        g.add_argument(*spellings, dest=name, default=None, **kwargs)
+
+
 def train_config(ns: argparse.Namespace) -> Any:
     return config_from(ns)
 
@@ -123,10 +156,22 @@ def cmd_train(ns: argparse.Namespace) -> int:
 
 
 def cmd_launch(ns: argparse.Namespace) -> int:
+    # The agent's store clients log every retry with a C++ stack (a static rendezvous whose node 0
+    # never comes); ddpkit says what failed in one line. Quiet only in this process: the variable
+    # is read once, when torch loads, and is gone before any worker starts (--verbose keeps them).
+    quiet = not ns.verbose and "TORCH_CPP_LOG_LEVEL" not in os.environ and "torch" not in sys.modules
+    if quiet:
+        os.environ["TORCH_CPP_LOG_LEVEL"] = "FATAL"
+    try:
+        import torch  # noqa: F401
+    finally:
+        if quiet:
+            del os.environ["TORCH_CPP_LOG_LEVEL"]
     from ..api import launch
 
     argv = (["-m", ns.script] if ns.module else [ns.script]) + list(ns.args)
-    return launch(argv, config_from(ns), dry_run=ns.dry_run)
+    agent = {name: getattr(ns, name) for name in AGENT_OPTIONS if getattr(ns, name) not in (None, False)}
+    return launch(argv, config_from(ns), dry_run=ns.dry_run, no_python=ns.no_python, agent_options=agent)
 
 
 def cmd_slurm(ns: argparse.Namespace) -> int:
@@ -195,8 +240,8 @@ def cmd_plot(ns: argparse.Namespace) -> int:
 def cmd_plan(ns: argparse.Namespace) -> int:
     from ..api import memory_plan
 
-    print(memory_plan(ns.task, nproc=ns.nproc, strategy=ns.strategy, precision=ns.precision,
-                      device_memory=ns.device_memory).format(ns.task, ns.strategy), flush=True)
+    print(memory_plan(ns.task, nproc=ns.nproc, strategy=ns.strategy, precision=ns.precision, device_memory=ns.device_memory,
+                      task_args=dict(ns.task_args or ())).format(ns.task, ns.strategy), flush=True)
     return 0
 
 

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import os
 from typing import Any, Callable, Iterable
 
 from ..config import RunConfig
+from ..environments.kubeflow import launcher_defaults
 
 _FIELDS = {f.name: f for f in dataclasses.fields(RunConfig)}
 
@@ -17,6 +19,8 @@ def add_config_flags(parser: argparse.ArgumentParser, groups: Iterable[str] = ()
     their group's title; `defaults` overrides a field's default for this command."""
     wanted_groups, wanted_names = set(groups), set(names)
     titles: dict[str, Any] = {}
+    # Kubeflow's PET_* variables are torchrun's flags (torchrun reads PET_<FLAG> as each default): so do we
+    defaults = {**launcher_defaults(os.environ), **(defaults or {})}
     for f in dataclasses.fields(RunConfig):
         meta = f.metadata
         if not meta.get("cli", True) or not (f.name in wanted_names or meta.get("group") in wanted_groups):
@@ -42,7 +46,7 @@ def _argparse_kwargs(f: dataclasses.Field, default: Any) -> dict[str, Any]:
     if isinstance(default, bool):
         kwargs["action"] = "store_false" if default else "store_true"
         return kwargs
-    kind = meta.get("type") or type(default)
+    kind = meta.get("type") or (type(f.default) if f.default not in (None, dataclasses.MISSING) else type(default))
     kwargs["type"] = _argparse_type(kind) if kind not in (int, float, str) else kind
     if meta.get("append"):
         kwargs["action"] = "append"  # (key, value) pairs; RunConfig makes them a dict

@@ -39,6 +39,12 @@ class LaunchPlan:
     threads_per_process: int = 1
     extra_env: dict[str, str] = field(default_factory=dict)
     debug_collectives: bool = False
+    # torchrun's output flags: where workers' streams go (log files, console with a rank prefix)
+    monitor_interval: float = 0.1
+    log_dir: str | None = None
+    redirects: str = "0"
+    tee: str = "0"
+    local_ranks_filter: str = ""
 
     @property
     def min_nodes(self) -> int:
@@ -50,14 +56,16 @@ class LaunchPlan:
 
 
 def run_elastic(plan: LaunchPlan, entrypoint: Callable[..., Any] | str, args: list[Any], env: dict[str, str] | None = None,
-                verbose: bool = False) -> dict[int, Any]:
+                verbose: bool = False, agent_options: dict[str, Any] | None = None) -> dict[int, Any]:
     """Run `entrypoint(*args)` (a function, or an executable path) in nproc workers.
     Returns each local rank's return value. A worker's DdpkitError becomes ours; any other
     failure becomes a DdpkitError that names the rank and exit code. Workers never outlive
     this call: the agent stops the whole group when one fails or on SIGINT/SIGTERM."""
+    from torch.distributed import DistNetworkError, DistStoreError
     from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, Std
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.elastic.rendezvous.api import RendezvousClosedError, RendezvousConnectionError, RendezvousTimeoutError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
     scratch = Path(tempfile.mkdtemp(prefix="ddpkit-"))
@@ -78,8 +86,12 @@ def run_elastic(plan: LaunchPlan, entrypoint: Callable[..., Any] | str, args: li
     endpoint, rdzv_store = plan.rdzv_endpoint, None
     if plan.rdzv_backend == "c10d" and plan.rdzv_configs.get("is_host"):
         endpoint, rdzv_store = _host_rendezvous_store(plan.rdzv_endpoint, plan.timeout)
+        if rdzv_store is None:  # another launcher on this host bound it first: join its store, as torchrun does
+            rdzv_configs["is_host"] = False
     if plan.rdzv_backend == "static":
         rdzv_configs["rank"] = plan.node_rank
+    agent = _agent_config(agent_options or {})
+    logs_specs_cls = agent.pop("logs_specs_cls", DefaultLogsSpecs)
     config = LaunchConfig(
         min_nodes=plan.min_nodes,
         max_nodes=plan.max_nodes,
@@ -90,10 +102,14 @@ def run_elastic(plan: LaunchPlan, entrypoint: Callable[..., Any] | str, args: li
         rdzv_configs=rdzv_configs,
         rdzv_timeout=int(plan.timeout),
         max_restarts=plan.max_restarts,
-        monitor_interval=0.1,
+        monitor_interval=plan.monitor_interval,
         start_method=plan.start_method,
-        logs_specs=DefaultLogsSpecs(log_dir=str(scratch / "logs"), redirects=Std.NONE, tee=Std.NONE),
+        logs_specs=logs_specs_cls(log_dir=plan.log_dir or str(scratch / "logs"), redirects=Std.from_str(plan.redirects),
+                                    tee=Std.from_str(plan.tee or "0"), local_ranks_filter=_ranks(plan.local_ranks_filter)),
         local_addr=plan.local_addr,
+        # teed lines carry the global rank; torchrun's variable for the template is honoured
+        log_line_prefix_template=os.environ.get("TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE", "[rank${rank}]:"),
+        **agent,
     )
     # The agent logs every failure with a traceback at ERROR level; ddpkit reports failures
     # itself (one line, plus the failing rank's own traceback), so keep the agent quiet.
@@ -106,6 +122,9 @@ def run_elastic(plan: LaunchPlan, entrypoint: Callable[..., Any] | str, args: li
         return elastic_launch(config, entrypoint)(*args)
     except ChildFailedError as e:
         raise DdpkitError(_failure_message(e, errors)) from None
+    except (RendezvousTimeoutError, RendezvousConnectionError, RendezvousClosedError, DistStoreError, DistNetworkError) as e:
+        # the agent's own store (static rendezvous: node 0 serves it) never completing is a rendezvous failure too
+        raise DdpkitError(_rendezvous_message(e, plan, endpoint)) from None
     except SignalException as e:
         raise DdpkitError(f"stopped by {signal.Signals(e.sigval).name}; the workers were stopped (with --save-on-signal "
                           "they saved a checkpoint first: continue with --resume)") from None
@@ -121,7 +140,8 @@ def run_elastic(plan: LaunchPlan, entrypoint: Callable[..., Any] | str, args: li
 def _host_rendezvous_store(endpoint: str, timeout: float) -> tuple[str, Any]:
     """Serve the c10d rendezvous store on the endpoint's address only. torch's rendezvous
     opens its store with multi_tenant=True, so it reuses this server (bound to one address)
-    instead of opening one on every interface."""
+    instead of opening one on every interface. When another launcher on this host already
+    serves it (several "nodes" on one machine), return (endpoint, None): join as a client."""
     from datetime import timedelta
 
     import torch.distributed as dist
@@ -129,11 +149,73 @@ def _host_rendezvous_store(endpoint: str, timeout: float) -> tuple[str, Any]:
     from ..runtime.store import bound_listener
 
     host, _, port = endpoint.rpartition(":")
-    sock = bound_listener(host, int(port or 0))
+    try:
+        sock = bound_listener(host, int(port or 0))
+    except DdpkitError:
+        if int(port or 0) and _someone_listens(host, int(port)):
+            return endpoint, None
+        raise
     real_port = sock.getsockname()[1]
     store = dist.TCPStore(host, real_port, None, True, timedelta(seconds=timeout), wait_for_workers=False,
                           multi_tenant=True, master_listen_fd=sock.detach())
     return f"{host}:{real_port}", store
+
+
+def _agent_config(options: dict[str, Any]) -> dict[str, Any]:
+    """torchrun's agent flags (cli AGENT_OPTIONS) as LaunchConfig's fields, converted as torchrun does."""
+    out = dict(options)
+    for name in ("duplicate_stdout_filters", "duplicate_stderr_filters"):
+        if name in out:
+            out[name] = [f.replace("\0", ",") for f in out[name].replace(",,", "\0").split(",") if f]
+    if "numa_binding" in out:
+        from torch.numa.binding import AffinityMode, NumaOptions
+
+        try:
+            out["numa_options"] = NumaOptions(affinity_mode=AffinityMode(out.pop("numa_binding")))
+        except ValueError as e:
+            raise DdpkitError(f"--numa-binding: {e}") from None
+    if "logs_specs" in out:
+        from torch.distributed.run import _get_logs_specs_class
+
+        try:
+            out["logs_specs_cls"] = _get_logs_specs_class(out.pop("logs_specs"))
+        except ValueError as e:
+            raise DdpkitError(f"--logs-specs: {e}") from None
+    return out
+
+
+def _someone_listens(host: str, port: int) -> bool:
+    import socket
+
+    try:
+        with socket.create_connection((host, port), timeout=2):
+            return True
+    except OSError:
+        return False
+
+
+def _ranks(text: str) -> set[int] | None:
+    return {int(r) for r in text.split(",")} if text else None
+
+
+def _rendezvous_message(e: BaseException, plan: LaunchPlan, endpoint: str) -> str:
+    """One line for a rendezvous that did not complete, naming the endpoint and what to check."""
+    nodes = plan.nnodes if plan.min_nodes == plan.max_nodes else f"{plan.min_nodes} to {plan.max_nodes}"
+    detail = str(e).strip().splitlines()[0][:160] if str(e).strip() else "closed"
+    if type(e).__name__ == "RendezvousTimeoutError":
+        what = "timed out"
+    elif "timed out" in detail.lower():
+        what = f"timed out ({detail})"
+    else:
+        what = f"failed ({type(e).__name__}: {detail})"
+    if plan.rdzv_backend == "static":
+        kind, same = "static rendezvous", (f"--nnodes {plan.nnodes}, the same --master-addr and --master-port, its own "
+                                           f"--node-rank; this is node {plan.node_rank}")
+    else:
+        kind, same = "rendezvous", f"--nnodes {plan.nnodes}, the same --rdzv-endpoint and --rdzv-id {plan.rdzv_id}"
+    return (f"{kind} at {endpoint} {what}: {nodes} node(s) were expected within --timeout {plan.timeout:g} s. "
+            f"Check that every node runs the same command ({same}), that {endpoint} is reachable from every node "
+            "(firewall, address), and that the other launchers have started")
 
 
 def _failure_message(e: Any, errors: Path) -> str:

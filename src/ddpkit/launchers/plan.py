@@ -28,7 +28,20 @@ def make_launch_plan(cfg: RunConfig, nproc: int, device_type: str, clean_parent:
         timeout=cfg.timeout,
         threads_per_process=threads,
         debug_collectives=cfg.debug_collectives,
+        monitor_interval=cfg.monitor_interval,
+        log_dir=cfg.log_dir,
+        redirects=cfg.redirects,
+        tee=cfg.tee or "0",
+        local_ranks_filter=cfg.local_ranks_filter,
     )
+    plan = _make_plan(cfg, common, lo, hi)
+    for key, value in cfg.rdzv_settings().items():  # --rdzv-conf: the user's c10d settings win
+        plan.rdzv_configs[key] = value.lower() in ("1", "true", "yes") if key == "is_host" else (
+            int(value) if value.isdigit() else value)
+    return plan
+
+
+def _make_plan(cfg: RunConfig, common: dict[str, Any], lo: int, hi: int) -> LaunchPlan:
     if cfg.rdzv_id:
         common["rdzv_id"] = cfg.rdzv_id
     elif cfg.multi_node or cfg.rdzv_endpoint:
@@ -86,6 +99,10 @@ def describe(plan: LaunchPlan, backend: str, device_type: str) -> str:
         f"  threads/process    {plan.threads_per_process}",
         f"  start method       {plan.start_method}, max restarts {plan.max_restarts}",
     ]
+    if plan.tee != "0" or plan.redirects != "0" or plan.log_dir:
+        shown = f" (local ranks {plan.local_ranks_filter})" if plan.local_ranks_filter else ""
+        lines.append(f"  output             tee {plan.tee}{shown}, redirects {plan.redirects}, lines prefixed with the rank, "
+                     f"logs in {plan.log_dir or 'a temporary folder'}")
     for k, v in plan.extra_env.items():
         lines.append(f"  environment        {k}={v}")
     lines.append("  local processes:")

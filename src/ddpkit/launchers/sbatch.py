@@ -41,7 +41,8 @@ class SlurmJob:
     account: str | None = None
     job_name: str = "ddpkit"
     output: str | None = None  # default: RUN_DIR/slurm-%j.out
-    signal: str = "USR1@90"  # time-limit warning: save at the next step, requeue, resume
+    signal: str = "USR2@90"  # time-limit warning: save at the next step, requeue, resume. Not USR1: NCCL and other
+    # libraries may install a USR1 handler of their own (submitit moved to USR2 for the same reason)
     python: str = field(default_factory=lambda: sys.executable)
     run_dir: str = ""
 
@@ -60,7 +61,7 @@ class SlurmJob:
         if self.time is not None and not _TIME.match(self.time):
             raise DdpkitError(f"--time {self.time!r} is not a SLURM time (MM, HH:MM:SS or D-HH:MM:SS)")
         if self.signal and not _SIGNAL.match(self.signal.upper()):
-            raise DdpkitError(f"--signal {self.signal!r} is not SIG[@SECONDS], e.g. USR1@90")
+            raise DdpkitError(f"--signal {self.signal!r} is not SIG[@SECONDS], e.g. USR2@90")
         for flag, value in (("--job-name", self.job_name), ("--partition", self.partition), ("--account", self.account)):
             if value is not None and not _SAFE_NAME.match(value):
                 raise DdpkitError(f"{flag} {value!r}: use letters, digits, '.', '_' and '-' only")

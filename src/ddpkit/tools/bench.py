@@ -194,10 +194,9 @@ def _step(rt: Any, spec: dict[str, Any]) -> dict[str, float]:
             dist.all_reduce(v, op=dist.ReduceOp.MAX)  # the slowest rank sets the pace
         med[key] = statistics.median(v.tolist())
     del ddp, optimizer, model, task
-    # a no_sync step slower than a sync step is noise (a busy machine): then nothing is
-    # attributed to communication, and the shares still add up to the step
-    data, compute = med["data"], min(med["nosync"], med["sync"])
-    comm = med["sync"] - compute
+    data = med["data"]
+    compute = min(med["nosync"], med["sync"])  # on a busy machine the sync median can come out lower: no comm then
+    comm = med["sync"] - compute  # so data + compute + comm is the step, always
     step = data + med["sync"]
     return {"grad_sync": used, "batch_size": spec["batch_size"], "global_batch": spec["batch_size"] * rt.world_size,
             "step_ms": step * 1e3, "data_ms": data * 1e3, "compute_ms": compute * 1e3, "comm_ms": comm * 1e3,

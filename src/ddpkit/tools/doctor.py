@@ -81,12 +81,22 @@ def _devices(e: Mapping[str, str]) -> dict[str, Any]:
 
 def _launcher(e: Mapping[str, str]) -> dict[str, Any]:
     out: dict[str, Any] = {}
+    from ..environments import kubeflow, mpi
+
     if "LOCAL_RANK" in e and "WORLD_SIZE" in e:
         out["name"] = "torchrun"
     elif "SLURM_JOB_ID" in e:
         out["name"] = "slurm"
+    elif mpi.flavour(e):
+        out["name"] = "mpi"
+        out["mpi"] = mpi.flavour(e)
+    elif kubeflow.is_pytorchjob_pod(e):
+        out["name"] = "kubeflow"
     else:
         out["name"] = "none"
+    pet = {k: e[k] for k in sorted(e) if k.startswith("PET_")}
+    if pet:  # Kubeflow's torchrun variables: what ddpkit launch / train will read as their flags
+        out["pet"] = pet
     if "SLURM_JOB_ID" in e:
         from ..environments import slurm as slurm_env
 
@@ -106,7 +116,7 @@ def _launcher(e: Mapping[str, str]) -> dict[str, Any]:
             "in_srun_step": slurm_env.in_srun_step(e),
         }
     try:
-        env = DistEnv.detect(e)
+        env = DistEnv.detect_worker(e) if not pet else DistEnv.detect(e)
         out["resolved"] = env.as_dict()
         out["nnodes"] = env.nnodes
     except DdpkitError as err:  # what ddpkit train would refuse with, e.g. no srun on several nodes
@@ -246,8 +256,12 @@ def format_report(r: Mapping[str, Any]) -> str:
             lines.append(f"  {k}={d[k]}")
     lines.append("launcher")
     names = {"none": "none (ddpkit starts the workers itself)", "torchrun": "torchrun (torch's elastic agent: torchrun, ddpkit launch)",
-             "slurm": "SLURM"}
+             "slurm": "SLURM", "mpi": f"MPI ({la.get('mpi')}: mpirun/mpiexec, one rank per worker)",
+             "kubeflow": "Kubeflow PyTorchJob pod (RANK/WORLD_SIZE: one pod, one worker)"}
     lines.append(f"  detected    {names[la['name']]}")
+    if la.get("pet"):
+        lines.append("  kubeflow    " + " ".join(f"{k}={v}" for k, v in la["pet"].items())
+                     + " (read by ddpkit launch / train as torchrun's flags)")
     if "slurm" in la:
         s = la["slurm"]
         lines.append(f"  slurm job   {s['job_id']}: {s['nodes']} node(s) {' '.join(s['hosts']) if s['hosts'] else s['nodelist']}, "

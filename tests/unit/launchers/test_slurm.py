@@ -102,9 +102,9 @@ def test_sbatch_script_quotes_every_user_value():
     argv = shlex.split(srun_line)
     assert argv[:2] == ["srun", "--kill-on-bad-exit=1"]
     assert "/tmp/x; rm -rf ~" in argv and "$(reboot)" in argv  # arguments, never shell code
-    assert "--auto-resume" in argv and argv[argv.index("--save-on-signal") + 1] == "USR1"
+    assert "--auto-resume" in argv and argv[argv.index("--save-on-signal") + 1] == "USR2"
     assert "#SBATCH --ntasks-per-node=4" in text and "#SBATCH --gpus-per-node=4" in text
-    assert "#SBATCH --signal=USR1@90" in text and "#SBATCH --requeue" in text
+    assert "#SBATCH --signal=USR2@90" in text and "#SBATCH --requeue" in text
     assert "$SLURM_NODEID" not in text  # nothing per-node to expand: ddpkit reads it on each node
 
 

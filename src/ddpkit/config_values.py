@@ -1,0 +1,61 @@
+"""The syntax of flag values: process counts, sizes, KEY=VALUE task arguments. Used by
+config.py's checks and the CLI; imports nothing of ddpkit but the error type."""
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from .errors import DdpkitError
+
+
+def parse_nproc(value: str) -> int | None:
+    """--nproc N|auto|cpu (None: auto; cpu: one per CPU core, as torchrun's --nproc-per-node cpu)."""
+    if value == "auto":
+        return None
+    if value == "cpu":
+        import os
+
+        return os.cpu_count() or 1
+    try:
+        n = int(value)
+    except ValueError:
+        raise ValueError(f"must be a positive integer or 'auto', got {value!r}") from None
+    if n < 1:
+        raise ValueError(f"must be a positive integer or 'auto', got {value!r}")
+    return n
+
+
+def parse_task_arg(text: str) -> tuple[str, Any]:
+    """--task-arg KEY=VALUE: VALUE as a Python literal (4, 0.1, True, None, 'x', [1, 2]), else the text itself."""
+    import ast
+
+    key, sep, value = text.partition("=")
+    if not sep or not key.strip().isidentifier():
+        raise ValueError(f"must be KEY=VALUE with KEY a Python name, got {text!r}")
+    try:
+        parsed = ast.literal_eval(value)
+    except (ValueError, SyntaxError):
+        parsed = value
+    return key.strip(), parsed
+
+
+_UNITS = {"": 1, "b": 1, "k": 10**3, "kb": 10**3, "m": 10**6, "mb": 10**6, "g": 10**9, "gb": 10**9, "t": 10**12,
+          "tb": 10**12, "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
+
+
+def parse_memory(text: str | int | None) -> int | None:
+    """--device-memory: '80GiB' (2^30 bytes), '80GB' (10^9), '512MB', or a number of bytes."""
+    if text is None or isinstance(text, int):
+        return text
+    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*", str(text))
+    unit = m and _UNITS.get(m.group(2).lower())
+    if not m or unit is None or float(m.group(1)) <= 0:
+        raise DdpkitError(f"--device-memory must be a size such as 80GiB, 80GB or 512MB, got {text!r}")
+    return int(float(m.group(1)) * unit)
+
+
+def format_bytes(n: float) -> str:
+    for unit, size in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if n >= size:
+            return f"{n / size:.1f} {unit}"
+    return f"{int(n)} B"

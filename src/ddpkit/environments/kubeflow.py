@@ -1,0 +1,71 @@
+"""Where am I in a Kubeflow job. Two shapes, both documented by Kubeflow:
+
+- PyTorchJob (training-operator) with one process per pod: every pod gets MASTER_ADDR,
+  MASTER_PORT, WORLD_SIZE and RANK (its index), no LOCAL_RANK: one pod is one ddpkit worker.
+- torchrun's own variables, PET_NNODES, PET_NPROC_PER_NODE, PET_NODE_RANK, PET_MASTER_ADDR,
+  PET_MASTER_PORT (PyTorchJob with nprocPerNode, Kubeflow Trainer's torch runtime): they are
+  meant for a launcher in the pod (torchrun reads every flag from PET_<FLAG>); `ddpkit launch`
+  and `ddpkit train` read them the same way (`launcher_defaults`).
+
+A script that is started alone (`python train.py`) where these name a world of several
+processes would otherwise train N independent copies; `check_nothing_missing` refuses that.
+Reads variables only.
+"""
+from __future__ import annotations
+
+from typing import Mapping
+
+from ..errors import DdpkitError
+
+# RunConfig field <- torchrun's flag (PET_<FLAG>), as torchrun's argparse `env` action reads them.
+PET_FIELDS = {"nnodes": "NNODES", "nproc": "NPROC_PER_NODE", "node_rank": "NODE_RANK", "master_addr": "MASTER_ADDR",
+              "master_port": "MASTER_PORT", "rdzv_endpoint": "RDZV_ENDPOINT", "rdzv_id": "RDZV_ID",
+              "rdzv_backend": "RDZV_BACKEND", "rdzv_conf": "RDZV_CONF", "max_restarts": "MAX_RESTARTS",
+              "monitor_interval": "MONITOR_INTERVAL", "start_method": "START_METHOD", "log_dir": "LOG_DIR",
+              "redirects": "REDIRECTS", "tee": "TEE", "local_ranks_filter": "LOCAL_RANKS_FILTER", "local_addr": "LOCAL_ADDR"}
+
+
+def launcher_defaults(e: Mapping[str, str]) -> dict[str, str]:
+    """{RunConfig field: text} for the PET_* variables set here (the flags' defaults)."""
+    return {name: e[f"PET_{flag}"] for name, flag in PET_FIELDS.items() if e.get(f"PET_{flag}")}
+
+
+def is_pytorchjob_pod(e: Mapping[str, str]) -> bool:
+    """A PyTorchJob pod that is itself one worker: RANK and WORLD_SIZE, no LOCAL_RANK, and no
+    PET_NPROC_PER_NODE above 1 (that pod is meant to start several processes)."""
+    return "RANK" in e and "WORLD_SIZE" in e and "LOCAL_RANK" not in e and _nproc(e) <= 1
+
+
+def pod_fields(e: Mapping[str, str]) -> dict[str, int | str]:
+    """This pod's place in the job (DistEnv's fields): one pod, one process."""
+    try:
+        rank, world = int(e["RANK"]), int(e["WORLD_SIZE"])
+    except ValueError:
+        raise DdpkitError(f"RANK={e['RANK']!r} / WORLD_SIZE={e['WORLD_SIZE']!r} are not integers") from None
+    missing = [v for v in ("MASTER_ADDR", "MASTER_PORT") if not e.get(v)] if world > 1 else []
+    if missing:
+        raise DdpkitError(f"RANK and WORLD_SIZE={world} are set but {', '.join(missing)} is not: the job's other "
+                          "processes cannot be reached; set both (a PyTorchJob sets them in every pod)")
+    if not 0 <= rank < world:
+        raise DdpkitError(f"inconsistent environment: RANK={rank} WORLD_SIZE={world}")
+    return dict(rank=rank, local_rank=0, node_rank=rank, world_size=world, local_world_size=1,
+                master_addr=e.get("MASTER_ADDR", "127.0.0.1"), master_port=int(e.get("MASTER_PORT", "0") or 0))
+
+
+def check_nothing_missing(e: Mapping[str, str]) -> None:
+    """This process found no launcher that placed it; refuse when the environment still names
+    a world of several processes (else it would train alone, one of N silent copies)."""
+    nnodes = e.get("PET_NNODES", "1").split(":")[-1]
+    world = e.get("WORLD_SIZE", "1")
+    if _nproc(e) > 1 or (nnodes.isdigit() and int(nnodes) > 1):
+        raise DdpkitError(f"this pod is meant to run {e.get('PET_NNODES', '1')} node(s) x {e.get('PET_NPROC_PER_NODE', '1')} "
+                          "process(es) (PET_NNODES / PET_NPROC_PER_NODE), but the script was started alone: start it with "
+                          "`ddpkit launch SCRIPT.py` (or torchrun), which reads the PET_* variables")
+    if world.isdigit() and int(world) > 1:
+        raise DdpkitError(f"WORLD_SIZE={world} is set but not RANK: this process cannot know its place in the job; "
+                          "start it with `ddpkit launch` / torchrun, or set RANK, MASTER_ADDR and MASTER_PORT")
+
+
+def _nproc(e: Mapping[str, str]) -> int:
+    raw = e.get("PET_NPROC_PER_NODE", "1")
+    return int(raw) if raw.isdigit() else 2  # 'auto', 'gpu', 'cpu': a launcher in the pod decides

@@ -1,0 +1,64 @@
+"""The real mpirun (Debian's openmpi-bin): every MPI rank is one worker of one job, not N
+independent single-process runs (issue 15)."""
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+import torch
+
+from conftest import REPO, assert_state_equal, run_ddpkit
+
+
+@pytest.fixture(scope="module", autouse=True)
+def open_mpi():
+    """Debian's openmpi-bin, installed when missing and we are root (as CI is), like the
+    cluster tests' SLURM; without root and without it, these tests skip, saying so."""
+    if shutil.which("mpirun") is None and os.geteuid() == 0 and shutil.which("apt-get"):
+        from cluster.netns import _apt_install
+
+        _apt_install(["openmpi-bin"], timeout=600)
+    if shutil.which("mpirun") is None:
+        pytest.skip("needs Open MPI's mpirun (apt-get install openmpi-bin, as root); the variables it sets are "
+                    "tested without it in tests/unit/environments/test_mpi_kubeflow.py")
+
+
+def mpirun(n: int, *argv: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    root = ["--allow-run-as-root"] if os.geteuid() == 0 else []
+    cmd = ["mpirun", *root, "--oversubscribe", "-np", str(n), "-x", "PYTHONPATH", *argv]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=180,
+                          env={**os.environ, "PYTHONPATH": str(REPO / "src"), **(env or {})})
+
+
+def test_own_loop_under_mpirun_is_one_job_equal_to_ddpkit_launch(tmp_path):
+    import sys
+
+    script = str(REPO / "examples" / "own_loop.py")
+    proc = mpirun(2, sys.executable, script, "--epochs", "2", "--out", str(tmp_path / "mpi"))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert proc.stdout.count("epoch 2: loss") == 1 and "(world size 2)" in proc.stdout  # one job of 2, rank 0 prints
+    run_ddpkit("launch", "--nproc", "2", script, "--epochs", "2", "--out", str(tmp_path / "launch"))
+    a = torch.load(Path(tmp_path / "mpi" / "final.pt"), weights_only=True)["model"]
+    b = torch.load(Path(tmp_path / "launch" / "final.pt"), weights_only=True)["model"]
+    assert_state_equal(a, b)
+
+
+def test_ddpkit_env_under_mpirun_names_mpi_and_each_rank():
+    import sys
+
+    proc = mpirun(2, sys.executable, "-m", "ddpkit", "env")
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.count("detected    MPI (openmpi") == 2
+    assert "rank 0, local rank 0" in proc.stdout and "rank 1, local rank 1" in proc.stdout
+
+
+def test_ddpkit_train_under_mpirun_equals_its_own_two_processes(tmp_path):
+    import sys
+
+    flags = ["wine", "--epochs", "3", "--save-every", "0", "--quiet"]
+    proc = mpirun(2, sys.executable, "-m", "ddpkit", "train", *flags, "--run-dir", str(tmp_path / "mpi"))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    run_ddpkit("train", *flags, "--nproc", "2", "--run-dir", str(tmp_path / "own"))
+    assert_state_equal(torch.load(tmp_path / "mpi" / "model.pt", weights_only=True),
+                       torch.load(tmp_path / "own" / "model.pt", weights_only=True))
