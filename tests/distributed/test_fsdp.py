@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from conftest import REPO, assert_state_close, assert_state_equal, load_model, run_ddpkit
-from ddpkit.parallel import cpu_has_bf16
+from ddpkit.strategies.precision import cpu_has_bf16
 from ddpkit.tasks.wine import wine_model
 
 DEEP = str(REPO / "examples" / "deep_mlp.py") + ":build"
