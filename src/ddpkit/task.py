@@ -49,8 +49,9 @@ class Task:
     # --strategy fsdp: the submodules to shard one by one (then the root); None: each element
     # of the model's ModuleLists, or the children of a Sequential (ddpkit.strategies.fsdp.default_blocks)
     fsdp_blocks: Callable[[nn.Module], Any] | None = None
-    # scheduler(optimizer) -> a torch LR scheduler, stepped once per optimizer step; its state
-    # is in every checkpoint. (Or --lr-schedule/--warmup-steps for the common shapes.)
+    # scheduler(optimizer) or scheduler(optimizer, total_steps) -> a torch LR scheduler, stepped
+    # once per optimizer step (total_steps: the run's planned optimizer steps); its state is in
+    # every checkpoint. (Or --lr-schedule/--warmup-steps for the common shapes.)
     scheduler: Callable[[torch.optim.Optimizer], Any] | None = None
     # step(model, batch) -> the micro-batch's mean loss, or (loss_sum, count): then ddpkit divides
     # by the count over all micro-batches and ranks (token-level losses stay exact with padding)

@@ -125,3 +125,10 @@ def test_bad_training_settings_get_one_line_and_exit_2(tmp_path, args, fragment)
     assert fragment in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
     assert len([line for line in proc.stderr.splitlines() if line.startswith("ddpkit: error")]) == 1, proc.stderr
     assert not (tmp_path / "r" / "model.pt").exists()
+
+
+def test_a_task_scheduler_can_ask_for_the_runs_planned_steps(tmp_path):
+    # scheduler(optimizer, total_steps): linear to 0 over the run's 3 x 5 = 15 steps
+    run_ddpkit("train", TASK, "--task-arg", "schedule=2", "--nproc", "2", "--batch-size", "8", "--epochs", "3",
+               "--quiet", "--save-every", "0", "--run-dir", str(tmp_path / "r"))
+    assert [r["lr"] for r in _records(tmp_path / "r")] == pytest.approx([0.05 * (1 - 5 / 15), 0.05 * (1 - 10 / 15), 0.0])

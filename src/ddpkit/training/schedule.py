@@ -2,6 +2,7 @@
 --warmup-steps. Stepped once per optimizer step; its state is in every checkpoint."""
 from __future__ import annotations
 
+import inspect
 import math
 from typing import Any, Callable
 
@@ -30,13 +31,23 @@ class Schedule:
         return 0.5 * (1.0 + math.cos(math.pi * progress))
 
 
+def _takes_two(fn: Callable[..., Any]) -> bool:
+    """scheduler(optimizer, total_steps): a task's scheduler may ask for the run's planned length."""
+    try:
+        params = [p for p in inspect.signature(fn).parameters.values()
+                  if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) and p.default is p.empty]
+    except (TypeError, ValueError):
+        return False
+    return len(params) >= 2
+
+
 def make_scheduler(task_scheduler: Callable[[torch.optim.Optimizer], Any] | None, shape: str, warmup: int,
                    optimizer: torch.optim.Optimizer, total_steps: int) -> Any:
     """The run's LR scheduler, or None when the learning rate stays as the optimizer has it."""
     if task_scheduler is not None:
         if shape != "constant" or warmup:
             raise DdpkitError("the task has its own scheduler and --lr-schedule/--warmup-steps were given too: drop one of them")
-        scheduler = task_scheduler(optimizer)
+        scheduler = task_scheduler(optimizer, total_steps) if _takes_two(task_scheduler) else task_scheduler(optimizer)
         if isinstance(scheduler, torch.optim.lr_scheduler.ReduceLROnPlateau):
             raise DdpkitError("the task's scheduler is ReduceLROnPlateau, which steps on a metric; ddpkit steps the scheduler "
                               "after every optimizer step without one: use a step-based scheduler (LambdaLR, OneCycleLR, ...)")

@@ -63,7 +63,8 @@ def build(config=None, vocab: int = 13, seq: int = 10, samples: int = 96, width:
         eval_set=Items(x[split:], y[split:], mask[split:]),
         optimizer=lambda params: torch.optim.AdamW(params, lr=lr, weight_decay=0.01),
         step=token_step if use_step else None,
-        scheduler=(lambda opt: torch.optim.lr_scheduler.StepLR(opt, step_size=2, gamma=0.7)) if schedule else None,
+        scheduler=(lambda opt: torch.optim.lr_scheduler.StepLR(opt, step_size=2, gamma=0.7)) if schedule == 1 else
+        (lambda opt, total: torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1 - s / total)) if schedule == 2 else None,
     )
 
 
