@@ -60,7 +60,15 @@ def train_worker(config: dict[str, Any]) -> dict[str, Any]:
     if error_dir:
         die_with_parent()
     try:
-        return _train(cfg, env)
+        summary = _train(cfg, env)
+        if error_dir and summary.get("stopped_early") and summary.get("stop_signal") in ("SIGINT", "SIGTERM"):
+            # Ctrl-C or a TERM reached ddpkit's launcher too: its agent is shutting the group down and
+            # will not read a return value, so a worker that waited to hand one over would sit there
+            # until the agent's 30 s kill. The checkpoint is written: leave now.
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(0)
+        return summary
     except DdpkitError as e:
         if not error_dir:  # started by torchrun/srun/in-process: the caller reports it
             raise
