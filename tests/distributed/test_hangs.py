@@ -63,3 +63,13 @@ def test_a_rank_stuck_in_getitem_is_named_with_its_line(tmp_path):
     assert "rank 1   [" in err and "in no collective" in err and at in err, err
     assert "rank(s) 1 never arrived" in err, err
     assert "in __getitem__" in (hang_dir / "rank-1.txt").read_text()
+
+
+def test_ddpkit_check_on_one_node_passes_with_a_real_all_reduce(tmp_path):
+    proc = run_ddpkit("check", "--nproc", "2", "--run-dir", str(tmp_path / "runs"), timeout=120)
+    lines = proc.stdout.splitlines()
+    assert lines[0] == "ddpkit check: 2 rank(s) on 1 node(s)", proc.stdout
+    for row in ("versions       OK", "backend        OK    gloo", "run directory  OK", "all-reduce     OK    all 2 ranks"):
+        assert any(line.strip().startswith(row.strip()) for line in lines), (row, proc.stdout)
+    assert lines[-1].startswith("verdict: a job would run here"), proc.stdout
+    assert not any(p.name.startswith(".ddpkit-check") for p in (tmp_path / "runs").iterdir())  # cleaned up
