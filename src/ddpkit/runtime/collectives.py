@@ -32,11 +32,11 @@ class Collectives:
             return t
         shm = self.shm
         name = "all_reduce" if op == "sum" else f"all_reduce({op})"
-        if shm is not None and shm.group is dist.group.WORLD and shm.fits_small(t):
-            with RECORD.track(name, t, "shm"):  # what a hang report shows (runtime/record.py)
-                shm.all_reduce_small(t, op)
-            return t
-        with RECORD.track(name, t, "backend"):
+        mapping = shm is not None and shm.group is dist.group.WORLD
+        with RECORD.track(name, t, "shm" if mapping else "backend") as entry:  # what a hang report shows (record.py)
+            if mapping and shm.all_reduce_small(t, op):
+                return t
+            entry.path = "backend"
             dist.all_reduce(t, op=_OPS[op])
         return t
 

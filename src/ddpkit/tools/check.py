@@ -92,34 +92,52 @@ def gpu_traps(backend: str, gpus: int, environ: dict[str, str] | None = None) ->
 # -- the collective part, in every worker ------------------------------------------------------------
 def check_worker(spec: dict[str, Any]) -> dict[str, Any]:
     """In every worker: gather facts, test the run directory, clocks, ports and all-reduces.
-    Returns rank 0's full report on rank 0, the verdict elsewhere."""
-    import torch.distributed as dist
+    Returns rank 0's full report on rank 0, the verdict elsewhere.
+
+    The facts go through the workers' store as JSON before any process group exists: a node
+    with another torch (whose gloo may not speak to this one) is still named; the
+    all-reduces run only when every rank has the same versions."""
+    import torch
 
     from ..environments import DistEnv
     from ..runtime import Runtime
+    from ..runtime.devices import resolve_backend, resolve_device_type
+    from ..runtime.store import make_store
 
     env = DistEnv.detect()
-    with Runtime(env, spec["device"], spec["backend"], spec["timeout"], spec.get("threads")) as rt:
-        world = env.world_size
-        store = dist.distributed_c10d._get_default_store() if rt.distributed else None
-        key = spec["key"]
-        facts = local_facts(env.rank, env.local_rank, env.node_rank, rt.backend if rt.distributed else "none",
-                            env.master_addr)
-        everyone = exchange(store, f"{key}/facts", env.rank, world, facts)
-        nodes = node_leaders(everyone)
-        everyone_dir = exchange(store, f"{key}/dir", env.rank, world,
-                                run_dir_probe(Path(spec["run_dir"]), key, env.rank, world, store))
-        barrier(store, f"{key}/clock", env.rank, world)
-        clocks = exchange(store, f"{key}/clocks", env.rank, world, {"time": time.time()})
-        ports = port_probe(store, key, env.rank, world, nodes, facts["host"])
-        allreduce = measure_allreduce(rt, nodes, spec.get("iters", 10)) if rt.distributed else {}
-        if env.rank == 0:
-            shutil.rmtree(Path(spec["run_dir"]) / f".ddpkit-check-{key}", ignore_errors=True)
-        report = {"facts": everyone, "run_dir": everyone_dir, "clocks": clocks, "ports": ports, "allreduce": allreduce,
-                  "run_dir_path": str(Path(spec["run_dir"]).resolve())}
-        rows, ok = judge(report)
-        report.update(rows=rows, ok=ok)
-        return report if env.rank == 0 else {"ok": ok, "rank": env.rank}
+    world, rank = env.world_size, env.rank
+    store = make_store(env, spec["timeout"]) if env.distributed else None
+    key = spec["key"]
+    backend = resolve_backend(spec["backend"], resolve_device_type(spec["device"])) if env.distributed else "none"
+    facts = local_facts(rank, env.local_rank, env.node_rank, backend, env.master_addr)
+    everyone = exchange(store, f"{key}/facts", rank, world, facts)
+    nodes = node_leaders(everyone)
+    run_dir = Path(spec["run_dir"])
+    dirs = exchange(store, f"{key}/dir", rank, world, run_dir_probe(run_dir, key, rank, world, store))
+    barrier(store, f"{key}/clock", rank, world)
+    clocks = exchange(store, f"{key}/clocks", rank, world, {"time": time.time()})
+    ports = port_probe(store, key, rank, world, nodes)
+    same = len({json.dumps(f["versions"], sort_keys=True) for f in everyone}) == 1
+    allreduce: dict[str, Any] = {}
+    if not env.distributed:
+        pass
+    elif not same:
+        allreduce = {"skipped": "the ranks run different versions"}
+    else:
+        try:
+            with Runtime(env, spec["device"], spec["backend"], spec["timeout"], spec.get("threads"), store=store) as rt:
+                allreduce = measure_allreduce(rt, nodes, spec.get("iters", 10))
+        except Exception as e:  # noqa: BLE001 - the check reports what fails
+            allreduce = {"error": f"{type(e).__name__}: {str(e).splitlines()[0][:300] if str(e) else ''}"}
+    barrier(store, f"{key}/done", rank, world)
+    if rank == 0:
+        shutil.rmtree(run_dir / f".ddpkit-check-{key}", ignore_errors=True)
+    report = {"facts": everyone, "run_dir": dirs, "clocks": clocks, "ports": ports, "allreduce": allreduce,
+              "run_dir_path": str(run_dir.resolve())}
+    rows, ok = judge(report)
+    report.update(rows=rows, ok=ok)
+    del torch
+    return report if rank == 0 else {"ok": ok, "rank": rank}
 
 
 def exchange(store: Any, key: str, rank: int, world: int, value: Any) -> list[Any]:
@@ -160,7 +178,7 @@ def run_dir_probe(run_dir: Path, key: str, rank: int, world: int, store: Any) ->
     return {"error": error, "sees": seen}
 
 
-def port_probe(store: Any, key: str, rank: int, world: int, nodes: list[int], host: str) -> list[dict[str, Any]]:
+def port_probe(store: Any, key: str, rank: int, world: int, nodes: list[int]) -> list[dict[str, Any]]:
     """Each node's first rank listens on a free port; every other node's first rank connects."""
     if store is None or len(nodes) < 2:
         exchange(store, f"{key}/ports", rank, world, [])
@@ -310,7 +328,9 @@ def judge(report: dict[str, Any]) -> tuple[list[tuple[str, str, str]], bool]:
                                for p in closed) if closed else f"every node reached a fresh TCP port on every other ({len(ports)} connections)"))
     # all-reduce
     ar = report.get("allreduce") or {}
-    if ar:
+    if ar.get("skipped") or ar.get("error"):
+        rows.append(("all-reduce", "FAIL", ar.get("error") or f"not run: {ar['skipped']}"))
+    elif ar:
         a = ar["all"]
         rows.append(("all-reduce", "OK", f"all {world} ranks: latency {a['latency_us']:.0f} us (4 B), bus bandwidth "
                                          f"{a['busbw_gbps']:.2f} GB/s (16 MiB)"))
