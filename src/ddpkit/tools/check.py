@@ -130,8 +130,7 @@ def check_worker(spec: dict[str, Any]) -> dict[str, Any]:
         except Exception as e:  # noqa: BLE001 - the check reports what fails
             allreduce = {"error": f"{type(e).__name__}: {str(e).splitlines()[0][:300] if str(e) else ''}"}
     barrier(store, f"{key}/done", rank, world)
-    if rank == 0:
-        shutil.rmtree(run_dir / f".ddpkit-check-{key}", ignore_errors=True)
+    shutil.rmtree(run_dir / f".ddpkit-check-{key}", ignore_errors=True)  # every rank: its node may see another folder
     report = {"facts": everyone, "run_dir": dirs, "clocks": clocks, "ports": ports, "allreduce": allreduce,
               "run_dir_path": str(run_dir.resolve())}
     rows, ok = judge(report)
