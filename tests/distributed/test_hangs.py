@@ -73,3 +73,21 @@ def test_ddpkit_check_on_one_node_passes_with_a_real_all_reduce(tmp_path):
         assert any(line.strip().startswith(row.strip()) for line in lines), (row, proc.stdout)
     assert lines[-1].startswith("verdict: a job would run here"), proc.stdout
     assert not any(p.name.startswith(".ddpkit-check") for p in (tmp_path / "runs").iterdir())  # cleaned up
+
+
+def test_under_torchrun_rank_0_prints_the_summary_itself(tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    from conftest import REPO
+
+    run = tmp_path / "run"
+    torchrun = Path(sys.executable).with_name("torchrun")
+    proc = subprocess.run([str(torchrun), "--nproc-per-node", "2", "-m", "ddpkit", "train", f"{TASKS}:exits_midway",
+                           "--run-dir", str(run), *WINE[2:], *WATCHDOG], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "PYTHONPATH": str(REPO / "src"), "FAULT_STEP": "7", "FAULT_RANK": "1",
+                               "FAULT_HANG": "1"})
+    assert proc.returncode != 0
+    assert proc.stderr.count("ddpkit: hang report") == 1, proc.stderr  # no ddpkit launcher: rank 0 prints it
+    assert "rank(s) 1 never arrived" in proc.stderr and "made no progress for" in proc.stderr, proc.stderr
