@@ -92,7 +92,10 @@ def _train(cfg: RunConfig, env: DistEnv) -> dict[str, Any]:
         if rt.distributed:  # every rank reports where it is when the job hangs (runtime/watchdog.py)
             if rt.is_main:
                 fresh_hang_dir(run_dir / "hang")
-            watchdog = HangWatchdog(run_dir / "hang", env.rank, env.world_size, cfg.hang_seconds,
+            hang = cfg.hang_seconds
+            if rt.backend == "nccl" and cfg.hang_timeout is None:
+                hang = 0.9 * cfg.timeout  # torch aborts a process whose NCCL collective passes --timeout: report first
+            watchdog = HangWatchdog(run_dir / "hang", env.rank, env.world_size, hang,
                                     os.environ.get(ERROR_DIR_VAR), launcher_prints=bool(os.environ.get(ERROR_DIR_VAR)))
             watchdog.start()
         seed_everything(cfg.seed)  # the same model on every rank, whatever the world size

@@ -43,7 +43,8 @@ POLL_S = 0.25  # how often the thread looks at the clock and for a request
 def is_timeout(error: BaseException) -> bool:
     """A collective or store wait that ran past --timeout (gloo, NCCL, the shared-memory barrier)."""
     text = str(error)
-    return "(--timeout)" in text or "timed out" in text.lower() or "Timeout" in type(error).__name__
+    lower = text.lower()
+    return "(--timeout)" in text or "timed out" in lower or "timeout" in lower or "Timeout" in type(error).__name__
 
 
 def fresh_hang_dir(hang_dir: Path) -> None:
