@@ -173,11 +173,18 @@ def _frames(stack: Any) -> list[dict[str, Any]]:
     return [{"file": fs.filename, "line": fs.lineno, "function": fs.name, "code": fs.line or ""} for fs in stack]
 
 
-def innermost_user_frame(frames: list[dict[str, Any]]) -> str:
-    """FILE:LINE in FUNCTION: CODE of the innermost frame of user code (else the innermost)."""
+def innermost_user_frame(frames: list[dict[str, Any]], user_only: bool = False) -> str:
+    """FILE:LINE in FUNCTION: CODE of the innermost frame of user code (else the innermost
+    frame; with user_only, "")."""
     if not frames:
-        return "?"
-    pick = next((f for f in reversed(frames) if not is_library(f["file"])), frames[-1])
+        return "" if user_only else "?"
+    pick = next((f for f in reversed(frames) if not is_library(f["file"])), None)
+    if pick is None:
+        if user_only:
+            return ""
+        pick = frames[-1]
+    if user_only:
+        return f"{short(pick['file'])}:{pick['line']} in {pick['function']}"
     code = f": {pick['code']}" if pick.get("code") else ""
     return f"{short(pick['file'])}:{pick['line']} in {pick['function']}{code}"
 
@@ -190,6 +197,8 @@ def write_report(hang_dir: Path, rank: int, reason: str, main_ident: int | None,
         frame = sys._current_frames().get(main_ident or threading.main_thread().ident)
         main = _frames(traceback.extract_stack(frame)) if frame is not None else []
     entries = RECORD.snapshot()
+    if entries and entries[-1]["state"] != "done" and not entries[-1]["user"]:
+        entries[-1]["user"] = innermost_user_frame(main, user_only=True)  # the user's line of the collective it is in
     fr = flight_recorder()
     report = {"rank": rank, "host": socket.gethostname(), "pid": os.getpid(), "time": time.time(), "reason": reason,
               "main_stack": main, "collectives": entries, "flight_recorder": _fr_status(fr)}

@@ -130,6 +130,7 @@ def check_worker(spec: dict[str, Any]) -> dict[str, Any]:
         except Exception as e:  # noqa: BLE001 - the check reports what fails
             allreduce = {"error": f"{type(e).__name__}: {str(e).splitlines()[0][:300] if str(e) else ''}"}
     barrier(store, f"{key}/done", rank, world)
+    leave(store, f"{key}/left", rank, world)
     shutil.rmtree(run_dir / f".ddpkit-check-{key}", ignore_errors=True)  # every rank: its node may see another folder
     report = {"facts": everyone, "run_dir": dirs, "clocks": clocks, "ports": ports, "allreduce": allreduce,
               "run_dir_path": str(run_dir.resolve())}
@@ -153,6 +154,18 @@ def barrier(store: Any, key: str, rank: int, world: int) -> None:
         deadline = time.time() + 60
         while int(store.add(key, 0)) < world and time.time() < deadline:
             time.sleep(0.001)
+
+
+def leave(store: Any, key: str, rank: int, world: int) -> None:
+    """The last store operation: rank 0 (which serves the store) waits until every rank has
+    done its last one, so that none finds the server gone."""
+    if store is None:
+        return
+    store.add(key, 1)
+    if rank == 0:
+        deadline = time.time() + 60
+        while int(store.add(key, 0)) < world and time.time() < deadline:
+            time.sleep(0.005)
 
 
 def node_leaders(facts: list[dict[str, Any]]) -> list[int]:

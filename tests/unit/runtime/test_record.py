@@ -13,8 +13,8 @@ def test_entries_are_numbered_and_name_the_calling_line():
             line = sys._getframe().f_lineno
     assert [e.seq for e in record] == [2, 3, 4]  # a ring of the last 3
     last = list(record)[-1]
-    assert last.state == "done" and last.shape == [2, 3] and last.dtype == "float32"
-    assert last.user.endswith(f"test_record.py:{line - 1} in test_entries_are_numbered_and_name_the_calling_line")
+    assert last.state == "done" and last.as_dict()["shape"] == [2, 3] and last.as_dict()["dtype"] == "float32"
+    assert last.as_dict()["caller"].endswith(f"test_record.py:{line - 1} in test_entries_are_numbered_and_name_the_calling_line")
     assert record.pending() is None
 
 
