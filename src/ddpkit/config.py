@@ -101,7 +101,7 @@ class RunConfig:
     hang_timeout: float | None = setting(None, "seconds a rank may make no progress (no forward pass, no collective completed) "
                                          "before every rank dumps its Python stacks and last collectives into RUN_DIR/hang, "
                                          "rank 0 prints which rank is stuck where, and the job stops; 0 = off (the dumps on "
-                                         "a --timeout stay)", group=PROCESSES, type=float,
+                                         "a --timeout stay)", group=FAULTS, type=float,
                                          default_help="2 x --timeout; 0.9 x --timeout on NCCL, which aborts at --timeout")
     debug_collectives: bool = setting(False, "check across ranks that every collective matches (op, shapes, order) and name the "
                                       "rank that diverged (slow)", group=PROCESSES)
