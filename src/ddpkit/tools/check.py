@@ -412,9 +412,13 @@ def main_check(cfg: Any, as_json: bool = False) -> int:
 
     run_dir = cfg.run_dir or "runs"
     env = DistEnv.detect()
-    key = os.environ.get("SLURM_JOB_ID", "") + (cfg.rdzv_id or "") or uuid.uuid4().hex[:12]
+    if env.launcher != "single":  # a worker of srun / torchrun: a key that every rank derives alike
+        key = (os.environ.get("SLURM_JOB_ID") or os.environ.get("TORCHELASTIC_RUN_ID")
+               or f"{env.master_addr}-{env.master_port}")
+    else:  # ddpkit starts the workers: one key for all of them (multi-node: the rendezvous id, below)
+        key = cfg.rdzv_id or uuid.uuid4().hex[:12]
     spec = {"device": cfg.device, "backend": cfg.backend, "timeout": cfg.timeout, "threads": cfg.threads,
-            "run_dir": run_dir, "key": key.replace("/", "-") or "check"}
+            "run_dir": run_dir, "key": "".join(c if c.isalnum() or c in "-_." else "-" for c in key)}
     if env.launcher != "single":
         result = check_worker(spec)
     else:
