@@ -285,7 +285,14 @@ def format_summary(hang_dir: Path | str, world_size: int | None = None) -> str:
         entries = r.get("collectives") or []
         last = entries[-1] if entries else None
         fr_line = _fr_line(r.get("flight_recorder"))
-        if last is not None and last["state"] != "done":
+        fr_pending = next((st["pending"] for st in (r.get("flight_recorder") or {}).values() if st.get("pending")), None)
+        if (last is None or last["state"] == "done") and fr_pending:  # inside a collective only torch saw (DDP's own)
+            last = {"seq": fr_pending["seq"], "op": fr_pending["op"], "shape": (fr_pending["sizes"] or [[]])[0],
+                    "dtype": "?", "path": "backend, seen by the flight recorder", "what": "", "state": "waiting",
+                    "started": r["time"], "user": innermost_user_frame(r.get("main_stack") or []), "caller": ""}
+            waiting[rank] = last
+            lines.append(f"  rank {rank:<3} {host}waiting in {_describe(last)}, at {last['user']}{fr_line}")
+        elif last is not None and last["state"] != "done":
             waiting[rank] = last
             state = "timed out in" if last["state"].startswith("failed") else "waiting in"
             since = f" for {r['time'] - last['started']:.1f} s" if last["state"] == "waiting" else ""

@@ -39,3 +39,15 @@ def test_timeouts_are_told_from_other_errors():
     assert is_timeout(RuntimeError("[gloo] Timed out waiting 3000ms for recv operation to complete"))
     assert is_timeout(RuntimeError("rank 0 waited 3 s (--timeout) for rank 1 to reach the same all-reduce"))
     assert not is_timeout(ValueError("bad shape"))
+
+
+def test_a_collective_only_the_flight_recorder_saw_counts_as_waiting(tmp_path):
+    write(tmp_path, 0, [entry(11, state="done")], [("/x/train.py", 12, "step", "loss.backward()")])
+    report = json.loads((tmp_path / "rank-0.json").read_text())
+    report["flight_recorder"] = {"0": {"last_enqueued": 20, "last_completed": 19,
+                                       "pending": {"op": "gloo:all_reduce", "sizes": [[1091]], "seq": 20}}}
+    (tmp_path / "rank-0.json").write_text(json.dumps(report))
+    write(tmp_path, 1, [entry(11, state="done")], [("/x/data.py", 7, "__getitem__", "read()")])
+    text = format_summary(tmp_path, 2)
+    assert "rank 0   [n1] waiting in gloo:all_reduce #20 (shape [1091]" in text
+    assert "rank(s) 1 never arrived at gloo:all_reduce #20" in text and "x/data.py:7 in __getitem__" in text
