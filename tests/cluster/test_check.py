@@ -72,3 +72,27 @@ def test_check_names_a_node_with_another_torch(two_nodes, tmp_path):
 
     assert "FAIL" in row and f"torch {torch.__version__} on rank 0 (node1) vs " in row and "on rank 1 (node2)" in row, logs
     assert "not run: the ranks run different versions" in _row(out, "all-reduce"), logs
+
+
+def test_a_rank_sleeping_on_node_2_is_named_by_node_1(two_nodes, tmp_path):
+    """Two nodes, one shared run directory: rank 1 (node2) sleeps inside a step; node1's
+    launcher prints the summary with node2's stack line."""
+    tasks = REPO / "tests" / "distributed" / "scripts" / "fault_tasks.py"
+    run_dir = tmp_path / "run"
+    port = str(two_nodes.next_port())
+    n1, n2 = two_nodes.nodes[0], two_nodes.nodes[1]
+
+    def argv(rank):
+        return [sys.executable, "-m", "ddpkit", "train", f"{tasks}:exits_midway", "--nproc", "1", "--nnodes", "2",
+                "--master-addr", n1.ip, "--master-port", port, "--node-rank", str(rank), "--run-dir", str(run_dir),
+                "--epochs", "40", "--batch-size", "16", "--quiet", "--hang-timeout", "3", "--timeout", "60"]
+
+    results = two_nodes.run_all([(n1, argv(0)), (n2, argv(1))], timeout=150, uts=True, worker_env=False, fail_grace=30,
+                                env={"PYTHONPATH": str(REPO / "src"), "FAULT_STEP": "7", "FAULT_RANK": "1",
+                                     "FAULT_HANG": "1"})
+    logs = "\n\n".join(f"--- {r.node.name} rc={r.returncode} timed_out={r.timed_out}\n{r.output}" for r in results)
+    out = results[0].output
+    assert results[0].returncode == 2, logs
+    assert "ddpkit: hang report" in out and "rank 1   [node2] in no collective" in out, logs
+    assert "rank(s) 1 never arrived" in out and "fault_tasks.py:28 in forward" in out, logs
+    assert (run_dir / "hang" / "rank-1.txt").exists() and (run_dir / "hang" / "rank-0.txt").exists(), logs
