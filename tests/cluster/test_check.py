@@ -94,5 +94,6 @@ def test_a_rank_sleeping_on_node_2_is_named_by_node_1(two_nodes, tmp_path):
     out = results[0].output
     assert results[0].returncode == 2, logs
     assert "ddpkit: hang report" in out and "rank 1   [node2] in no collective" in out, logs
-    assert "rank(s) 1 never arrived" in out and "fault_tasks.py:28 in forward" in out, logs
+    sleep = next(i for i, line in enumerate(tasks.read_text().splitlines(), 1) if "time.sleep(600)" in line)
+    assert "rank(s) 1 never arrived" in out and f"fault_tasks.py:{sleep} in forward" in out, logs
     assert (run_dir / "hang" / "rank-1.txt").exists() and (run_dir / "hang" / "rank-0.txt").exists(), logs
