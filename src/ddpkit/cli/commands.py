@@ -77,12 +77,13 @@ def build_parser() -> argparse.ArgumentParser:
     ck = sub.add_parser("check", help="pre-flight: would a job run on this node / allocation? (all-reduce, versions, "
                                       "shared run directory, clocks, ports, memory, NCCL traps)",
                         description="Start the workers `ddpkit train` would start with the same flags (or run as one under "
-                                    "srun / torchrun: srun ddpkit check) and check on every rank: a real all-reduce (latency "
+                                    "srun / torchrun: srun ddpkit check; every flag of train is accepted, the task and training flags are "
+                                    "ignored) and check on every rank: a real all-reduce (latency "
                                     "and bandwidth, all ranks and every node pair), the backend and interface each rank chose, "
                                     "version parity (Python, torch, CUDA, NCCL, ddpkit), that the run directory is one shared "
                                     "folder, clocks, TCP ports between nodes, free memory and /dev/shm, known NCCL traps. "
                                     "One table and a verdict; exit 0 only when a job would run.")
-    add_config_flags(ck, [config.PROCESSES, config.NODES], names=("run_dir", "backend", "device"))
+    add_config_flags(ck, ALL_GROUPS, names=("task",))  # the flags of train: paste a train command, say check
     ck.add_argument("--json", action="store_true", help="print rank 0's report as JSON")
 
     pl = sub.add_parser("plot", help="PNG curves of runs (loss, eval accuracy, samples/s), side by side",
