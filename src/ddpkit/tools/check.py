@@ -116,7 +116,7 @@ def check_worker(spec: dict[str, Any]) -> dict[str, Any]:
     dirs = exchange(store, f"{key}/dir", rank, world, run_dir_probe(run_dir, key, rank, world, store))
     barrier(store, f"{key}/clock", rank, world)
     clocks = exchange(store, f"{key}/clocks", rank, world, {"time": time.time()})
-    ports = port_probe(store, key, rank, world, nodes)
+    ports = port_probe(store, key, rank, world, nodes, env.master_addr)
     same = len({json.dumps(f["versions"], sort_keys=True) for f in everyone}) == 1
     allreduce: dict[str, Any] = {}
     if not env.distributed:
@@ -190,7 +190,7 @@ def run_dir_probe(run_dir: Path, key: str, rank: int, world: int, store: Any) ->
     return {"error": error, "sees": seen}
 
 
-def port_probe(store: Any, key: str, rank: int, world: int, nodes: list[int]) -> list[dict[str, Any]]:
+def port_probe(store: Any, key: str, rank: int, world: int, nodes: list[int], master_addr: str) -> list[dict[str, Any]]:
     """Each node's first rank listens on a free port; every other node's first rank connects."""
     if store is None or len(nodes) < 2:
         exchange(store, f"{key}/ports", rank, world, [])
@@ -200,7 +200,7 @@ def port_probe(store: Any, key: str, rank: int, world: int, nodes: list[int]) ->
         listener = socket.socket()
         listener.bind(("0.0.0.0", 0))
         listener.listen(len(nodes))
-        store.set(f"{key}/port/{rank}", json.dumps([_my_address(), listener.getsockname()[1]]))
+        store.set(f"{key}/port/{rank}", json.dumps([_my_address(master_addr), listener.getsockname()[1]]))
     results = []
     if rank in nodes:
         for peer in nodes:
@@ -219,10 +219,11 @@ def port_probe(store: Any, key: str, rank: int, world: int, nodes: list[int]) ->
     return [r for rs in everyone for r in rs]
 
 
-def _my_address() -> str:
+def _my_address(master: str) -> str:
+    """This node's address as the master sees it (the one that routes to the master; under
+    srun the master comes from SLURM's node list, not MASTER_ADDR)."""
     from ..environments import network
 
-    master = os.environ.get("MASTER_ADDR", "127.0.0.1")
     try:
         return network.source_address_for(network.resolve(master))
     except OSError:
