@@ -15,7 +15,7 @@ reports (up to REPORT_WAIT_S), writes RUN_DIR/hang/summary.txt (format_summary: 
 waits in which collective, at which line, and which one never arrived) and prints it when
 no ddpkit launcher does (torchrun, srun); ddpkit's launcher prints it once the job has
 stopped, also when rank 0 is the one that cannot. A rank whose own watchdog fired then ends
-the job: one line for the launcher, exit code 2.
+the job (so does every rank that answered a request): one line for the launcher, exit code 2.
 
 The thread only reads and writes files; it never runs a collective (the group may be the
 thing that is stuck). Ranks on other nodes see the request only when RUN_DIR is one shared
@@ -106,6 +106,7 @@ class HangWatchdog:
                 except OSError:
                     reason = "another rank asked"
                 self._report(reason, responding=True)
+                self._end_job(reason)  # this node's launcher names the hang, not a lost peer
                 return
             if self.hang_timeout and self.last_beat:
                 idle = time.time() - max(self.last_beat, RECORD.last_done)
