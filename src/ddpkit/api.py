@@ -53,7 +53,7 @@ def train(config: RunConfig | None = None, *, dry_run: bool = False, _clean_pare
     if nproc == 1 and not cfg.multi_node and not cfg.rdzv_endpoint and cfg.max_restarts == 0:
         return train_worker(cfg.as_dict())
     _check_task_exists(cfg)
-    results = run_elastic(plan, train_worker, [cfg.as_dict()], verbose=cfg.verbose)
+    results = run_elastic(plan, train_worker, [cfg.as_dict()], verbose=cfg.verbose, hang_dir=Path(cfg.run_dir) / "hang")
     return results.get(0, {}) if isinstance(results, dict) else results[0]
 
 

@@ -73,6 +73,11 @@ class RunConfig:
                                 choices=START_METHODS, default_help="auto: fork on CPU, spawn with GPUs", aliases=("--start_method",))
     timeout: float = setting(DEFAULT_TIMEOUT_S, "seconds any collective or rendezvous may wait before the job fails instead of hanging",
                              group=PROCESSES)
+    hang_timeout: float | None = setting(None, "seconds a rank may make no progress (no forward pass, no collective completed) "
+                                         "before every rank dumps its Python stacks and last collectives into RUN_DIR/hang, "
+                                         "rank 0 prints which rank is stuck where, and the job stops; 0 = off (the dumps on "
+                                         "a --timeout stay)", group=FAULTS, type=float,
+                                         default_help="2 x --timeout; 0.9 x --timeout on NCCL, which aborts at --timeout")
     debug_collectives: bool = setting(False, "check across ranks that every collective matches (op, shapes, order) and name the "
                                       "rank that diverged (slow)", group=PROCESSES)
     verbose: bool = setting(False, "show the elastic agent's own logs (rendezvous, restarts, failures)", group=PROCESSES)
@@ -227,6 +232,8 @@ class RunConfig:
             raise DdpkitError(f"--lr must be positive, got {self.lr}")
         if not self.timeout > 0:
             raise DdpkitError(f"--timeout must be a positive number of seconds, got {self.timeout}")
+        if self.hang_timeout is not None and not (isinstance(self.hang_timeout, (int, float)) and self.hang_timeout >= 0):
+            raise DdpkitError(f"--hang-timeout must be 0 (off) or a positive number of seconds, got {self.hang_timeout!r}")
         if self.threads is not None:
             _positive("--threads", self.threads)
         if self.max_restarts < 0:
@@ -305,6 +312,11 @@ class RunConfig:
     def node_range(self) -> tuple[int, int]:
         lo, _, hi = self.nnodes.partition(":")
         return int(lo), int(hi or lo)
+
+    @property
+    def hang_seconds(self) -> float:
+        """--hang-timeout in seconds (0: the watchdog only answers requests)."""
+        return 2 * self.timeout if self.hang_timeout is None else float(self.hang_timeout)
 
     @property
     def multi_node(self) -> bool:

@@ -20,6 +20,7 @@ from .environments import DistEnv
 from .errors import DdpkitError
 from .reporting.summary import format_summary
 from .runtime import Runtime
+from .runtime.watchdog import HangWatchdog, fresh_hang_dir, is_timeout
 from .task import build_task
 from .training.loop import fit
 from .training.signals import StopRequest
@@ -91,9 +92,24 @@ def train_worker(config: dict[str, Any]) -> dict[str, Any]:
 
 def _train(cfg: RunConfig, env: DistEnv) -> dict[str, Any]:
     run_dir = Path(cfg.run_dir or "runs/latest")
+    # torch's flight recorder keeps the process group's last collectives (op, sizes, sequence
+    # number) for a hang report, on gloo and NCCL (no cost measurable next to gloo's latency)
+    os.environ.setdefault("TORCH_FR_BUFFER_SIZE", "2000")
     with Runtime(env, cfg.device, cfg.backend, cfg.timeout, cfg.threads) as rt:
+        watchdog = None
+        if rt.distributed:  # every rank reports where it is when the job hangs (runtime/watchdog.py)
+            if rt.is_main:
+                fresh_hang_dir(run_dir / "hang")
+            hang = cfg.hang_seconds
+            if rt.backend == "nccl" and cfg.hang_timeout is None:
+                hang = 0.9 * cfg.timeout  # torch aborts a process whose NCCL collective passes --timeout: report first
+            watchdog = HangWatchdog(run_dir / "hang", env.rank, env.world_size, hang,
+                                    os.environ.get(ERROR_DIR_VAR), launcher_prints=bool(os.environ.get(ERROR_DIR_VAR)))
+            watchdog.start()
         seed_everything(cfg.seed)  # the same model on every rank, whatever the world size
         task = build_task(cfg.task, cfg)
+        if watchdog is not None:
+            watchdog.watch_model(task.model)  # a forward pass is progress
         seed_everything(cfg.seed + 1 + env.rank)  # then per-rank streams (dropout, augmentation)
         if rt.is_main:
             run_dir.mkdir(parents=True, exist_ok=True)
@@ -104,7 +120,13 @@ def _train(cfg: RunConfig, env: DistEnv) -> dict[str, Any]:
         fit_start = time.time()
         try:
             stats = fit(cfg, task, rt, run_dir, stop)
+        except Exception as e:
+            if watchdog is not None and is_timeout(e):
+                watchdog.on_error(e)  # every rank's stacks and collectives, before the job is torn down
+            raise
         finally:
+            if watchdog is not None:
+                watchdog.stop()
             if stop is not None:
                 stop.restore()
         fit_end = time.time()

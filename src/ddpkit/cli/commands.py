@@ -82,6 +82,18 @@ def build_parser() -> argparse.ArgumentParser:
     add_config_flags(ev, names=("nproc",))
     ev.add_argument("--json", action="store_true", help="print the report as JSON")
 
+    ck = sub.add_parser("check", help="pre-flight: would a job run on this node / allocation? (all-reduce, versions, "
+                                      "shared run directory, clocks, ports, memory, NCCL traps)",
+                        description="Start the workers `ddpkit train` would start with the same flags (or run as one under "
+                                    "srun / torchrun: srun ddpkit check; every flag of train is accepted, the task and training flags are "
+                                    "ignored) and check on every rank: a real all-reduce (latency "
+                                    "and bandwidth, all ranks and every node pair), the backend and interface each rank chose, "
+                                    "version parity (Python, torch, CUDA, NCCL, ddpkit), that the run directory is one shared "
+                                    "folder, clocks, TCP ports between nodes, free memory and /dev/shm, known NCCL traps. "
+                                    "One table and a verdict; exit 0 only when a job would run.")
+    add_config_flags(ck, ALL_GROUPS, names=("task",))  # the flags of train: paste a train command, say check
+    ck.add_argument("--json", action="store_true", help="print rank 0's report as JSON")
+
     pl = sub.add_parser("plot", help="PNG curves of runs (loss, eval accuracy, samples/s), side by side",
                         description="Plot the metrics.jsonl of one or more run directories into one PNG: "
                                     "loss, the eval metric and samples/s per epoch, e.g. 1 vs 2 vs 4 processes.")
@@ -231,6 +243,12 @@ def cmd_env(ns: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_check(ns: argparse.Namespace) -> int:
+    from ..tools.check import main_check
+
+    return main_check(config_from(ns), ns.json)
+
+
 def cmd_plot(ns: argparse.Namespace) -> int:
     from ..reporting.plot import plot_runs
 
@@ -252,7 +270,7 @@ def cmd_bench(ns: argparse.Namespace) -> int:
 
 
 COMMANDS = {"train": cmd_train, "launch": cmd_launch, "slurm": cmd_slurm, "plan": cmd_plan, "env": cmd_env,
-            "plot": cmd_plot, "bench": cmd_bench}
+            "plot": cmd_plot, "bench": cmd_bench, "check": cmd_check}
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -270,7 +288,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("ddpkit: interrupted", file=sys.stderr, flush=True)
         code = 130
-    if argv is None and ns.command in ("train", "bench") and not os.environ.get("DDPKIT_SLOW_EXIT"):
+    if argv is None and ns.command in ("train", "bench", "check") and not os.environ.get("DDPKIT_SLOW_EXIT"):
         quick_exit(code)
     return code
 

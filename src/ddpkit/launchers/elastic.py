@@ -56,11 +56,16 @@ class LaunchPlan:
 
 
 def run_elastic(plan: LaunchPlan, entrypoint: Callable[..., Any] | str, args: list[Any], env: dict[str, str] | None = None,
-                verbose: bool = False, agent_options: dict[str, Any] | None = None) -> dict[int, Any]:
+                verbose: bool = False, agent_options: dict[str, Any] | None = None, hang_dir: Path | None = None) -> dict[int, Any]:
     """Run `entrypoint(*args)` (a function, or an executable path) in nproc workers.
     Returns each local rank's return value. A worker's DdpkitError becomes ours; any other
     failure becomes a DdpkitError that names the rank and exit code. Workers never outlive
-    this call: the agent stops the whole group when one fails or on SIGINT/SIGTERM."""
+    this call: the agent stops the whole group when one fails or on SIGINT/SIGTERM.
+    `hang_dir`: where the workers write hang reports (runtime/watchdog.py); when the job
+    failed and they wrote one, its summary is printed before the error."""
+    import time
+
+    started = time.time()
     from torch.distributed import DistNetworkError, DistStoreError
     from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, Std
     from torch.distributed.elastic.multiprocessing.api import SignalException
@@ -121,6 +126,8 @@ def run_elastic(plan: LaunchPlan, entrypoint: Callable[..., Any] | str, args: li
     try:
         return elastic_launch(config, entrypoint)(*args)
     except ChildFailedError as e:
+        if hang_dir is not None:
+            print_hang_summary(hang_dir, since=started)
         raise DdpkitError(_failure_message(e, errors)) from None
     except (RendezvousTimeoutError, RendezvousConnectionError, RendezvousClosedError, DistStoreError, DistNetworkError) as e:
         # the agent's own store (static rendezvous: node 0 serves it) never completing is a rendezvous failure too
@@ -135,6 +142,22 @@ def run_elastic(plan: LaunchPlan, entrypoint: Callable[..., Any] | str, args: li
         os.environ.clear()
         os.environ.update(saved_env)
         shutil.rmtree(scratch, ignore_errors=True)
+
+
+def print_hang_summary(hang_dir: Path, since: float) -> None:
+    """The summary rank 0 wrote, or (rank 0 could not: stuck hard, or on another node) one made
+    here from the reports this node can see; nothing when no report is newer than `since`."""
+    from ..runtime.watchdog import format_summary
+
+    request = hang_dir / "request"
+    try:
+        if request.stat().st_mtime < since - 1:
+            return
+    except OSError:
+        return
+    summary = hang_dir / "summary.txt"
+    text = summary.read_text().rstrip() if summary.exists() else format_summary(hang_dir)
+    print(text, file=sys.stderr, flush=True)
 
 
 def _host_rendezvous_store(endpoint: str, timeout: float) -> tuple[str, Any]:

@@ -12,6 +12,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from .record import RECORD
+
 _OPS = {"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX}
 
 
@@ -29,9 +31,13 @@ class Collectives:
         if not (dist.is_initialized() and dist.get_world_size() > 1):
             return t
         shm = self.shm
-        if shm is not None and shm.group is dist.group.WORLD and shm.all_reduce_small(t, op):
-            return t
-        dist.all_reduce(t, op=_OPS[op])
+        name = "all_reduce" if op == "sum" else f"all_reduce({op})"
+        mapping = shm is not None and shm.group is dist.group.WORLD
+        with RECORD.track(name, t, "shm" if mapping else "backend") as entry:  # what a hang report shows (record.py)
+            if mapping and shm.all_reduce_small(t, op):
+                return t
+            entry.path = "backend"
+            dist.all_reduce(t, op=_OPS[op])
         return t
 
     def all_sum(self, value: torch.Tensor) -> torch.Tensor:

@@ -33,7 +33,9 @@ class Runtime:
         backend: str = "auto",
         timeout: float = DEFAULT_TIMEOUT_S,
         threads: int | None = None,
+        store: Any = None,
     ) -> None:
+        """`store`: the workers' store when the caller made it already (make_store), else made here."""
         self.env = env
         torch.set_num_threads(threads or default_threads(env.local_world_size))
         device_type = resolve_device_type(device)
@@ -51,7 +53,7 @@ class Runtime:
                 kwargs["device_id"] = self.device
             dist.init_process_group(
                 self.backend,
-                store=make_store(env, timeout),
+                store=store if store is not None else make_store(env, timeout),
                 rank=env.rank,
                 world_size=env.world_size,
                 timeout=timedelta(seconds=timeout),

@@ -54,6 +54,7 @@ import torch.distributed as dist
 
 from ..config import DEFAULT_TIMEOUT_S
 from ..errors import DdpkitError
+from .record import RECORD
 
 SHM_DIR = "/dev/shm"
 DEFAULT_CHUNK_ELEMS = 8 << 20  # 32 MiB of float32 per slot: DDP's default 25 MB buckets in one piece
@@ -187,6 +188,10 @@ class ShmAllReduce:
 
     def all_reduce_mean_(self, grad: torch.Tensor) -> torch.Tensor:
         """In place: grad <- mean of grad over the ranks (float32, contiguous, CPU)."""
+        with RECORD.track("all_reduce", grad, "shm", "gradient bucket"):  # for a hang report (runtime/record.py)
+            return self._all_reduce_mean(grad)
+
+    def _all_reduce_mean(self, grad: torch.Tensor) -> torch.Tensor:
         flat = grad.view(-1)
         world = self.world
         for start in range(0, flat.numel(), self.chunk):
@@ -206,6 +211,10 @@ class ShmAllReduce:
             part.copy_(slots[world, :n])
         return grad
 
+    def fits_small(self, t: torch.Tensor) -> bool:
+        """Can all_reduce_small serve `t`? (the same answer on every rank of a job)"""
+        return self.small is not None and t.numel() <= SMALL_MAX and t.device.type == "cpu" and not t.is_complex()
+
     def all_reduce_small(self, t: torch.Tensor, op: str = "sum") -> bool:
         """In place, like dist.all_reduce(t) (sum) or with ReduceOp.MAX (op='max'), for up to
         SMALL_MAX elements on the CPU; False (nothing done) when this path cannot serve it.
@@ -213,7 +222,7 @@ class ShmAllReduce:
         gloo's value (a + b == b + a). Values pass through float64: exact for counts < 2**53."""
         small = self.small
         n = t.numel()
-        if small is None or n > SMALL_MAX or t.device.type != "cpu" or t.is_complex():
+        if not self.fits_small(t):
             return False
         slots = small[self.small_calls % 2]  # alternate sets: see the module docstring
         self.small_calls += 1

@@ -83,3 +83,59 @@ def crash_in_save(config=None):
 
     torch.save = dying_save
     return wine(config)
+
+
+def _faulty_rank():
+    return os.environ.get("RANK", "0") == os.environ.get("FAULT_RANK", "0")
+
+
+class SkipsAllReduce(nn.Module):
+    """Every forward sums a number over the ranks with ddpkit.all_sum; rank FAULT_RANK skips
+    it at its FAULT_STEP-th forward: a collective the other ranks wait in forever."""
+
+    def __init__(self, inner):
+        super().__init__()
+        self.inner = inner
+        self.calls = 0
+
+    def forward(self, x):
+        import ddpkit
+
+        self.calls += 1
+        if not (self.calls == int(os.environ.get("FAULT_STEP", "0")) and _faulty_rank()):
+            ddpkit.all_sum(torch.ones(3))  # the collective rank FAULT_RANK skips once
+        return self.inner(x)
+
+    def state_dict(self, *args, **kwargs):
+        return self.inner.state_dict(*args, **kwargs)
+
+
+def skips_all_reduce(config=None):
+    task = wine(config)
+    task.model = SkipsAllReduce(task.model)
+    return task
+
+
+class StuckItems(torch.utils.data.Dataset):
+    """Wine's training set read item by item; on rank FAULT_RANK the FAULT_STEP-th item read
+    never returns (a stuck file system, a dead data server)."""
+
+    def __init__(self, inner):
+        self.inner = inner
+        self.reads = 0
+
+    def __len__(self):
+        return len(self.inner)
+
+    def __getitem__(self, i):
+        self.reads += 1
+        if self.reads == int(os.environ.get("FAULT_STEP", "0")) and _faulty_rank():
+            while True:
+                time.sleep(1)  # stuck reading this item
+        return self.inner[i]
+
+
+def stuck_in_getitem(config=None):
+    task = wine(config)
+    task.train_set = StuckItems(task.train_set)
+    return task

@@ -1,0 +1,442 @@
+"""`ddpkit check`: would a job run here? A pre-flight check on one node or a whole allocation.
+
+It starts the workers a `ddpkit train` with the same flags would start (or runs as one of
+them under srun / torchrun), and on every rank:
+  * exchanges each rank's facts through the job's store (JSON, before any collective, so a
+    node with another torch version is still named): host, versions (Python, torch, CUDA,
+    NCCL, ddpkit), the backend and network interface it chose, free memory and /dev/shm,
+    GPU-node traps (IOMMU, NCCL_P2P_DISABLE, NCCL_SOCKET_IFNAME), `ddpkit env`'s warnings;
+  * writes a file into the run directory and reads every other rank's: the run directory
+    must be one shared folder (checkpoints, resume, hang reports all need it);
+  * compares clocks (after a store barrier), opens a TCP port on every node and connects to
+    it from every other node (gloo and NCCL open such ports between nodes);
+  * runs real all-reduces through the backend: all ranks, then every pair of nodes (their
+    first ranks), with latency (4 bytes) and bus bandwidth (16 MiB, as nccl-tests counts).
+Rank 0 prints one table and a verdict line; the exit status is 0 only when a job would run.
+Warnings (a clock offset, little /dev/shm) do not fail it; mismatched versions, a run
+directory that is not shared, a closed port or a failed all-reduce do.
+"""
+from __future__ import annotations
+
+import json
+import os
+import platform
+import shutil
+import socket
+import sys
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+PAIR_LIMIT = 16  # nodes: above this, node pairs are not measured one by one (n^2 groups)
+CLOCK_WARN_S = 1.0
+
+
+# -- what each rank knows about itself -----------------------------------------------------------
+def local_facts(rank: int, local_rank: int, node_rank: int, backend: str, master_addr: str) -> dict[str, Any]:
+    import torch
+
+    from .. import __version__
+    from ..environments import network
+    from .doctor import collect
+
+    nccl = None
+    if torch.version.cuda and torch.distributed.is_nccl_available():
+        try:
+            nccl = ".".join(map(str, torch.cuda.nccl.version()))
+        except Exception:  # noqa: BLE001 - a report must not fail on a half-working CUDA install
+            nccl = "built in"
+    try:
+        iface = os.environ.get("NCCL_SOCKET_IFNAME" if backend == "nccl" else "GLOO_SOCKET_IFNAME") \
+            or network.interface_of(network.source_address_for(network.resolve(master_addr)))
+    except OSError:
+        iface = None
+    shm = shutil.disk_usage("/dev/shm").free if os.path.isdir("/dev/shm") else None
+    report = collect()
+    return {
+        "rank": rank, "local_rank": local_rank, "node_rank": node_rank, "host": socket.gethostname(),
+        "versions": {"python": platform.python_version(), "torch": torch.__version__, "cuda": torch.version.cuda,
+                     "nccl": nccl, "ddpkit": __version__},
+        "backend": backend, "interface": iface,
+        "memory_available_gib": report["devices"]["memory_available_gib"],
+        "shm_free_mib": None if shm is None else shm // 2**20,
+        "gpus": len(report["devices"]["gpus"]),
+        "traps": gpu_traps(backend, len(report["devices"]["gpus"])),
+        "warnings": report["warnings"],
+    }
+
+
+def gpu_traps(backend: str, gpus: int, environ: dict[str, str] | None = None) -> list[str]:
+    """Known NCCL traps of a GPU node, read from the machine (hints: nothing is changed)."""
+    e = os.environ if environ is None else environ
+    if not gpus:
+        return []
+    out = []
+    if e.get("NCCL_P2P_DISABLE") == "1":
+        out.append("NCCL_P2P_DISABLE=1: GPU-to-GPU copies go through host memory (slow); unset it unless P2P hangs here")
+    try:
+        iommu = bool(os.listdir("/sys/class/iommu"))
+    except OSError:
+        iommu = False
+    cmdline = Path("/proc/cmdline").read_text() if os.path.exists("/proc/cmdline") else ""
+    if iommu and "iommu=pt" not in cmdline:
+        out.append("the IOMMU is on without iommu=pt: NCCL peer-to-peer traffic can hang or crawl (ACS/IOMMU); "
+                   "try NCCL_P2P_DISABLE=1 to confirm, then boot with iommu=pt or disable ACS on the PCIe switches")
+    if backend == "nccl" and not e.get("NCCL_SOCKET_IFNAME"):
+        out.append("NCCL_SOCKET_IFNAME is not set: NCCL picks an interface itself (docker0 or a management network "
+                   "can make it hang between nodes); set it to the fast network's interface")
+    return out
+
+
+# -- the collective part, in every worker ------------------------------------------------------------
+def check_worker(spec: dict[str, Any]) -> dict[str, Any]:
+    """In every worker: gather facts, test the run directory, clocks, ports and all-reduces.
+    Returns rank 0's full report on rank 0, the verdict elsewhere.
+
+    The facts go through the workers' store as JSON before any process group exists: a node
+    with another torch (whose gloo may not speak to this one) is still named; the
+    all-reduces run only when every rank has the same versions."""
+    import torch
+
+    from ..environments import DistEnv
+    from ..runtime import Runtime
+    from ..runtime.devices import resolve_backend, resolve_device_type
+    from ..runtime.store import make_store
+
+    env = DistEnv.detect()
+    world, rank = env.world_size, env.rank
+    store = make_store(env, spec["timeout"]) if env.distributed else None
+    key = spec["key"]
+    backend = resolve_backend(spec["backend"], resolve_device_type(spec["device"])) if env.distributed else "none"
+    facts = local_facts(rank, env.local_rank, env.node_rank, backend, env.master_addr)
+    everyone = exchange(store, f"{key}/facts", rank, world, facts)
+    nodes = node_leaders(everyone)
+    run_dir = Path(spec["run_dir"])
+    dirs = exchange(store, f"{key}/dir", rank, world, run_dir_probe(run_dir, key, rank, world, store))
+    barrier(store, f"{key}/clock", rank, world)
+    clocks = exchange(store, f"{key}/clocks", rank, world, {"time": time.time()})
+    ports = port_probe(store, key, rank, world, nodes, env.master_addr)
+    same = len({json.dumps(f["versions"], sort_keys=True) for f in everyone}) == 1
+    allreduce: dict[str, Any] = {}
+    if not env.distributed:
+        pass
+    elif not same:
+        allreduce = {"skipped": "the ranks run different versions"}
+    else:
+        try:
+            with Runtime(env, spec["device"], spec["backend"], spec["timeout"], spec.get("threads"), store=store) as rt:
+                allreduce = measure_allreduce(rt, nodes, spec.get("iters", 10))
+        except Exception as e:  # noqa: BLE001 - the check reports what fails
+            allreduce = {"error": f"{type(e).__name__}: {str(e).splitlines()[0][:300] if str(e) else ''}"}
+    barrier(store, f"{key}/done", rank, world)
+    leave(store, f"{key}/left", rank, world)
+    shutil.rmtree(run_dir / f".ddpkit-check-{key}", ignore_errors=True)  # every rank: its node may see another folder
+    report = {"facts": everyone, "run_dir": dirs, "clocks": clocks, "ports": ports, "allreduce": allreduce,
+              "run_dir_path": str(run_dir.resolve())}
+    rows, ok = judge(report)
+    report.update(rows=rows, ok=ok)
+    del torch
+    return report if rank == 0 else {"ok": ok, "rank": rank}
+
+
+def exchange(store: Any, key: str, rank: int, world: int, value: Any) -> list[Any]:
+    """Every rank's `value` (JSON) through the store, in rank order; no collective."""
+    if store is None:
+        return [value]
+    store.set(f"{key}/{rank}", json.dumps(value))
+    return [json.loads(store.get(f"{key}/{r}")) for r in range(world)]
+
+
+def barrier(store: Any, key: str, rank: int, world: int) -> None:
+    if store is not None:
+        store.add(key, 1)
+        deadline = time.time() + 60
+        while int(store.add(key, 0)) < world and time.time() < deadline:
+            time.sleep(0.001)
+
+
+def leave(store: Any, key: str, rank: int, world: int) -> None:
+    """The last store operation: rank 0 (which serves the store) waits until every rank has
+    done its last one, so that none finds the server gone."""
+    if store is None:
+        return
+    store.add(key, 1)
+    if rank == 0:
+        deadline = time.time() + 60
+        while int(store.add(key, 0)) < world and time.time() < deadline:
+            time.sleep(0.005)
+
+
+def node_leaders(facts: list[dict[str, Any]]) -> list[int]:
+    """The first rank of every node (by host and node rank), in node order."""
+    seen: dict[tuple[Any, Any], int] = {}
+    for f in facts:
+        seen.setdefault((f["node_rank"], f["host"]), f["rank"])
+    return sorted(seen.values())
+
+
+def run_dir_probe(run_dir: Path, key: str, rank: int, world: int, store: Any) -> dict[str, Any]:
+    """Write a file into the run directory, then read every rank's: which ranks share this folder?"""
+    folder = run_dir / f".ddpkit-check-{key}"
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / f"rank-{rank}").write_text(socket.gethostname())
+        error = None
+    except OSError as e:
+        error = f"cannot write {folder}: {e.strerror}"
+    barrier(store, f"{key}/dir-written", rank, world)
+    seen = sorted(int(p.name.split("-")[1]) for p in folder.glob("rank-*")) if folder.is_dir() else []
+    return {"error": error, "sees": seen}
+
+
+def port_probe(store: Any, key: str, rank: int, world: int, nodes: list[int], master_addr: str) -> list[dict[str, Any]]:
+    """Each node's first rank listens on a free port; every other node's first rank connects."""
+    if store is None or len(nodes) < 2:
+        exchange(store, f"{key}/ports", rank, world, [])
+        return []
+    listener = None
+    if rank in nodes:
+        listener = socket.socket()
+        listener.bind(("0.0.0.0", 0))
+        listener.listen(len(nodes))
+        store.set(f"{key}/port/{rank}", json.dumps([_my_address(master_addr), listener.getsockname()[1]]))
+    results = []
+    if rank in nodes:
+        for peer in nodes:
+            if peer == rank:
+                continue
+            addr, port = json.loads(store.get(f"{key}/port/{peer}"))
+            try:
+                with socket.create_connection((addr, port), timeout=3):
+                    results.append({"from": rank, "to": peer, "address": f"{addr}:{port}", "ok": True})
+            except OSError as e:
+                results.append({"from": rank, "to": peer, "address": f"{addr}:{port}", "ok": False,
+                                "error": e.strerror or str(e)})
+    everyone = exchange(store, f"{key}/ports", rank, world, results)
+    if listener is not None:
+        listener.close()
+    return [r for rs in everyone for r in rs]
+
+
+def _my_address(master: str) -> str:
+    """This node's address as the master sees it (the one that routes to the master; under
+    srun the master comes from SLURM's node list, not MASTER_ADDR)."""
+    from ..environments import network
+
+    try:
+        return network.source_address_for(network.resolve(master))
+    except OSError:
+        return "127.0.0.1"
+
+
+def measure_allreduce(rt: Any, nodes: list[int], iters: int) -> dict[str, Any]:
+    """Backend all-reduces: all ranks, then every pair of nodes (their first ranks)."""
+    import torch
+    import torch.distributed as dist
+
+    out: dict[str, Any] = {"all": _time_allreduce(rt, None, iters)}
+    if 1 < len(nodes) <= PAIR_LIMIT:
+        pairs = []
+        for i, a in enumerate(nodes):
+            for b in nodes[i + 1:]:
+                group = dist.new_group([a, b])  # collective: every rank creates every group
+                if rt.rank in (a, b):
+                    pairs.append({"ranks": [a, b], **_time_allreduce(rt, group, iters)})
+                dist.barrier()
+        gathered: list[Any] = [None] * rt.world_size
+        dist.all_gather_object(gathered, [p for p in pairs if p["ranks"][0] == rt.rank])
+        out["pairs"] = [p for ps in gathered for p in ps]
+    del torch
+    return out
+
+
+def _time_allreduce(rt: Any, group: Any, iters: int) -> dict[str, Any]:
+    import torch
+    import torch.distributed as dist
+
+    n = dist.get_world_size(group)
+    res: dict[str, Any] = {}
+    for label, numel in (("latency_us", 1), ("busbw_gbps", 4 << 20)):
+        t = torch.ones(numel, dtype=torch.float32, device=rt.device)
+        dist.all_reduce(t, group=group)  # warm-up, and the check that it works at all
+        expect = float(n)
+        if abs(float(t[0]) - expect) > 1e-3:
+            raise RuntimeError(f"all-reduce returned {float(t[0])}, expected {expect}")
+        _sync(rt)
+        t0 = time.perf_counter()
+        for _ in range(iters):
+            dist.all_reduce(t, group=group)
+        _sync(rt)
+        s = (time.perf_counter() - t0) / iters
+        res[label] = round(s * 1e6, 1) if label == "latency_us" else round(numel * 4 / s * 2 * (n - 1) / n / 1e9, 3)
+    return res
+
+
+def _sync(rt: Any) -> None:
+    import torch
+
+    if rt.device.type == "cuda":
+        torch.cuda.synchronize(rt.device)
+
+
+# -- the verdict, from plain data (unit-tested without processes) -------------------------------------
+def judge(report: dict[str, Any]) -> tuple[list[tuple[str, str, str]], bool]:
+    """Rows of (check, OK/WARN/FAIL, detail) and whether a job would run."""
+    facts, rows = report["facts"], []
+    world = len(facts)
+
+    def node(r: int) -> str:
+        f = facts[r]
+        return f"{f['host']} (node {f['node_rank']})"
+
+    # versions
+    keys = ("python", "torch", "cuda", "nccl", "ddpkit")
+    differ = []
+    for k in keys:
+        values: dict[Any, list[int]] = {}
+        for f in facts:
+            values.setdefault(f["versions"][k], []).append(f["rank"])
+        if len(values) > 1:
+            differ.append(f"{k} " + " vs ".join(f"{v} on {_ranks(rs, facts)}" for v, rs in values.items()))
+    v0 = facts[0]["versions"]
+    same = ", ".join(f"{k} {v0[k]}" for k in keys if v0[k])
+    rows.append(("versions", "FAIL" if differ else "OK", "; ".join(differ) if differ else f"same on all {world} ranks: {same}"))
+    # backend and interface
+    chosen = {(f["backend"], f["interface"]) for f in facts}
+    backends = {f["backend"] for f in facts}
+    detail = "; ".join(f"{b} via {i or '?'} on {_ranks([f['rank'] for f in facts if (f['backend'], f['interface']) == (b, i)], facts)}"
+                       for b, i in sorted(chosen, key=str))
+    rows.append(("backend", "FAIL" if len(backends) > 1 else "OK", detail))
+    # run directory
+    path = report.get("run_dir_path", "RUN_DIR")
+    errors = [f"rank {r}: {d['error']}" for r, d in enumerate(report["run_dir"]) if d.get("error")]
+    blind = [r for r, d in enumerate(report["run_dir"]) if len(d["sees"]) < world]
+    if errors or blind:
+        groups: dict[tuple[int, ...], list[int]] = {}
+        for r, d in enumerate(report["run_dir"]):
+            groups.setdefault(tuple(d["sees"]), []).append(r)
+        parts = [f"{_ranks(rs, facts)} see{'s' if len(rs) == 1 else ''} the files of rank(s) {_span(list(seen))}"
+                 for seen, rs in groups.items()]
+        other = sorted({node(r) for r in blind if 0 not in report["run_dir"][r]["sees"]})
+        rows.append(("run directory", "FAIL", f"{path} is not one shared folder: " + "; ".join(errors + parts)
+                     + (f" (a different folder on {', '.join(other)}: mount the shared file system there, or pass "
+                        "--run-dir on it)" if other else "")))
+    else:
+        rows.append(("run directory", "OK", f"{path}: every rank wrote a file there and read every other rank's"))
+    # clocks
+    times = [c["time"] for c in report["clocks"]]
+    skew = max(times) - min(times) if times else 0.0
+    rows.append(("clocks", "WARN" if skew > CLOCK_WARN_S else "OK",
+                 f"spread {skew * 1e3:.0f} ms across ranks after a barrier" + (" (sync them: NTP/chrony; logs and "
+                                                                                 "time limits disagree)" if skew > CLOCK_WARN_S else "")))
+    # ports between nodes
+    ports = report.get("ports") or []
+    closed = [p for p in ports if not p["ok"]]
+    if not ports:
+        rows.append(("ports", "OK", "one node: nothing crosses a network"))
+    else:
+        rows.append(("ports", "FAIL" if closed else "OK",
+                     "; ".join(f"{node(p['from'])} cannot connect to {p['address']} on {node(p['to'])}: {p.get('error')}"
+                               for p in closed) if closed else f"every node reached a fresh TCP port on every other ({len(ports)} connections)"))
+    # all-reduce
+    ar = report.get("allreduce") or {}
+    if ar.get("skipped") or ar.get("error"):
+        rows.append(("all-reduce", "FAIL", ar.get("error") or f"not run: {ar['skipped']}"))
+    elif ar:
+        a = ar["all"]
+        rows.append(("all-reduce", "OK", f"all {world} ranks: latency {a['latency_us']:.0f} us (4 B), bus bandwidth "
+                                         f"{a['busbw_gbps']:.2f} GB/s (16 MiB)"))
+        for p in ar.get("pairs", []):
+            a, b = p["ranks"]
+            rows.append(("  node pair", "OK", f"{node(a)} <-> {node(b)}: latency {p['latency_us']:.0f} us, "
+                                              f"bus bandwidth {p['busbw_gbps']:.2f} GB/s"))
+    else:
+        rows.append(("all-reduce", "OK", "one process: nothing to all-reduce"))
+    # memory, /dev/shm, traps, ddpkit env's warnings: per node
+    by_node: dict[str, dict[str, Any]] = {}
+    for f in facts:
+        by_node.setdefault(f"{f['host']} (node {f['node_rank']})", f)
+    mem = []
+    warn_mem = False
+    for name, f in by_node.items():
+        shm = f["shm_free_mib"]
+        low = (f["memory_available_gib"] or 0) < 1 or (shm is not None and shm < 256)
+        warn_mem |= low
+        mem.append(f"{name}: {f['memory_available_gib']} GiB free, /dev/shm {shm} MiB free")
+    rows.append(("memory", "WARN" if warn_mem else "OK", "; ".join(mem)))
+    hints = sorted({f"{name}: {t}" for name, f in by_node.items() for t in f["traps"] + f["warnings"]})
+    rows.append(("traps", "WARN" if hints else "OK", "; ".join(hints) if hints else "none known (ddpkit env's checks, NCCL hints on GPU nodes)"))
+    ok = not any(status == "FAIL" for _, status, _ in rows)
+    return rows, ok
+
+
+def _ranks(ranks: list[int], facts: list[dict[str, Any]]) -> str:
+    hosts = sorted({f"{facts[r]['host']}" for r in ranks})
+    return f"rank{'s' if len(ranks) > 1 else ''} {_span(ranks)} ({', '.join(hosts)})"
+
+
+def _span(ranks: list[int]) -> str:
+    ranks = sorted(ranks)
+    if not ranks:
+        return "none"
+    if ranks == list(range(ranks[0], ranks[-1] + 1)) and len(ranks) > 2:
+        return f"{ranks[0]}-{ranks[-1]}"
+    return ",".join(map(str, ranks))
+
+
+def format_check(report: dict[str, Any]) -> str:
+    facts = report["facts"]
+    nodes = len({(f["node_rank"], f["host"]) for f in facts})
+    lines = [f"ddpkit check: {len(facts)} rank(s) on {nodes} node(s)"]
+    width = max(len(r[0]) for r in report["rows"])
+    for name, status, detail in report["rows"]:
+        lines.append(f"  {name:<{width}}  {status:<4}  {detail}")
+    failed = [name.strip() for name, status, _ in report["rows"] if status == "FAIL"]
+    warned = [name.strip() for name, status, _ in report["rows"] if status == "WARN"]
+    if failed:
+        lines.append(f"verdict: a job would NOT run here: {', '.join(failed)} failed (see above)")
+    else:
+        lines.append("verdict: a job would run here" + (f" (warnings: {', '.join(warned)})" if warned else ""))
+    return "\n".join(lines)
+
+
+# -- the command ------------------------------------------------------------------------------------
+def main_check(cfg: Any, as_json: bool = False) -> int:
+    """`ddpkit check`: start this node's workers like `ddpkit train` would (or be one of them
+    under srun/torchrun), print rank 0's table; 0 only when a job would run."""
+    from ..api import resolve_nproc
+    from ..environments import DistEnv
+    from ..launchers.elastic import run_elastic
+    from ..launchers.plan import make_launch_plan
+    from ..runtime import default_threads, resolve_backend, resolve_device_type
+
+    run_dir = cfg.run_dir or "runs"
+    env = DistEnv.detect()
+    if env.launcher != "single":  # a worker of srun / torchrun: a key that every rank derives alike
+        key = (os.environ.get("SLURM_JOB_ID") or os.environ.get("TORCHELASTIC_RUN_ID")
+               or f"{env.master_addr}-{env.master_port}")
+    else:  # ddpkit starts the workers: one key for all of them (multi-node: the rendezvous id, below)
+        key = cfg.rdzv_id or uuid.uuid4().hex[:12]
+    spec = {"device": cfg.device, "backend": cfg.backend, "timeout": cfg.timeout, "threads": cfg.threads,
+            "run_dir": run_dir, "key": "".join(c if c.isalnum() or c in "-_." else "-" for c in key)}
+    if env.launcher != "single":
+        result = check_worker(spec)
+    else:
+        device_type = resolve_device_type(cfg.device)
+        resolve_backend(cfg.backend, device_type)
+        nproc = resolve_nproc(cfg.nproc, device_type)
+        plan = make_launch_plan(cfg, nproc, device_type, True, cfg.threads or default_threads(nproc))
+        if not cfg.rdzv_id and (cfg.multi_node or cfg.rdzv_endpoint):
+            spec["key"] = plan.rdzv_id  # the same on every node
+        results = run_elastic(plan, check_worker, [spec], verbose=cfg.verbose)
+        result = results.get(0) if 0 in results else next(iter(results.values()))
+    if "facts" not in result:  # not rank 0: rank 0 (or its node's launcher) prints the table
+        if env.launcher != "single":
+            return 0 if result["ok"] else 1
+        print(f"ddpkit check: rank {result['rank']}: " + ("a job would run (rank 0 prints the table)" if result["ok"]
+                                                          else "a job would NOT run (rank 0 prints why)"), flush=True)
+        return 0 if result["ok"] else 1
+    print(json.dumps(result, indent=1) if as_json else format_check(result), flush=True)
+    sys.stdout.flush()
+    return 0 if result["ok"] else 1

@@ -1,0 +1,53 @@
+"""The hang summary, from reports written by hand (no processes): who waits where, who never arrived."""
+import json
+import time
+
+from ddpkit.runtime.watchdog import format_summary, is_timeout
+
+
+def entry(seq, op="all_reduce", shape=(4,), path="shm", state="waiting", user="", caller="ddpkit/training/step.py:183 in flags"):
+    return {"seq": seq, "op": op, "shape": list(shape), "dtype": "float64", "path": path, "what": "", "caller": caller,
+            "user": user, "started": time.time() - 3, "state": state, "seconds": None}
+
+
+def write(d, rank, collectives, stack=()):
+    d.mkdir(exist_ok=True)
+    (d / f"rank-{rank}.json").write_text(json.dumps({
+        "rank": rank, "host": "n1", "pid": 1, "time": time.time(), "reason": f"rank {rank} made no progress",
+        "main_stack": [{"file": f, "line": n, "function": fn, "code": c} for f, n, fn, c in stack],
+        "collectives": collectives, "flight_recorder": None}))
+
+
+def test_a_rank_outside_any_collective_never_arrived(tmp_path):
+    write(tmp_path, 0, [entry(11, state="done"), entry(12)])
+    write(tmp_path, 1, [entry(11, state="done")], [("/x/train.py", 40, "forward", "time.sleep(600)")])
+    text = format_summary(tmp_path, 2)
+    assert "rank 0   [n1] waiting in all_reduce #12 (shape [4], float64, shm)" in text
+    assert "rank 1   [n1] in no collective (last: all_reduce #11" in text and "x/train.py:40 in forward" in text
+    assert "verdict: rank(s) 1 never arrived at all_reduce #12" in text
+
+
+def test_different_collectives_and_missing_ranks_are_named(tmp_path):
+    write(tmp_path, 0, [entry(18, shape=(3,), path="backend", user="train.py:82 in forward")])
+    write(tmp_path, 1, [entry(18)])
+    assert "the same sequence number, different collectives" in format_summary(tmp_path, 2)
+    text = format_summary(tmp_path, 3)
+    assert "rank 2   no report" in text and "rank(s) 2 did not report" in text
+
+
+def test_timeouts_are_told_from_other_errors():
+    assert is_timeout(RuntimeError("[gloo] Timed out waiting 3000ms for recv operation to complete"))
+    assert is_timeout(RuntimeError("rank 0 waited 3 s (--timeout) for rank 1 to reach the same all-reduce"))
+    assert not is_timeout(ValueError("bad shape"))
+
+
+def test_a_collective_only_the_flight_recorder_saw_counts_as_waiting(tmp_path):
+    write(tmp_path, 0, [entry(11, state="done")], [("/x/train.py", 12, "step", "loss.backward()")])
+    report = json.loads((tmp_path / "rank-0.json").read_text())
+    report["flight_recorder"] = {"0": {"last_enqueued": 20, "last_completed": 19,
+                                       "pending": {"op": "gloo:all_reduce", "sizes": [[1091]], "seq": 20}}}
+    (tmp_path / "rank-0.json").write_text(json.dumps(report))
+    write(tmp_path, 1, [entry(11, state="done")], [("/x/data.py", 7, "__getitem__", "read()")])
+    text = format_summary(tmp_path, 2)
+    assert "rank 0   [n1] waiting in gloo:all_reduce #20 (shape [1091]" in text
+    assert "rank(s) 1 never arrived at gloo:all_reduce #20" in text and "x/data.py:7 in __getitem__" in text

@@ -1,0 +1,69 @@
+"""ddpkit check's verdict from facts written by hand: each broken thing is named, and fails the check."""
+import copy
+
+from ddpkit.tools.check import format_check, gpu_traps, judge
+
+
+def fact(rank, host, node, torch="2.13.0+cpu"):
+    return {"rank": rank, "local_rank": rank % 2, "node_rank": node, "host": host, "backend": "gloo", "interface": "veth0",
+            "versions": {"python": "3.11.7", "torch": torch, "cuda": None, "nccl": None, "ddpkit": "0.1.0"},
+            "memory_available_gib": 20.0, "shm_free_mib": 4096, "gpus": 0, "traps": [], "warnings": []}
+
+
+def healthy():
+    facts = [fact(0, "n0", 0), fact(1, "n0", 0), fact(2, "n1", 1), fact(3, "n1", 1)]
+    return {"facts": facts, "run_dir_path": "/shared/run", "run_dir": [{"error": None, "sees": [0, 1, 2, 3]}] * 4,
+            "clocks": [{"time": 100.0}, {"time": 100.001}, {"time": 100.002}, {"time": 100.0}],
+            "ports": [{"from": 0, "to": 2, "address": "10.0.0.2:4000", "ok": True},
+                      {"from": 2, "to": 0, "address": "10.0.0.1:4001", "ok": True}],
+            "allreduce": {"all": {"latency_us": 300.0, "busbw_gbps": 1.2},
+                          "pairs": [{"ranks": [0, 2], "latency_us": 200.0, "busbw_gbps": 1.5}]}}
+
+
+def status(rows, name):
+    return next((s, d) for n, s, d in rows if n.strip() == name)
+
+
+def test_a_healthy_allocation_passes_with_one_row_per_check():
+    rows, ok = judge(healthy())
+    assert ok
+    text = format_check({**healthy(), "rows": rows})
+    assert text.splitlines()[0] == "ddpkit check: 4 rank(s) on 2 node(s)"
+    assert "n0 (node 0) <-> n1 (node 1): latency 200 us" in text
+    assert text.splitlines()[-1] == "verdict: a job would run here"
+
+
+def test_another_torch_on_one_node_fails_and_is_named():
+    r = healthy()
+    for f in r["facts"][2:]:
+        f["versions"]["torch"] = "2.12.0+cpu"
+    rows, ok = judge(r)
+    assert not ok
+    s, d = status(rows, "versions")
+    assert s == "FAIL" and d == "torch 2.13.0+cpu on ranks 0,1 (n0) vs 2.12.0+cpu on ranks 2,3 (n1)"
+    assert format_check({**r, "rows": rows}).endswith("verdict: a job would NOT run here: versions failed (see above)")
+
+
+def test_a_node_whose_run_directory_is_another_folder_fails_and_is_named():
+    r = healthy()
+    r["run_dir"] = [{"error": None, "sees": [0, 1]}] * 2 + [{"error": None, "sees": [2, 3]}] * 2
+    rows, ok = judge(r)
+    s, d = status(rows, "run directory")
+    assert not ok and s == "FAIL"
+    assert "is not one shared folder" in d and "ranks 2,3 (n1) see the files of rank(s) 2,3" in d
+    assert "a different folder on n1 (node 1)" in d
+
+
+def test_closed_ports_fail_clock_spread_warns():
+    r = healthy()
+    r["ports"][1] = {"from": 2, "to": 0, "address": "10.0.0.1:4001", "ok": False, "error": "Connection refused"}
+    r["clocks"][3] = {"time": 105.0}
+    rows, ok = judge(copy.deepcopy(r))
+    assert not ok and status(rows, "ports")[0] == "FAIL" and "cannot connect to 10.0.0.1:4001" in status(rows, "ports")[1]
+    assert status(rows, "clocks")[0] == "WARN"
+
+
+def test_gpu_node_hints():
+    assert gpu_traps("nccl", 0, {}) == []
+    hints = gpu_traps("nccl", 8, {"NCCL_P2P_DISABLE": "1"})
+    assert any("NCCL_P2P_DISABLE=1" in h for h in hints) and any("NCCL_SOCKET_IFNAME is not set" in h for h in hints)
