@@ -8,6 +8,22 @@ import torch
 from ..errors import DdpkitError
 
 
+class RankBatches:
+    """What the loop needs of either loader (sharding.ShardedLoader, streams.StreamLoader):
+    the global batch of one step, and the epoch (pass) it is in."""
+
+    batch_size: int
+    world_size: int
+    epoch: int = 0
+
+    @property
+    def global_batch_size(self) -> int:
+        return self.batch_size * self.world_size
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+
 def first_tensor(obj: Any) -> torch.Tensor | None:
     """The first tensor in a nested structure (dict values in order), or None."""
     if isinstance(obj, torch.Tensor):

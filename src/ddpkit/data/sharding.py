@@ -23,6 +23,8 @@ from typing import Any, Iterator, Sequence
 import torch
 from torch.utils.data import DataLoader, Dataset, TensorDataset, default_collate
 
+from .samples import RankBatches
+
 
 def global_order(n: int, epoch: int, seed: int, shuffle: bool = True) -> torch.Tensor:
     """The epoch's sample order, identical on every rank and for every world size."""
@@ -49,7 +51,7 @@ class Step:
     global_count: int
 
 
-class ShardedLoader:
+class ShardedLoader(RankBatches):
     """Batches of this rank's share of a data set, in the global order. Call set_epoch()
     before each epoch (the order changes every epoch, identically on all ranks).
 
@@ -80,13 +82,6 @@ class ShardedLoader:
         self.drop_last = drop_last
         self.num_workers = num_workers
         self.epoch = 0
-
-    @property
-    def global_batch_size(self) -> int:
-        return self.batch_size * self.world_size
-
-    def set_epoch(self, epoch: int) -> None:
-        self.epoch = epoch
 
     def __len__(self) -> int:
         full, rest = divmod(self.n, self.global_batch_size)

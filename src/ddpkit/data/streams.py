@@ -40,7 +40,7 @@ import torch
 from torch.utils.data import DataLoader, IterableDataset, default_collate
 
 from ..errors import DdpkitError
-from .samples import first_tensor, sample_count
+from .samples import RankBatches, first_tensor, sample_count
 
 
 def read_lines(path: str) -> Iterator[str]:
@@ -260,7 +260,7 @@ def _collate(samples: list[Any]) -> Any:
                           "must be a sample: tensors, numbers, or a tuple/dict of them (decode raw records with decode=...)") from None
 
 
-class StreamLoader:
+class StreamLoader(RankBatches):
     """This rank's batches of a stream for one pass at a time, with the state to resume.
     Mirrors ShardedLoader where the loop needs it; `n` and len() are None (no length)."""
 
@@ -279,13 +279,6 @@ class StreamLoader:
         self.epoch = 0
         self.resume_state: dict[str, Any] = {}
         self.taken: dict[str, Any] = {}
-
-    @property
-    def global_batch_size(self) -> int:
-        return self.batch_size * self.world_size
-
-    def set_epoch(self, epoch: int) -> None:
-        self.epoch = epoch
 
     def __len__(self) -> int:
         raise TypeError("a stream has no length")
