@@ -12,6 +12,7 @@ import shutil
 import signal
 import sys
 import tempfile
+import time
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -63,8 +64,6 @@ def run_elastic(plan: LaunchPlan, entrypoint: Callable[..., Any] | str, args: li
     this call: the agent stops the whole group when one fails or on SIGINT/SIGTERM.
     `hang_dir`: where the workers write hang reports (runtime/watchdog.py); when the job
     failed and they wrote one, its summary is printed before the error."""
-    import time
-
     started = time.time()
     from torch.distributed import DistNetworkError, DistStoreError
     from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, Std
@@ -123,6 +122,10 @@ def run_elastic(plan: LaunchPlan, entrypoint: Callable[..., Any] | str, args: li
     if not verbose:
         for log in agent_logs:
             log.setLevel(logging.CRITICAL)
+    from torch.distributed.elastic.multiprocessing import tail_log
+
+    torch_tail = tail_log.tail_logfile
+    tail_log.tail_logfile = tail_whole_lines  # teed lines whole (see tail_whole_lines)
     try:
         return elastic_launch(config, entrypoint)(*args)
     except ChildFailedError as e:
@@ -136,6 +139,7 @@ def run_elastic(plan: LaunchPlan, entrypoint: Callable[..., Any] | str, args: li
         raise DdpkitError(f"stopped by {signal.Signals(e.sigval).name}; the workers were stopped (with --save-on-signal "
                           "they saved a checkpoint first: continue with --resume)") from None
     finally:
+        tail_log.tail_logfile = torch_tail
         del rdzv_store
         for log, level in zip(agent_logs, saved_levels):
             log.setLevel(level)
@@ -263,3 +267,32 @@ def start_method_for(requested: str, device_type: str, clean_parent: bool) -> st
     if requested != "auto":
         return requested
     return "fork" if clean_parent and device_type == "cpu" and sys.platform == "linux" else "spawn"
+
+
+def tail_whole_lines(header: str, file: str, dst: Any, finished: Any, interval_sec: float,
+                     log_line_filter: Callable[[str], bool] | None = None) -> None:
+    """torch's tail of a worker's log file for --tee, but it writes whole lines only: torch's
+    writes what readline() returns at the end of the file, so a line the worker is writing
+    at that moment comes out in two pieces, each with its rank prefix (seen in 1 of 3 CI runs:
+    '[rank0]:rank 0 to stderr[rank0]:'). A piece waits here for the rest of its line."""
+    while not os.path.exists(file):
+        if finished.is_set():
+            return
+        time.sleep(interval_sec)
+    with open(file, errors="replace") as fp:
+        pending = ""
+        while True:
+            piece = fp.readline()
+            if piece:
+                pending += piece
+                if not pending.endswith("\n"):
+                    continue  # the rest of this line is still being written
+                if log_line_filter is None or log_line_filter(pending):
+                    dst.write(f"{header}{pending}")
+                pending = ""
+            elif finished.is_set():
+                if pending and (log_line_filter is None or log_line_filter(pending)):
+                    dst.write(f"{header}{pending}\n")  # the worker ended without a newline
+                break
+            else:
+                time.sleep(interval_sec)
