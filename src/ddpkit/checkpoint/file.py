@@ -19,10 +19,11 @@ import torch
 from torch import nn
 
 from ..errors import DdpkitError
-from .state import plain_state_dict, unwrap
+from .state import Position, plain_state_dict, unwrap
 
 FORMAT = "ddpkit-checkpoint"
-VERSION = 1
+VERSION = 2  # 2: the position in the epoch is kept in samples of the global order (1: in steps)
+READABLE_VERSIONS = (1, 2)  # a version-1 position is turned into samples only at its own global batch
 CKPT_DIR = "checkpoints"
 _NAME = re.compile(r"^epoch-(\d+)(?:-step-(\d+))?\.pt$")
 
@@ -175,29 +176,20 @@ def list_checkpoints(run_dir: str | os.PathLike) -> list[tuple[tuple[int, int], 
 def make_checkpoint(
     model_state: dict[str, torch.Tensor],
     optimizer_state: dict[str, Any],
-    epoch: int,
+    position: Position,
     rng_states: list[dict[str, Any]],
     config: dict[str, Any],
     world_size: int,
-    step: int = 0,
-    loss_sum: float = 0.0,
-    count_sum: float = 0.0,
     extra: dict[str, Any] | None = None,
-    global_step: int = 0,
 ) -> dict[str, Any]:
     return {
         "format": FORMAT,
         "version": VERSION,
-        "epoch": epoch,
-        "step": step,  # steps done in epoch `epoch + 1` (0: at the epoch boundary)
-        "loss_sum": loss_sum,  # global training-loss sum of those steps
-        "count_sum": count_sum,  # and their global count (samples, or a step hook's tokens)
-        "global_step": global_step,  # optimizer steps done in the run
-        "extra": extra or {},  # the LR scheduler's and gradient scaler's state
+        **position.fields(),  # epoch, samples into the next one, their loss sums, global step and batch
+        "extra": extra or {},  # the LR scheduler's and gradient scaler's state, a stream's position
         "model": model_state,
         "optimizer": optimizer_state,
         "rng": rng_states,
-        "sampler_epoch": epoch,
         "world_size": world_size,
         "config": config,
         "model_signature": model_signature(model_state),
@@ -208,7 +200,7 @@ def validate_checkpoint(ckpt: Any, path: Path, model: nn.Module, optimizer: torc
     """Refuse a checkpoint that is not ddpkit's or does not fit this model/optimizer."""
     if not isinstance(ckpt, dict) or ckpt.get("format") != FORMAT:
         raise DdpkitError(f"{path}: not a ddpkit checkpoint (a plain state_dict? load it with torch.load instead)")
-    if ckpt.get("version") != VERSION:
+    if ckpt.get("version") not in READABLE_VERSIONS:
         raise DdpkitError(f"{path}: checkpoint version {ckpt.get('version')} is not supported (this ddpkit writes {VERSION})")
     check_signature(path, model_signature(model.state_dict()), ckpt["model"] and model_signature(ckpt["model"]))
     if optimizer is not None:

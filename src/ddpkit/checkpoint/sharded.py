@@ -37,7 +37,7 @@ from . import file as ckpt_io
 from .state import Position, unwrap
 
 FORMAT = "ddpkit-sharded-checkpoint"
-VERSION = 1
+STATE_VERSION = 1  # rt.save(..., sharded=True) folders (training checkpoints carry checkpoint.file.VERSION)
 META = "ddpkit.pt"
 _NAME = re.compile(r"^epoch-(\d+)(?:-step-(\d+))?$")
 
@@ -60,8 +60,8 @@ def list_sharded(run_dir: str | os.PathLike) -> list[tuple[tuple[int, int], Path
 def save_dcp(run_dir: Path, pos: Position, model: nn.Module, optimizer: torch.optim.Optimizer,
              rng_states: list[dict[str, Any]], config: dict[str, Any], rt: Runtime, extra: dict[str, Any] | None = None) -> Path:
     """Collective: every rank writes its shard; rank 0 completes and renames the directory."""
-    epoch, step = pos.epoch, pos.step
-    final = checkpoint_dir(run_dir, epoch, step)
+    epoch = pos.epoch
+    final = checkpoint_dir(run_dir, epoch, pos.name_step)
     if not _all_finite(model):
         raise DdpkitError(f"the weights hold NaN/inf at epoch {epoch + 1}; no checkpoint written, the last one is intact")
     tmp = final.parent / f".{final.name}.partial"
@@ -74,9 +74,8 @@ def save_dcp(run_dir: Path, pos: Position, model: nn.Module, optimizer: torch.op
         dcp.save({"model": model_state, "optim": optim_state}, storage_writer=FileSystemWriter(tmp, sync_files=True))
         if rt.is_main:  # dcp.save returned on rank 0: every shard and .metadata are written
             meta = {
-                "format": FORMAT, "version": VERSION, "epoch": epoch, "step": step, "loss_sum": pos.loss_sum,
-                "count_sum": pos.count_sum, "extra": extra or {}, "global_step": pos.global_step,
-                "sampler_epoch": epoch, "rng": rng_states, "world_size": rt.world_size, "config": config,
+                "format": FORMAT, "version": ckpt_io.VERSION, **pos.fields(), "extra": extra or {}, "rng": rng_states,
+                "world_size": rt.world_size, "config": config,
                 "model_signature": ckpt_io.model_signature(unwrap(model).state_dict()),
                 "optimizer_groups": [len(g["params"]) for g in optimizer.param_groups],
             }
@@ -123,8 +122,8 @@ def validate_sharded(path: Path, model: nn.Module, optimizer: torch.optim.Optimi
     meta = ckpt_io.load_file(path / META) if (path / META).is_file() else None
     if not isinstance(meta, dict) or meta.get("format") != FORMAT:
         raise DdpkitError(f"{path}: not a complete ddpkit sharded checkpoint (no {META})")
-    if meta.get("version") != VERSION:
-        raise DdpkitError(f"{path}: sharded checkpoint version {meta.get('version')} is not supported (this ddpkit writes {VERSION})")
+    if meta.get("version") not in ckpt_io.READABLE_VERSIONS:
+        raise DdpkitError(f"{path}: sharded checkpoint version {meta.get('version')} is not supported (this ddpkit writes {ckpt_io.VERSION})")
     try:
         metadata = FileSystemReader(str(path)).read_metadata()
     except Exception as e:
@@ -195,7 +194,7 @@ def save_state_dir(path: str | os.PathLike, model: nn.Module, optimizer: torch.o
         with _alone_is_fine():
             dcp.save(state, storage_writer=FileSystemWriter(tmp, sync_files=True), no_dist=not rt.distributed)
         if rt.is_main:
-            meta = {"format": STATE_FORMAT, "version": VERSION, "extra": extra, "world_size": rt.world_size,
+            meta = {"format": STATE_FORMAT, "version": STATE_VERSION, "extra": extra, "world_size": rt.world_size,
                     "has_optimizer": optimizer is not None,
                     "model_signature": ckpt_io.model_signature(unwrap(model).state_dict())}
             ckpt_io.atomic_save(meta, tmp / META)

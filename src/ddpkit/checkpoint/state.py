@@ -14,15 +14,34 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 @dataclass(frozen=True)
 class Position:
-    """Where training stands: `epoch` epochs done, plus `step` steps of the next one
-    (a stop between steps), with the global loss sum and count (samples, or a step hook's
-    tokens) of those steps."""
+    """Where training stands, independent of the world size: `epoch` epochs done, plus the
+    first `samples` samples of the next epoch's global order (a stop between steps), with the
+    global loss sum and count (samples, or a step hook's tokens) of those samples.
+    `global_step`: optimizer steps done in the whole run; `global_batch`: the global batch
+    (processes x --batch-size x --accumulate) the position was written with, kept to say
+    what changed. A position in samples resumes exactly at any world size and batch."""
 
     epoch: int = 0
-    step: int = 0
+    samples: int = 0
     loss_sum: float = 0.0
     count_sum: float = 0.0
-    global_step: int = 0  # optimizer steps done in the whole run
+    global_step: int = 0
+    global_batch: int = 0
+
+    @property
+    def mid_epoch(self) -> bool:
+        return self.samples > 0
+
+    @property
+    def name_step(self) -> int:
+        """The step in a checkpoint's name (epoch-E-step-S): the run's optimizer step of a
+        mid-epoch checkpoint (it grows monotonically whatever the world size), 0 at an epoch's end."""
+        return self.global_step if self.mid_epoch else 0
+
+    def fields(self) -> dict[str, Any]:
+        """The position as a checkpoint stores it (both kinds write these keys)."""
+        return {"epoch": self.epoch, "samples": self.samples, "loss_sum": self.loss_sum, "count_sum": self.count_sum,
+                "global_step": self.global_step, "global_batch": self.global_batch}
 
 
 def unwrap(model: nn.Module) -> nn.Module:
@@ -59,3 +78,14 @@ def set_rng_state(state: dict[str, Any]) -> None:
     np.random.set_state((n["name"], n["keys"].numpy().astype(np.uint32), n["pos"], n["has_gauss"], n["gauss"]))
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state(state["cuda"])
+
+
+def weights_finite(model: nn.Module, collectives: Any, device: torch.device) -> bool:
+    """Whether every weight of every rank is finite (each rank checks what it holds: its
+    shards, or its replica), the same answer on every rank: a checkpoint of NaN weights would
+    replace the last good one."""
+    bad = any(not torch.isfinite(t.to_local() if hasattr(t, "to_local") else t).all() for t in model.parameters())
+    flag = torch.tensor([1.0 if bad else 0.0], dtype=torch.float64, device=device)
+    if collectives is not None:
+        collectives.all_reduce_(flag)
+    return flag.item() == 0

@@ -57,6 +57,10 @@ class ShardedLoader(RankBatches):
 
     Iterating yields collated batches, as a DataLoader does. Data sets that are
     TensorDatasets are batched by indexing their tensors (no per-item Python calls).
+
+    The position in an epoch is a number of samples of the global order (the same on every
+    rank): state() records it, load() continues from exactly that sample at any world size,
+    batch size or accumulation, so a resumed epoch trains every sample once.
     """
 
     def __init__(
@@ -82,31 +86,58 @@ class ShardedLoader(RankBatches):
         self.drop_last = drop_last
         self.num_workers = num_workers
         self.epoch = 0
+        self.taken = 0  # samples of this epoch's global order handed out so far (all ranks)
+        self._resume_at: tuple[int, int] | None = None  # (epoch, samples) from load()
 
     def __len__(self) -> int:
-        full, rest = divmod(self.n, self.global_batch_size)
+        """Steps of a whole pass."""
+        return self.steps_left(0)
+
+    def steps_left(self, start: int) -> int:
+        """Steps of the pass after its first `start` samples."""
+        full, rest = divmod(max(0, self.n - start), self.global_batch_size)
         return full + (1 if rest and not self.drop_last else 0)
 
-    def steps(self) -> list[Step]:
-        """This rank's index slices for the current epoch."""
-        order = global_order(self.n, self.epoch, self.seed, self.shuffle)
+    def steps(self, start: int = 0) -> list[Step]:
+        """This rank's index slices for the current epoch, from sample `start` of the global order."""
+        order = global_order(self.n, self.epoch, self.seed, self.shuffle)[start:]
         out = []
-        for s in range(len(self)):
+        for s in range(self.steps_left(start)):
             batch = order[s * self.global_batch_size : (s + 1) * self.global_batch_size]
             lo, hi = split_even(len(batch), self.world_size, self.rank)
             out.append(Step(batch[lo:hi], len(batch)))
         return out
 
-    def iter_steps(self, skip: int = 0) -> Iterator[tuple[Any, int, int]]:
-        """Yields (batch, local_count, global_count) for each step of the epoch, after the
-        first `skip` steps (resuming mid-epoch)."""
-        steps = self.steps()[skip:]
-        for step, batch in zip(steps, fetch_batches(self.dataset, [s.indices for s in steps], self.num_workers)):
+    def start(self) -> int:
+        """Where this epoch's iteration begins: a loaded position in it, else its first sample."""
+        at = self._resume_at
+        return at[1] if at is not None and at[0] == self.epoch else 0
+
+    def iter_steps(self) -> Iterator[tuple[Any, int, int]]:
+        """Yields (batch, local_count, global_count) for each step of the epoch, from the
+        loaded position when there is one (resuming mid-epoch)."""
+        start = self.start()
+        self._resume_at = None
+        self.taken = start
+        steps = self.steps(start)
+        for step, batch in zip(steps, fetch_batches(self.dataset, [s.indices for s in steps], self.num_workers), strict=True):
+            self.taken += step.global_count
             yield batch, len(step.indices), step.global_count
 
     def __iter__(self) -> Iterator[Any]:
         for batch, _, _ in self.iter_steps():
             yield batch
+
+    def state(self) -> dict[str, Any]:
+        """The position in the epoch: identical on every rank, so any rank's copy will do."""
+        return {"epoch": self.epoch, "samples": self.taken, "global_batch": self.global_batch_size}
+
+    def load(self, state: dict[str, Any] | list[dict[str, Any]]) -> None:
+        """Continue the saved epoch at its saved sample (state() of any rank, or the list of
+        every rank's, as a stream's load takes); set_epoch() with that epoch comes next."""
+        state = state[0] if isinstance(state, list) else state
+        self.epoch = int(state["epoch"])
+        self._resume_at = (self.epoch, int(state["samples"]))
 
 
 def fetch_batches(dataset: Dataset, index_lists: Sequence[torch.Tensor], num_workers: int = 0) -> Iterator[Any]:

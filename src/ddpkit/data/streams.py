@@ -300,12 +300,11 @@ class StreamLoader(RankBatches):
             self.taken["next_worker"] = (state["worker"] + 1) % max(1, self.num_workers)
             yield batch
 
-    def iter_steps(self, skip: int = 0) -> Iterator[tuple[Any, int, int]]:
+    def iter_steps(self) -> Iterator[tuple[Any, int, int]]:
         """(batch, local samples, global samples) per step, while every rank has a batch: the
         ranks agree before each step (one small all-reduce), so the pass ends on all of them at
-        the first step where one has run out; what the others still had is dropped.
-        `skip` must be 0: a resumed stream continues from its saved position instead."""
-        assert skip == 0 or self.resume_state, "a stream resumes from its position, not by skipping steps"
+        the first step where one has run out; what the others still had is dropped. A loaded
+        state continues from its position in the shards."""
         source = self.batches()
         while True:
             batch = next(source, None)

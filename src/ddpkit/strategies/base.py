@@ -91,7 +91,7 @@ class Strategy:
         `extra`: plain state to keep beside them (the LR scheduler's, the gradient scaler's);
         `metric`: the --best-metric value at this checkpoint, for --keep-best."""
         rng_states = self.rt.all_gather_object(ckpt_state.rng_state())
-        self._metric = (ckpt_file.checkpoint_path(run_dir, pos.epoch, pos.step).stem, metric) if metric is not None else None
+        self._metric = (ckpt_file.checkpoint_path(run_dir, pos.epoch, pos.name_step).stem, metric) if metric is not None else None
         self._write_checkpoint(run_dir, model, optimizer, pos, rng_states, config, extra or {})
         if self.writer is None:
             self.prune(run_dir, self._metric)  # (a background write prunes once its file is complete)

@@ -90,10 +90,9 @@ class DdpStrategy(Strategy):
         background = self.writer is not None
         optimizer_state = optimizer.state_dict()
         state = ckpt_file.make_checkpoint(plain_state_dict(model), ckpt_file.cpu_copy(optimizer_state) if background else optimizer_state,
-                                          pos.epoch, rng_states, config, self.rt.world_size, step=pos.step, loss_sum=pos.loss_sum,
-                                          count_sum=pos.count_sum, extra=ckpt_file.cpu_copy(extra) if background else extra,
-                                          global_step=pos.global_step)
-        path = ckpt_file.checkpoint_path(run_dir, pos.epoch, pos.step)
+                                          pos, rng_states, config, self.rt.world_size,
+                                          extra=ckpt_file.cpu_copy(extra) if background else extra)
+        path = ckpt_file.checkpoint_path(run_dir, pos.epoch, pos.name_step)
         if not background:
             ckpt_file.save_or_explain(state, path)
             return

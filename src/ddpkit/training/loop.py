@@ -29,7 +29,7 @@ from ..strategies.memory import local_state_bytes, peak_memory_bytes, reset_peak
 from ..task import Task
 from .evaluate import evaluate
 from .resume import resume
-from .schedule import make_scheduler
+from .schedule import make_scheduler, replan
 from .signals import StopRequest
 from .step import StepRunner
 
@@ -41,25 +41,30 @@ def fit(cfg: RunConfig, task: Task, rt: Runtime, run_dir: Path, stop: StopReques
     strategy = make_strategy(cfg, rt, task)  # DDP or FSDP, the precision, DDP's knobs
     model, optimizer = strategy.setup(task, cfg.lr)
     loader = make_loader(task.train_set, cfg, rt)  # a global order over a map-style set, or a stream's readers
-    plan = StepPlan(cfg, None if is_stream(task.train_set) else len(loader))
+    fresh = StepPlan(cfg, loader, Position())
     steps = StepRunner(rt, strategy, model, optimizer, task.loss_fn, cfg.accumulate, cfg.on_nan, stop, task.step,
                        cfg.clip_grad_norm, make_scheduler(task.scheduler, cfg.lr_schedule, cfg.warmup_steps, optimizer,
-                                                          plan.total_steps), strategy.grad_scaler(),
+                                                          fresh.total_steps), strategy.grad_scaler(),
                        save_every_s=cfg.save_every_minutes * 60 if cfg.save_every_minutes else None)
-    pos = Position()
+    pos, extra = Position(), {}
     if cfg.resume or cfg.auto_resume:
-        pos, extra = resume(run_dir, rt, strategy, model, optimizer, required=cfg.resume, quiet=cfg.quiet)
+        pos, extra = resume(run_dir, rt, strategy, model, optimizer, required=cfg.resume, data_size=loader.n,
+                            global_batch=loader.global_batch_size, quiet=cfg.quiet)
         steps.load_state(extra)
         if extra.get("stream"):
             loader.load(extra["stream"])
+        elif pos.mid_epoch:
+            loader.load({"epoch": pos.epoch, "samples": pos.samples})  # that sample of the global order, at any world size
         strategy.prune(run_dir)  # a crash between a save and its pruning left one too many
-    at = pos.global_step or plan.global_step(pos.epoch, pos.step)  # optimizer steps done in the run
+    plan = StepPlan(cfg, loader, pos)  # the steps left at this world size and batch
+    replan(steps.scheduler, plan.total_steps, extra.get("planned_steps"), rt.print)
+    at = pos.global_step  # optimizer steps done in the run
     log = MetricsLog(run_dir, enabled=rt.is_main, keep_until_epoch=pos.epoch, csv=cfg.csv, tensorboard=cfg.tensorboard,
                      keep_until_step=at)
     progress = Progress(choose_mode(cfg.progress, cfg.quiet, rt.is_main, sys.stdout), plan.passes, pos.epoch, loader.n)
 
     def save(where: Position, record: dict[str, Any] | None = None) -> None:
-        extra = steps.state()
+        extra = steps.state() | {"planned_steps": plan.total_steps}
         if isinstance(loader, StreamLoader):  # every rank's position in its shards
             extra["stream"] = rt.all_gather_object(loader.state())
         metric = (record or {}).get(cfg.best_metric.split(":")[0])
@@ -76,18 +81,17 @@ def fit(cfg: RunConfig, task: Task, rt: Runtime, run_dir: Path, stop: StopReques
             loader.set_epoch(epoch)
             model.train()
             epoch_run = EpochRun(rt, progress, loader, epoch, pos if epoch == pos.epoch else Position(epoch))
-            for step, (batch, n_local, n_global) in enumerate(loader.iter_steps(skip=plan.skip(epoch_run.first_step)),
-                                                              start=epoch_run.first_step):
+            for batch, n_local, n_global in loader.iter_steps():
                 if plan.last(at):
                     break  # resumed at --max-steps: nothing left to train
-                result = steps.run(batch, n_local, n_global, where=f"epoch {epoch + 1}, step {step + 1}")
+                result = steps.run(batch, n_local, n_global, where=f"epoch {epoch + 1}, step {at + 1}")
                 at += 1
                 epoch_run.add(result, n_local, n_global)
-                inside = plan.inside(step + 1) and not plan.last(at)
+                inside = plan.inside(epoch_run.samples) and not plan.last(at)
                 if inside and plan.eval_due(at):
                     report({"epoch": epoch + 1, "step": at, **evaluation(), "lr": optimizer.param_groups[0]["lr"]}, log, None, task, rt)
                 if inside and (result.stop or result.save or plan.save_due(at)):  # a signal, --save-every-steps/-minutes
-                    save(epoch_run.position(step + 1, at))
+                    save(epoch_run.position(at))
                 if result.stop and inside:
                     run.stop(epoch_run.elapsed(), stop)
                     break
@@ -106,7 +110,7 @@ def fit(cfg: RunConfig, task: Task, rt: Runtime, run_dir: Path, stop: StopReques
             report(record, log, progress, task, rt)
             stopping = not done and steps.stop_requested()
             if stopping or plan.save_due(at) or (cfg.save_every and ((epoch + 1) % cfg.save_every == 0 or done)):
-                save(epoch_run.position(None, at), record)
+                save(epoch_run.position(at), record)
             if stopping:
                 run.stop(0.0, stop)
                 break
@@ -133,34 +137,37 @@ def make_loader(dataset: Any, cfg: RunConfig, rt: Runtime) -> ShardedLoader | St
 
 
 class StepPlan:
-    """The run in optimizer steps: how many epochs, whether --max-steps ends it, when the
-    step-based evaluations and checkpoints fall. `per_epoch`: steps of a pass over a
-    map-style set (None for a stream: a pass ends when the stream does)."""
+    """The run in optimizer steps from where it starts (a resume at any world size and batch):
+    how many epochs, the planned total (the LR schedule's length), whether --max-steps ends it,
+    when the step-based evaluations and checkpoints fall. A stream's pass has no known length:
+    it ends when the stream does."""
 
-    def __init__(self, cfg: RunConfig, per_epoch: int | None) -> None:
-        self.per_epoch = per_epoch if per_epoch is None else max(1, per_epoch)
+    def __init__(self, cfg: RunConfig, loader: ShardedLoader | StreamLoader, start: Position) -> None:
+        self.n = loader.n
         self.max_steps = cfg.max_steps
-        if cfg.max_steps is None:
-            self.epochs = cfg.epochs
-        else:  # --max-steps overrides --epochs
-            self.epochs = -(-cfg.max_steps // self.per_epoch) if self.per_epoch else 1 << 30
+        if loader.n is None:
+            self.epochs = cfg.epochs if cfg.max_steps is None else 1 << 30
+            self.total_steps = cfg.max_steps or 0
+        else:
+            per_epoch = max(1, len(loader))
+            left_now = loader.steps_left(start.samples)  # in the epoch the run starts in
+            if cfg.max_steps is None:
+                self.epochs = cfg.epochs
+                rest = max(0, cfg.epochs - start.epoch - 1) * per_epoch
+                self.total_steps = start.global_step + (left_now + rest if start.epoch < cfg.epochs else 0)
+            else:  # --max-steps overrides --epochs
+                beyond = max(0, cfg.max_steps - start.global_step - left_now)
+                self.epochs = start.epoch + 1 + -(-beyond // per_epoch)
+                self.total_steps = cfg.max_steps
         self.passes = self.epochs if self.epochs < 1 << 30 else None  # for the progress display
-        self.total_steps = cfg.max_steps or cfg.epochs * (self.per_epoch or 0)
-        if not self.total_steps and (cfg.lr_schedule != "constant" or cfg.warmup_steps):
+        if not self.total_steps and loader.n is None and (cfg.lr_schedule != "constant" or cfg.warmup_steps):
             raise DdpkitError("--lr-schedule/--warmup-steps over a stream without a length need --max-steps "
                               "(the schedule's length)")
         self.eval_every, self.save_every = cfg.eval_every_steps, cfg.save_every_steps
 
-    def global_step(self, epoch: int, step: int) -> int:
-        """For checkpoints written before the global step was kept: map-style passes are equal."""
-        return epoch * (self.per_epoch or 0) + step
-
-    def skip(self, first_step: int) -> int:
-        return first_step if self.per_epoch else 0  # a stream resumes from its saved position instead
-
-    def inside(self, steps_done: int) -> bool:
+    def inside(self, samples_done: int) -> bool:
         """Is this step boundary inside the pass (a stream's end is known only once reached)?"""
-        return self.per_epoch is None or steps_done < self.per_epoch
+        return self.n is None or samples_done < self.n
 
     def last(self, at: int) -> bool:
         return self.max_steps is not None and at >= self.max_steps
@@ -174,22 +181,23 @@ class StepPlan:
 
 class EpochRun:
     """One epoch's running figures: this rank's [loss sum, count] (rank 0 also carries the
-    global sums of the steps done before a mid-epoch stop), samples, skipped steps, time."""
+    global sums of the samples trained before a mid-epoch stop), the epoch's global samples
+    done (its position in the global order), skipped steps, time."""
 
     def __init__(self, rt: Runtime, progress: Progress, loader: Any, epoch: int, start: Position) -> None:
         self.rt, self.progress, self.loader, self.epoch = rt, progress, loader, epoch
-        self.first_step = self.steps_done = start.step
+        self.steps_done = 0
         self.complete = False
         self.sums = torch.zeros(2, dtype=torch.float64, device=rt.device)  # loss sum, count (samples or tokens)
-        done_before = min(loader.n, start.step * loader.global_batch_size) if loader.n is not None else 0
-        carried = (start.loss_sum, start.count_sum or float(done_before)) if start.step and rt.is_main else (0.0, 0.0)
-        if start.step and rt.is_main:
+        carried = (start.loss_sum, start.count_sum or float(start.samples)) if start.mid_epoch and rt.is_main else (0.0, 0.0)
+        if start.mid_epoch and rt.is_main:
             self.sums += torch.tensor(carried, dtype=torch.float64, device=rt.device)
-        self.samples = done_before if start.step else 0  # global samples of this epoch so far
+        self.samples = start.samples  # global samples of this epoch's order trained so far (before a resume too)
         self.samples_here = 0
         self.skipped = 0
         self.t0 = time.perf_counter()
-        progress.start_epoch(epoch, skipped_samples=done_before, loss_offset=carried[0], count_offset=carried[1])
+        skipped = start.samples if loader.n is not None else 0
+        progress.start_epoch(epoch, skipped_samples=skipped, loss_offset=carried[0], count_offset=carried[1])
 
     def add(self, result: Any, n_local: int, n_global: int) -> None:
         self.steps_done += 1
@@ -201,13 +209,15 @@ class EpochRun:
         self.sums += result.loss_sum
         self.progress.step(n_local, n_global, self.sums)
 
-    def position(self, step: int | None, at: int) -> Position:
-        """Where a checkpoint taken now resumes: after `step` steps of this epoch (a collective:
-        the global sums so far), or at the epoch's end (None) when the pass is complete."""
-        if step is None and self.complete:
-            return Position(self.epoch + 1, global_step=at)
+    def position(self, at: int) -> Position:
+        """Where a checkpoint taken now resumes, in samples of the epoch's global order: the
+        next epoch once this pass is complete, else this one after its samples so far (a
+        collective: the global loss sums so far)."""
+        global_batch = self.loader.global_batch_size
+        if self.complete or (self.loader.n is not None and self.samples >= self.loader.n):
+            return Position(self.epoch + 1, global_step=at, global_batch=global_batch)
         loss, count = self.rt.all_sum(self.sums).tolist()
-        return Position(self.epoch, self.steps_done if step is None else step, loss, count, global_step=at)
+        return Position(self.epoch, self.samples, loss, count, global_step=at, global_batch=global_batch)
 
     def elapsed(self) -> float:
         return time.perf_counter() - self.t0

@@ -61,3 +61,18 @@ def make_scheduler(task_scheduler: Callable[[torch.optim.Optimizer], Any] | None
         raise DdpkitError(f"--warmup-steps {warmup} is not less than the run's {total_steps} optimizer steps: "
                           "nothing would be left for the schedule")
     return LambdaLR(optimizer, Schedule(shape, warmup, total_steps))
+
+
+def replan(scheduler: Any, total_steps: int, saved_total: int | None, say: Callable[[str], None]) -> None:
+    """A resumed run's schedule follows the run as planned now: a resume at another world size
+    or batch, or with other --epochs/--max-steps, changes the optimizer steps left, and a
+    schedule kept at its first length would end early (a learning rate of 0 for the rest) or
+    late. --lr-schedule's length is set to this plan; a task's own scheduler keeps the state
+    it saved, which is said when the plan changed."""
+    lambdas = getattr(scheduler, "lr_lambdas", None) or []
+    ours = [fn for fn in lambdas if isinstance(fn, Schedule)]
+    for fn in ours:
+        fn.total = max(total_steps, 1)
+    if scheduler is not None and not ours and saved_total and saved_total != total_steps:
+        say(f"ddpkit: warning: the run now plans {total_steps} optimizer steps (it planned {saved_total} when the checkpoint "
+            f"was written); the task's own scheduler resumes as it was saved, for {saved_total}")

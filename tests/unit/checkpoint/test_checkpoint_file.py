@@ -16,7 +16,7 @@ def _model():
 
 
 def _ckpt(model, opt, epoch=1):
-    return ck.make_checkpoint(model.state_dict(), opt.state_dict(), epoch, [ck_state.rng_state()], {"task": "t"}, 1)
+    return ck.make_checkpoint(model.state_dict(), opt.state_dict(), ck_state.Position(epoch), [ck_state.rng_state()], {"task": "t"}, 1)
 
 
 def test_atomic_save_leaves_no_temporary_and_loads_back(tmp_path):

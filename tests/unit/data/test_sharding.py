@@ -74,3 +74,29 @@ def test_eval_shards_are_exact_without_padding():
     for world in (1, 2, 3, 5, 7):
         seen = [int(i) for r in range(world) for (b,) in eval_batches(ds, 4, r, world) for i in b]
         assert sorted(seen) == list(range(36))
+
+
+def test_a_loader_state_resumes_at_the_same_sample_at_another_world_size():
+    """rt.loader's position is a number of samples of the global order: 2 ranks stop after 3
+    steps of 2 x 4; 3 ranks of batch 5 load that state and train each remaining sample once."""
+    data = TensorDataset(torch.arange(50))
+    first = [ShardedLoader(data, 4, r, 2, seed=3) for r in range(2)]
+    seen = []
+    states = []
+    for loader in first:
+        loader.set_epoch(1)
+        it = loader.iter_steps()
+        for _ in range(3):
+            seen += next(it)[0][0].tolist()
+        states.append(loader.state())
+    assert states[0] == states[1] == {"epoch": 1, "samples": 24, "global_batch": 8}
+    next_epoch = []
+    for r in range(3):
+        loader = ShardedLoader(data, 5, r, 3, seed=3)
+        loader.load(states)
+        loader.set_epoch(1)
+        seen += [i for (batch,) in loader for i in batch.tolist()]
+        loader.set_epoch(2)  # the next epoch starts at its beginning
+        next_epoch += [i for (batch,) in loader for i in batch.tolist()]
+    assert sorted(seen) == list(range(50))
+    assert sorted(next_epoch) == list(range(50))

@@ -47,10 +47,12 @@ def test_a_checkpoint_saved_by_the_strategy_loads_back_through_it(rt, tmp_path: 
     model, opt = strategy.setup(_task(), lr=None)
     model(torch.randn(3, 4)).sum().backward()
     opt.step()
-    strategy.save_checkpoint(tmp_path, model, opt, Position(2, 1, 0.75), {"task": "t"})
-    path = tmp_path / "checkpoints" / "epoch-000002-step-000001.pt"
+    strategy.save_checkpoint(tmp_path, model, opt, Position(2, samples=3, loss_sum=0.75, global_step=25, global_batch=3),
+                             {"task": "t"})
+    path = tmp_path / "checkpoints" / "epoch-000002-step-000025.pt"  # named by the run's optimizer step
     ckpt = load_file(path)
-    assert (ckpt["epoch"], ckpt["step"], ckpt["loss_sum"], len(ckpt["rng"])) == (2, 1, 0.75, 1)
+    assert (ckpt["epoch"], ckpt["samples"], ckpt["loss_sum"], ckpt["global_step"], ckpt["global_batch"], len(ckpt["rng"])) \
+        == (2, 3, 0.75, 25, 3, 1)
     fresh, fresh_opt = DdpStrategy(rt).setup(_task(), lr=None)
     DdpStrategy(rt).load_checkpoint("file", ckpt, path, fresh, fresh_opt)
     assert all(torch.equal(a, b) for a, b in zip(fresh.state_dict().values(), model.state_dict().values()))
