@@ -2,8 +2,9 @@
 
 A sharded checkpoint is the directory ``checkpoints/epoch-NNNNNN/`` (or
 ``epoch-NNNNNN-step-MMMMMM/`` after a stop between steps): DCP's ``.metadata``, one
-``__R_0.distcp`` file per rank (model and optimizer shards), and ``ddpkit.pt`` (epoch, step,
-every rank's RNG states, config, the model's signature), written by rank 0.
+``__R_0.distcp`` file per rank (model and optimizer shards), and ``ddpkit.pt`` (the
+checkpointer's Header: position, parts, every rank's RNG states, config, the model's
+signature), written by rank 0.
 
 Atomic as a whole: all ranks write into ``checkpoints/.epoch-NNNNNN.partial/`` (files
 fsynced); DCP writes ``.metadata`` on rank 0 only once every rank's shard is on disk; then
@@ -34,7 +35,8 @@ from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_di
 from ..errors import DdpkitError
 from ..runtime import Runtime
 from . import file as ckpt_io
-from .state import Position, unwrap
+from .schema import Header
+from .state import unwrap
 
 FORMAT = "ddpkit-sharded-checkpoint"
 STATE_VERSION = 1  # rt.save(..., sharded=True) folders (training checkpoints carry checkpoint.file.VERSION)
@@ -57,13 +59,9 @@ def list_sharded(run_dir: str | os.PathLike) -> list[tuple[tuple[int, int], Path
     return sorted(found, reverse=True)
 
 
-def save_dcp(run_dir: Path, pos: Position, model: nn.Module, optimizer: torch.optim.Optimizer,
-             rng_states: list[dict[str, Any]], config: dict[str, Any], rt: Runtime, extra: dict[str, Any] | None = None) -> Path:
+def save_dcp(run_dir: Path, header: Header, model: nn.Module, optimizer: torch.optim.Optimizer, rt: Runtime) -> Path:
     """Collective: every rank writes its shard; rank 0 completes and renames the directory."""
-    epoch = pos.epoch
-    final = checkpoint_dir(run_dir, epoch, pos.name_step)
-    if not _all_finite(model):
-        raise DdpkitError(f"the weights hold NaN/inf at epoch {epoch + 1}; no checkpoint written, the last one is intact")
+    final = checkpoint_dir(run_dir, header.position.epoch, header.position.name_step)
     tmp = final.parent / f".{final.name}.partial"
     try:
         if rt.is_main:
@@ -73,33 +71,15 @@ def save_dcp(run_dir: Path, pos: Position, model: nn.Module, optimizer: torch.op
         model_state, optim_state = get_state_dict(model, optimizer)
         dcp.save({"model": model_state, "optim": optim_state}, storage_writer=FileSystemWriter(tmp, sync_files=True))
         if rt.is_main:  # dcp.save returned on rank 0: every shard and .metadata are written
-            meta = {
-                "format": FORMAT, "version": ckpt_io.VERSION, **pos.fields(), "extra": extra or {}, "rng": rng_states,
-                "world_size": rt.world_size, "config": config,
-                "model_signature": ckpt_io.model_signature(unwrap(model).state_dict()),
-                "optimizer_groups": [len(g["params"]) for g in optimizer.param_groups],
-            }
-            ckpt_io.atomic_save(meta, tmp / META)
+            header.model_signature = ckpt_io.model_signature(unwrap(model).state_dict())
+            header.optimizer_groups = [len(g["params"]) for g in optimizer.param_groups]
+            ckpt_io.atomic_save(header.to_dict(FORMAT), tmp / META)
             _replace_dir(tmp, final)
     except (OSError, CheckpointException) as e:
         raise DdpkitError(f"cannot write {final}: {_first_line(e)}; it was not renamed into place and the previous "
                           "checkpoint is intact: free space (or fix the folder) and continue with --resume") from None
     rt.barrier()
     return final
-
-
-def _all_finite(model: nn.Module) -> bool:
-    """Whether every rank's shards are finite (the same answer on every rank)."""
-    bad = torch.tensor([0.0 if all(torch.isfinite(_local(p)).all() for p in model.parameters()) else 1.0])
-    if dist.is_initialized() and dist.get_world_size() > 1:
-        device = next(model.parameters()).device if dist.get_backend() == "nccl" else torch.device("cpu")
-        bad = bad.to(device)
-        dist.all_reduce(bad)
-    return bad.item() == 0
-
-
-def _local(t: torch.Tensor) -> torch.Tensor:
-    return t.to_local() if hasattr(t, "to_local") else t
 
 
 def _first_line(e: BaseException) -> str:

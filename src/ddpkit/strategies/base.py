@@ -7,22 +7,19 @@ The training loop calls these and never asks which strategy it has:
   clip_grad_norm   the global gradient norm (over every shard), clipped
   eval_batches     this rank's evaluation batches, each sample counted once
   eval_module      what evaluation calls
-  save_checkpoint  every rank's RNG states, then the strategy's kind of checkpoint
-  load_checkpoint  either kind of checkpoint into this run's model and optimizer
+  checkpoint_kind  which kind the checkpointer writes: one file (rank 0) or shards (every rank)
+  load_full        a one-file checkpoint into this run's model (whole, or this rank's shards)
   full_state_dict  the plain weights (model.pt), gathered when sharded
 """
 from __future__ import annotations
 
 import contextlib
-from pathlib import Path
 from typing import Any, ContextManager, Iterator
 
 import torch
 from torch import nn
 
-from ..checkpoint import file as ckpt_file
 from ..checkpoint import state as ckpt_state
-from ..checkpoint.retention import prune, record_metric
 from ..data import eval_batches
 from ..runtime import Runtime
 from .precision import autocast, check_precision
@@ -33,13 +30,13 @@ class Strategy:
 
     name = "base"
     eval_lockstep = False  # must every rank call forward as often as the others in evaluation?
+    checkpoint_kind = "file"  # "file": rank 0 writes one file; "sharded": every rank writes its shards
 
     def __init__(self, rt: Runtime, precision: str = "fp32", cfg: Any = None) -> None:
         self.rt = rt
         self.precision = precision
         self.dtype = check_precision(precision, rt.device.type)
         self.cfg = cfg
-        self.writer = ckpt_file.BackgroundWriter() if getattr(cfg, "async_save", False) else None
 
     # -- building -------------------------------------------------------------------
     def setup(self, task: Any, lr: float | None) -> tuple[nn.Module, torch.optim.Optimizer]:
@@ -83,61 +80,9 @@ class Strategy:
         empty batches pad the ranks that have fewer, so every rank runs as many forwards."""
         return eval_batches(dataset, batch_size, self.rt.rank, self.rt.world_size, num_workers, lockstep=self.eval_lockstep)
 
-    # -- checkpoints ----------------------------------------------------------------
-    def save_checkpoint(self, run_dir: Path, model: nn.Module, optimizer: torch.optim.Optimizer,
-                        pos: ckpt_state.Position, config: dict[str, Any], extra: dict[str, Any] | None = None,
-                        metric: float | None = None) -> None:
-        """Collective: every rank contributes its RNG state; the strategy writes its kind.
-        `extra`: plain state to keep beside them (the LR scheduler's, the gradient scaler's);
-        `metric`: the --best-metric value at this checkpoint, for --keep-best."""
-        rng_states = self.rt.all_gather_object(ckpt_state.rng_state())
-        self._metric = (ckpt_file.checkpoint_path(run_dir, pos.epoch, pos.name_step).stem, metric) if metric is not None else None
-        self._write_checkpoint(run_dir, model, optimizer, pos, rng_states, config, extra or {})
-        if self.writer is None:
-            self.prune(run_dir, self._metric)  # (a background write prunes once its file is complete)
-
-    @contextlib.contextmanager
-    def saving(self) -> Iterator[None]:
-        """Leave only once the last background checkpoint is written; on an error, wait for it
-        too (its own error, if any, is not the one to report then)."""
-        try:
-            yield
-        except BaseException:
-            with contextlib.suppress(Exception):
-                self.wait_for_saves()
-            raise
-        self.wait_for_saves()
-
-    def wait_for_saves(self) -> None:
-        """--async-save: block until the last checkpoint is on disk (raises its error, if any)."""
-        if self.writer is not None:
-            self.writer.wait()
-
-    def prune(self, run_dir: Path, metric: tuple[str, float] | None = None) -> None:
-        """--keep-last/--keep-best: rank 0 records the new checkpoint's metric, then deletes what
-        a complete newer checkpoint makes old."""
-        keep, best = getattr(self.cfg, "keep_last", None), getattr(self.cfg, "keep_best", None)
-        if best and self.rt.is_main and metric is not None:
-            record_metric(run_dir, *metric)
-        if (keep or best) and self.rt.is_main:
-            prune(run_dir, keep, best, maximize=str(getattr(self.cfg, "best_metric", "")).endswith(":max"))
-
-    def _write_checkpoint(self, run_dir: Path, model: nn.Module, optimizer: torch.optim.Optimizer, pos: ckpt_state.Position,
-                          rng_states: list[dict[str, Any]], config: dict[str, Any], extra: dict[str, Any]) -> None:
-        raise NotImplementedError
-
-    def load_checkpoint(self, kind: str, ckpt: dict[str, Any], path: Path, model: nn.Module,
-                        optimizer: torch.optim.Optimizer) -> None:
-        """Restore a checkpoint of either kind: 'file' (held whole by every rank) or
-        'sharded' (a torch.distributed.checkpoint folder, read at any world size)."""
-        from ..checkpoint.sharded import load_dcp  # torch.distributed.checkpoint: ~0.5 s to import, only when needed
-
-        if kind == "file":
-            self._load_full(model, optimizer, ckpt)
-        else:
-            load_dcp(path, model, optimizer)
-
-    def _load_full(self, model: nn.Module, optimizer: torch.optim.Optimizer, ckpt: dict[str, Any]) -> None:
+    # -- checkpoints (the checkpointer, checkpoint/checkpointer.py, owns them) ---------
+    def load_full(self, model: nn.Module, optimizer: torch.optim.Optimizer, ckpt: dict[str, Any]) -> None:
+        """A one-file checkpoint (whole tensors) into this run's model and optimizer."""
         ckpt_state.unwrap(model).load_state_dict(ckpt["model"])
         optimizer.load_state_dict(ckpt["optimizer"])
 

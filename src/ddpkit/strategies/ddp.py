@@ -3,16 +3,13 @@ per optimizer step (in shared memory for CPU ranks of one machine, else by the b
 Rank 0 writes checkpoints as one file (checkpoint/file.py)."""
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any, ContextManager
 
 import torch
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from ..checkpoint import file as ckpt_file
-from ..checkpoint.state import Position, plain_state_dict, unwrap
-from ..errors import DdpkitError
+from ..checkpoint.state import unwrap
 from ..runtime import Runtime
 from . import ddp_knobs
 from .base import Strategy
@@ -80,27 +77,3 @@ class DdpStrategy(Strategy):
 
     def eval_module(self, model: nn.Module) -> nn.Module:
         return unwrap(model)  # no DDP forward: ranks may run different numbers of eval batches
-
-    def _write_checkpoint(self, run_dir: Path, model: nn.Module, optimizer: torch.optim.Optimizer, pos: Position,
-                          rng_states: list[dict[str, Any]], config: dict[str, Any], extra: dict[str, Any]) -> None:
-        if not self.rt.is_main:
-            return
-        if not all(torch.isfinite(p).all() for p in unwrap(model).parameters()):
-            raise DdpkitError(f"the weights hold NaN/inf at epoch {pos.epoch + 1}; no checkpoint written, the last one is intact")
-        background = self.writer is not None
-        optimizer_state = optimizer.state_dict()
-        state = ckpt_file.make_checkpoint(plain_state_dict(model), ckpt_file.cpu_copy(optimizer_state) if background else optimizer_state,
-                                          pos, rng_states, config, self.rt.world_size,
-                                          extra=ckpt_file.cpu_copy(extra) if background else extra)
-        path = ckpt_file.checkpoint_path(run_dir, pos.epoch, pos.name_step)
-        if not background:
-            ckpt_file.save_or_explain(state, path)
-            return
-
-        metric = self._metric  # this checkpoint's, not the next one's
-
-        def write() -> None:
-            ckpt_file.save_or_explain(state, path)
-            self.prune(run_dir, metric)
-
-        self.writer.submit(write)

@@ -10,7 +10,6 @@ gloo on CPUs.
 from __future__ import annotations
 
 import contextlib
-from pathlib import Path
 from typing import Any, Callable, ContextManager, Iterable, Iterator
 
 import torch
@@ -20,7 +19,6 @@ from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
-from ..checkpoint.state import Position
 from ..errors import DdpkitError
 from ..runtime import Runtime
 from .base import Strategy
@@ -57,6 +55,7 @@ class FsdpStrategy(Strategy):
 
     name = "fsdp"
     eval_lockstep = True  # a forward all-gathers: every rank must call it as often as the others
+    checkpoint_kind = "sharded"
 
     def __init__(self, rt: Runtime, precision: str = "fp32", cfg: Any = None, blocks: BlocksHook | None = None) -> None:
         super().__init__(rt, precision, cfg)
@@ -119,14 +118,7 @@ class FsdpStrategy(Strategy):
         state = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
         return {k: v.detach().clone() for k, v in state.items()} if self.rt.is_main else None
 
-    def _write_checkpoint(self, run_dir: Path, model: nn.Module, optimizer: torch.optim.Optimizer, pos: Position,
-                          rng_states: list[dict[str, Any]], config: dict[str, Any], extra: dict[str, Any]) -> None:
-        """Collective: every rank writes its shard (checkpoint/sharded.py)."""
-        from ..checkpoint.sharded import save_dcp  # torch.distributed.checkpoint: ~0.5 s to import
-
-        save_dcp(run_dir, pos, model, optimizer, rng_states, config, self.rt, extra)
-
-    def _load_full(self, model: nn.Module, optimizer: torch.optim.Optimizer, ckpt: dict[str, Any]) -> None:
+    def load_full(self, model: nn.Module, optimizer: torch.optim.Optimizer, ckpt: dict[str, Any]) -> None:
         """A one-file (DDP) checkpoint into the sharded model: every rank keeps its part."""
         fqns = optimizer_param_names(model, optimizer)
         saved = ckpt["optimizer"]

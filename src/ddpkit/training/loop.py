@@ -1,15 +1,13 @@
 """The training loop: the same on 1 or N ranks, whoever started the processes.
 
-fit() reads like the guide's Trainer (and nanoGPT's loop): for each epoch, step through
-this rank's batches, average the loss across ranks, evaluate, checkpoint. What a step does
-(micro-batches, NaN/stop agreement) is in step.py; evaluation in evaluate.py; where to
-continue from in resume.py; everything that depends on DDP vs FSDP is behind the Strategy.
+fit() reads like the guide's Trainer (and nanoGPT's loop): train pass after pass and, at each
+moment the cadence names (cadence.py), evaluate, report, checkpoint; the run ends where the
+cadence says. A step is step.py, a pass epoch.py, checkpoints the checkpointer's
+(checkpoint/checkpointer.py); everything that depends on DDP vs FSDP is behind the Strategy.
 """
 from __future__ import annotations
 
-import math
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -17,18 +15,19 @@ import torch
 from torch import nn
 
 from ..checkpoint import file as ckpt_file
+from ..checkpoint.checkpointer import Checkpointer, Policy, Stateful
 from ..checkpoint.state import Position
 from ..config import RunConfig
 from ..data import ShardedLoader, StreamLoader, is_stream
-from ..errors import DdpkitError
 from ..reporting.metrics import MetricsLog
 from ..reporting.progress import Progress, choose_mode
 from ..runtime import Runtime
 from ..strategies import Strategy, make_strategy
 from ..strategies.memory import local_state_bytes, peak_memory_bytes, reset_peak_memory
 from ..task import Task
+from .cadence import Cadence, Moment, StepPlan
+from .epoch import EpochRun, RunTotals
 from .evaluate import evaluate
-from .resume import resume
 from .schedule import make_scheduler, replan
 from .signals import StopRequest
 from .step import StepRunner
@@ -37,93 +36,140 @@ from .step import StepRunner
 def fit(cfg: RunConfig, task: Task, rt: Runtime, run_dir: Path, stop: StopRequest | None = None) -> dict[str, Any]:
     """Train `task` as `cfg` says; returns the run's summary (the same on every rank).
     With `stop`, a signal makes every rank save a checkpoint at the same step boundary and return."""
-    reset_peak_memory(rt.device)
-    strategy = make_strategy(cfg, rt, task)  # DDP or FSDP, the precision, DDP's knobs
-    model, optimizer = strategy.setup(task, cfg.lr)
-    loader = make_loader(task.train_set, cfg, rt)  # a global order over a map-style set, or a stream's readers
-    fresh = StepPlan(cfg, loader, Position())
-    steps = StepRunner(rt, strategy, model, optimizer, task.loss_fn, cfg.accumulate, cfg.on_nan, stop, task.step,
-                       cfg.clip_grad_norm, make_scheduler(task.scheduler, cfg.lr_schedule, cfg.warmup_steps, optimizer,
-                                                          fresh.total_steps), strategy.grad_scaler(),
-                       save_every_s=cfg.save_every_minutes * 60 if cfg.save_every_minutes else None)
-    pos, extra = Position(), {}
-    if cfg.resume or cfg.auto_resume:
-        pos, extra = resume(run_dir, rt, strategy, model, optimizer, required=cfg.resume, data_size=loader.n,
-                            global_batch=loader.global_batch_size, quiet=cfg.quiet)
-        steps.load_state(extra)
-        if extra.get("stream"):
-            loader.load(extra["stream"])
-        elif pos.mid_epoch:
-            loader.load({"epoch": pos.epoch, "samples": pos.samples})  # that sample of the global order, at any world size
-        strategy.prune(run_dir)  # a crash between a save and its pruning left one too many
-    plan = StepPlan(cfg, loader, pos)  # the steps left at this world size and batch
-    replan(steps.scheduler, plan.total_steps, extra.get("planned_steps"), rt.print)
-    at = pos.global_step  # optimizer steps done in the run
-    log = MetricsLog(run_dir, enabled=rt.is_main, keep_until_epoch=pos.epoch, csv=cfg.csv, tensorboard=cfg.tensorboard,
-                     keep_until_step=at)
-    progress = Progress(choose_mode(cfg.progress, cfg.quiet, rt.is_main, sys.stdout), plan.passes, pos.epoch, loader.n)
+    run = Run(cfg, task, rt, run_dir, stop)  # model, optimizer, data, steps, checkpoints: resumed where they were
+    moment = None
+    with run.checkpointer.writing():  # --async-save: every checkpoint is on disk when this block is left
+        for moment in run.cadence.moments(run.start_pass):
+            record = run.record(moment)  # a pass's figures (one all-reduce), or a step's place
+            if moment.evaluate:
+                record.update(run.evaluate())
+            run.report(record, moment)
+            if moment.save:
+                run.checkpointer.save(moment.position(), record)
+    return run.finish(moment)
 
-    def save(where: Position, record: dict[str, Any] | None = None) -> None:
-        extra = steps.state() | {"planned_steps": plan.total_steps}
-        if isinstance(loader, StreamLoader):  # every rank's position in its shards
-            extra["stream"] = rt.all_gather_object(loader.state())
-        metric = (record or {}).get(cfg.best_metric.split(":")[0])
-        strategy.save_checkpoint(run_dir, model, optimizer, where, cfg.as_dict(), extra, metric)
-        steps.saved()
 
-    def evaluation() -> dict[str, Any]:
-        return evaluate(model, task.eval_set, task.loss_fn, task.metric, task.metric_name, rt, strategy, cfg.batch_size,
-                        cfg.num_workers, task.step) if task.eval_set is not None else {}
+class Run:
+    """What one fit() holds, built in the order torch needs: the strategy wraps the model and
+    builds the optimizer, the data is cut per rank, the step runner and the checkpointer take
+    their parts, a resume puts everything where its checkpoint was, then the plan of the steps
+    left (at this world size and batch) and the cadence follow."""
 
-    run = RunTotals(resumed_from=pos.epoch)
-    with strategy.saving():  # --async-save: every checkpoint is on disk when this block is left
-        for epoch in range(pos.epoch, plan.epochs):
-            loader.set_epoch(epoch)
-            model.train()
-            epoch_run = EpochRun(rt, progress, loader, epoch, pos if epoch == pos.epoch else Position(epoch))
-            for batch, n_local, n_global in loader.iter_steps():
-                if plan.last(at):
-                    break  # resumed at --max-steps: nothing left to train
-                result = steps.run(batch, n_local, n_global, where=f"epoch {epoch + 1}, step {at + 1}")
-                at += 1
-                epoch_run.add(result, n_local, n_global)
-                inside = plan.inside(epoch_run.samples) and not plan.last(at)
-                if inside and plan.eval_due(at):
-                    report({"epoch": epoch + 1, "step": at, **evaluation(), "lr": optimizer.param_groups[0]["lr"]}, log, None, task, rt)
-                if inside and (result.stop or result.save or plan.save_due(at)):  # a signal, --save-every-steps/-minutes
-                    save(epoch_run.position(at))
-                if result.stop and inside:
-                    run.stop(epoch_run.elapsed(), stop)
-                    break
-                if plan.last(at):
-                    break  # --max-steps reached
-            else:
-                epoch_run.complete = True  # the pass ran to its end
-            if run.stopped_early:
-                break
-            done = epoch + 1 == plan.epochs or plan.last(at)
-            record = epoch_run.finish(at)
-            run.add_epoch(record, epoch_run)
-            if (epoch + 1) % cfg.eval_every == 0 or done or plan.eval_due(at):
-                record.update(evaluation())
-            record.update(epoch_run.rates(), lr=optimizer.param_groups[0]["lr"], **steps.figures())
-            report(record, log, progress, task, rt)
-            stopping = not done and steps.stop_requested()
-            if stopping or plan.save_due(at) or (cfg.save_every and ((epoch + 1) % cfg.save_every == 0 or done)):
-                save(epoch_run.position(at), record)
-            if stopping:
-                run.stop(0.0, stop)
-                break
-            if done:
-                break
-    progress.close()
-    log.close()
-    if not run.stopped_early:
-        final = strategy.full_state_dict(model)  # gathered from the shards under FSDP: every rank takes part
-        if rt.is_main:
-            ckpt_file.save_or_explain(final, run_dir / "model.pt")
-    return run.summary(task.metric_name) | {"grad_sync": strategy.grad_sync(model), "steps_done": at} \
-        | memory_stats(rt, strategy, model, optimizer)
+    def __init__(self, cfg: RunConfig, task: Task, rt: Runtime, run_dir: Path, stop: StopRequest | None) -> None:
+        reset_peak_memory(rt.device)
+        self.cfg, self.task, self.rt, self.run_dir, self.stop = cfg, task, rt, run_dir, stop
+        self.strategy = make_strategy(cfg, rt, task)  # DDP or FSDP, the precision, DDP's knobs
+        self.model, self.optimizer = self.strategy.setup(task, cfg.lr)
+        self.loader = make_loader(task.train_set, cfg, rt)  # a global order over a map-style set, or a stream's readers
+        self.checkpointer = Checkpointer(run_dir, rt, self.strategy, self.model, self.optimizer, Policy.of(cfg), cfg.as_dict())
+        scheduler = make_scheduler(task.scheduler, cfg.lr_schedule, cfg.warmup_steps, self.optimizer,
+                                   StepPlan(cfg, self.loader, Position()).total_steps)
+        self.steps = StepRunner(rt, self.strategy, self.model, self.optimizer, loss_fn=task.loss_fn, accumulate=cfg.accumulate,
+                                on_nan=cfg.on_nan, stop=stop, step_fn=task.step, clip_grad_norm=cfg.clip_grad_norm,
+                                scheduler=scheduler, scaler=self.strategy.grad_scaler(), timed_save=self.checkpointer.clock_due)
+        self.planned = PlannedSteps()
+        for name, part in (("scheduler", scheduler and Stateful(scheduler)), ("scaler", self.steps.scaler and Stateful(self.steps.scaler)),
+                           ("stream", StreamPosition(self.loader, rt) if isinstance(self.loader, StreamLoader) else None),
+                           ("planned_steps", self.planned)):
+            if part is not None:
+                self.checkpointer.register(name, part)
+        start = self.resume()
+        self.plan = self.planned.plan = StepPlan(cfg, self.loader, start)  # the steps left at this world size and batch
+        replan(scheduler, self.plan.total_steps, self.planned.saved, rt.print)
+        self.cadence = Cadence(self.plan, start, cfg.eval_every, cfg.eval_every_steps, self.checkpointer,
+                               self.steps.stop_requested)
+        self.log = MetricsLog(run_dir, enabled=rt.is_main, keep_until_epoch=start.epoch, csv=cfg.csv,
+                              tensorboard=cfg.tensorboard, keep_until_step=start.global_step)
+        self.progress = Progress(choose_mode(cfg.progress, cfg.quiet, rt.is_main, sys.stdout), self.plan.passes, start.epoch,
+                                 self.loader.n)
+        self.totals = RunTotals(resumed_from=start.epoch)
+
+    def resume(self) -> Position:
+        """--resume/--auto-resume: the checkpoint's position; a map-style set continues at its sample."""
+        cfg = self.cfg
+        if not (cfg.resume or cfg.auto_resume):
+            return Position()
+        pos = self.checkpointer.resume(cfg.resume, self.loader.n, self.loader.global_batch_size, quiet=cfg.quiet)
+        if pos.mid_epoch and isinstance(self.loader, ShardedLoader):
+            self.loader.load({"epoch": pos.epoch, "samples": pos.samples})  # that sample of the global order, at any world size
+        return pos
+
+    def start_pass(self, epoch: int, start: Position) -> EpochRun:
+        self.loader.set_epoch(epoch)
+        self.model.train()
+        return EpochRun(self.rt, self.progress, self.loader, self.steps, epoch, start)
+
+    def record(self, moment: Moment) -> dict[str, Any]:
+        if not moment.pass_end:
+            return {"epoch": moment.epoch_run.epoch + 1, "step": moment.global_step}
+        record = moment.epoch_run.finish(moment.global_step)
+        self.totals.add_epoch(record, moment.epoch_run)
+        return record
+
+    def evaluate(self) -> dict[str, Any]:
+        task, cfg = self.task, self.cfg
+        if task.eval_set is None:
+            return {}
+        return evaluate(self.model, task.eval_set, task.loss_fn, task.metric, task.metric_name, self.rt, self.strategy,
+                        cfg.batch_size, cfg.num_workers, task.step)
+
+    def report(self, record: dict[str, Any], moment: Moment) -> None:
+        """metrics.jsonl (+ csv, TensorBoard), the task's on_metrics hook on rank 0, the epoch
+        line: for every pass, and for an evaluation inside one."""
+        if moment.pass_end:
+            record.update(moment.epoch_run.rates(), lr=self.optimizer.param_groups[0]["lr"], **self.steps.figures())
+        elif moment.evaluate:
+            record["lr"] = self.optimizer.param_groups[0]["lr"]
+        else:
+            return  # a checkpoint or a stop inside a pass: nothing to report
+        self.log.write(record)
+        if self.task.on_metrics is not None and self.rt.is_main:
+            self.task.on_metrics(dict(record))  # global values: every number above is already reduced across ranks
+        if moment.pass_end:
+            self.progress.end_epoch(record)
+
+    def finish(self, moment: Moment | None) -> dict[str, Any]:
+        """The final model.pt (unless a signal stopped the run) and the run's summary."""
+        self.progress.close()
+        self.log.close()
+        if moment is not None and moment.stop and not moment.finished:
+            self.totals.stop(0.0 if moment.pass_end else moment.epoch_run.elapsed(),
+                             self.stop.received if self.stop is not None else None)
+        else:
+            final = self.strategy.full_state_dict(self.model)  # gathered from the shards under FSDP: every rank takes part
+            if self.rt.is_main:
+                ckpt_file.save_or_explain(final, self.run_dir / "model.pt")
+        return self.totals.summary(self.task.metric_name) | {"grad_sync": self.strategy.grad_sync(self.model),
+                                                             "steps_done": self.cadence.global_step} \
+            | memory_stats(self.rt, self.strategy, self.model, self.optimizer)
+
+
+class PlannedSteps:
+    """A checkpoint part: the optimizer steps the run planned when it was written (a resume
+    whose plan differs says so for a task's own scheduler, which cannot be re-planned)."""
+
+    def __init__(self) -> None:
+        self.plan: StepPlan | None = None
+        self.saved: int | None = None
+
+    def state(self) -> int:
+        return self.plan.total_steps if self.plan is not None else 0
+
+    def load(self, state: int) -> None:
+        self.saved = int(state)
+
+
+class StreamPosition:
+    """A checkpoint part: every rank's position in its stream shards (a collective to save)."""
+
+    def __init__(self, loader: StreamLoader, rt: Runtime) -> None:
+        self.loader, self.rt = loader, rt
+
+    def state(self) -> list[dict[str, Any]]:
+        return self.rt.all_gather_object(self.loader.state())
+
+    def load(self, states: list[dict[str, Any]]) -> None:
+        self.loader.load(states)
 
 
 def make_loader(dataset: Any, cfg: RunConfig, rt: Runtime) -> ShardedLoader | StreamLoader:
@@ -134,156 +180,6 @@ def make_loader(dataset: Any, cfg: RunConfig, rt: Runtime) -> ShardedLoader | St
         return StreamLoader(dataset, batch, rt.rank, rt.world_size, cfg.seed, cfg.shuffle, num_workers=cfg.num_workers,
                             agree=rt.collectives.all_reduce_, device=device)
     return ShardedLoader(dataset, batch, rt.rank, rt.world_size, cfg.seed, cfg.shuffle, num_workers=cfg.num_workers)
-
-
-class StepPlan:
-    """The run in optimizer steps from where it starts (a resume at any world size and batch):
-    how many epochs, the planned total (the LR schedule's length), whether --max-steps ends it,
-    when the step-based evaluations and checkpoints fall. A stream's pass has no known length:
-    it ends when the stream does."""
-
-    def __init__(self, cfg: RunConfig, loader: ShardedLoader | StreamLoader, start: Position) -> None:
-        self.n = loader.n
-        self.max_steps = cfg.max_steps
-        if loader.n is None:
-            self.epochs = cfg.epochs if cfg.max_steps is None else 1 << 30
-            self.total_steps = cfg.max_steps or 0
-        else:
-            per_epoch = max(1, len(loader))
-            left_now = loader.steps_left(start.samples)  # in the epoch the run starts in
-            if cfg.max_steps is None:
-                self.epochs = cfg.epochs
-                rest = max(0, cfg.epochs - start.epoch - 1) * per_epoch
-                self.total_steps = start.global_step + (left_now + rest if start.epoch < cfg.epochs else 0)
-            else:  # --max-steps overrides --epochs
-                beyond = max(0, cfg.max_steps - start.global_step - left_now)
-                self.epochs = start.epoch + 1 + -(-beyond // per_epoch)
-                self.total_steps = cfg.max_steps
-        self.passes = self.epochs if self.epochs < 1 << 30 else None  # for the progress display
-        if not self.total_steps and loader.n is None and (cfg.lr_schedule != "constant" or cfg.warmup_steps):
-            raise DdpkitError("--lr-schedule/--warmup-steps over a stream without a length need --max-steps "
-                              "(the schedule's length)")
-        self.eval_every, self.save_every = cfg.eval_every_steps, cfg.save_every_steps
-
-    def inside(self, samples_done: int) -> bool:
-        """Is this step boundary inside the pass (a stream's end is known only once reached)?"""
-        return self.n is None or samples_done < self.n
-
-    def last(self, at: int) -> bool:
-        return self.max_steps is not None and at >= self.max_steps
-
-    def eval_due(self, at: int) -> bool:
-        return bool(self.eval_every) and at % self.eval_every == 0
-
-    def save_due(self, at: int) -> bool:
-        return bool(self.save_every) and at % self.save_every == 0
-
-
-class EpochRun:
-    """One epoch's running figures: this rank's [loss sum, count] (rank 0 also carries the
-    global sums of the samples trained before a mid-epoch stop), the epoch's global samples
-    done (its position in the global order), skipped steps, time."""
-
-    def __init__(self, rt: Runtime, progress: Progress, loader: Any, epoch: int, start: Position) -> None:
-        self.rt, self.progress, self.loader, self.epoch = rt, progress, loader, epoch
-        self.steps_done = 0
-        self.complete = False
-        self.sums = torch.zeros(2, dtype=torch.float64, device=rt.device)  # loss sum, count (samples or tokens)
-        carried = (start.loss_sum, start.count_sum or float(start.samples)) if start.mid_epoch and rt.is_main else (0.0, 0.0)
-        if start.mid_epoch and rt.is_main:
-            self.sums += torch.tensor(carried, dtype=torch.float64, device=rt.device)
-        self.samples = start.samples  # global samples of this epoch's order trained so far (before a resume too)
-        self.samples_here = 0
-        self.skipped = 0
-        self.t0 = time.perf_counter()
-        skipped = start.samples if loader.n is not None else 0
-        progress.start_epoch(epoch, skipped_samples=skipped, loss_offset=carried[0], count_offset=carried[1])
-
-    def add(self, result: Any, n_local: int, n_global: int) -> None:
-        self.steps_done += 1
-        self.samples += n_global
-        self.samples_here += n_global
-        if result.loss_sum is None:
-            self.skipped += 1  # --on-nan skip
-            return
-        self.sums += result.loss_sum
-        self.progress.step(n_local, n_global, self.sums)
-
-    def position(self, at: int) -> Position:
-        """Where a checkpoint taken now resumes, in samples of the epoch's global order: the
-        next epoch once this pass is complete, else this one after its samples so far (a
-        collective: the global loss sums so far)."""
-        global_batch = self.loader.global_batch_size
-        if self.complete or (self.loader.n is not None and self.samples >= self.loader.n):
-            return Position(self.epoch + 1, global_step=at, global_batch=global_batch)
-        loss, count = self.rt.all_sum(self.sums).tolist()
-        return Position(self.epoch, self.samples, loss, count, global_step=at, global_batch=global_batch)
-
-    def elapsed(self) -> float:
-        return time.perf_counter() - self.t0
-
-    def finish(self, global_step: int) -> dict[str, Any]:
-        """The epoch's record so far: its global mean training loss (one all-reduce)."""
-        loss, count = self.rt.all_sum(self.sums).tolist()
-        train_loss = loss / count if count else float("nan")
-        self.epoch_s = self.elapsed()
-        if not math.isfinite(train_loss):
-            raise DdpkitError(f"the training loss is {train_loss} in epoch {self.epoch + 1}; no checkpoint of these weights "
-                              "was written (lower --lr?)")
-        record: dict[str, Any] = {"epoch": self.epoch + 1, "step": global_step, "train_loss": train_loss}
-        if self.skipped:
-            record["skipped_steps"] = self.skipped
-        return record
-
-    def rates(self) -> dict[str, Any]:
-        s = self.epoch_s
-        return {"epoch_s": round(s, 6), "samples_per_s": round(self.samples_here / s, 2) if s > 0 else None}
-
-
-class RunTotals:
-    """What the run's summary counts: epochs done, training time, samples, an early stop."""
-
-    def __init__(self, resumed_from: int) -> None:
-        self.resumed_from = resumed_from
-        self.last: dict[str, Any] = {}
-        self.train_s = 0.0
-        self.samples = 0
-        self.stopped_early = False
-        self.stop_signal: str | None = None
-
-    def add_epoch(self, record: dict[str, Any], epoch_run: EpochRun) -> None:
-        self.last = record
-        self.train_s += epoch_run.epoch_s
-        self.samples += epoch_run.samples_here
-
-    def stop(self, seconds: float, stop: StopRequest | None) -> None:
-        self.train_s += seconds
-        self.stopped_early = True
-        self.stop_signal = stop.received if stop is not None else None
-
-    def summary(self, metric_name: str) -> dict[str, Any]:
-        last = self.last
-        return {
-            "epochs_done": last.get("epoch", self.resumed_from),
-            "train_loss": last.get("train_loss"),
-            "eval_loss": last.get("eval_loss"),
-            f"eval_{metric_name}": last.get(f"eval_{metric_name}"),
-            "train_s": self.train_s,
-            "samples_per_s": self.samples / self.train_s if self.train_s > 0 and self.samples else None,
-            "resumed_from_epoch": self.resumed_from,
-            "stopped_early": self.stopped_early,
-            "stop_signal": self.stop_signal,
-        }
-
-
-def report(record: dict[str, Any], log: MetricsLog, progress: Progress | None, task: Task, rt: Runtime) -> None:
-    """metrics.jsonl (+ csv, TensorBoard), the task's on_metrics hook on rank 0, the epoch line
-    (`progress`: None for a step-based evaluation inside an epoch)."""
-    log.write(record)
-    if task.on_metrics is not None and rt.is_main:
-        task.on_metrics(dict(record))  # global values: every number above is already reduced across ranks
-    if progress is not None:
-        progress.end_epoch(record)
 
 
 def memory_stats(rt: Runtime, strategy: Strategy, model: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:

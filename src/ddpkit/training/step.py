@@ -19,8 +19,7 @@ Why each piece is here:
 """
 from __future__ import annotations
 
-import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Callable, Iterator
 
 import torch
@@ -57,8 +56,7 @@ class StepRunner:
     scheduler: Any = None  # stepped after every optimizer step
     scaler: Any = None  # torch.amp.GradScaler under fp16
     last_grad_norm: float | None = None
-    save_every_s: float | None = None  # --save-every-minutes, in seconds
-    last_save: float = field(default_factory=time.monotonic)
+    timed_save: Callable[[], bool] | None = None  # rank 0's clock says a checkpoint is due (--save-every-minutes)
     _output_checked: bool = False
 
     def run(self, batch: Any, n_local: int, n_global: int, where: str) -> StepResult:
@@ -145,28 +143,6 @@ class StepRunner:
         if self.scheduler is not None:
             self.scheduler.step()
 
-    def state(self) -> dict[str, Any]:
-        """What a checkpoint keeps besides model and optimizer: the scheduler's and scaler's state."""
-        out = {}
-        if self.scheduler is not None:
-            out["scheduler"] = self.scheduler.state_dict()
-        if self.scaler is not None:
-            out["scaler"] = self.scaler.state_dict()
-        return out
-
-    def load_state(self, extra: dict[str, Any]) -> None:
-        """Restore state() from a checkpoint; a schedule the checkpoint and this run disagree on is an error
-        (resuming it silently would restart or drop the learning-rate schedule)."""
-        for name, obj in (("scheduler", self.scheduler), ("scaler", self.scaler)):
-            saved = extra.get(name)
-            if (saved is None) != (obj is None):
-                what = "an LR scheduler (--lr-schedule/--warmup-steps or Task.scheduler)" if name == "scheduler" else "an fp16 gradient scaler"
-                has = "the checkpoint has" if saved is not None else "this run has"
-                raise DdpkitError(f"--resume: {has} {what} and the other does not; resume with the settings of the run "
-                                  "that wrote the checkpoint")
-            if obj is not None:
-                obj.load_state_dict(saved)
-
     def figures(self) -> dict[str, Any]:
         """For the epoch's record: the last step's gradient norm before clipping."""
         return {"grad_norm": self.last_grad_norm} if self.last_grad_norm is not None else {}
@@ -185,15 +161,11 @@ class StepRunner:
         if self.stop is not None and self.stop.received:
             flags[1] = 1.0
         flags[2] = count
-        if self.save_every_s is not None and self.rt.is_main and time.monotonic() - self.last_save >= self.save_every_s:
+        if self.timed_save is not None and self.timed_save():
             flags[3] = 1.0
         self.rt.collectives.all_reduce_(flags)
         bad, stopping, total, save = flags.tolist()
         return int(bad), stopping > 0, total, save > 0
-
-    def saved(self) -> None:
-        """A checkpoint was written: the --save-every-minutes clock starts again."""
-        self.last_save = time.monotonic()
 
     def stop_requested(self) -> bool:
         """Between epochs: has any rank received a stop signal? (A collective when stop is set.)"""

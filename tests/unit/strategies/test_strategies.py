@@ -1,14 +1,10 @@
 """The Strategy face the loop uses, on one process (several ranks: tests/distributed/test_fsdp.py)."""
-from pathlib import Path
-
 import pytest
 import torch
 from torch import nn
 from torch.utils.data import TensorDataset
 
 from ddpkit import DdpkitError, DistEnv, RunConfig, Task
-from ddpkit.checkpoint import Position
-from ddpkit.checkpoint.file import load_file
 from ddpkit.runtime import Runtime
 from ddpkit.strategies import DdpStrategy, make_strategy
 
@@ -40,33 +36,6 @@ def test_clip_grad_norm_returns_the_norm_before_clipping_and_clips_to_max(rt):
     assert strategy.clip_grad_norm(model, 0.5) == pytest.approx(before, rel=1e-6) and before > 0.5
     after = torch.linalg.vector_norm(torch.cat([p.grad.flatten() for p in model.parameters()])).item()
     assert after == pytest.approx(0.5, rel=1e-5)
-
-
-def test_a_checkpoint_saved_by_the_strategy_loads_back_through_it(rt, tmp_path: Path):
-    strategy = DdpStrategy(rt, cfg=RunConfig(nproc=1))
-    model, opt = strategy.setup(_task(), lr=None)
-    model(torch.randn(3, 4)).sum().backward()
-    opt.step()
-    strategy.save_checkpoint(tmp_path, model, opt, Position(2, samples=3, loss_sum=0.75, global_step=25, global_batch=3),
-                             {"task": "t"})
-    path = tmp_path / "checkpoints" / "epoch-000002-step-000025.pt"  # named by the run's optimizer step
-    ckpt = load_file(path)
-    assert (ckpt["epoch"], ckpt["samples"], ckpt["loss_sum"], ckpt["global_step"], ckpt["global_batch"], len(ckpt["rng"])) \
-        == (2, 3, 0.75, 25, 3, 1)
-    fresh, fresh_opt = DdpStrategy(rt).setup(_task(), lr=None)
-    DdpStrategy(rt).load_checkpoint("file", ckpt, path, fresh, fresh_opt)
-    assert all(torch.equal(a, b) for a, b in zip(fresh.state_dict().values(), model.state_dict().values()))
-    assert fresh_opt.state_dict()["param_groups"] == opt.state_dict()["param_groups"]
-
-
-def test_non_finite_weights_are_never_checkpointed(rt, tmp_path):
-    strategy = DdpStrategy(rt)
-    model, opt = strategy.setup(_task(), lr=None)
-    with torch.no_grad():
-        model.weight[0, 0] = float("nan")
-    with pytest.raises(DdpkitError, match="NaN/inf at epoch 4; no checkpoint written"):
-        strategy.save_checkpoint(tmp_path, model, opt, Position(3), {})
-    assert not (tmp_path / "checkpoints").exists() or not any((tmp_path / "checkpoints").iterdir())
 
 
 def test_fsdp_needs_two_ranks(rt):

@@ -1,0 +1,234 @@
+"""The checkpointer: the one owner of a run's checkpoints.
+
+What one holds is the `Header` (schema.py: the one schema both kinds write and resume reads): the run's
+position (in samples of the epoch's global order, state.py), the state of every part that
+registered itself (a `Part`: the LR scheduler, the gradient scaler, a stream's readers, ...),
+every rank's RNG states and the config; beside it the model and optimizer in the strategy's
+kind: one file written by rank 0 (file.py: DDP) or a folder of shards written by every rank
+(sharded.py: FSDP).
+
+When one is due (every N epochs, every N optimizer steps, every N minutes on rank 0's clock,
+on a signal), which one a resume takes (the newest that is complete and fits), which are kept
+(--keep-last, --keep-best) and whether one is written in the background (--async-save) are
+decided here and nowhere else.
+"""
+from __future__ import annotations
+
+import contextlib
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterator, Protocol
+
+import torch
+from torch import nn
+
+from ..errors import DdpkitError
+from . import file as ckpt_file
+from .retention import prune, record_metric
+from .schema import Header
+from .state import Position, plain_state_dict, rng_state, set_rng_state, unwrap, weights_finite
+
+
+class Part(Protocol):
+    """A piece of a run's state that a checkpoint keeps under the part's name."""
+
+    def state(self) -> Any: ...
+
+    def load(self, state: Any) -> None: ...
+
+
+class Stateful:
+    """A part made of an object with torch's state_dict()/load_state_dict() (an LR scheduler, a
+    gradient scaler)."""
+
+    def __init__(self, obj: Any) -> None:
+        self.obj = obj
+
+    def state(self) -> Any:
+        return self.obj.state_dict()
+
+    def load(self, state: Any) -> None:
+        self.obj.load_state_dict(state)
+
+
+class ModelState(Protocol):
+    """What the strategy tells the checkpointer (strategies/base.py): the kind it writes, and how
+    a one-file checkpoint goes into its model (whole, or each rank's shards of it)."""
+
+    checkpoint_kind: str  # "file" or "sharded"
+
+    def load_full(self, model: nn.Module, optimizer: torch.optim.Optimizer, ckpt: dict[str, Any]) -> None: ...
+
+
+@dataclass(frozen=True)
+class Policy:
+    """When checkpoints are written and which stay."""
+
+    every_epochs: int = 0  # and at the end; 0: the final model only
+    every_steps: int | None = None
+    every_minutes: float | None = None
+    keep_last: int | None = None
+    keep_best: int | None = None
+    best_metric: str = "eval_loss"  # NAME or NAME:max
+    async_save: bool = False
+
+    @classmethod
+    def of(cls, cfg: Any) -> Policy:
+        return cls(cfg.save_every, cfg.save_every_steps, cfg.save_every_minutes, cfg.keep_last, cfg.keep_best,
+                   cfg.best_metric, cfg.async_save)
+
+
+class Checkpointer:
+    """A run's checkpoints: register the parts, then ask when one is due, save, resume."""
+
+    def __init__(self, run_dir: Path, rt: Any, strategy: ModelState, model: nn.Module, optimizer: torch.optim.Optimizer,
+                 policy: Policy, config: dict[str, Any]) -> None:
+        self.run_dir, self.rt, self.strategy, self.model, self.optimizer = run_dir, rt, strategy, model, optimizer
+        self.policy, self.config = policy, config
+        self.parts: dict[str, Part] = {}
+        self.writer = ckpt_file.BackgroundWriter() if policy.async_save else None
+        self.last_save = time.monotonic()
+
+    def register(self, name: str, part: Part) -> None:
+        self.parts[name] = part
+
+    # -- when -----------------------------------------------------------------------
+    def clock_due(self) -> bool:
+        """--save-every-minutes on rank 0's clock (the step's agreement makes it every rank's)."""
+        minutes = self.policy.every_minutes
+        return minutes is not None and self.rt.is_main and time.monotonic() - self.last_save >= minutes * 60
+
+    def due_after_step(self, global_step: int, signal: bool, clock: bool) -> bool:
+        every = self.policy.every_steps
+        return signal or clock or bool(every) and global_step % every == 0
+
+    def due_after_pass(self, epochs_done: int, global_step: int, last: bool, stopping: bool) -> bool:
+        every, steps = self.policy.every_epochs, self.policy.every_steps
+        return stopping or bool(steps) and global_step % steps == 0 or bool(every) and (epochs_done % every == 0 or last)
+
+    # -- writing --------------------------------------------------------------------
+    def save(self, position: Position, record: dict[str, Any] | None = None) -> None:
+        """Collective: every rank's RNG state and parts, then the strategy's kind of checkpoint;
+        `record`: the metrics at this checkpoint (--keep-best ranks by one of them)."""
+        header = Header(position, {name: part.state() for name, part in self.parts.items()},
+                        self.rt.all_gather_object(rng_state()), self.rt.world_size, self.config)
+        if not weights_finite(self.model, self.rt.collectives, self.rt.device):
+            raise DdpkitError(f"the weights hold NaN/inf at epoch {position.epoch + 1}; no checkpoint written, the last "
+                              "one is intact")
+        name = ckpt_file.checkpoint_path(self.run_dir, position.epoch, position.name_step).stem
+        value = (record or {}).get(self.policy.best_metric.split(":")[0])
+        metric = (name, value) if value is not None else None
+        if self.strategy.checkpoint_kind == "sharded":
+            from .sharded import save_dcp  # torch.distributed.checkpoint: ~0.5 s to import
+
+            save_dcp(self.run_dir, header, self.model, self.optimizer, self.rt)
+            self.prune(metric)
+        elif self.rt.is_main:
+            self._write_file(header, metric)
+        self.last_save = time.monotonic()
+
+    def _write_file(self, header: Header, metric: tuple[str, float] | None) -> None:
+        """Rank 0: one file, atomically; in a thread with --async-save (on CPU copies)."""
+        background = self.writer is not None
+        copy = ckpt_file.cpu_copy if background else (lambda x: x)
+        header.model_signature = ckpt_file.model_signature(unwrap(self.model).state_dict())
+        header.optimizer_groups = [len(g["params"]) for g in self.optimizer.param_groups]
+        header.parts = copy(header.parts)
+        state = {**header.to_dict(), "model": plain_state_dict(self.model), "optimizer": copy(self.optimizer.state_dict())}
+        path = ckpt_file.checkpoint_path(self.run_dir, header.position.epoch, header.position.name_step)
+
+        def write() -> None:
+            ckpt_file.save_or_explain(state, path)
+            self.prune(metric)
+
+        if background:
+            self.writer.submit(write)
+        else:
+            write()
+
+    def prune(self, metric: tuple[str, float] | None = None) -> None:
+        """--keep-last/--keep-best: rank 0 records the new checkpoint's metric, then deletes what
+        a complete newer checkpoint makes old."""
+        keep, best = self.policy.keep_last, self.policy.keep_best
+        if best and self.rt.is_main and metric is not None:
+            record_metric(self.run_dir, *metric)
+        if (keep or best) and self.rt.is_main:
+            prune(self.run_dir, keep, best, maximize=self.policy.best_metric.endswith(":max"))
+
+    @contextlib.contextmanager
+    def writing(self) -> Iterator[None]:
+        """Leave only once the last background checkpoint is written; on an error, wait for it
+        too (its own error, if any, is not the one to report then)."""
+        try:
+            yield
+        except BaseException:
+            with contextlib.suppress(Exception):
+                self.wait()
+            raise
+        self.wait()
+
+    def wait(self) -> None:
+        """--async-save: block until the last checkpoint is on disk (raises its error, if any)."""
+        if self.writer is not None:
+            self.writer.wait()
+
+    # -- resuming -------------------------------------------------------------------
+    def resume(self, required: bool, data_size: int | None, global_batch: int, quiet: bool = False) -> Position:
+        """Collective: the newest checkpoint that is complete and fits, into the model, the
+        optimizer, the parts and the RNG; its position. `required` (--resume): no checkpoint is
+        an error; otherwise (--auto-resume) none at all means a fresh start. `data_size` (None for
+        a stream) and `global_batch` are this run's: an older checkpoint's place in steps is
+        turned into samples only where that is exact."""
+        from .sharded import find_any_resumable, list_sharded  # torch.distributed.checkpoint: ~0.5 s
+
+        message: Any = None
+        if self.rt.is_main:
+            try:
+                if not required and not ckpt_file.list_checkpoints(self.run_dir) and not list_sharded(self.run_dir):
+                    message = ("fresh", None, None)
+                else:
+                    kind, ckpt, path, skipped = find_any_resumable(self.run_dir, self.model, self.optimizer)
+                    for reason in skipped:
+                        print(f"ddpkit: skipping checkpoint: {reason}", flush=True)
+                    message = (kind, ckpt, str(path))
+            except DdpkitError as e:
+                message = ("error", str(e), None)
+        kind, payload, path = self.rt.broadcast_object(message)
+        if kind == "error":
+            raise DdpkitError(payload)
+        if kind == "fresh":
+            return Position()
+        header = Header.read(payload, path, data_size, global_batch)  # before loading: a refusal changes nothing
+        self._check_parts(header.parts)
+        if kind == "file":
+            self.strategy.load_full(self.model, self.optimizer, payload)
+        else:
+            from .sharded import load_dcp
+
+            load_dcp(Path(path), self.model, self.optimizer)
+        for name, part in self.parts.items():
+            if name in header.parts:
+                part.load(header.parts[name])
+        set_rng_state(header.rng[self.rt.rank] if len(header.rng) == self.rt.world_size else header.rng[0])
+        self.prune()  # a crash between a save and its pruning left one too many
+        pos = header.position
+        if not quiet:
+            where = f"epoch {pos.epoch} done" + (f", {pos.samples} samples into epoch {pos.epoch + 1}" if pos.mid_epoch else "")
+            self.rt.print(f"ddpkit: resuming from {path} ({where})")
+        return pos
+
+    def _check_parts(self, saved: dict[str, Any]) -> None:
+        """A part the run has and the checkpoint lacks, or the other way round, would silently
+        restart or drop it (an LR schedule, a gradient scaler): refused."""
+        for name in sorted((set(self.parts) ^ set(saved)) & set(KNOWN_PARTS)):
+            has = "the checkpoint has" if name in saved else "this run has"
+            raise DdpkitError(f"--resume: {has} {KNOWN_PARTS[name]} and the other does not; resume with the settings of "
+                              "the run that wrote the checkpoint")
+
+
+KNOWN_PARTS = {
+    "scheduler": "an LR scheduler (--lr-schedule/--warmup-steps or Task.scheduler)",
+    "scaler": "an fp16 gradient scaler",
+    "stream": "a stream's position (a streaming train_set)",
+}
