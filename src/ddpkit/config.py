@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .config_values import format_bytes, parse_memory, parse_nproc, parse_task_arg  # noqa: F401  (re-exported)
+from .envvars import ERROR_DIR_VAR, LAUNCH_TIME_VAR  # noqa: F401  (re-exported: launchers/elastic.py imports them here)
 from .errors import DdpkitError
 
 BACKENDS = ("auto", "gloo", "nccl")
@@ -23,9 +24,6 @@ GRAD_COMPRESSIONS = ("none", "bf16", "fp16", "powersgd")
 FUSED_MODES = ("off", "on", "auto")
 ON_NAN_MODES = ("stop", "skip")
 DEFAULT_TIMEOUT_S = 300.0
-# Variables the launcher hands to its workers (here, so every side imports one name, cheaply).
-ERROR_DIR_VAR = "DDPKIT_ERROR_DIR"  # where a worker writes a user error for the launcher to print
-LAUNCH_TIME_VAR = "DDPKIT_LAUNCH_TIME"  # when the command started (the summary's wall time)
 FSDP_NEEDS_TWO = ("--strategy fsdp shards the model across processes and needs at least 2 (--nproc 2 or more); "
                   "with one process use --strategy ddp")
 

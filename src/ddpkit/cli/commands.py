@@ -8,7 +8,7 @@ import time
 from typing import Any, Sequence
 
 from .. import config
-from ..config import LAUNCH_TIME_VAR
+from ..envvars import LAUNCH_TIME_VAR, SLOW_EXIT_VAR
 from ..errors import DdpkitError
 from .flags import add_config_flags, config_from
 
@@ -288,7 +288,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("ddpkit: interrupted", file=sys.stderr, flush=True)
         code = 130
-    if argv is None and ns.command in ("train", "bench", "check") and not os.environ.get("DDPKIT_SLOW_EXIT"):
+    if argv is None and ns.command in ("train", "bench", "check") and not os.environ.get(SLOW_EXIT_VAR):
         quick_exit(code)
     return code
 
