@@ -40,14 +40,17 @@ DEFAULT_TIMEOUT_S = 300.0
 
 def setting(default: Any = None, help: str = "", *, group: str = TRAINING, choices: tuple[str, ...] | None = None,
             flag: str | None = None, aliases: tuple[str, ...] = (), metavar: str | None = None, type: Any = None,
-            default_help: str | None = None, positional: bool = False, cli: bool = True, factory: Any = None,
-            append: bool = False) -> Any:
-    """A RunConfig field with what the CLI needs to offer it: the help text, the choices and
-    the default are written here once; cli/flags.py makes the flag from them.
-    `default_help` describes a default that is not a plain value ("one per GPU"); `append`:
-    the flag may be repeated, each value parsed by `type` into a (key, value) pair of a dict."""
+            default_help: str | None = None, positional: bool = False, nargs: str | None = "?", cli: bool = True,
+            factory: Any = None, append: bool = False) -> Any:
+    """A field with what the CLI needs to offer it as a flag: the help text, the choices and
+    the default are written here once; cli/flags.py makes the flag from them (for RunConfig
+    and for each command's own options, cli/options.py). `default_help` describes a default
+    that is not a plain value ("one per GPU"); `append`: the flag may be repeated, its values
+    collected in a list (RunConfig makes --task-arg's (key, value) pairs a dict); `nargs`: how
+    many values a positional takes, as argparse counts them (None: exactly one)."""
     meta = {"help": help, "group": group, "choices": choices, "flag": flag, "aliases": aliases, "metavar": metavar,
-            "type": type, "default_help": default_help, "positional": positional, "cli": cli, "append": append}
+            "type": type, "default_help": default_help, "positional": positional, "nargs": nargs, "cli": cli,
+            "append": append}
     if factory is not None:
         return field(default_factory=factory, metadata=meta)
     return field(default=default, metadata=meta)
