@@ -7,8 +7,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from .config import DEFAULT_TIMEOUT_S, FSDP_NEEDS_TWO, LAUNCH_TIME_VAR, RunConfig
+from .config import DEFAULT_TIMEOUT_S, FSDP_NEEDS_TWO, RunConfig
 from .environments import DistEnv
+from .envvars import LAUNCH_TIME_VAR
 from .errors import DdpkitError
 from .launchers.elastic import run_elastic
 from .launchers.plan import describe, make_launch_plan, resolve_nproc

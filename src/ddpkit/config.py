@@ -1,54 +1,56 @@
-"""RunConfig: every setting of a run in one frozen dataclass, validated once, here."""
+"""RunConfig: every setting of a run in one frozen dataclass, grouped by concern and validated
+once, each group by its own check (config_groups.py)."""
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
-import re
+import importlib.util  # noqa: F401  (config.importlib.util: where a test hides the tensorboard package)
 from dataclasses import dataclass, field
 from typing import Any
 
+from .config_groups import (  # noqa: F401  (re-exported: the choices and rules other layers name)
+    BACKENDS,
+    DEVICES,
+    FAULTS,
+    FSDP_NEEDS_TWO,
+    FUSED_MODES,
+    GRAD_COMPRESSIONS,
+    GRAD_SYNC_MODES,
+    LR_SCHEDULES,
+    NODES,
+    ON_NAN_MODES,
+    OUTPUT,
+    PERFORMANCE,
+    PRECISIONS,
+    PROCESSES,
+    PROGRESS_MODES,
+    RDZV_BACKENDS,
+    START_METHODS,
+    STRATEGIES,
+    STRATEGY,
+    TRAINING,
+    VALIDATIONS,
+    check_no_ddp_only_flags,
+)
 from .config_values import format_bytes, parse_memory, parse_nproc, parse_task_arg  # noqa: F401  (re-exported)
+from .envvars import ERROR_DIR_VAR, LAUNCH_TIME_VAR  # noqa: F401  (re-exported: launchers/elastic.py imports them here)
 from .errors import DdpkitError
 
-BACKENDS = ("auto", "gloo", "nccl")
-DEVICES = ("auto", "cpu", "cuda")
-START_METHODS = ("auto", "fork", "spawn", "forkserver")
-RDZV_BACKENDS = ("c10d", "static")
-PROGRESS_MODES = ("auto", "bar", "lines")
-STRATEGIES = ("ddp", "fsdp", "auto")
-PRECISIONS = ("fp32", "bf16", "fp16")
-LR_SCHEDULES = ("constant", "linear", "cosine")
-GRAD_SYNC_MODES = ("auto", "shm", "backend")  # how DDP gradients are all-reduced (strategies/grad_sync.py)
-GRAD_COMPRESSIONS = ("none", "bf16", "fp16", "powersgd")
-FUSED_MODES = ("off", "on", "auto")
-ON_NAN_MODES = ("stop", "skip")
 DEFAULT_TIMEOUT_S = 300.0
-# Variables the launcher hands to its workers (here, so every side imports one name, cheaply).
-ERROR_DIR_VAR = "DDPKIT_ERROR_DIR"  # where a worker writes a user error for the launcher to print
-LAUNCH_TIME_VAR = "DDPKIT_LAUNCH_TIME"  # when the command started (the summary's wall time)
-FSDP_NEEDS_TWO = ("--strategy fsdp shards the model across processes and needs at least 2 (--nproc 2 or more); "
-                  "with one process use --strategy ddp")
-
-# The groups of flags; each command of the CLI takes some of them (cli/flags.py).
-PROCESSES = "processes"
-NODES = "several nodes (run the same command on every node)"
-TRAINING = "training"
-FAULTS = "faults and signals"
-OUTPUT = "output"
-STRATEGY = "strategy and precision"
-PERFORMANCE = "performance (see README: Performance)"
 
 
 def setting(default: Any = None, help: str = "", *, group: str = TRAINING, choices: tuple[str, ...] | None = None,
             flag: str | None = None, aliases: tuple[str, ...] = (), metavar: str | None = None, type: Any = None,
-            default_help: str | None = None, positional: bool = False, cli: bool = True, factory: Any = None,
-            append: bool = False) -> Any:
-    """A RunConfig field with what the CLI needs to offer it: the help text, the choices and
-    the default are written here once; cli/flags.py makes the flag from them.
-    `default_help` describes a default that is not a plain value ("one per GPU"); `append`:
-    the flag may be repeated, each value parsed by `type` into a (key, value) pair of a dict."""
+            default_help: str | None = None, positional: bool = False, nargs: str | None = "?", cli: bool = True,
+            factory: Any = None, append: bool = False) -> Any:
+    """A field with what the CLI needs to offer it as a flag: the help text, the choices and
+    the default are written here once; cli/flags.py makes the flag from them (for RunConfig
+    and for each command's own options, cli/options.py). `default_help` describes a default
+    that is not a plain value ("one per GPU"); `append`: the flag may be repeated, its values
+    collected in a list (RunConfig makes --task-arg's (key, value) pairs a dict); `nargs`: how
+    many values a positional takes, as argparse counts them (None: exactly one)."""
     meta = {"help": help, "group": group, "choices": choices, "flag": flag, "aliases": aliases, "metavar": metavar,
-            "type": type, "default_help": default_help, "positional": positional, "cli": cli, "append": append}
+            "type": type, "default_help": default_help, "positional": positional, "nargs": nargs, "cli": cli,
+            "append": append}
     if factory is not None:
         return field(default_factory=factory, metadata=meta)
     return field(default=default, metadata=meta)
@@ -200,84 +202,9 @@ class RunConfig:
         self.validate()
 
     def validate(self) -> None:
-        if self.nproc is not None and (not isinstance(self.nproc, int) or self.nproc < 1):
-            raise DdpkitError(f"--nproc must be a positive integer or 'auto', got {self.nproc!r}")
-        _positive("--epochs", self.epochs)
-        _positive("--batch-size", self.batch_size)
-        _positive("--eval-every", self.eval_every)
-        for flag, value in (("--max-steps", self.max_steps), ("--eval-every-steps", self.eval_every_steps),
-                            ("--save-every-steps", self.save_every_steps)):
-            if value is not None:
-                _positive(flag, value)
-        if self.keep_last is not None:
-            _positive("--keep-last", self.keep_last)
-        if self.keep_best is not None:
-            _positive("--keep-best", self.keep_best)
-        if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*(:(min|max))?", self.best_metric or ""):
-            raise DdpkitError(f"--best-metric must be a metrics.jsonl name, optionally :min or :max (eval_accuracy:max), "
-                              f"got {self.best_metric!r}")
-        if self.save_every_minutes is not None and not (isinstance(self.save_every_minutes, (int, float)) and self.save_every_minutes > 0):
-            raise DdpkitError(f"--save-every-minutes must be a positive number of minutes, got {self.save_every_minutes!r}")
-        if not isinstance(self.warmup_steps, int) or self.warmup_steps < 0:
-            raise DdpkitError(f"--warmup-steps must be 0 or a positive number of optimizer steps, got {self.warmup_steps!r}")
-        _choice("--lr-schedule", self.lr_schedule, LR_SCHEDULES)
-        if self.clip_grad_norm is not None and not (isinstance(self.clip_grad_norm, (int, float)) and self.clip_grad_norm > 0):
-            raise DdpkitError(f"--clip-grad-norm must be a positive norm such as 1.0, got {self.clip_grad_norm!r} "
-                              "(leave it out not to clip)")
-        if not isinstance(self.task_args, dict):
-            raise DdpkitError(f"task_args must be a dict of keyword arguments for the task function, got {type(self.task_args).__name__}")
-        if self.save_every < 0:
-            raise DdpkitError(f"--save-every must be 0 (final model only) or a positive number of epochs, got {self.save_every}")
-        if self.lr is not None and not self.lr > 0:
-            raise DdpkitError(f"--lr must be positive, got {self.lr}")
-        if not self.timeout > 0:
-            raise DdpkitError(f"--timeout must be a positive number of seconds, got {self.timeout}")
-        if self.hang_timeout is not None and not (isinstance(self.hang_timeout, (int, float)) and self.hang_timeout >= 0):
-            raise DdpkitError(f"--hang-timeout must be 0 (off) or a positive number of seconds, got {self.hang_timeout!r}")
-        if self.threads is not None:
-            _positive("--threads", self.threads)
-        if self.max_restarts < 0:
-            raise DdpkitError(f"--max-restarts must be 0 or more, got {self.max_restarts}")
-        if self.num_workers < 0:
-            raise DdpkitError(f"--num-workers must be 0 or more, got {self.num_workers}")
-        _choice("--backend", self.backend, BACKENDS)
-        _choice("--device", self.device, DEVICES)
-        _choice("--start-method", self.start_method, START_METHODS)
-        _choice("--on-nan", self.on_nan, ON_NAN_MODES)
-        _choice("--progress", self.progress, PROGRESS_MODES)
-        if self.tensorboard and importlib.util.find_spec("tensorboard") is None:
-            raise DdpkitError("--tensorboard needs the tensorboard package: pip install 'ddpkit[tensorboard]' (or tensorboard)")
-        _choice("--grad-compression", self.grad_compression, GRAD_COMPRESSIONS)
-        _choice("--fused-optimizer", self.fused_optimizer, FUSED_MODES)
-        _choice("--grad-sync", self.grad_sync, GRAD_SYNC_MODES)
-        if self.grad_sync == "shm" and self.grad_compression != "none":
-            raise DdpkitError(f"--grad-sync shm sums float32 gradients in shared memory; it cannot carry --grad-compression "
-                              f"{self.grad_compression}. Drop one of them (--grad-sync auto picks the backend when compressing)")
-        _positive("--accumulate", self.accumulate)
-        if self.bucket_mb is not None and not (isinstance(self.bucket_mb, (int, float)) and self.bucket_mb > 0):
-            raise DdpkitError(f"--bucket-mb must be a positive number of megabytes, got {self.bucket_mb!r}")
-        if self.backend == "nccl" and self.device == "cpu":
-            raise DdpkitError("--backend nccl needs --device cuda (NCCL only moves GPU tensors); use --backend gloo for CPU")
-        if not self.task:
-            raise DdpkitError("no task given: name a built-in task (wine, digits) or MODULE:FUNCTION")
-        self._validate_nodes()
-        self._validate_output()
-        if self.resume and not self.run_dir:
-            raise DdpkitError("--resume needs --run-dir: the run directory whose checkpoints to continue from")
-        _choice("--strategy", self.strategy, STRATEGIES)
-        _choice("--precision", self.precision, PRECISIONS)
-        if self.strategy == "fsdp" and self.nproc == 1 and not self.multi_node:
-            raise DdpkitError(FSDP_NEEDS_TWO)
-        if self.strategy == "fsdp":
-            check_no_ddp_only_flags(self)
-        if self.async_save and self.strategy != "ddp":
-            raise DdpkitError("--async-save writes DDP's one-file checkpoints in the background; FSDP's sharded checkpoints are "
-                              "written by every rank together: drop --async-save with --strategy fsdp/auto")
-        if self.precision == "fp16" and self.strategy == "fsdp":
-            raise DdpkitError("--precision fp16 needs a gradient scaler, which ddpkit offers under DDP only; "
-                              "use --precision bf16 with --strategy fsdp")
-        if self.device_memory is not None and (not isinstance(self.device_memory, int) or self.device_memory < 1):
-            raise DdpkitError(f"--device-memory must be a positive size such as 80GiB, got {self.device_memory!r}")
+        """Each group of settings checks its own values (config_groups.py), in one fixed order."""
+        for check in VALIDATIONS.values():
+            check(self)
 
     def _torchrun_spellings(self) -> None:
         """torchrun's ways of naming a rendezvous, as the ones ddpkit validates: --standalone
@@ -322,43 +249,6 @@ class RunConfig:
     def multi_node(self) -> bool:
         return self.node_range[1] > 1
 
-    def _validate_nodes(self) -> None:
-        try:
-            lo, hi = self.node_range
-        except ValueError:
-            raise DdpkitError(f"--nnodes must be N or MIN:MAX, got {self.nnodes!r}") from None
-        if lo < 1 or hi < lo:
-            raise DdpkitError(f"--nnodes must be N or MIN:MAX with 1 <= MIN <= MAX, got {self.nnodes!r}")
-        if self.master_port is not None and not 0 < self.master_port < 65536:
-            raise DdpkitError(f"--master-port must be a TCP port (1-65535), got {self.master_port}")
-        if self.rdzv_endpoint:
-            if self.master_addr:
-                raise DdpkitError("give either --rdzv-endpoint (c10d rendezvous) or --master-addr (static), not both")
-            if self.node_rank is not None:
-                raise DdpkitError("--node-rank is for a static rendezvous; with --rdzv-endpoint the rendezvous assigns node ranks: drop --node-rank")
-            host, sep, port = self.rdzv_endpoint.rpartition(":")
-            if not sep or not host or not port.isdigit():
-                raise DdpkitError(f"--rdzv-endpoint must be HOST:PORT, got {self.rdzv_endpoint!r}")
-        elif self.multi_node:
-            if lo != hi:
-                raise DdpkitError("--nnodes MIN:MAX (elastic) needs a c10d rendezvous: give --rdzv-endpoint HOST:PORT")
-            if not self.master_addr:
-                raise DdpkitError(f"--nnodes {self.nnodes} needs --master-addr (node 0's address) and --node-rank, or --rdzv-endpoint HOST:PORT")
-            if self.node_rank is None:
-                raise DdpkitError(f"--nnodes {self.nnodes} with --master-addr needs --node-rank (0 on the master node, 1..{hi - 1} on the others)")
-        if self.node_rank is not None and not 0 <= self.node_rank < hi:
-            raise DdpkitError(f"--node-rank must be in 0..{hi - 1} for --nnodes {self.nnodes}, got {self.node_rank}")
-
-    def _validate_output(self) -> None:
-        for flag, value in (("--redirects", self.redirects), ("--tee", self.tee or "0")):
-            if not re.fullmatch(r"[0-3]|\d+:[0-3](,\d+:[0-3])*", value):
-                raise DdpkitError(f"{flag} must be 0-3 (0 none, 1 stdout, 2 stderr, 3 both) or LOCAL_RANK:N,..., got {value!r}")
-        if self.local_ranks_filter and not re.fullmatch(r"\d+(,\d+)*", self.local_ranks_filter):
-            raise DdpkitError(f"--local-ranks-filter must be local ranks separated by commas, e.g. 0,1; got {self.local_ranks_filter!r}")
-        if not (isinstance(self.monitor_interval, (int, float)) and self.monitor_interval > 0):
-            raise DdpkitError(f"--monitor-interval must be a positive number of seconds, got {self.monitor_interval!r}")
-        self.rdzv_settings()
-
     def replace(self, **changes: Any) -> RunConfig:
         return dataclasses.replace(self, **changes)
 
@@ -370,25 +260,3 @@ class RunConfig:
         names = {f.name for f in dataclasses.fields(cls)}
         return cls(**{k: v for k, v in d.items() if k in names})
 
-
-def _positive(flag: str, value: int) -> None:
-    if not isinstance(value, int) or value < 1:
-        raise DdpkitError(f"{flag} must be a positive integer, got {value!r}")
-
-
-def check_no_ddp_only_flags(cfg: Any) -> None:
-    """FSDP runs its own gradient reduce-scatter: DDP's knobs would be silently ignored, so refuse them."""
-    ddp_only = [flag for flag, on in (
-        ("--grad-compression", getattr(cfg, "grad_compression", "none") != "none"),
-        ("--grad-sync shm", getattr(cfg, "grad_sync", "auto") == "shm"),
-        ("--bucket-mb", getattr(cfg, "bucket_mb", None) is not None),
-        ("--static-graph", getattr(cfg, "static_graph", False)),
-        ("--compile", getattr(cfg, "compile", False)),
-        ("--fused-optimizer on", getattr(cfg, "fused_optimizer", "off") == "on")) if on]
-    if ddp_only:
-        raise DdpkitError(f"{', '.join(ddp_only)}: DDP options, not available with --strategy fsdp; drop them or use --strategy ddp")
-
-
-def _choice(flag: str, value: str, choices: tuple[str, ...]) -> None:
-    if value not in choices:
-        raise DdpkitError(f"{flag} must be one of {', '.join(choices)}, got {value!r}")

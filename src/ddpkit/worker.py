@@ -15,8 +15,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from .config import ERROR_DIR_VAR, LAUNCH_TIME_VAR, RunConfig
+from .config import RunConfig
 from .environments import DistEnv
+from .envvars import BENCH_RESULT_VAR, ERROR_DIR_VAR, LAUNCH_TIME_VAR
 from .errors import DdpkitError
 from .reporting.summary import format_summary
 from .runtime import Runtime
@@ -156,9 +157,9 @@ def _train(cfg: RunConfig, env: DistEnv) -> dict[str, Any]:
         summary["fit_end_s"] = fit_end - launched
     if env.is_main:
         (run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
-        if not cfg.quiet or os.environ.get("DDPKIT_BENCH_RESULT"):
+        if not cfg.quiet or os.environ.get(BENCH_RESULT_VAR):
             print(format_summary(summary), flush=True)
-        if os.environ.get("DDPKIT_BENCH_RESULT"):
+        if os.environ.get(BENCH_RESULT_VAR):
             print("RESULT " + json.dumps(summary), flush=True)
     return summary
 

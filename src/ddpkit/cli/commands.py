@@ -5,12 +5,23 @@ import argparse
 import os
 import sys
 import time
-from typing import Any, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Callable, Sequence
 
 from .. import config
-from ..config import LAUNCH_TIME_VAR
+from ..envvars import LAUNCH_TIME_VAR, SLOW_EXIT_VAR
 from ..errors import DdpkitError
-from .flags import add_config_flags, config_from
+from .flags import add_config_flags, add_option_flags, config_from
+from .options import (
+    BenchOptions,
+    CheckOptions,
+    EnvOptions,
+    LaunchOptions,
+    PlotOptions,
+    SlurmOptions,
+    TrainOptions,
+    agent_options,
+)
 
 ALL_GROUPS = (config.PROCESSES, config.NODES, config.TRAINING, config.FAULTS, config.OUTPUT, config.STRATEGY, config.PERFORMANCE)
 
@@ -28,93 +39,22 @@ with several local workers every output line is whole and prefixed with its rank
 PLAN_HELP = """Print the memory plan of a task: per-rank bytes of parameters, gradients and optimizer
 state under DDP and under FSDP at --nproc processes, and which strategy fits the device memory."""
 
+ENV_HELP = ("Print versions (Python, torch, CUDA, NCCL, gloo), devices and memory, the launcher environment (torchrun / "
+            "SLURM / none) with the resolved ranks, the network interface and master address, what `ddpkit train` would "
+            "do here, and warnings for known traps. Starts no process group.")
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="ddpkit",
-        description="Run a PyTorch training task on one process, every GPU of a node, or many nodes, with DDP.",
-    )
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+CHECK_HELP = ("Start the workers `ddpkit train` would start with the same flags (or run as one under srun / torchrun: srun "
+              "ddpkit check; every flag of train is accepted, the task and training flags are ignored) and check on every "
+              "rank: a real all-reduce (latency and bandwidth, all ranks and every node pair), the backend and interface "
+              "each rank chose, version parity (Python, torch, CUDA, NCCL, ddpkit), that the run directory is one shared "
+              "folder, clocks, TCP ports between nodes, free memory and /dev/shm, known NCCL traps. One table and a "
+              "verdict; exit 0 only when a job would run.")
 
-    t = sub.add_parser("train", help="train a task (default: the guide's Wine task)", description=TRAIN_HELP)
-    add_config_flags(t, ALL_GROUPS, names=("task",))
-    _add_dry_run(t)
+PLOT_HELP = ("Plot the metrics.jsonl of one or more run directories into one PNG: loss, the eval metric and samples/s per "
+             "epoch, e.g. 1 vs 2 vs 4 processes.")
 
-    pl = sub.add_parser("plan", help="memory per rank under DDP and FSDP, and which one fits", description=PLAN_HELP)
-    add_config_flags(pl, [config.STRATEGY], names=("task", "nproc", "task_args"), defaults={"strategy": "auto"})
-
-    la = sub.add_parser("launch", help="run any script on N local workers (like torchrun)", description=LAUNCH_HELP)
-    add_config_flags(la, [config.PROCESSES, config.NODES])
-    _add_dry_run(la)
-    la.add_argument("-m", "--module", dest="module", action="store_true", help="run SCRIPT as a module (python -m SCRIPT)")
-    la.add_argument("--no-python", "--no_python", dest="no_python", action="store_true",
-                    help="run SCRIPT as an executable itself, not through python (torchrun's --no-python)")
-    la.add_argument("--run-path", "--run_path", dest="run_path", action="store_true",
-                    help="run SCRIPT as a Python file path (torchrun's --run-path; what ddpkit does anyway)")
-    _add_agent_options(la)
-    la.add_argument("script", help="the script (or module with -m) to run in every worker")
-    la.add_argument("args", nargs=argparse.REMAINDER, help="arguments passed to the script")
-    s = sub.add_parser("slurm", help="write (and submit) an sbatch script that runs `ddpkit train` on N nodes",
-                       description=SLURM_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
-    s.add_argument("--nodes", type=int, default=1, help="nodes to ask for (default 1)")
-    s.add_argument("--gpus-per-node", type=int, default=0, help="GPUs per node; one task (worker) per GPU (default 0: CPU nodes)")
-    s.add_argument("--ntasks-per-node", type=int, default=None, help="workers per node on CPU nodes (default: GPUs per node, or 1)")
-    s.add_argument("--cpus-per-task", type=int, default=None, help="CPU cores per worker")
-    s.add_argument("--time", default=None, help="time limit, e.g. 02:00:00")
-    s.add_argument("--partition", default=None)
-    s.add_argument("--account", default=None)
-    s.add_argument("--job-name", default="ddpkit")
-    s.add_argument("--output", default=None, help="log file pattern (default RUN_DIR/slurm-%%j.out)")
-    s.add_argument("--signal", default="USR2@90", help="warning signal before the time limit: save, requeue, resume "
-                   "(default USR2@90, not USR1, which NCCL and other libraries may handle; '' = none)")
-    s.add_argument("--script", default=None, help="where to write the script (default RUN_DIR/job.sbatch)")
-    s.add_argument("--dry-run", action="store_true", help="print the script; write and submit nothing")
-    s.add_argument("--submit", action="store_true", help="submit it with sbatch; print the job id and log path")
-    s.add_argument("--wait", action="store_true", help="with --submit: follow the job (through requeues) to its end and exit with its status")
-    s.add_argument("--wait-timeout", type=float, default=None, help="give up waiting after this many seconds (the job keeps running)")
-    s.add_argument("train_args", nargs=argparse.REMAINDER, help="-- then the arguments of `ddpkit train` (task and flags)")
-
-    ev = sub.add_parser("env", help="what a bug report needs: versions, devices, launcher, network, and known traps",
-                        description="Print versions (Python, torch, CUDA, NCCL, gloo), devices and memory, the launcher "
-                                    "environment (torchrun / SLURM / none) with the resolved ranks, the network interface "
-                                    "and master address, what `ddpkit train` would do here, and warnings for known traps. "
-                                    "Starts no process group.")
-    add_config_flags(ev, names=("nproc",))
-    ev.add_argument("--json", action="store_true", help="print the report as JSON")
-
-    ck = sub.add_parser("check", help="pre-flight: would a job run on this node / allocation? (all-reduce, versions, "
-                                      "shared run directory, clocks, ports, memory, NCCL traps)",
-                        description="Start the workers `ddpkit train` would start with the same flags (or run as one under "
-                                    "srun / torchrun: srun ddpkit check; every flag of train is accepted, the task and training flags are "
-                                    "ignored) and check on every rank: a real all-reduce (latency "
-                                    "and bandwidth, all ranks and every node pair), the backend and interface each rank chose, "
-                                    "version parity (Python, torch, CUDA, NCCL, ddpkit), that the run directory is one shared "
-                                    "folder, clocks, TCP ports between nodes, free memory and /dev/shm, known NCCL traps. "
-                                    "One table and a verdict; exit 0 only when a job would run.")
-    add_config_flags(ck, ALL_GROUPS, names=("task",))  # the flags of train: paste a train command, say check
-    ck.add_argument("--json", action="store_true", help="print rank 0's report as JSON")
-
-    pl = sub.add_parser("plot", help="PNG curves of runs (loss, eval accuracy, samples/s), side by side",
-                        description="Plot the metrics.jsonl of one or more run directories into one PNG: "
-                                    "loss, the eval metric and samples/s per epoch, e.g. 1 vs 2 vs 4 processes.")
-    pl.add_argument("run_dirs", nargs="+", metavar="RUN_DIR", help="run directories of `ddpkit train`")
-    pl.add_argument("-o", "--out", default=None, help="the PNG to write (default: RUN_DIR/curves.png for one run, ./curves.png for several)")
-    pl.add_argument("--label", action="append", default=None, help="a legend label per run, in order (default: NAME (N processes))")
-    pl.add_argument("--title", default=None, help="a title over the panels")
-
-    b = sub.add_parser("bench", help="measure all-reduce bandwidth/latency and a task's step time at 1..N processes",
-                       description="Does DDP pay off here? All-reduce bus bandwidth and latency across message sizes "
-                                   "(as nccl-tests reports them) and the task's step split into data, compute and "
-                                   "communication, at each process count.")
-    b.add_argument("task", nargs="?", default="wine", help="task for the step-time breakdown (default wine)")
-    b.add_argument("--nproc", default="1,2", help="comma-separated process counts (default 1,2)")
-    b.add_argument("--what", default="allreduce,step", help="allreduce, step, or both (default)")
-    b.add_argument("--sizes", default="4,1K,64K,1M,16M", help="all-reduce message sizes in bytes, K/M/G suffixes (default 4,1K,64K,1M,16M)")
-    b.add_argument("--iters", type=int, default=50, help="all-reduces per size, back to back (default 50)")
-    b.add_argument("--steps", type=int, default=20, help="timed training steps per mode (default 20)")
-    add_config_flags(b, names=("batch_size", "threads", "backend", "grad_sync", "device", "timeout"))
-    b.add_argument("--json", default=None, metavar="PATH", help="also write the measurements as JSON")
-    return parser
+BENCH_HELP = ("Does DDP pay off here? All-reduce bus bandwidth and latency across message sizes (as nccl-tests reports "
+              "them) and the task's step split into data, compute and communication, at each process count.")
 
 
 SLURM_HELP = """Write an sbatch script that runs `ddpkit train` on every node of a SLURM allocation:
@@ -127,43 +67,26 @@ and the requeued job resumes. Example:
 """
 
 
-# torchrun's flags for torch's elastic agent that ddpkit passes on as they are (same spellings,
-# types and defaults as torch/distributed/run.py); name: (spellings, argparse keywords)
-AGENT_OPTIONS: dict[str, tuple[tuple[str, ...], dict[str, Any]]] = {
-    "role": (("--role",), {"help": "the workers' role name"}),
-    "event_log_handler": (("--event-log-handler", "--event_log_handler"), {"help": "torch's event log handler"}),
-    "signals_to_handle": (("--signals-to-handle", "--signals_to_handle"),
-                          {"help": "signals the agent forwards to the workers (torch's default SIGTERM,SIGINT,SIGHUP,SIGQUIT)"}),
-    "duplicate_stdout_filters": (("--duplicate-stdout-filters", "--duplicate_stdout_filters"),
-                                 {"help": "copy teed stdout lines matching any of these comma-separated filters to a file"}),
-    "duplicate_stderr_filters": (("--duplicate-stderr-filters", "--duplicate_stderr_filters"), {"help": "the same for stderr"}),
-    "virtual_local_rank": (("--virtual-local-rank", "--virtual_local_rank"),
-                           {"action": "store_true", "help": "every worker sees LOCAL_RANK=0 (and its own device)"}),
-    "shutdown_timeout": (("--shutdown-timeout", "--shutdown_timeout"),
-                         {"type": int, "help": "seconds the workers get to stop before SIGKILL (torch's default 30)"}),
-    "numa_binding": (("--numa-binding", "--numa_binding"), {"help": "bind each worker to its GPU's NUMA node (torch's modes)"}),
-    "logs_specs": (("--logs-specs", "--logs_specs"), {"help": "a torchrun.logs_specs entry point instead of torch's DefaultLogsSpecs"}),
-}
-
-
-def _add_agent_options(p: argparse.ArgumentParser) -> None:
-    g = p.add_argument_group("torchrun's agent options (passed to torch's elastic agent as they are)")
-    for name, (spellings, kwargs) in AGENT_OPTIONS.items():
-        g.add_argument(*spellings, dest=name, default=None, **kwargs)
-
-
-def train_config(ns: argparse.Namespace) -> Any:
-    return config_from(ns)
-
-
-def _add_dry_run(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--dry-run", action="store_true", help="print the launch plan (nodes, ranks, master, backend, device) and start nothing")
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="ddpkit",
+        description="Run a PyTorch training task on one process, every GPU of a node, or many nodes, with DDP.",
+    )
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name, command in COMMANDS.items():
+        p = sub.add_parser(name, help=command.help, description=command.description,
+                           formatter_class=command.formatter or argparse.HelpFormatter)
+        if command.groups or command.names:
+            add_config_flags(p, command.groups, names=command.names, defaults=command.defaults)
+        if command.options is not None:
+            add_option_flags(p, command.options)
+    return parser
 
 
 def cmd_train(ns: argparse.Namespace) -> int:
     from ..api import train
 
-    train(train_config(ns), dry_run=ns.dry_run, _clean_parent=True)
+    train(config_from(ns), dry_run=ns.dry_run, _clean_parent=True)
     return 0
 
 
@@ -182,7 +105,7 @@ def cmd_launch(ns: argparse.Namespace) -> int:
     from ..api import launch
 
     argv = (["-m", ns.script] if ns.module else [ns.script]) + list(ns.args)
-    agent = {name: getattr(ns, name) for name in AGENT_OPTIONS if getattr(ns, name) not in (None, False)}
+    agent = {name: getattr(ns, name) for name in agent_options() if getattr(ns, name) not in (None, False)}
     return launch(argv, config_from(ns), dry_run=ns.dry_run, no_python=ns.no_python, agent_options=agent)
 
 
@@ -204,7 +127,7 @@ def cmd_slurm(ns: argparse.Namespace) -> int:
         if any(a == flag or a.startswith(flag + "=") for a in args):
             raise DdpkitError(f"{flag} does not belong after --: SLURM starts the workers "
                               "(use --nodes / --gpus-per-node / --ntasks-per-node of `ddpkit slurm`)")
-    train_config(train_ns)  # validates values
+    config_from(train_ns)  # validates values
     run_dir = Path(train_ns.run_dir or f"runs/{ns.job_name}-{time.strftime('%Y%m%d-%H%M%S')}").resolve()
     if not train_ns.run_dir:
         args += ["--run-dir", str(run_dir)]
@@ -269,8 +192,41 @@ def cmd_bench(ns: argparse.Namespace) -> int:
     return main_bench(ns)
 
 
-COMMANDS = {"train": cmd_train, "launch": cmd_launch, "slurm": cmd_slurm, "plan": cmd_plan, "env": cmd_env,
-            "plot": cmd_plot, "bench": cmd_bench, "check": cmd_check}
+@dataclass(frozen=True)
+class Command:
+    """A command of the CLI: what it does, the RunConfig settings it takes (whole groups or
+    single fields, `defaults` for its own defaults of them) and its own options."""
+
+    run: Callable[[argparse.Namespace], int]
+    help: str
+    description: str
+    groups: tuple[str, ...] = ()
+    names: tuple[str, ...] = ()
+    defaults: dict[str, Any] = field(default_factory=dict)
+    options: type | None = None
+    formatter: type[argparse.HelpFormatter] | None = None
+
+
+COMMANDS = {
+    "train": Command(cmd_train, "train a task (default: the guide's Wine task)", TRAIN_HELP, ALL_GROUPS, ("task",),
+                     options=TrainOptions),
+    "plan": Command(cmd_plan, "memory per rank under DDP and FSDP, and which one fits", PLAN_HELP, (config.STRATEGY,),
+                    ("task", "nproc", "task_args"), defaults={"strategy": "auto"}),
+    "launch": Command(cmd_launch, "run any script on N local workers (like torchrun)", LAUNCH_HELP,
+                      (config.PROCESSES, config.NODES), options=LaunchOptions),
+    "slurm": Command(cmd_slurm, "write (and submit) an sbatch script that runs `ddpkit train` on N nodes", SLURM_HELP,
+                     options=SlurmOptions, formatter=argparse.RawDescriptionHelpFormatter),
+    "env": Command(cmd_env, "what a bug report needs: versions, devices, launcher, network, and known traps", ENV_HELP,
+                   names=("nproc",), options=EnvOptions),
+    # the flags of train: paste a train command, say check
+    "check": Command(cmd_check, "pre-flight: would a job run on this node / allocation? (all-reduce, versions, shared run "
+                                "directory, clocks, ports, memory, NCCL traps)", CHECK_HELP, ALL_GROUPS, ("task",),
+                     options=CheckOptions),
+    "plot": Command(cmd_plot, "PNG curves of runs (loss, eval accuracy, samples/s), side by side", PLOT_HELP,
+                    options=PlotOptions),
+    "bench": Command(cmd_bench, "measure all-reduce bandwidth/latency and a task's step time at 1..N processes", BENCH_HELP,
+                     names=("batch_size", "threads", "backend", "grad_sync", "device", "timeout"), options=BenchOptions),
+}
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -281,14 +237,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.print_help()
         return 2
     try:
-        code = COMMANDS[ns.command](ns)
+        code = COMMANDS[ns.command].run(ns)
     except DdpkitError as e:
         print(f"ddpkit: error: {e}", file=sys.stderr, flush=True)
         code = 2
     except KeyboardInterrupt:
         print("ddpkit: interrupted", file=sys.stderr, flush=True)
         code = 130
-    if argv is None and ns.command in ("train", "bench", "check") and not os.environ.get("DDPKIT_SLOW_EXIT"):
+    if argv is None and ns.command in ("train", "bench", "check") and not os.environ.get(SLOW_EXIT_VAR):
         quick_exit(code)
     return code
 

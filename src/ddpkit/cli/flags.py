@@ -1,5 +1,6 @@
-"""Flags made from RunConfig's fields: a flag's help, choices and default are written once,
-in config.py. Each command takes the groups (or single fields) it needs."""
+"""Flags made from `setting(...)` fields: a flag's help, choices and default are written once,
+on the field (RunConfig in config.py, each command's own options in cli/options.py). Each
+command takes the RunConfig groups (or single fields) it needs, and its own options."""
 from __future__ import annotations
 
 import argparse
@@ -18,26 +19,56 @@ def add_config_flags(parser: argparse.ArgumentParser, groups: Iterable[str] = ()
     """Add the flags of every RunConfig field in `groups` and of the fields `names`, under
     their group's title; `defaults` overrides a field's default for this command."""
     wanted_groups, wanted_names = set(groups), set(names)
-    titles: dict[str, Any] = {}
     # Kubeflow's PET_* variables are torchrun's flags (torchrun reads PET_<FLAG> as each default): so do we
     defaults = {**launcher_defaults(os.environ), **(defaults or {})}
-    for f in dataclasses.fields(RunConfig):
+    fields = [f for f in dataclasses.fields(RunConfig) if f.name in wanted_names or f.metadata.get("group") in wanted_groups]
+    add_flags(parser, fields, defaults)
+
+
+def add_option_flags(parser: argparse.ArgumentParser, options: type) -> None:
+    """Add the flags of a command's own options (a dataclass of `setting(...)` fields)."""
+    add_flags(parser, dataclasses.fields(options))
+
+
+def add_flags(parser: argparse.ArgumentParser, fields: Iterable[dataclasses.Field], defaults: dict[str, Any] | None = None) -> None:
+    """One argparse argument per field: positionals first-class, the others under their group's
+    title (a field without a group goes to the command's own "options")."""
+    titles: dict[str, Any] = {}
+    for f in fields:
         meta = f.metadata
-        if not meta.get("cli", True) or not (f.name in wanted_names or meta.get("group") in wanted_groups):
+        if not meta.get("cli", True):
             continue
         default = (defaults or {}).get(f.name, None if meta.get("append") else f.default)
         if meta.get("positional"):
-            parser.add_argument(f.name, nargs="?", default=default, help=meta["help"])
+            parser.add_argument(f.name, **_positional_kwargs(meta, default))
             continue
-        group = titles.get(meta["group"])
-        if group is None:
-            group = titles[meta["group"]] = parser.add_argument_group(meta["group"])
-        group.add_argument(*flag_names(f.name), **_argparse_kwargs(f, default))
+        target: Any = parser
+        if meta["group"]:
+            if meta["group"] not in titles:
+                titles[meta["group"]] = parser.add_argument_group(meta["group"])
+            target = titles[meta["group"]]
+        target.add_argument(*names_of(f), **_argparse_kwargs(f, default))
 
 
 def flag_names(name: str) -> tuple[str, ...]:
-    meta = _FIELDS[name].metadata
-    return (meta.get("flag") or "--" + name.replace("_", "-"), *meta.get("aliases", ()))
+    """The spellings of a RunConfig field's flag."""
+    return names_of(_FIELDS[name])
+
+
+def names_of(f: dataclasses.Field) -> tuple[str, ...]:
+    """The spellings of a field's flag: its own (--the-name by default), then its aliases."""
+    return (f.metadata.get("flag") or "--" + f.name.replace("_", "-"), *f.metadata.get("aliases", ()))
+
+
+def _positional_kwargs(meta: Any, default: Any) -> dict[str, Any]:
+    kwargs: dict[str, Any] = {"help": meta["help"]}
+    if meta["nargs"] is not None:
+        kwargs["nargs"] = meta["nargs"]
+    if meta["nargs"] in ("?", "*"):  # may be left out: then the field's default
+        kwargs["default"] = default
+    if meta.get("metavar"):
+        kwargs["metavar"] = meta["metavar"]
+    return kwargs
 
 
 def _argparse_kwargs(f: dataclasses.Field, default: Any) -> dict[str, Any]:
@@ -47,9 +78,11 @@ def _argparse_kwargs(f: dataclasses.Field, default: Any) -> dict[str, Any]:
         kwargs["action"] = "store_false" if default else "store_true"
         return kwargs
     kind = meta.get("type") or (type(f.default) if f.default not in (None, dataclasses.MISSING) else type(default))
+    if kind is type(None):  # no default value to tell the type: text
+        kind = str
     kwargs["type"] = _argparse_type(kind) if kind not in (int, float, str) else kind
     if meta.get("append"):
-        kwargs["action"] = "append"  # (key, value) pairs; RunConfig makes them a dict
+        kwargs["action"] = "append"  # a list of the values; RunConfig makes --task-arg's pairs a dict
     if meta.get("choices"):
         kwargs["choices"] = meta["choices"]
     if meta.get("metavar"):

@@ -25,7 +25,8 @@ from typing import Any, TextIO
 
 import torch
 
-LINE_INTERVAL_VAR = "DDPKIT_PROGRESS_INTERVAL"  # seconds between in-epoch lines (default 30)
+from ..envvars import PROGRESS_INTERVAL_VAR
+
 LINE_INTERVAL_S = 30.0
 BAR_REFRESH_S = 0.5
 
@@ -67,7 +68,7 @@ class Progress:
         self.epochs = epochs
         self.samples_per_epoch = samples_per_epoch
         self.stream = stream or sys.stdout
-        self.line_interval = float(os.environ.get(LINE_INTERVAL_VAR, LINE_INTERVAL_S))
+        self.line_interval = float(os.environ.get(PROGRESS_INTERVAL_VAR, LINE_INTERVAL_S))
         self._epochs_done_here = 0
         self._first_start: float | None = None  # wall time of this session's epochs: eval and checkpoints count
         self._last_end = 0.0

@@ -1,0 +1,22 @@
+"""Where a run's metrics go: one MetricSink class per place, listed in SINKS. A new sink (a
+tracker such as MLflow or W&B) is a file here with its class, one entry below, a RunConfig
+setting named like the sink that turns it on, and its test in tests/unit/reporting/."""
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+from .base import MetricSink, ResumePoint, read_jsonl
+from .csvfile import CsvSink
+from .jsonl import JsonlSink
+from .tensorboard import TensorBoardSink
+
+# metrics.jsonl first: the others may read it back
+SINKS: tuple[type[MetricSink], ...] = (JsonlSink, CsvSink, TensorBoardSink)
+
+
+def wanted_sinks(settings: Mapping[str, Any]) -> list[type[MetricSink]]:
+    """The sink classes a run's settings turn on, in SINKS's order."""
+    return [cls for cls in SINKS if cls.wanted(settings)]
+
+
+__all__ = ["SINKS", "CsvSink", "JsonlSink", "MetricSink", "ResumePoint", "TensorBoardSink", "read_jsonl", "wanted_sinks"]

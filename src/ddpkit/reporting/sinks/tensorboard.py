@@ -1,0 +1,33 @@
+"""TensorBoard event files (--tensorboard) in RUN_DIR/tensorboard: scalars at step = epoch,
+loss/train, loss/eval, eval/<metric>, perf/... . On resume, events after the checkpoint's
+epoch from the interrupted run are purged."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Mapping
+
+from .base import MetricSink, ResumePoint
+
+
+class TensorBoardSink(MetricSink):
+    name = "tensorboard"
+    TAGS = {"train_loss": "loss/train", "eval_loss": "loss/eval", "samples_per_s": "perf/samples_per_s",
+            "epoch_s": "perf/epoch_s", "lr": "optim/lr"}
+
+    def open(self, run_dir: Path, settings: Mapping[str, Any], resume: ResumePoint) -> None:
+        from torch.utils.tensorboard import SummaryWriter  # only when asked for: tensorboard is an extra
+
+        purge = resume.epoch + 1 if resume.epoch else None
+        self.writer = SummaryWriter(log_dir=str(Path(run_dir) / "tensorboard"), purge_step=purge)
+
+    def write(self, record: Mapping[str, Any], global_step: int | None) -> None:
+        step = record["epoch"]
+        for key, value in record.items():
+            if key == "epoch" or not isinstance(value, (int, float)) or isinstance(value, bool):
+                continue
+            tag = self.TAGS.get(key) or (f"eval/{key[5:]}" if key.startswith("eval_") else f"run/{key}")
+            self.writer.add_scalar(tag, value, step)
+        self.writer.flush()
+
+    def close(self) -> None:
+        self.writer.close()
