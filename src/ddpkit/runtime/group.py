@@ -41,7 +41,7 @@ class Runtime:
         device_type = resolve_device_type(device)
         self.backend = resolve_backend(backend, device_type)
         if device_type == "cuda":
-            self.device = select_gpu(env.local_rank, env.local_world_size, env.launcher)
+            self.device = select_gpu(env)
         else:
             self.device = torch.device("cpu")
         self.timeout = timeout
