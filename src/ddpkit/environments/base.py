@@ -49,6 +49,11 @@ class Environment:
         """Nobody placed this process and it will start no workers (an own loop's
         ddpkit.init()): raise where the variables still name a world of several processes."""
 
+    def feeds_launcher(self, e: Environ) -> bool:
+        """Are some variables flags for a launcher started here (Kubeflow's PET_*)? Then this
+        process is that launcher, resolved as `ddpkit train` would, not as a lone script."""
+        return False
+
     # -- what it means for the run ------------------------------------------------------------
     def gpu_index(self, local_rank: int, gpus: int) -> int | None:
         """The GPU (of the `gpus` this process sees) that this local rank uses; None: none is left."""

@@ -9,8 +9,8 @@ import os
 from dataclasses import asdict, dataclass
 from typing import Mapping
 
+from . import registry
 from .base import Environment
-from .registry import ENVIRONMENTS, named
 
 
 @dataclass(frozen=True)
@@ -41,7 +41,7 @@ class DistEnv:
     @property
     def environment(self) -> Environment:
         """The launcher that placed this process (what it binds, what it started)."""
-        return named(self.launcher)
+        return registry.named(self.launcher)
 
     @property
     def outside_launcher(self) -> bool:
@@ -57,7 +57,7 @@ class DistEnv:
         """Ask each environment of the registry in its order; the first that placed this
         process gives the fields (the last, Local, always does: one process)."""
         e = os.environ if environ is None else environ
-        for environment in ENVIRONMENTS:
+        for environment in registry.ENVIRONMENTS:
             if environment.detect(e):
                 return cls(**environment.fields(e), launcher=environment.name)
             environment.check_unplaced(e)
@@ -71,6 +71,6 @@ class DistEnv:
         e = os.environ if environ is None else environ
         env = cls.detect(e)
         if not env.outside_launcher:
-            for environment in ENVIRONMENTS:
+            for environment in registry.ENVIRONMENTS:
                 environment.check_alone(e)
         return env

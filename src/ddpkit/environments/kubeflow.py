@@ -42,6 +42,9 @@ class Kubeflow(Environment):
     def check_alone(self, e: Environ) -> None:
         check_nothing_missing(e)
 
+    def feeds_launcher(self, e: Environ) -> bool:
+        return any(k.startswith("PET_") for k in e)
+
     def title(self, report: Mapping[str, Any]) -> str:
         return "Kubeflow PyTorchJob pod (RANK/WORLD_SIZE: one pod, one worker)"
 

@@ -16,6 +16,9 @@ from .torchelastic import TorchElastic
 ENVIRONMENTS: tuple[Environment, ...] = (TorchElastic(), Slurm(), Mpi(), Kubeflow(), Local())
 
 
+# Read as registry.ENVIRONMENTS at call time (DistEnv.detect, ddpkit env): one list, one place to change.
+
+
 def named(name: str) -> Environment:
     """The environment whose `name` is DistEnv.launcher's value."""
     for environment in ENVIRONMENTS:

@@ -14,7 +14,7 @@ import sys
 import threading
 from typing import Any, Mapping
 
-from ..environments import ENVIRONMENTS, DistEnv, Environment
+from ..environments import DistEnv, Environment, registry
 from ..errors import DdpkitError
 
 LOOPBACK_NAMES = {"localhost", "127.0.0.1", "::1"}
@@ -82,17 +82,18 @@ def _devices(e: Mapping[str, str]) -> dict[str, Any]:
 def _launcher(e: Mapping[str, str]) -> dict[str, Any]:
     """The first environment whose variables are here names the launcher (SLURM's batch
     script too, which places nobody); every environment adds what it has to say."""
-    found = next(environment for environment in ENVIRONMENTS if environment.present(e))
+    found = next(environment for environment in registry.ENVIRONMENTS if environment.present(e))
     out: dict[str, Any] = {"name": _shown_name(found)}
-    for environment in ENVIRONMENTS:
+    for environment in registry.ENVIRONMENTS:
         out.update(environment.details(e))
     try:
-        env = DistEnv.detect_worker(e) if not out.get("pet") else DistEnv.detect(e)
+        feeds_launcher = any(environment.feeds_launcher(e) for environment in registry.ENVIRONMENTS)
+        env = DistEnv.detect(e) if feeds_launcher else DistEnv.detect_worker(e)
         out["resolved"] = env.as_dict()
         out["nnodes"] = env.nnodes
     except DdpkitError as err:  # what ddpkit train would refuse with, e.g. no srun on several nodes
         out["error"] = str(err)
-    allocated = [n for n in (environment.allocated_nodes(e) for environment in ENVIRONMENTS) if n is not None]
+    allocated = [n for n in (environment.allocated_nodes(e) for environment in registry.ENVIRONMENTS) if n is not None]
     if allocated:
         out["nnodes"] = max(out.get("nnodes") or 1, *allocated)
     return out
@@ -110,7 +111,7 @@ def _network(e: Mapping[str, str], launcher: Mapping[str, Any]) -> dict[str, Any
         interfaces = network.interfaces()
     except OSError:
         interfaces = {}
-    known = (environment.master_of(launcher) for environment in ENVIRONMENTS)
+    known = (environment.master_of(launcher) for environment in registry.ENVIRONMENTS)
     if "MASTER_ADDR" in e:
         master, source = e["MASTER_ADDR"], "MASTER_ADDR"
     else:
@@ -190,7 +191,7 @@ def _warnings(e: Mapping[str, str], r: Mapping[str, Any]) -> list[str]:
         w.append(f"OMP_NUM_THREADS={omp} x {procs} processes > {cores} usable cores: a script that takes its threads "
                  "from it oversubscribes the CPU (DDP gets several times slower); ddpkit train and ddpkit.init() "
                  f"use {max(1, cores // procs)} per process instead (--threads)")
-    for environment in ENVIRONMENTS:
+    for environment in registry.ENVIRONMENTS:
         w += environment.warnings(launcher, cores)
     plan = r["plan"]
     if plan.get("grad_sync") == "shm" and plan.get("shm_free_mib") is not None and plan["shm_free_mib"] < 256:
@@ -229,9 +230,9 @@ def format_report(r: Mapping[str, Any]) -> str:
         if d[k] is not None:
             lines.append(f"  {k}={d[k]}")
     lines.append("launcher")
-    found = next(environment for environment in ENVIRONMENTS if _shown_name(environment) == la["name"])
+    found = next(environment for environment in registry.ENVIRONMENTS if _shown_name(environment) == la["name"])
     lines.append(f"  detected    {found.title(la)}")
-    for environment in ENVIRONMENTS:
+    for environment in registry.ENVIRONMENTS:
         lines += environment.report_lines(la)
     if "resolved" in la:
         x = la["resolved"]

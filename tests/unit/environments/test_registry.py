@@ -90,3 +90,39 @@ def test_who_started_the_processes_and_whether_ddpkit_launch_may_run_in_each():
 ])
 def test_gpu_binding_is_the_environments(environment, local_rank, gpus, index):
     assert environment.gpu_index(local_rank, gpus) == index
+
+
+class Demo(Environment):
+    """A launcher ddpkit does not know, written as a new one would be: one class."""
+
+    name = "demo"
+    starter = "the demo scheduler"
+
+    def detect(self, e):
+        return "DEMO_RANK" in e
+
+    def fields(self, e):
+        return dict(rank=int(e["DEMO_RANK"]), local_rank=0, node_rank=int(e["DEMO_RANK"]), world_size=2,
+                    local_world_size=1, master_addr="10.9.9.9", master_port=29000)
+
+    def title(self, report):
+        return "demo scheduler (one task, one worker)"
+
+
+def test_a_new_environment_in_the_list_is_what_detect_ddpkit_env_and_the_api_ask(monkeypatch):
+    from ddpkit.api import check_request_matches_launcher
+    from ddpkit.config import RunConfig
+    from ddpkit.environments import registry
+    from ddpkit.tools.doctor import collect, format_report
+
+    monkeypatch.setattr(registry, "ENVIRONMENTS", (*ENVIRONMENTS[:-1], Demo(), ENVIRONMENTS[-1]))
+    environ = {"DEMO_RANK": "1", "PATH": "/nonexistent"}
+    env = DistEnv.detect(environ)
+    assert (env.launcher, env.rank, env.world_size, env.master_addr) == ("demo", 1, 2, "10.9.9.9")
+    assert env.outside_launcher and isinstance(env.environment, Demo)
+    report = collect(environ)
+    assert report["launcher"]["name"] == "demo" and report["launcher"]["resolved"]["rank"] == 1
+    assert "detected    demo scheduler (one task, one worker)" in format_report(report)
+    assert report["plan"]["how"] == "this process is rank 1 of 2 in a job started by demo"
+    with pytest.raises(DdpkitError, match=r"the demo scheduler already started 1 process\(es\) on this node"):
+        check_request_matches_launcher(RunConfig(nproc=4), env)
