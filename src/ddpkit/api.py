@@ -31,13 +31,14 @@ def train(config: RunConfig | None = None, *, dry_run: bool = False, _clean_pare
     from .worker import train_worker
 
     env = DistEnv.detect()
-    if env.launcher != "single":
+    if env.outside_launcher:
         check_request_matches_launcher(cfg, env)
         if dry_run:
             print(describe_worker(env, cfg))
             return {"plan": env.as_dict()}
-        if env.launcher == "slurm" and not cfg.run_dir:
-            cfg = cfg.replace(run_dir=f"runs/{_task_slug(cfg.task)}-job{os.environ.get('SLURM_JOB_ID', 'x')}")
+        job = env.environment.job_id(os.environ)
+        if job and not cfg.run_dir:
+            cfg = cfg.replace(run_dir=f"runs/{_task_slug(cfg.task)}-job{job}")
         return train_worker(cfg.as_dict())
     device_type = resolve_device_type(cfg.device)
     backend = resolve_backend(cfg.backend, device_type)  # refuse nccl without GPU before starting anything
@@ -61,23 +62,18 @@ def train(config: RunConfig | None = None, *, dry_run: bool = False, _clean_pare
 def check_request_matches_launcher(cfg: RunConfig, env: DistEnv) -> None:
     """Inside torchrun or srun the processes already exist: asking ddpkit to start more
     would multiply them (the guide's GPUs-squared bug). Refuse requests that disagree."""
-    who = {"slurm": "srun", "mpi": "mpirun", "kubeflow": "the PyTorchJob"}.get(env.launcher, "torchrun")
+    who = env.environment.starter
     if cfg.nproc is not None and cfg.nproc != env.local_world_size:
-        fix = ("set --ntasks-per-node (one task per GPU) in the job instead" if who == "srun"
-               else "set --nproc-per-node of torchrun instead")
         raise DdpkitError(
             f"{who} already started {env.local_world_size} process(es) on this node, each one ddpkit worker; "
-            f"--nproc {cfg.nproc} would start more inside each: drop --nproc, or {fix}"
+            f"--nproc {cfg.nproc} would start more inside each: drop --nproc, or {env.environment.nproc_fix}"
         )
     if cfg.nnodes != "1" and cfg.node_range[1] != env.nnodes:
         raise DdpkitError(
             f"--nnodes {cfg.nnodes} but {who} started this job on {env.nnodes} node(s): drop --nnodes, "
             "or ask the scheduler for that many nodes (sbatch --nodes)"
         )
-    if env.launcher == "slurm":
-        from .environments.slurm import check_gpus_per_node
-
-        check_gpus_per_node(env.local_world_size, resolve_device_type(cfg.device))
+    env.environment.check_devices(env.local_world_size, resolve_device_type(cfg.device))
 
 
 def describe_worker(env: DistEnv, cfg: RunConfig) -> str:
@@ -180,10 +176,9 @@ def launch(argv: list[str], config: RunConfig | None = None, *, dry_run: bool = 
     if argv[0] != "-m" and not os.path.isfile(argv[0]) and not (no_python and shutil.which(argv[0])):
         raise DdpkitError(f"script {argv[0]!r} does not exist")
     env = DistEnv.detect()
-    if env.launcher in ("mpi", "kubeflow") and env.world_size > 1:  # each would start a separate job of its own
-        who = "mpirun" if env.launcher == "mpi" else "the PyTorchJob"
-        raise DdpkitError(f"{who} already started this job's {env.world_size} processes, each meant to be one worker; "
-                          f"`ddpkit launch` in each would start {env.world_size} independent jobs: run the script itself "
+    if not env.environment.launch_inside and env.world_size > 1:  # each would start a separate job of its own
+        raise DdpkitError(f"{env.environment.starter} already started this job's {env.world_size} processes, each meant "
+                          f"to be one worker; `ddpkit launch` in each would start {env.world_size} independent jobs: run the script itself "
                           "(e.g. `mpirun -np N python script.py`), which joins the job with ddpkit.init()")
     device_type = resolve_device_type(cfg.device)
     n = resolve_nproc(cfg.nproc, device_type)

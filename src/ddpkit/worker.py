@@ -105,7 +105,8 @@ def _train(cfg: RunConfig, env: DistEnv) -> dict[str, Any]:
             if rt.backend == "nccl" and cfg.hang_timeout is None:
                 hang = 0.9 * cfg.timeout  # torch aborts a process whose NCCL collective passes --timeout: report first
             watchdog = HangWatchdog(run_dir / "hang", env.rank, env.world_size, hang,
-                                    os.environ.get(ERROR_DIR_VAR), launcher_prints=bool(os.environ.get(ERROR_DIR_VAR)))
+                                    os.environ.get(ERROR_DIR_VAR), launcher_prints=bool(os.environ.get(ERROR_DIR_VAR)),
+                                    record=rt.record)
             watchdog.start()
         seed_everything(cfg.seed)  # the same model on every rank, whatever the world size
         task = build_task(cfg.task, cfg)

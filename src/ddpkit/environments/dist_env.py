@@ -9,7 +9,8 @@ import os
 from dataclasses import asdict, dataclass
 from typing import Mapping
 
-from . import kubeflow, mpi, slurm, torchelastic
+from . import registry
+from .base import Environment
 
 
 @dataclass(frozen=True)
@@ -23,9 +24,7 @@ class DistEnv:
     local_world_size: int = 1
     master_addr: str = "127.0.0.1"
     master_port: int = 0
-    # "torchrun" (torch's elastic agent, ddpkit's own included), "slurm" (srun tasks), "mpi" (mpirun: Open MPI,
-    # MPICH, Intel MPI), "kubeflow" (a PyTorchJob pod that is one worker), "single"
-    launcher: str = "single"
+    launcher: str = "single"  # the `name` of the environment that placed it (registry.py)
 
     @property
     def is_main(self) -> bool:
@@ -39,24 +38,30 @@ class DistEnv:
     def nnodes(self) -> int:
         return max(1, self.world_size // max(1, self.local_world_size))
 
+    @property
+    def environment(self) -> Environment:
+        """The launcher that placed this process (what it binds, what it started)."""
+        return registry.named(self.launcher)
+
+    @property
+    def outside_launcher(self) -> bool:
+        """Started by an outside launcher (torchrun, srun, mpirun, a PyTorchJob) as one worker
+        of its job; False: nobody placed it, and `ddpkit train` starts the workers itself."""
+        return self.environment.outside_launcher
+
     def as_dict(self) -> dict:
         return asdict(self)
 
     @classmethod
     def detect(cls, environ: Mapping[str, str] | None = None) -> DistEnv:
-        """Read the environment: torchrun variables first, then SLURM, MPI, a Kubeflow pod, else one process."""
+        """Ask each environment of the registry in its order; the first that placed this
+        process gives the fields (the last, Local, always does: one process)."""
         e = os.environ if environ is None else environ
-        if "LOCAL_RANK" in e and "WORLD_SIZE" in e:
-            return cls(**torchelastic.torchrun_fields(e), launcher="torchrun")
-        if "SLURM_JOB_ID" in e:
-            if slurm.in_srun_step(e) and int(e.get("SLURM_NTASKS", "1")) > 1:
-                return cls(**slurm.slurm_fields(e), launcher="slurm")  # one srun task = one worker
-            slurm.check_started_by_srun(e)  # a lone task: ddpkit starts this node's workers
-        if mpi.flavour(e):
-            return cls(**mpi.mpi_fields(e), launcher="mpi")  # one MPI rank = one worker
-        if kubeflow.is_pytorchjob_pod(e):
-            return cls(**kubeflow.pod_fields(e), launcher="kubeflow")
-        return cls()
+        for environment in registry.ENVIRONMENTS:
+            if environment.detect(e):
+                return cls(**environment.fields(e), launcher=environment.name)
+            environment.check_unplaced(e)
+        raise AssertionError("the registry ends with an environment that always detects")
 
     @classmethod
     def detect_worker(cls, environ: Mapping[str, str] | None = None) -> DistEnv:
@@ -65,6 +70,7 @@ class DistEnv:
         this one (PET_NNODES/PET_NPROC_PER_NODE meant for a launcher, WORLD_SIZE without RANK)."""
         e = os.environ if environ is None else environ
         env = cls.detect(e)
-        if env.launcher == "single":
-            kubeflow.check_nothing_missing(e)
+        if not env.outside_launcher:
+            for environment in registry.ENVIRONMENTS:
+                environment.check_alone(e)
         return env

@@ -13,9 +13,10 @@ Reads variables only.
 """
 from __future__ import annotations
 
-from typing import Mapping
+from typing import Any, Mapping
 
 from ..errors import DdpkitError
+from .base import Environ, Environment
 
 # RunConfig field <- torchrun's flag (PET_<FLAG>), as torchrun's argparse `env` action reads them.
 PET_FIELDS = {"nnodes": "NNODES", "nproc": "NPROC_PER_NODE", "node_rank": "NODE_RANK", "master_addr": "MASTER_ADDR",
@@ -25,18 +26,52 @@ PET_FIELDS = {"nnodes": "NNODES", "nproc": "NPROC_PER_NODE", "node_rank": "NODE_
               "redirects": "REDIRECTS", "tee": "TEE", "local_ranks_filter": "LOCAL_RANKS_FILTER", "local_addr": "LOCAL_ADDR"}
 
 
-def launcher_defaults(e: Mapping[str, str]) -> dict[str, str]:
+class Kubeflow(Environment):
+    """A PyTorchJob pod that is itself one worker (RANK and WORLD_SIZE, no LOCAL_RANK)."""
+
+    name = "kubeflow"
+    starter = "the PyTorchJob"
+    launch_inside = False
+
+    def detect(self, e: Environ) -> bool:
+        return is_pytorchjob_pod(e)
+
+    def fields(self, e: Environ) -> dict[str, Any]:
+        return pod_fields(e)
+
+    def check_alone(self, e: Environ) -> None:
+        check_nothing_missing(e)
+
+    def feeds_launcher(self, e: Environ) -> bool:
+        return any(k.startswith("PET_") for k in e)
+
+    def title(self, report: Mapping[str, Any]) -> str:
+        return "Kubeflow PyTorchJob pod (RANK/WORLD_SIZE: one pod, one worker)"
+
+    def details(self, e: Environ) -> dict[str, Any]:
+        """Kubeflow's torchrun variables: what ddpkit launch / train will read as their flags."""
+        pet = {k: e[k] for k in sorted(e) if k.startswith("PET_")}
+        return {"pet": pet} if pet else {}
+
+    def report_lines(self, report: Mapping[str, Any]) -> list[str]:
+        if not report.get("pet"):
+            return []
+        return ["  kubeflow    " + " ".join(f"{k}={v}" for k, v in report["pet"].items())
+                + " (read by ddpkit launch / train as torchrun's flags)"]
+
+
+def launcher_defaults(e: Environ) -> dict[str, str]:
     """{RunConfig field: text} for the PET_* variables set here (the flags' defaults)."""
     return {name: e[f"PET_{flag}"] for name, flag in PET_FIELDS.items() if e.get(f"PET_{flag}")}
 
 
-def is_pytorchjob_pod(e: Mapping[str, str]) -> bool:
+def is_pytorchjob_pod(e: Environ) -> bool:
     """A PyTorchJob pod that is itself one worker: RANK and WORLD_SIZE, no LOCAL_RANK, and no
     PET_NPROC_PER_NODE above 1 (that pod is meant to start several processes)."""
     return "RANK" in e and "WORLD_SIZE" in e and "LOCAL_RANK" not in e and _nproc(e) <= 1
 
 
-def pod_fields(e: Mapping[str, str]) -> dict[str, int | str]:
+def pod_fields(e: Environ) -> dict[str, int | str]:
     """This pod's place in the job (DistEnv's fields): one pod, one process."""
     try:
         rank, world = int(e["RANK"]), int(e["WORLD_SIZE"])
@@ -52,7 +87,7 @@ def pod_fields(e: Mapping[str, str]) -> dict[str, int | str]:
                 master_addr=e.get("MASTER_ADDR", "127.0.0.1"), master_port=int(e.get("MASTER_PORT", "0") or 0))
 
 
-def check_nothing_missing(e: Mapping[str, str]) -> None:
+def check_nothing_missing(e: Environ) -> None:
     """This process found no launcher that placed it; refuse when the environment still names
     a world of several processes (else it would train alone, one of N silent copies)."""
     nnodes = e.get("PET_NNODES", "1").split(":")[-1]
@@ -66,6 +101,6 @@ def check_nothing_missing(e: Mapping[str, str]) -> None:
                           "start it with `ddpkit launch` / torchrun, or set RANK, MASTER_ADDR and MASTER_PORT")
 
 
-def _nproc(e: Mapping[str, str]) -> int:
+def _nproc(e: Environ) -> int:
     raw = e.get("PET_NPROC_PER_NODE", "1")
     return int(raw) if raw.isdigit() else 2  # 'auto', 'gpu', 'cpu': a launcher in the pod decides

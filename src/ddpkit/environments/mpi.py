@@ -12,9 +12,10 @@ from __future__ import annotations
 
 import re
 import zlib
-from typing import Mapping
+from typing import Any, Mapping
 
 from ..errors import DdpkitError
+from .base import Environ, Environment
 
 FLAVOURS = {  # name: (rank, size, local rank, local size)
     "openmpi": ("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_SIZE"),
@@ -22,7 +23,28 @@ FLAVOURS = {  # name: (rank, size, local rank, local size)
 }
 
 
-def flavour(e: Mapping[str, str]) -> str | None:
+class Mpi(Environment):
+    """One rank of mpirun / mpiexec is one worker."""
+
+    name = "mpi"
+    starter = "mpirun"
+    launch_inside = False
+
+    def detect(self, e: Environ) -> bool:
+        return flavour(e) is not None
+
+    def fields(self, e: Environ) -> dict[str, Any]:
+        return mpi_fields(e)
+
+    def title(self, report: Mapping[str, Any]) -> str:
+        return f"MPI ({report.get('mpi')}: mpirun/mpiexec, one rank per worker)"
+
+    def details(self, e: Environ) -> dict[str, Any]:
+        name = flavour(e)
+        return {"mpi": name} if name else {}
+
+
+def flavour(e: Environ) -> str | None:
     """Which MPI started this process ('openmpi', 'mpich'), or None."""
     for name, (rank, size, _, _) in FLAVOURS.items():
         if rank in e and size in e:
@@ -30,7 +52,7 @@ def flavour(e: Mapping[str, str]) -> str | None:
     return None
 
 
-def port_for_job(e: Mapping[str, str]) -> int | None:
+def port_for_job(e: Environ) -> int | None:
     """A port every rank of this MPI job derives alike: from Open MPI's job id
     (OMPI_MCA_orte_hnp_uri "JOBID.0;tcp://...", OMPI_MCA_ess_base_jobid, PMIX_NAMESPACE) or
     Hydra's PMI_KVSNAME / PMI_PORT; None when the job names none of them."""
@@ -42,7 +64,7 @@ def port_for_job(e: Mapping[str, str]) -> int | None:
     return None
 
 
-def mpi_fields(e: Mapping[str, str]) -> dict[str, int | str]:
+def mpi_fields(e: Environ) -> dict[str, int | str]:
     """This MPI rank's place in the job (DistEnv's fields)."""
     name = flavour(e)
     assert name is not None
@@ -69,7 +91,7 @@ def mpi_fields(e: Mapping[str, str]) -> dict[str, int | str]:
                 local_world_size=local_world, master_addr=addr, master_port=port)
 
 
-def _int(e: Mapping[str, str], name: str, default: int | None = None) -> int:
+def _int(e: Environ, name: str, default: int | None = None) -> int:
     raw = e.get(name)
     if raw is None:
         if default is None:

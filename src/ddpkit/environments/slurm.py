@@ -8,11 +8,98 @@ from __future__ import annotations
 import re
 import shutil
 import subprocess
-from typing import Mapping
+from typing import Any, Mapping
 
 from ..errors import DdpkitError
+from .base import Environ, Environment
 
 _GROUP = re.compile(r"\[([^\]]*)\]")
+
+
+class Slurm(Environment):
+    """One srun task is one worker. The batch script itself (no srun step) or a one-task
+    allocation places nobody: ddpkit starts that node's workers."""
+
+    name = "slurm"
+    starter = "srun"
+    nproc_fix = "set --ntasks-per-node (one task per GPU) in the job instead"
+
+    def present(self, e: Environ) -> bool:
+        return "SLURM_JOB_ID" in e
+
+    def detect(self, e: Environ) -> bool:
+        return self.present(e) and in_srun_step(e) and int(e.get("SLURM_NTASKS", "1")) > 1
+
+    def fields(self, e: Environ) -> dict[str, Any]:
+        return slurm_fields(e)
+
+    def check_unplaced(self, e: Environ) -> None:
+        if self.present(e):
+            check_started_by_srun(e)  # a lone task: ddpkit starts this node's workers
+
+    def gpu_index(self, local_rank: int, gpus: int) -> int | None:
+        if local_rank >= gpus and gpus == 1:
+            return 0  # SLURM bound one GPU to this task (--gpus-per-task / --gpu-bind)
+        return super().gpu_index(local_rank, gpus)
+
+    def check_devices(self, local_world_size: int, device_type: str) -> None:
+        check_gpus_per_node(local_world_size, device_type)
+
+    def job_id(self, e: Environ) -> str | None:
+        return e.get("SLURM_JOB_ID")
+
+    def title(self, report: Mapping[str, Any]) -> str:
+        return "SLURM"
+
+    def details(self, e: Environ) -> dict[str, Any]:
+        return {"slurm": allocation(e)} if self.present(e) else {}
+
+    def report_lines(self, report: Mapping[str, Any]) -> list[str]:
+        s = report.get("slurm")
+        if not s:
+            return []
+        return [f"  slurm job   {s['job_id']}: {s['nodes']} node(s) {' '.join(s['hosts']) if s['hosts'] else s['nodelist']}, "
+                f"{s['ntasks']} task(s) ({s['tasks_per_node']} per node), "
+                + ("inside an srun step" if s["in_srun_step"] else "not inside an srun step")]
+
+    def allocated_nodes(self, e: Environ) -> int | None:
+        return (_int_or_none(e.get("SLURM_JOB_NUM_NODES", e.get("SLURM_NNODES"))) or 1) if self.present(e) else None
+
+    def master_of(self, report: Mapping[str, Any]) -> tuple[str, str] | None:
+        hosts = (report.get("slurm") or {}).get("hosts")
+        return (hosts[0], "first node of the SLURM allocation") if hosts else None
+
+    def warnings(self, report: Mapping[str, Any], cores: int) -> list[str]:
+        per_task = (report.get("slurm") or {}).get("cpus_per_task")
+        if per_task and per_task < cores:
+            return [f"SLURM gave {per_task} CPUs per task but {cores} cores are usable here: check --cpus-per-task"]
+        return []
+
+
+def allocation(e: Environ) -> dict[str, Any]:
+    """The job's allocation as `ddpkit env` shows it (a node list ddpkit cannot read: no hosts)."""
+    nodelist = e.get("SLURM_JOB_NODELIST", e.get("SLURM_NODELIST", ""))
+    try:
+        hosts = hostnames(nodelist) if nodelist else []
+    except DdpkitError:
+        hosts = []
+    return {
+        "job_id": e["SLURM_JOB_ID"],
+        "nodes": _int_or_none(e.get("SLURM_JOB_NUM_NODES", e.get("SLURM_NNODES"))),
+        "nodelist": nodelist,
+        "hosts": hosts,
+        "ntasks": _int_or_none(e.get("SLURM_NTASKS")),
+        "tasks_per_node": e.get("SLURM_NTASKS_PER_NODE", e.get("SLURM_TASKS_PER_NODE")),
+        "cpus_per_task": _int_or_none(e.get("SLURM_CPUS_PER_TASK")),
+        "in_srun_step": in_srun_step(e),
+    }
+
+
+def _int_or_none(v: Any) -> int | None:
+    try:
+        return int(str(v).split("(")[0])
+    except (TypeError, ValueError):
+        return None
 
 
 def expand_nodelist(nodelist: str) -> list[str]:
@@ -104,7 +191,7 @@ def port_for_job(job_id: str | int) -> int:
     return 15000 + int(job_id) % 20000
 
 
-def slurm_fields(e: Mapping[str, str]) -> dict[str, int | str]:
+def slurm_fields(e: Environ) -> dict[str, int | str]:
     """This srun task's place in the job (DistEnv's fields): one task is one worker."""
     nodelist = e.get("SLURM_STEP_NODELIST") or e.get("SLURM_JOB_NODELIST") or e.get("SLURM_NODELIST")
     if not nodelist:
@@ -126,13 +213,13 @@ def slurm_fields(e: Mapping[str, str]) -> dict[str, int | str]:
     )
 
 
-def in_srun_step(e: Mapping[str, str]) -> bool:
+def in_srun_step(e: Environ) -> bool:
     """True inside a task started by srun; False in the batch script itself."""
     step = e.get("SLURM_STEP_ID", e.get("SLURM_STEPID"))
     return step is not None and step not in ("4294967294", "batch", "extern")
 
 
-def check_started_by_srun(e: Mapping[str, str]) -> None:
+def check_started_by_srun(e: Environ) -> None:
     """In the batch script itself (no srun), only the first node runs: refuse that."""
     if not in_srun_step(e):
         nodes = int(e.get("SLURM_JOB_NUM_NODES") or e.get("SLURM_NNODES") or "1")

@@ -4,14 +4,31 @@ Reads variables only: nothing here touches torch.distributed.
 """
 from __future__ import annotations
 
-from typing import Mapping
+from typing import Any, Mapping
 
 from ..errors import DdpkitError
+from .base import Environ, Environment
 
 TORCHRUN_VARS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 
 
-def torchrun_fields(e: Mapping[str, str]) -> dict[str, int | str]:
+class TorchElastic(Environment):
+    """One worker of torch's elastic agent: torchrun, `ddpkit launch`, `ddpkit train`'s own workers."""
+
+    name = "torchrun"
+    starter = "torchrun"
+
+    def detect(self, e: Environ) -> bool:
+        return "LOCAL_RANK" in e and "WORLD_SIZE" in e
+
+    def fields(self, e: Environ) -> dict[str, Any]:
+        return torchrun_fields(e)
+
+    def title(self, report: Mapping[str, Any]) -> str:
+        return "torchrun (torch's elastic agent: torchrun, ddpkit launch)"
+
+
+def torchrun_fields(e: Environ) -> dict[str, int | str]:
     """This worker's place in the job (DistEnv's fields) from the variables torch's elastic agent sets."""
     missing = [v for v in TORCHRUN_VARS if v not in e]
     if missing:
@@ -41,7 +58,7 @@ def torchrun_fields(e: Mapping[str, str]) -> dict[str, int | str]:
     )
 
 
-def _int(e: Mapping[str, str], name: str, default: int | None = None) -> int:
+def _int(e: Environ, name: str, default: int | None = None) -> int:
     raw = e.get(name)
     if raw is None:
         if default is None:

@@ -12,18 +12,23 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from .record import RECORD
+from .record import CollectiveRecord
 
 _OPS = {"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX}
 
 
 class Collectives:
-    """All-reduces of this process's job, through the shared mapping when it can serve them."""
+    """All-reduces of this process's job, through the shared mapping when it can serve them,
+    each one written to `record` (what a hang report shows: record.py)."""
 
-    def __init__(self) -> None:
+    def __init__(self, record: CollectiveRecord | None = None) -> None:
+        self.record = record if record is not None else CollectiveRecord()
         self.shm: Any = None  # runtime.shm.ShmAllReduce of this job, once the model is wrapped
 
     def use_shared_memory(self, mapping: Any) -> None:
+        """From now on small all-reduces go through `mapping`; its gradient buckets are
+        written to this record too."""
+        mapping.record = self.record
         self.shm = mapping
 
     def all_reduce_(self, t: torch.Tensor, op: str = "sum") -> torch.Tensor:
@@ -33,7 +38,7 @@ class Collectives:
         shm = self.shm
         name = "all_reduce" if op == "sum" else f"all_reduce({op})"
         mapping = shm is not None and shm.group is dist.group.WORLD
-        with RECORD.track(name, t, "shm" if mapping else "backend") as entry:  # what a hang report shows (record.py)
+        with self.record.track(name, t, "shm" if mapping else "backend") as entry:  # what a hang report shows (record.py)
             if mapping and shm.all_reduce_small(t, op):
                 return t
             entry.path = "backend"
@@ -43,24 +48,3 @@ class Collectives:
     def all_sum(self, value: torch.Tensor) -> torch.Tensor:
         """The sum over all ranks, as a new tensor."""
         return self.all_reduce_(value.detach().clone())
-
-
-_BACKEND = Collectives()  # no mapping: always the process group
-
-
-def all_sum(value: torch.Tensor) -> torch.Tensor:
-    """Sum a tensor over all ranks (a copy; identity without a process group)."""
-    return _BACKEND.all_sum(value)
-
-
-def mean_across_ranks(value: float | torch.Tensor, device: torch.device | None = None) -> float:
-    """The mean of one number over all ranks (what every rank would print as 'the' loss)."""
-    t = torch.as_tensor(value, dtype=torch.float64, device=device or _collective_device())
-    world = dist.get_world_size() if dist.is_initialized() else 1
-    return float(all_sum(t).item()) / world
-
-
-def _collective_device() -> torch.device:
-    if dist.is_initialized() and dist.get_backend() == "nccl":
-        return torch.device("cuda", torch.cuda.current_device())
-    return torch.device("cpu")

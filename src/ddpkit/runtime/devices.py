@@ -6,6 +6,7 @@ import os
 
 import torch
 
+from ..environments import DistEnv
 from ..errors import DdpkitError
 
 
@@ -47,16 +48,14 @@ def usable_cores() -> int:
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
 
 
-def select_gpu(local_rank: int, local_world_size: int, launcher: str) -> torch.device:
-    """This rank's GPU, made current before the process group starts (as NCCL requires)."""
+def select_gpu(env: DistEnv) -> torch.device:
+    """This rank's GPU, made current before the process group starts (as NCCL requires);
+    which one is the launcher's binding (environments/: SLURM may bind one GPU per task)."""
     ngpu = torch.cuda.device_count()
-    if local_rank < ngpu:
-        index = local_rank
-    elif ngpu == 1 and launcher == "slurm":
-        index = 0  # SLURM bound one GPU to this task (--gpus-per-task / --gpu-bind)
-    else:
+    index = env.environment.gpu_index(env.local_rank, ngpu)
+    if index is None:
         raise DdpkitError(
-            f"local rank {local_rank} has no GPU: this node runs {local_world_size} "
+            f"local rank {env.local_rank} has no GPU: this node runs {env.local_world_size} "
             f"processes but sees {ngpu} GPU(s); start at most one process per GPU"
         )
     device = torch.device("cuda", index)

@@ -16,15 +16,21 @@ from ..config import DEFAULT_TIMEOUT_S
 from ..environments import DistEnv
 from .collectives import Collectives
 from .devices import default_threads, resolve_backend, resolve_device_type, select_gpu
+from .record import CollectiveRecord
 from .store import make_store
 
 
 class Runtime:
-    """This process's share of the job: env, device, backend, the process group, and the
-    job's collectives (`rt.collectives`: shared memory or the backend).
+    """This process's share of the job: env, device, backend, the process group, the job's
+    collectives (`rt.collectives`: shared memory or the backend) and the record of every
+    collective this rank issued (`rt.record`, what a hang report shows).
 
     Use as a context manager (or call close()): the group is torn down on every exit path.
+    The open Runtime is the one ddpkit.all_sum reaches (Runtime.active()); it is the only
+    state ddpkit keeps beside the process group, and it lives exactly as long.
     """
+
+    _active: Runtime | None = None
 
     def __init__(
         self,
@@ -41,11 +47,12 @@ class Runtime:
         device_type = resolve_device_type(device)
         self.backend = resolve_backend(backend, device_type)
         if device_type == "cuda":
-            self.device = select_gpu(env.local_rank, env.local_world_size, env.launcher)
+            self.device = select_gpu(env)
         else:
             self.device = torch.device("cpu")
         self.timeout = timeout
-        self.collectives = Collectives()
+        self.record = CollectiveRecord()
+        self.collectives = Collectives(self.record)
         self._owns_group = False
         if env.distributed and not dist.is_initialized():
             kwargs: dict[str, Any] = {}
@@ -60,6 +67,12 @@ class Runtime:
                 **kwargs,
             )
             self._owns_group = True
+        Runtime._active = self
+
+    @classmethod
+    def active(cls) -> Runtime | None:
+        """The Runtime this process opened last and has not closed (None: none is open)."""
+        return cls._active
 
     @property
     def rank(self) -> int:
@@ -110,7 +123,9 @@ class Runtime:
     def close(self) -> None:
         """Tear the process group down. Objects that hold it (the DDP model, optimizer)
         must be gone first: torch 2.13 aborts at exit in ~9% of runs otherwise."""
-        self.collectives = Collectives()  # the mapping belongs to this group
+        self.collectives = Collectives(self.record)  # the mapping belongs to this group
+        if Runtime._active is self:
+            Runtime._active = None
         if self._owns_group and dist.is_initialized():
             gc.collect()
             dist.destroy_process_group()
@@ -121,3 +136,24 @@ class Runtime:
 
     def __exit__(self, *exc: Any) -> None:
         self.close()
+
+
+def all_sum(value: torch.Tensor) -> torch.Tensor:
+    """Sum a tensor over all ranks (a copy; identity without a process group). Always through
+    the process group, whatever the tensor's size or device, and written to the active
+    Runtime's record, so a hang report sees a user's all_sum next to ddpkit's own."""
+    rt = Runtime.active()
+    return Collectives(rt.record if rt is not None else None).all_sum(value)
+
+
+def mean_across_ranks(value: float | torch.Tensor, device: torch.device | None = None) -> float:
+    """The mean of one number over all ranks (what every rank would print as 'the' loss)."""
+    t = torch.as_tensor(value, dtype=torch.float64, device=device or _collective_device())
+    world = dist.get_world_size() if dist.is_initialized() else 1
+    return float(all_sum(t).item()) / world
+
+
+def _collective_device() -> torch.device:
+    if dist.is_initialized() and dist.get_backend() == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")

@@ -7,9 +7,10 @@ never arrived". torch's flight recorder answers it for the process group's own c
 ddpkit keeps its own record of every all-reduce it issues, through either path. A hang
 report (runtime/watchdog.py) writes it next to the rank's stacks.
 
-The record is one per process, like torch's flight recorder and faulthandler (it follows the
-process, not one process group): a ring of the last ENTRIES collectives, each numbered by
-`seq`, this rank's count of collectives so far. Every rank of a job issues the same
+The record belongs to the Runtime (its Collectives write to it, so does the shared-memory
+mapping they hand gradient buckets to, and ddpkit.all_sum reaches it through the active
+Runtime); the watchdog is given it. It is a ring of the last ENTRIES collectives, each numbered
+by `seq`, this rank's count of collectives so far. Every rank of a job issues the same
 collectives in the same order, so equal `seq` means "the same collective" on every rank;
 a rank at a different op or shape for the same `seq` has skipped or added one. Cost: ~1 us
 per collective (the calling frame, one or two frames up; the user's line of the collective a
@@ -149,6 +150,3 @@ class _Tracked:
 
     def __exit__(self, kind: Any, error: BaseException | None, tb: Any) -> None:
         self.record.finish(self.entry, error)
-
-
-RECORD = CollectiveRecord()  # this process's record (see the module docstring: one per process)

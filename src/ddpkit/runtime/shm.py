@@ -54,7 +54,7 @@ import torch.distributed as dist
 
 from ..config import DEFAULT_TIMEOUT_S
 from ..errors import DdpkitError
-from .record import RECORD
+from .record import CollectiveRecord
 
 SHM_DIR = "/dev/shm"
 DEFAULT_CHUNK_ELEMS = 8 << 20  # 32 MiB of float32 per slot: DDP's default 25 MB buckets in one piece
@@ -102,6 +102,7 @@ class ShmAllReduce:
         self.calls = 0  # chunks reduced so far: picks the set of slots (parity)
         self.fallbacks = 0  # buckets handed to the backend (not float32)
         self.delegate: tuple[Any, Any] | None = None  # (hook, state) the user registered after us
+        self.record = CollectiveRecord()  # the job's record once a Collectives serves through this mapping
 
     @classmethod
     def create(cls, numel: int, group: Any = None, chunk_elems: int = DEFAULT_CHUNK_ELEMS,
@@ -188,7 +189,7 @@ class ShmAllReduce:
 
     def all_reduce_mean_(self, grad: torch.Tensor) -> torch.Tensor:
         """In place: grad <- mean of grad over the ranks (float32, contiguous, CPU)."""
-        with RECORD.track("all_reduce", grad, "shm", "gradient bucket"):  # for a hang report (runtime/record.py)
+        with self.record.track("all_reduce", grad, "shm", "gradient bucket"):  # for a hang report (runtime/record.py)
             return self._all_reduce_mean(grad)
 
     def _all_reduce_mean(self, grad: torch.Tensor) -> torch.Tensor:

@@ -34,7 +34,7 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-from .record import RECORD, is_library, short
+from .record import CollectiveRecord, is_library, short
 
 REPORT_WAIT_S = 10.0  # rank 0 waits this long for the other ranks' reports
 POLL_S = 0.25  # how often the thread looks at the clock and for a request
@@ -58,8 +58,10 @@ def fresh_hang_dir(hang_dir: Path) -> None:
 
 class HangWatchdog:
     def __init__(self, hang_dir: Path | str, rank: int, world_size: int, hang_timeout: float | None,
-                 error_dir: str | None = None, launcher_prints: bool = False) -> None:
+                 error_dir: str | None = None, launcher_prints: bool = False, *, record: CollectiveRecord) -> None:
+        """`record`: the Runtime's record of this rank's collectives (rt.record), read, never written."""
         self.dir = Path(hang_dir)
+        self.record = record
         self.rank, self.world_size = rank, world_size
         self.hang_timeout = hang_timeout or None  # None/0: report only on request
         self.error_dir = error_dir
@@ -109,7 +111,7 @@ class HangWatchdog:
                 self._end_job(reason)  # this node's launcher names the hang, not a lost peer
                 return
             if self.hang_timeout and self.last_beat:
-                idle = time.time() - max(self.last_beat, RECORD.last_done)
+                idle = time.time() - max(self.last_beat, self.record.last_done)
                 if idle > self.hang_timeout:
                     reason = (f"rank {self.rank} made no progress for {idle:.0f} s (--hang-timeout {self.hang_timeout:g})"
                               + self._where_now())
@@ -118,7 +120,7 @@ class HangWatchdog:
                     return
 
     def _where_now(self) -> str:
-        pending = RECORD.pending()
+        pending = self.record.pending()
         if pending is not None:
             return f", waiting in {pending.describe()}"
         frame = sys._current_frames().get(self._main)
@@ -138,7 +140,7 @@ class HangWatchdog:
                     f.write(reason + "\n")
             except FileExistsError:
                 pass
-        write_report(self.dir, self.rank, reason, self._main, error)
+        write_report(self.dir, self.rank, reason, self._main, self.record, error)
         if self.rank == 0:
             deadline = time.time() + REPORT_WAIT_S
             while time.time() < deadline and len(list(self.dir.glob("rank-*.json"))) < self.world_size:
@@ -190,14 +192,15 @@ def innermost_user_frame(frames: list[dict[str, Any]], user_only: bool = False) 
     return f"{short(pick['file'])}:{pick['line']} in {pick['function']}{code}"
 
 
-def write_report(hang_dir: Path, rank: int, reason: str, main_ident: int | None, error: BaseException | None = None) -> None:
+def write_report(hang_dir: Path, rank: int, reason: str, main_ident: int | None, record: CollectiveRecord,
+                 error: BaseException | None = None) -> None:
     """rank-R.txt (stacks of every thread, the last collectives), rank-R.json, fr-rank-R.json."""
     if error is not None and error.__traceback__ is not None:
         main = _frames(traceback.extract_tb(error.__traceback__))  # where the error was raised: the collective
     else:
         frame = sys._current_frames().get(main_ident or threading.main_thread().ident)
         main = _frames(traceback.extract_stack(frame)) if frame is not None else []
-    entries = RECORD.snapshot()
+    entries = record.snapshot()
     if entries and entries[-1]["state"] != "done" and not entries[-1]["user"]:
         entries[-1]["user"] = innermost_user_frame(main, user_only=True)  # the user's line of the collective it is in
     fr = flight_recorder()

@@ -413,14 +413,14 @@ def main_check(cfg: Any, as_json: bool = False) -> int:
 
     run_dir = cfg.run_dir or "runs"
     env = DistEnv.detect()
-    if env.launcher != "single":  # a worker of srun / torchrun: a key that every rank derives alike
+    if env.outside_launcher:  # a worker of srun / torchrun: a key that every rank derives alike
         key = (os.environ.get("SLURM_JOB_ID") or os.environ.get("TORCHELASTIC_RUN_ID")
                or f"{env.master_addr}-{env.master_port}")
     else:  # ddpkit starts the workers: one key for all of them (multi-node: the rendezvous id, below)
         key = cfg.rdzv_id or uuid.uuid4().hex[:12]
     spec = {"device": cfg.device, "backend": cfg.backend, "timeout": cfg.timeout, "threads": cfg.threads,
             "run_dir": run_dir, "key": "".join(c if c.isalnum() or c in "-_." else "-" for c in key)}
-    if env.launcher != "single":
+    if env.outside_launcher:
         result = check_worker(spec)
     else:
         device_type = resolve_device_type(cfg.device)
@@ -432,7 +432,7 @@ def main_check(cfg: Any, as_json: bool = False) -> int:
         results = run_elastic(plan, check_worker, [spec], verbose=cfg.verbose)
         result = results.get(0) if 0 in results else next(iter(results.values()))
     if "facts" not in result:  # not rank 0: rank 0 (or its node's launcher) prints the table
-        if env.launcher != "single":
+        if env.outside_launcher:
             return 0 if result["ok"] else 1
         print(f"ddpkit check: rank {result['rank']}: " + ("a job would run (rank 0 prints the table)" if result["ok"]
                                                           else "a job would NOT run (rank 0 prints why)"), flush=True)

@@ -14,7 +14,7 @@ import sys
 import threading
 from typing import Any, Mapping
 
-from ..environments import DistEnv
+from ..environments import DistEnv, Environment, registry
 from ..errors import DdpkitError
 
 LOOPBACK_NAMES = {"localhost", "127.0.0.1", "::1"}
@@ -80,50 +80,27 @@ def _devices(e: Mapping[str, str]) -> dict[str, Any]:
 
 
 def _launcher(e: Mapping[str, str]) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    from ..environments import kubeflow, mpi
-
-    if "LOCAL_RANK" in e and "WORLD_SIZE" in e:
-        out["name"] = "torchrun"
-    elif "SLURM_JOB_ID" in e:
-        out["name"] = "slurm"
-    elif mpi.flavour(e):
-        out["name"] = "mpi"
-        out["mpi"] = mpi.flavour(e)
-    elif kubeflow.is_pytorchjob_pod(e):
-        out["name"] = "kubeflow"
-    else:
-        out["name"] = "none"
-    pet = {k: e[k] for k in sorted(e) if k.startswith("PET_")}
-    if pet:  # Kubeflow's torchrun variables: what ddpkit launch / train will read as their flags
-        out["pet"] = pet
-    if "SLURM_JOB_ID" in e:
-        from ..environments import slurm as slurm_env
-
-        nodelist = e.get("SLURM_JOB_NODELIST", e.get("SLURM_NODELIST", ""))
-        try:
-            hosts = slurm_env.hostnames(nodelist) if nodelist else []
-        except DdpkitError:  # a node list ddpkit cannot read: show it as it is
-            hosts = []
-        out["slurm"] = {
-            "job_id": e["SLURM_JOB_ID"],
-            "nodes": _int_or_none(e.get("SLURM_JOB_NUM_NODES", e.get("SLURM_NNODES"))),
-            "nodelist": nodelist,
-            "hosts": hosts,
-            "ntasks": _int_or_none(e.get("SLURM_NTASKS")),
-            "tasks_per_node": e.get("SLURM_NTASKS_PER_NODE", e.get("SLURM_TASKS_PER_NODE")),
-            "cpus_per_task": _int_or_none(e.get("SLURM_CPUS_PER_TASK")),
-            "in_srun_step": slurm_env.in_srun_step(e),
-        }
+    """The first environment whose variables are here names the launcher (SLURM's batch
+    script too, which places nobody); every environment adds what it has to say."""
+    found = next(environment for environment in registry.ENVIRONMENTS if environment.present(e))
+    out: dict[str, Any] = {"name": _shown_name(found)}
+    for environment in registry.ENVIRONMENTS:
+        out.update(environment.details(e))
     try:
-        env = DistEnv.detect_worker(e) if not pet else DistEnv.detect(e)
+        feeds_launcher = any(environment.feeds_launcher(e) for environment in registry.ENVIRONMENTS)
+        env = DistEnv.detect(e) if feeds_launcher else DistEnv.detect_worker(e)
         out["resolved"] = env.as_dict()
         out["nnodes"] = env.nnodes
     except DdpkitError as err:  # what ddpkit train would refuse with, e.g. no srun on several nodes
         out["error"] = str(err)
-    if "slurm" in out:
-        out["nnodes"] = max(out.get("nnodes") or 1, out["slurm"]["nodes"] or 1)
+    allocated = [n for n in (environment.allocated_nodes(e) for environment in registry.ENVIRONMENTS) if n is not None]
+    if allocated:
+        out["nnodes"] = max(out.get("nnodes") or 1, *allocated)
     return out
+
+
+def _shown_name(environment: Environment) -> str:
+    return environment.name if environment.outside_launcher else "none"
 
 
 def _network(e: Mapping[str, str], launcher: Mapping[str, Any]) -> dict[str, Any]:
@@ -134,12 +111,11 @@ def _network(e: Mapping[str, str], launcher: Mapping[str, Any]) -> dict[str, Any
         interfaces = network.interfaces()
     except OSError:
         interfaces = {}
+    known = (environment.master_of(launcher) for environment in registry.ENVIRONMENTS)
     if "MASTER_ADDR" in e:
         master, source = e["MASTER_ADDR"], "MASTER_ADDR"
-    elif launcher.get("slurm", {}).get("hosts"):
-        master, source = launcher["slurm"]["hosts"][0], "first node of the SLURM allocation"
     else:
-        master, source = "127.0.0.1", "ddpkit's local launcher, a free port"
+        master, source = next((m for m in known if m), ("127.0.0.1", "ddpkit's local launcher, a free port"))
     hostname_ip = _resolve(hostname)
     master_ip = _resolve(master)
     return {
@@ -167,7 +143,7 @@ def _plan(report: Mapping[str, Any], nproc: int | None) -> dict[str, Any]:
     if launcher.get("error"):
         return {"error": launcher["error"]}
     r = launcher.get("resolved")
-    if r and r["launcher"] != "single":
+    if r and DistEnv(**r).outside_launcher:
         procs, world = r["local_world_size"], r["world_size"]
         how = f"this process is rank {r['rank']} of {r['world_size']} in a job started by {r['launcher']}"
     else:
@@ -197,7 +173,6 @@ def _grad_sync(world: int, local: int, backend: str, device: str) -> dict[str, A
 def _warnings(e: Mapping[str, str], r: Mapping[str, Any]) -> list[str]:
     w = []
     dev, launcher, net = r["devices"], r["launcher"], r["network"]
-    slurm = launcher.get("slurm")
     if launcher.get("error"):  # e.g. several SLURM nodes but no srun: only the first would run
         w.append(launcher["error"])
     visible = e.get("CUDA_VISIBLE_DEVICES")
@@ -216,8 +191,8 @@ def _warnings(e: Mapping[str, str], r: Mapping[str, Any]) -> list[str]:
         w.append(f"OMP_NUM_THREADS={omp} x {procs} processes > {cores} usable cores: a script that takes its threads "
                  "from it oversubscribes the CPU (DDP gets several times slower); ddpkit train and ddpkit.init() "
                  f"use {max(1, cores // procs)} per process instead (--threads)")
-    if slurm and slurm["cpus_per_task"] and slurm["cpus_per_task"] < cores:
-        w.append(f"SLURM gave {slurm['cpus_per_task']} CPUs per task but {cores} cores are usable here: check --cpus-per-task")
+    for environment in registry.ENVIRONMENTS:
+        w += environment.warnings(launcher, cores)
     plan = r["plan"]
     if plan.get("grad_sync") == "shm" and plan.get("shm_free_mib") is not None and plan["shm_free_mib"] < 256:
         w.append(f"/dev/shm has {plan['shm_free_mib']} MiB free: ddpkit's shared-memory gradient sum needs up to 128 MiB "
@@ -255,18 +230,10 @@ def format_report(r: Mapping[str, Any]) -> str:
         if d[k] is not None:
             lines.append(f"  {k}={d[k]}")
     lines.append("launcher")
-    names = {"none": "none (ddpkit starts the workers itself)", "torchrun": "torchrun (torch's elastic agent: torchrun, ddpkit launch)",
-             "slurm": "SLURM", "mpi": f"MPI ({la.get('mpi')}: mpirun/mpiexec, one rank per worker)",
-             "kubeflow": "Kubeflow PyTorchJob pod (RANK/WORLD_SIZE: one pod, one worker)"}
-    lines.append(f"  detected    {names[la['name']]}")
-    if la.get("pet"):
-        lines.append("  kubeflow    " + " ".join(f"{k}={v}" for k, v in la["pet"].items())
-                     + " (read by ddpkit launch / train as torchrun's flags)")
-    if "slurm" in la:
-        s = la["slurm"]
-        lines.append(f"  slurm job   {s['job_id']}: {s['nodes']} node(s) {' '.join(s['hosts']) if s['hosts'] else s['nodelist']}, "
-                     f"{s['ntasks']} task(s) ({s['tasks_per_node']} per node), "
-                     + ("inside an srun step" if s["in_srun_step"] else "not inside an srun step"))
+    found = next(environment for environment in registry.ENVIRONMENTS if _shown_name(environment) == la["name"])
+    lines.append(f"  detected    {found.title(la)}")
+    for environment in registry.ENVIRONMENTS:
+        lines += environment.report_lines(la)
     if "resolved" in la:
         x = la["resolved"]
         lines.append(f"  this rank   rank {x.get('rank')}, local rank {x.get('local_rank')}, node rank {x.get('node_rank')}, "

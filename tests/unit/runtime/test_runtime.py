@@ -82,3 +82,46 @@ def test_small_all_reduces_take_the_jobs_mapping_only_while_it_belongs_to_the_gr
     mp.spawn(_two_ranks, args=(str(tmp_path / "init"), out), nprocs=2, join=True)
     assert out[0] == (3.0, 10.0, 3.0, 0)  # 1 + 2 by gloo; rank 0's 1.0 marked by the mapping; gloo again
     assert out[1] == (3.0, 20.0, 3.0, 0)
+
+
+def _record_of_the_runtime(rank, init_file, out):
+    import ddpkit
+
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=2)
+    try:
+        env = DistEnv(rank=rank, world_size=2, local_rank=rank, local_world_size=2)
+        with Runtime(env, device="cpu", threads=1) as rt:
+            assert Runtime.active() is rt and rt.collectives.record is rt.record
+            rt.all_sum(torch.ones(2))  # the loop's path
+            total = ddpkit.all_sum(torch.tensor([rank + 1.0]))  # the public helper: the same record
+            mapping = _Mapping(dist.group.WORLD)
+            rt.collectives.use_shared_memory(mapping)
+            assert mapping.record is rt.record  # its gradient buckets are recorded there too
+            rt.collectives.all_reduce_(torch.zeros(1), op="max")
+            plain = ddpkit.all_sum(torch.tensor([rank + 1.0]))  # never through the mapping
+            entries = [(e.seq, e.op, list(e.shape), e.path, e.state) for e in rt.record]
+        assert Runtime.active() is None
+        after = ddpkit.all_sum(torch.tensor([1.0]))  # no Runtime: the process group alone, recorded nowhere
+        out[rank] = (total.item(), plain.item(), after.item(), mapping.calls, entries, len(list(rt.record)))
+    finally:
+        dist.destroy_process_group()
+
+
+def test_every_collective_of_a_runtime_lands_in_its_own_record(tmp_path):
+    out = mp.Manager().dict()
+    mp.spawn(_record_of_the_runtime, args=(str(tmp_path / "init"), out), nprocs=2, join=True)
+    for rank in (0, 1):
+        total, plain, after, calls, entries, kept = out[rank]
+        assert (total, plain, after, calls) == (3.0, 3.0, 2.0, 1)
+        assert entries == [(1, "all_reduce", [2], "backend", "done"), (2, "all_reduce", [1], "backend", "done"),
+                           (3, "all_reduce(max)", [1], "shm", "done"), (4, "all_reduce", [1], "backend", "done")]
+        assert kept == 4  # the record outlives the group: closing it records nothing more
+
+
+def test_the_active_runtime_is_the_one_open_and_each_has_its_own_record():
+    with Runtime(DistEnv(), device="cpu", threads=1) as first:
+        with Runtime(DistEnv(), device="cpu", threads=1) as second:
+            assert Runtime.active() is second and second.record is not first.record
+        assert Runtime.active() is None  # the newest one closed; the older one is not brought back
+    first.close()
+    assert Runtime.active() is None

@@ -1,0 +1,94 @@
+"""What every way of being started has to answer, so that `DistEnv.detect`, `ddpkit env` and
+the API ask the one ordered list (registry.py) and never a launcher's name.
+
+An environment is one kind of launcher: torch's elastic agent, SLURM's srun, mpirun, a
+Kubeflow PyTorchJob, or none (ddpkit starts the workers). Each reads environment variables
+only: nothing here touches torch.distributed or another machine.
+"""
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+Environ = Mapping[str, str]
+
+
+class Environment:
+    """One launcher's view of this process. Subclasses override what differs; the defaults
+    are those of a launcher that starts one process per worker and binds no GPU itself."""
+
+    name = ""  # DistEnv.launcher: "torchrun", "slurm", "mpi", "kubeflow", "single"
+    starter = ""  # who started the processes, as messages name it: "torchrun", "srun", "mpirun"
+    # True: an outside launcher started every worker, this process is one of them; False:
+    # nobody did, ddpkit starts this node's workers itself
+    outside_launcher = True
+    # `ddpkit launch` inside each process: False where every process is already one worker
+    # of one job, so a launch in each would start that many independent jobs
+    launch_inside = True
+    nproc_fix = "set --nproc-per-node of torchrun instead"  # how to get more processes per node
+
+    # -- where am I ---------------------------------------------------------------------------
+    def detect(self, e: Environ) -> bool:
+        """Did this launcher place this process (its rank is in the variables)?"""
+        raise NotImplementedError
+
+    def fields(self, e: Environ) -> dict[str, Any]:
+        """DistEnv's fields (rank, local_rank, node_rank, world_size, local_world_size,
+        master_addr, master_port) once detect() said yes; a DdpkitError names what is missing."""
+        raise NotImplementedError
+
+    def present(self, e: Environ) -> bool:
+        """Are this launcher's variables here at all (`ddpkit env` names it even when it
+        placed nobody, e.g. SLURM's batch script)?"""
+        return self.detect(e)
+
+    def check_unplaced(self, e: Environ) -> None:
+        """Its variables may be here but it did not place this process, so ddpkit would start
+        the workers: raise where that cannot work (SLURM's batch script on several nodes)."""
+
+    def check_alone(self, e: Environ) -> None:
+        """Nobody placed this process and it will start no workers (an own loop's
+        ddpkit.init()): raise where the variables still name a world of several processes."""
+
+    def feeds_launcher(self, e: Environ) -> bool:
+        """Are some variables flags for a launcher started here (Kubeflow's PET_*)? Then this
+        process is that launcher, resolved as `ddpkit train` would, not as a lone script."""
+        return False
+
+    # -- what it means for the run ------------------------------------------------------------
+    def gpu_index(self, local_rank: int, gpus: int) -> int | None:
+        """The GPU (of the `gpus` this process sees) that this local rank uses; None: none is left."""
+        return local_rank if local_rank < gpus else None
+
+    def check_devices(self, local_world_size: int, device_type: str) -> None:
+        """Refuse, before anything starts, a node that runs more workers than it can serve."""
+
+    def job_id(self, e: Environ) -> str | None:
+        """The scheduler's id of this job, which names the default run directory (a requeued
+        job then continues in the same one); None: the launcher has none."""
+        return None
+
+    # -- what `ddpkit env` shows --------------------------------------------------------------
+    def title(self, report: Mapping[str, Any]) -> str:
+        """The `detected` line, given the launcher section of the report."""
+        return self.name
+
+    def details(self, e: Environ) -> dict[str, Any]:
+        """Plain data for the launcher section of the report, whichever launcher was found
+        (SLURM's allocation under torchrun is still worth showing); {} when nothing applies."""
+        return {}
+
+    def report_lines(self, report: Mapping[str, Any]) -> list[str]:
+        """Text lines for what details() added."""
+        return []
+
+    def allocated_nodes(self, e: Environ) -> int | None:
+        """Nodes the scheduler gave this job, whether or not it placed this process."""
+        return None
+
+    def master_of(self, report: Mapping[str, Any]) -> tuple[str, str] | None:
+        """(master address, where it comes from) when MASTER_ADDR is not set; None: not known here."""
+        return None
+
+    def warnings(self, report: Mapping[str, Any], cores: int) -> list[str]:
+        """Traps of this launcher's set-up, from the launcher section of the report."""
+        return []
