@@ -56,7 +56,7 @@ def test_whole_save_loads_without_ddpkit_and_back_with_rt_load(rt, tmp_path):
     other = _model()
     other_opt = torch.optim.Adam(other.parameters())
     assert rt.load(str(tmp_path / "s.pt"), other, other_opt) == {"step": 7}
-    assert all(torch.equal(a, b) for a, b in zip(other.parameters(), model.parameters()))
+    assert all(torch.equal(a, b) for a, b in zip(other.parameters(), model.parameters(), strict=True))
     assert other_opt.state_dict()["state"][0]["step"] == 1
 
 
@@ -65,7 +65,7 @@ def test_sharded_save_on_one_process_round_trips(rt, tmp_path):
     rt.save(str(tmp_path / "d"), model, sharded=True, note="x")
     other = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2))
     assert rt.load(str(tmp_path / "d"), other) == {"note": "x"}
-    assert all(torch.equal(a, b) for a, b in zip(other.parameters(), model.parameters()))
+    assert all(torch.equal(a, b) for a, b in zip(other.parameters(), model.parameters(), strict=True))
     assert not list(tmp_path.glob(".*partial"))
 
 

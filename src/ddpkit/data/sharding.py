@@ -101,7 +101,8 @@ class ShardedLoader(RankBatches):
         """Yields (batch, local_count, global_count) for each step of the epoch, after the
         first `skip` steps (resuming mid-epoch)."""
         steps = self.steps()[skip:]
-        for step, batch in zip(steps, fetch_batches(self.dataset, [s.indices for s in steps], self.num_workers)):
+        batches = fetch_batches(self.dataset, [s.indices for s in steps], self.num_workers)
+        for step, batch in zip(steps, batches, strict=True):
             yield batch, len(step.indices), step.global_count
 
     def __iter__(self) -> Iterator[Any]:

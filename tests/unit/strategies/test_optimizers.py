@@ -38,11 +38,11 @@ def _groups(model, make):
 def test_rebuild_keeps_class_groups_and_settings_over_new_parameters(name):
     old, new = _model(), _model()
     opt = _groups(old, OPTIMIZERS[name])
-    swap = dict(zip(map(id, old.parameters()), new.parameters()))
+    swap = dict(zip(map(id, old.parameters()), new.parameters(), strict=True))
     rebuilt = rebuild_optimizer(opt, lambda p: swap[id(p)])
     assert type(rebuilt) is type(opt)
     assert len(rebuilt.param_groups) == 2
-    for a, b in zip(opt.param_groups, rebuilt.param_groups):
+    for a, b in zip(opt.param_groups, rebuilt.param_groups, strict=True):
         assert {k: v for k, v in a.items() if k != "params"} == {k: v for k, v in b.items() if k != "params"}
         assert [id(swap[id(p)]) for p in a["params"]] == [id(p) for p in b["params"]]
     # it steps like the original would have on the new parameters
@@ -62,7 +62,7 @@ def test_fused_on_rebuilds_the_same_optimizer_with_the_fused_kernel_and_the_same
             m(torch.randn(5, 4)).square().mean().backward()
             o.step()
             o.zero_grad()
-    for a, b in zip(ref_model.parameters(), model.parameters()):
+    for a, b in zip(ref_model.parameters(), model.parameters(), strict=True):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
 
 

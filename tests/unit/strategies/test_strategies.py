@@ -53,7 +53,7 @@ def test_a_checkpoint_saved_by_the_strategy_loads_back_through_it(rt, tmp_path: 
     assert (ckpt["epoch"], ckpt["step"], ckpt["loss_sum"], len(ckpt["rng"])) == (2, 1, 0.75, 1)
     fresh, fresh_opt = DdpStrategy(rt).setup(_task(), lr=None)
     DdpStrategy(rt).load_checkpoint("file", ckpt, path, fresh, fresh_opt)
-    assert all(torch.equal(a, b) for a, b in zip(fresh.state_dict().values(), model.state_dict().values()))
+    assert all(torch.equal(a, b) for a, b in zip(fresh.state_dict().values(), model.state_dict().values(), strict=True))
     assert fresh_opt.state_dict()["param_groups"] == opt.state_dict()["param_groups"]
 
 
