@@ -197,7 +197,6 @@ def make_checkpoint(
         "model": model_state,
         "optimizer": optimizer_state,
         "rng": rng_states,
-        "sampler_epoch": epoch,
         "world_size": world_size,
         "config": config,
         "model_signature": model_signature(model_state),

@@ -76,7 +76,7 @@ def save_dcp(run_dir: Path, pos: Position, model: nn.Module, optimizer: torch.op
             meta = {
                 "format": FORMAT, "version": VERSION, "epoch": epoch, "step": step, "loss_sum": pos.loss_sum,
                 "count_sum": pos.count_sum, "extra": extra or {}, "global_step": pos.global_step,
-                "sampler_epoch": epoch, "rng": rng_states, "world_size": rt.world_size, "config": config,
+                "rng": rng_states, "world_size": rt.world_size, "config": config,
                 "model_signature": ckpt_io.model_signature(unwrap(model).state_dict()),
                 "optimizer_groups": [len(g["params"]) for g in optimizer.param_groups],
             }

@@ -152,10 +152,6 @@ def _add_agent_options(p: argparse.ArgumentParser) -> None:
         g.add_argument(*spellings, dest=name, default=None, **kwargs)
 
 
-def train_config(ns: argparse.Namespace) -> Any:
-    return config_from(ns)
-
-
 def _add_dry_run(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dry-run", action="store_true", help="print the launch plan (nodes, ranks, master, backend, device) and start nothing")
 
@@ -163,7 +159,7 @@ def _add_dry_run(p: argparse.ArgumentParser) -> None:
 def cmd_train(ns: argparse.Namespace) -> int:
     from ..api import train
 
-    train(train_config(ns), dry_run=ns.dry_run, _clean_parent=True)
+    train(config_from(ns), dry_run=ns.dry_run, _clean_parent=True)
     return 0
 
 
@@ -204,7 +200,7 @@ def cmd_slurm(ns: argparse.Namespace) -> int:
         if any(a == flag or a.startswith(flag + "=") for a in args):
             raise DdpkitError(f"{flag} does not belong after --: SLURM starts the workers "
                               "(use --nodes / --gpus-per-node / --ntasks-per-node of `ddpkit slurm`)")
-    train_config(train_ns)  # validates values
+    config_from(train_ns)  # validates values
     run_dir = Path(train_ns.run_dir or f"runs/{ns.job_name}-{time.strftime('%Y%m%d-%H%M%S')}").resolve()
     if not train_ns.run_dir:
         args += ["--run-dir", str(run_dir)]
