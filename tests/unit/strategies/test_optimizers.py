@@ -45,9 +45,16 @@ def test_rebuild_keeps_class_groups_and_settings_over_new_parameters(name):
     for a, b in zip(opt.param_groups, rebuilt.param_groups, strict=True):
         assert {k: v for k, v in a.items() if k != "params"} == {k: v for k, v in b.items() if k != "params"}
         assert [id(swap[id(p)]) for p in a["params"]] == [id(p) for p in b["params"]]
-    # it steps like the original would have on the new parameters
-    new(torch.randn(3, 4)).sum().backward()
-    rebuilt.step()
+    # it steps like the original: the same inputs move both (equal) models to equal parameters
+    for step in range(3):
+        for model, optimizer in ((old, opt), (new, rebuilt)):
+            torch.manual_seed(step)
+            model(torch.randn(3, 4)).square().sum().backward()
+            optimizer.step()
+            optimizer.zero_grad()
+    for a, b in zip(old.parameters(), new.parameters(), strict=True):
+        assert torch.equal(a, b)  # the same arithmetic in the same order
+    assert not torch.equal(next(new.parameters()), next(_model().parameters()))  # and it did step
 
 
 @pytest.mark.parametrize("name", ["AdamW", "Adam", "SGD"])
