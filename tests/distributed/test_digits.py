@@ -39,8 +39,9 @@ def test_2_processes_train_the_model_1_process_trains_with_the_same_global_batch
     # lr 1e-2 turns into 1e-2 in float32 within an epoch at some seeds (README); any sample seen
     # twice or weighted wrongly would differ by far more than the tolerance
     common = ["--epochs", "8", "--seed", "3", "--save-every", "0", "--threads", "1", "--quiet"]
-    run_ddpkit("train", DIGITS_FLOAT64, "--nproc", "2", "--batch-size", "32", "--run-dir", str(tmp_path / "two"), *common)
-    run_ddpkit("train", DIGITS_FLOAT64, "--nproc", "1", "--batch-size", "64", "--run-dir", str(tmp_path / "one"), *common)
+    for name, nproc, batch in (("two", "2", "32"), ("one", "1", "64")):
+        run_ddpkit("train", DIGITS_FLOAT64, "--nproc", nproc, "--batch-size", batch, "--run-dir", str(tmp_path / name),
+                   *common)
     one, two = load_model(tmp_path / "one"), load_model(tmp_path / "two")
     assert one["0.weight"].dtype == torch.float64
     assert_state_close(two, one, rtol=0, atol=1e-10)

@@ -32,7 +32,8 @@ def test_keep_last_keeps_the_newest_of_both_kinds_by_position_not_by_name(tmp_pa
 
 
 def test_temporaries_of_an_interrupted_save_are_neither_counted_nor_deleted(tmp_path):
-    folder = _checkpoints(tmp_path, "epoch-000001.pt", "epoch-000002.pt", ".epoch-000003.pt.tmp", ".epoch-000003.partial")
+    folder = _checkpoints(tmp_path, "epoch-000001.pt", "epoch-000002.pt",
+                          ".epoch-000003.pt.tmp", ".epoch-000003.partial")
     assert [p.name for p in prune(tmp_path, keep=1)] == ["epoch-000001.pt"]
     assert _left(folder) == [".epoch-000003.partial", ".epoch-000003.pt.tmp", "epoch-000002.pt"]
 

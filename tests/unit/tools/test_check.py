@@ -78,7 +78,8 @@ def test_warnings_do_not_fail_the_verdict_and_are_listed_in_it():
     assert status(rows, "memory") == ("WARN", "n0 (node 0): 20.0 GiB free, /dev/shm 4096 MiB free; "
                                               "n1 (node 1): 20.0 GiB free, /dev/shm 64 MiB free")
     assert status(rows, "traps") == ("WARN", "n0 (node 0): load average 3.27 on 2 cores")
-    assert format_check({**r, "rows": rows}).splitlines()[-1] == "verdict: a job would run here (warnings: memory, traps)"
+    verdict = format_check({**r, "rows": rows}).splitlines()[-1]
+    assert verdict == "verdict: a job would run here (warnings: memory, traps)"
 
 
 def test_mixed_backends_and_a_failed_all_reduce_fail_and_every_failure_is_in_the_verdict():
