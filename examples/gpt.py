@@ -270,7 +270,7 @@ if __name__ == "__main__":  # a quick look without ddpkit's launcher: one proces
     opt = task.optimizer(task.model.parameters())
     sched = task.scheduler(opt)
     loader = torch.utils.data.DataLoader(task.train_set, batch_size=32, shuffle=True)
-    for step, batch in zip(range(60), loader):
+    for step, batch in zip(range(60), loader, strict=False):  # at most 60 steps, fewer if the loader ends first
         _, loss = task.model(**batch)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(task.model.parameters(), 1.0)

@@ -13,6 +13,7 @@ import importlib.util
 import inspect
 import os
 import sys
+import traceback
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -84,22 +85,47 @@ def load_task_function(spec: str) -> Callable[..., Any]:
             module = importlib.util.module_from_spec(file_spec)
             sys.modules[mod_name] = module
             sys.path.insert(0, os.path.dirname(path))  # let the file import its neighbours
-            file_spec.loader.exec_module(module)
+            try:
+                file_spec.loader.exec_module(module)
+            except Exception as e:
+                del sys.modules[mod_name]
+                raise import_failure(f"task file {where!r}", e) from None
     else:
         if os.getcwd() not in sys.path and "" not in sys.path:
             sys.path.insert(0, os.getcwd())
         try:
             module = importlib.import_module(where)
-        except ModuleNotFoundError as e:
-            if e.name and where.startswith(e.name) or e.name == where:
+        except Exception as e:
+            missing = getattr(e, "name", None) if isinstance(e, ModuleNotFoundError) else None
+            if missing and where.startswith(missing) or missing == where:
                 raise DdpkitError(
                     f"task module {where!r} not found: check the name, or run from the folder that holds it"
                 ) from None
-            raise
+            if where.split(".")[0] == __package__:
+                raise  # a built-in task: a bug of ours, with its whole traceback
+            raise import_failure(f"task module {where!r}", e) from None
     fn = getattr(module, name, None)
     if fn is None or not callable(fn):
         raise DdpkitError(f"task {spec!r}: {where} has no function {name!r}")
     return fn
+
+
+def import_failure(what: str, error: Exception) -> DdpkitError:
+    """A task that raises while it is imported is the user's bug, not ours: one line naming
+    the task and the error, then only the traceback from their code on (not ddpkit's frames
+    that imported it, nor importlib's)."""
+    def importing(frame: traceback.FrameSummary) -> bool:
+        return frame.filename.startswith(("<frozen importlib", os.path.dirname(importlib.__file__) + os.sep))
+
+    ours = os.path.dirname(os.path.abspath(__file__)) + os.sep
+    frames = traceback.extract_tb(error.__traceback__)
+    while frames and (frames[0].filename.startswith(ours) or importing(frames[0])):
+        frames.pop(0)
+    lines = traceback.format_list([f for f in frames if not importing(f)])
+    if isinstance(error, SyntaxError):  # where in the file it could not be parsed: the line and its caret
+        lines += traceback.format_exception_only(type(error), error)[:-1]
+    detail = "".join(lines).rstrip("\n")
+    return DdpkitError(f"{what} failed at import: {type(error).__name__}: {error}" + (f"\n{detail}" if detail else ""))
 
 
 def build_task(spec: str, config: Any = None, task_args: dict[str, Any] | None = None) -> Task:

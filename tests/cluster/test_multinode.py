@@ -75,7 +75,7 @@ def _start_two_nodes(net, run_dir, extra):
     import subprocess
     logs = [open(run_dir.parent / f"node{i}.log", "w+") for i in (1, 2)]
     procs = [node.popen(base, env=env, stdout=log, stderr=subprocess.STDOUT, worker_env=False)
-             for node, log in zip(net.nodes, logs)]
+             for node, log in zip(net.nodes, logs, strict=True)]
     return procs, logs
 
 

@@ -13,6 +13,7 @@ import time
 import pytest
 
 from conftest import REPO, assert_state_equal, load_model, run_ddpkit
+from ddpkit.environments.slurm import expand_nodelist
 
 pytestmark = pytest.mark.cluster
 
@@ -28,6 +29,12 @@ TRAIN = ["wine", "--epochs", "6", "--batch-size", "16", "--seed", "4", "--save-e
 
 def _local_reference(reference_run):
     return reference_run("--nproc", "2", "--quiet", "--grad-sync", "backend", *TRAIN[1:])
+
+
+@pytest.mark.parametrize("nodelist", ["gpu[01-04,07],cpu-a1", "rack[1-2]-node[01-02]", "n[098-101]", "node[1-2] node7"])
+def test_our_nodelist_parser_agrees_with_scontrol(slurm, nodelist):
+    # scontrol reads the cluster's slurm.conf first (without one it refuses), so it runs against the fixture's
+    assert slurm.scontrol("show", "hostnames", nodelist).split() == expand_nodelist(nodelist)
 
 
 def test_generated_script_trains_on_two_nodes_like_one_node(slurm, tmp_path, reference_run):

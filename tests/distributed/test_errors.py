@@ -4,7 +4,7 @@ import subprocess
 
 import pytest
 
-from conftest import run_ddpkit
+from conftest import REPO, run_ddpkit
 
 BAD_TASKS = """
 import torch
@@ -39,6 +39,35 @@ def test_refused_before_any_worker_starts(tmp_path, args, fragment):
     assert proc.returncode == 2
     assert fragment in proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+IMPORT_FAILURES = {  # file name -> text: a task file with a stray word, and a module whose helper raises
+    "broken.py": "import torch\n\ngarbage\n\n\ndef build():\n    return None\n",
+    "broken_mod.py": "from broken_helper import extension\n\n\ndef build():\n    return None\n",
+    "broken_helper.py": "def load():\n    raise ImportError('no compiled extension here')\n\n\nextension = load()\n",
+}
+
+
+@pytest.mark.parametrize("spec, first_line, frames", [
+    ("broken.py:build", "task file 'broken.py' failed at import: NameError: name 'garbage' is not defined",
+     [("broken.py", 3, "<module>", "garbage")]),
+    ("broken_mod:build", "task module 'broken_mod' failed at import: ImportError: no compiled extension here",
+     [("broken_mod.py", 1, "<module>", "from broken_helper import extension"),
+      ("broken_helper.py", 5, "<module>", "extension = load()"),
+      ("broken_helper.py", 2, "load", "raise ImportError('no compiled extension here')")]),
+])
+def test_a_task_that_fails_at_import_is_one_line_and_the_users_own_frames(tmp_path, spec, first_line, frames):
+    for name, text in IMPORT_FAILURES.items():
+        (tmp_path / name).write_text(text)
+    proc = run_ddpkit("train", spec, "--epochs", "1", cwd=tmp_path, check=False, timeout=60)
+    assert proc.returncode == 2, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert lines[0] == f"ddpkit: error: {first_line}"
+    expected = []
+    for name, line, function, code in frames:
+        expected += [f'  File "{tmp_path / name}", line {line}, in {function}', f"    {code}"]
+    assert [ln for ln in lines[1:] if not set(ln.strip()) <= set("^~")] == expected  # (3.11+ marks the call with ^)
+    assert "Traceback" not in proc.stderr and str(REPO / "src") not in proc.stderr and "importlib" not in proc.stderr
 
 
 @pytest.mark.parametrize("task, extra, fragment", [

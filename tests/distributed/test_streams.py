@@ -109,7 +109,7 @@ def _tensors_equal(a, b):
     if isinstance(a, dict):
         return a.keys() == b.keys() and all(_tensors_equal(a[k], b[k]) for k in a)
     if isinstance(a, (list, tuple)):
-        return len(a) == len(b) and all(_tensors_equal(x, y) for x, y in zip(a, b))
+        return len(a) == len(b) and all(_tensors_equal(x, y) for x, y in zip(a, b, strict=True))
     return a == b
 
 

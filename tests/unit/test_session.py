@@ -34,11 +34,21 @@ def test_ddp_options_with_fsdp_and_fp16_on_cpu_are_refused(rt):
         rt.wrap(_model(), precision="fp16")
 
 
+def test_bf16_on_a_cpu_without_native_bfloat16_is_refused(rt, monkeypatch):
+    monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: False)  # what ddpkit asks torch
+    monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: False)
+    with pytest.raises(DdpkitError, match="this CPU has no native bfloat16"):
+        rt.wrap(_model(), precision="bf16")
+    model = _model()
+    assert rt.wrap(model) is model  # the refusal left nothing behind: fp32 is still open to this session
+
+
 def test_wrap_returns_model_and_optimizer_and_refuses_a_foreign_optimizer(rt):
     m = _model()
     model, opt = rt.wrap(m, torch.optim.SGD(m.parameters(), lr=0.1))
     assert isinstance(opt, torch.optim.SGD) and model is m  # one process: no DDP
-    assert rt.wrap(_model()) is not None  # a second model alike (a GAN's two)
+    second = _model()
+    assert rt.wrap(second) is second  # a second model alike (a GAN's two): no optimizer given, the model alone
     with pytest.raises(DdpkitError, match="already wraps with strategy='ddp', precision='fp32'"):
         rt.wrap(_model(), precision="bf16")
     with pytest.raises(DdpkitError, match="not this model's"):
@@ -56,7 +66,7 @@ def test_whole_save_loads_without_ddpkit_and_back_with_rt_load(rt, tmp_path):
     other = _model()
     other_opt = torch.optim.Adam(other.parameters())
     assert rt.load(str(tmp_path / "s.pt"), other, other_opt) == {"step": 7}
-    assert all(torch.equal(a, b) for a, b in zip(other.parameters(), model.parameters()))
+    assert all(torch.equal(a, b) for a, b in zip(other.parameters(), model.parameters(), strict=True))
     assert other_opt.state_dict()["state"][0]["step"] == 1
 
 
@@ -65,7 +75,7 @@ def test_sharded_save_on_one_process_round_trips(rt, tmp_path):
     rt.save(str(tmp_path / "d"), model, sharded=True, note="x")
     other = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2))
     assert rt.load(str(tmp_path / "d"), other) == {"note": "x"}
-    assert all(torch.equal(a, b) for a, b in zip(other.parameters(), model.parameters()))
+    assert all(torch.equal(a, b) for a, b in zip(other.parameters(), model.parameters(), strict=True))
     assert not list(tmp_path.glob(".*partial"))
 
 

@@ -48,6 +48,18 @@ def test_bad_task_names(spec, fragment):
         load_task_function(spec)
 
 
+def test_a_task_file_that_does_not_parse_shows_where_and_loads_once_fixed(tmp_path):
+    f = tmp_path / "typo.py"
+    f.write_text("def build(:\n    pass\n")
+    with pytest.raises(DdpkitError) as e:
+        load_task_function(f"{f}:build")
+    first, *rest = str(e.value).splitlines()
+    assert first.startswith(f"task file '{f}' failed at import: SyntaxError: ")
+    assert rest[:2] == [f'  File "{f}", line 1', "    def build(:"] and rest[2].strip() == "^"
+    f.write_text("def build():\n    return 7\n")  # the half-imported module was not kept
+    assert load_task_function(f"{f}:build")() == 7
+
+
 def _parts():
     m = nn.Linear(2, 2)
     return m, TensorDataset(torch.zeros(4, 2), torch.zeros(4, dtype=torch.long))

@@ -141,7 +141,7 @@ def run_elastic(plan: LaunchPlan, entrypoint: Callable[..., Any] | str, args: li
     finally:
         tail_log.tail_logfile = torch_tail
         del rdzv_store
-        for log, level in zip(agent_logs, saved_levels):
+        for log, level in zip(agent_logs, saved_levels, strict=True):
             log.setLevel(level)
         os.environ.clear()
         os.environ.update(saved_env)

@@ -28,7 +28,7 @@ def plot_curves(curves: Mapping[str, Records], out: str | os.PathLike, title: st
     fig = _figure((15, 4.6))
     ax_loss, ax_metric, ax_speed = fig.subplots(1, 3)
     colours = [f"C{i % 10}" for i in range(len(curves))]
-    for (label, records), colour in zip(curves.items(), colours):
+    for (label, records), colour in zip(curves.items(), colours, strict=True):
         _line(ax_loss, records, "train_loss", colour, f"{label} train", "-")
         _line(ax_loss, records, "eval_loss", colour, f"{label} eval", "--")
         if metric:
@@ -66,20 +66,21 @@ def plot_bars(panels: Mapping[str, Sequence[Mapping[str, Any]]], out: str | os.P
     heights = [max(1.5, 0.45 * len(bars) + 1) for bars in panels.values()]
     fig = _figure((9, sum(heights) + 0.5))
     axes = fig.subplots(len(panels), 1, squeeze=False, gridspec_kw={"height_ratios": heights})[:, 0]
-    for ax, (name, bars) in zip(axes, panels.items()):
+    for ax, (name, bars) in zip(axes, panels.items(), strict=True):
         bars = list(bars)[::-1]  # the first bar on top
         y = list(range(len(bars)))
         med = [b["median"] for b in bars]
-        whiskers = [[m - b["min"] for m, b in zip(med, bars)], [b["max"] - m for m, b in zip(med, bars)]]
+        whiskers = [[m - b["min"] for m, b in zip(med, bars, strict=True)],
+                    [b["max"] - m for m, b in zip(med, bars, strict=True)]]
         if any("part" in b for b in bars):
-            part = [min(b.get("part", 0.0), m) for b, m in zip(bars, med)]
+            part = [min(b.get("part", 0.0), m) for b, m in zip(bars, med, strict=True)]
             ax.barh(y, part, color="#d62728", label=part_label)
-            ax.barh(y, [m - p for m, p in zip(med, part)], left=part, color="#1f77b4", label=rest_label)
+            ax.barh(y, [m - p for m, p in zip(med, part, strict=True)], left=part, color="#1f77b4", label=rest_label)
             ax.errorbar(med, y, xerr=whiskers, fmt="none", ecolor="black", capsize=3, lw=1)
             ax.legend(loc="lower right", fontsize=8)
         else:
             ax.barh(y, med, xerr=whiskers, color="#2ca02c", capsize=3)
-        for yi, m in zip(y, med):
+        for yi, m in zip(y, med, strict=True):
             ax.text(m, yi, f" {m:,.0f}" if abs(m) >= 100 else f" {m:.3g}", va="center", fontsize=8)
         ax.set_yticks(y)
         ax.set_yticklabels([b["name"] for b in bars], fontsize=8)
@@ -155,5 +156,5 @@ def _metric_key(curves: Mapping[str, Records]) -> str | None:
 def _line(ax: Any, records: Records, key: str, colour: str, label: str, style: str, marker: bool = False) -> None:
     points = [(r["epoch"], r[key]) for r in records if r.get(key) is not None]
     if points:
-        xs, ys = zip(*points)
+        xs, ys = zip(*points, strict=True)
         ax.plot(xs, ys, style, color=colour, label=label, marker="." if marker and len(points) < 40 else None)

@@ -28,7 +28,7 @@ from typing import Any, Callable, Iterable
 import torch
 from torch import nn
 
-from ..config import format_bytes, parse_memory  # noqa: F401  (the size syntax of --device-memory)
+from ..config import format_bytes
 
 FIT_FRACTION = 0.8
 ASSUMED_OPTIMIZER_BYTES = 8.0  # Adam's two fp32 moments, when the optimizer cannot be probed

@@ -21,10 +21,6 @@ class StopRequest:
     def _handle(self, signum: int, frame: FrameType | None) -> None:
         self.received = signal.Signals(signum).name
 
-    @property
-    def active(self) -> bool:
-        return bool(self.names)
-
     def restore(self) -> None:
         for signum, handler in self._previous.items():
             signal.signal(signum, handler)  # type: ignore[arg-type]

@@ -183,7 +183,7 @@ def micro_batches(batch: Any, n_local: int, k: int) -> list[tuple[Any, int]]:
     if n_local and sample_count(batch) != n_local:
         raise DdpkitError(f"--accumulate: a batch of {n_local} samples holds a tensor of {sample_count(batch)} rows first; "
                           "every tensor of a batch needs the samples along its first dimension")
-    return list(zip(split(batch, sizes), sizes))
+    return list(zip(split(batch, sizes), sizes, strict=True))
 
 
 def iter_micro(batch: Any, n_local: int, k: int) -> Iterator[tuple[Any, int, bool]]:

@@ -63,7 +63,7 @@ def main():
             loader.set_epoch(epoch)
             for xb, yb in loader:
                 xb, yb = xb.to(rt.device), yb.to(rt.device)
-                for i, (xm, ym) in enumerate(zip(xb.chunk(k), yb.chunk(k))):
+                for i, (xm, ym) in enumerate(zip(xb.chunk(k), yb.chunk(k), strict=True)):
                     with rt.accumulate(model, i, k):
                         with rt.autocast():
                             loss = task.loss_fn(model(xm), ym) * (len(xm) / len(xb))

@@ -108,7 +108,7 @@ assert grad_sync_used(wrapped) == "shm"
 mine = grads_with_fp16_hook(wrapped)
 assert grad_sync_used(wrapped) == "gloo"
 plain = grads_with_fp16_hook(nn.parallel.DistributedDataParallel(fresh()))
-assert all(torch.equal(a, b) for a, b in zip(mine, plain)), "the user's hook did not take over"
+assert all(torch.equal(a, b) for a, b in zip(mine, plain, strict=True)), "the user's hook did not take over"
 try:
     wrapped.register_comm_hook(None, default_hooks.allreduce_hook)
     raise AssertionError("a second hook should be refused")

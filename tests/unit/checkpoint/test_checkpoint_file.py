@@ -115,5 +115,5 @@ def test_save_state_and_load_state_for_own_loops(tmp_path):
     m2 = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2))
     opt2 = torch.optim.SGD(m2.parameters(), lr=0.1, momentum=0.9)
     assert ck.load_state(tmp_path / "s.pt", m2, opt2) == {"epoch": 3}
-    assert all(torch.equal(a, b) for a, b in zip(m.parameters(), m2.parameters()))
+    assert all(torch.equal(a, b) for a, b in zip(m.parameters(), m2.parameters(), strict=True))
     assert opt2.state_dict()["state"][0]["momentum_buffer"].equal(opt.state_dict()["state"][0]["momentum_buffer"])

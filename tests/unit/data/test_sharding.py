@@ -1,3 +1,5 @@
+from itertools import pairwise
+
 import torch
 from torch.utils.data import Dataset, TensorDataset
 
@@ -10,7 +12,7 @@ def test_split_even_covers_everything_once():
         for parts in range(1, 7):
             spans = [split_even(count, parts, i) for i in range(parts)]
             assert spans[0][0] == 0 and spans[-1][1] == count
-            assert all(a[1] == b[0] for a, b in zip(spans, spans[1:]))
+            assert all(a[1] == b[0] for a, b in pairwise(spans))
             sizes = [hi - lo for lo, hi in spans]
             assert max(sizes) - min(sizes) <= 1
 
@@ -63,7 +65,7 @@ class ItemDataset(Dataset):
 def test_item_datasets_give_the_same_batches_as_tensor_datasets():
     a = ShardedLoader(ItemDataset(), 4, 1, 2, seed=3)
     b = ShardedLoader(TensorDataset(torch.arange(10.0).unsqueeze(1), torch.arange(10)), 4, 1, 2, seed=3)
-    for x, y in zip(a, b):
+    for x, y in zip(a, b, strict=True):
         assert torch.equal(x[0], y[0]) and torch.equal(x[1], y[1])
     w = ShardedLoader(ItemDataset(), 4, 1, 2, seed=3, num_workers=1)
     assert [t[1].tolist() for t in w] == [t[1].tolist() for t in b]

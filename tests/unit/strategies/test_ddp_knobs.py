@@ -11,7 +11,7 @@ def test_wine_without_sklearn_is_bit_identical_to_sklearn():
     pytest.importorskip("sklearn")
     ours = wine._wine_arrays_without_sklearn()
     assert ours is not None
-    for a, b in zip(ours, wine.wine_arrays_sklearn()):
+    for a, b in zip(ours, wine.wine_arrays_sklearn(), strict=True):
         assert a.shape == b.shape and np.array_equal(a, b)
 
 

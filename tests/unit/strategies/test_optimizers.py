@@ -38,16 +38,23 @@ def _groups(model, make):
 def test_rebuild_keeps_class_groups_and_settings_over_new_parameters(name):
     old, new = _model(), _model()
     opt = _groups(old, OPTIMIZERS[name])
-    swap = dict(zip(map(id, old.parameters()), new.parameters()))
+    swap = dict(zip(map(id, old.parameters()), new.parameters(), strict=True))
     rebuilt = rebuild_optimizer(opt, lambda p: swap[id(p)])
     assert type(rebuilt) is type(opt)
     assert len(rebuilt.param_groups) == 2
-    for a, b in zip(opt.param_groups, rebuilt.param_groups):
+    for a, b in zip(opt.param_groups, rebuilt.param_groups, strict=True):
         assert {k: v for k, v in a.items() if k != "params"} == {k: v for k, v in b.items() if k != "params"}
         assert [id(swap[id(p)]) for p in a["params"]] == [id(p) for p in b["params"]]
-    # it steps like the original would have on the new parameters
-    new(torch.randn(3, 4)).sum().backward()
-    rebuilt.step()
+    # it steps like the original: the same inputs move both (equal) models to equal parameters
+    for step in range(3):
+        for model, optimizer in ((old, opt), (new, rebuilt)):
+            torch.manual_seed(step)
+            model(torch.randn(3, 4)).square().sum().backward()
+            optimizer.step()
+            optimizer.zero_grad()
+    for a, b in zip(old.parameters(), new.parameters(), strict=True):
+        assert torch.equal(a, b)  # the same arithmetic in the same order
+    assert not torch.equal(next(new.parameters()), next(_model().parameters()))  # and it did step
 
 
 @pytest.mark.parametrize("name", ["AdamW", "Adam", "SGD"])
@@ -62,7 +69,7 @@ def test_fused_on_rebuilds_the_same_optimizer_with_the_fused_kernel_and_the_same
             m(torch.randn(5, 4)).square().mean().backward()
             o.step()
             o.zero_grad()
-    for a, b in zip(ref_model.parameters(), model.parameters()):
+    for a, b in zip(ref_model.parameters(), model.parameters(), strict=True):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
 
 

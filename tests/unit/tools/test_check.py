@@ -67,3 +67,46 @@ def test_gpu_node_hints():
     assert gpu_traps("nccl", 0, {}) == []
     hints = gpu_traps("nccl", 8, {"NCCL_P2P_DISABLE": "1"})
     assert any("NCCL_P2P_DISABLE=1" in h for h in hints) and any("NCCL_SOCKET_IFNAME is not set" in h for h in hints)
+
+
+def test_warnings_do_not_fail_the_verdict_and_are_listed_in_it():
+    r = healthy()
+    r["facts"][2]["shm_free_mib"] = 64  # n1's /dev/shm nearly full
+    r["facts"][0]["traps"] = ["load average 3.27 on 2 cores"]
+    rows, ok = judge(r)
+    assert ok
+    assert status(rows, "memory") == ("WARN", "n0 (node 0): 20.0 GiB free, /dev/shm 4096 MiB free; "
+                                              "n1 (node 1): 20.0 GiB free, /dev/shm 64 MiB free")
+    assert status(rows, "traps") == ("WARN", "n0 (node 0): load average 3.27 on 2 cores")
+    verdict = format_check({**r, "rows": rows}).splitlines()[-1]
+    assert verdict == "verdict: a job would run here (warnings: memory, traps)"
+
+
+def test_mixed_backends_and_a_failed_all_reduce_fail_and_every_failure_is_in_the_verdict():
+    r = healthy()
+    r["facts"][3]["backend"] = "nccl"
+    r["allreduce"] = {"error": "timed out after 60 s"}
+    rows, ok = judge(r)
+    assert not ok
+    assert status(rows, "backend") == ("FAIL", "gloo via veth0 on ranks 0-2 (n0, n1); nccl via veth0 on rank 3 (n1)")
+    assert status(rows, "all-reduce") == ("FAIL", "timed out after 60 s")
+    assert format_check({**r, "rows": rows}).splitlines()[-1] == (
+        "verdict: a job would NOT run here: backend, all-reduce failed (see above)")
+
+
+def test_one_process_on_one_node_has_nothing_to_cross_and_passes():
+    one = {"facts": [fact(0, "n0", 0)], "run_dir_path": "/r", "run_dir": [{"error": None, "sees": [0]}],
+           "clocks": [{"time": 1.0}], "ports": [], "allreduce": {}}
+    rows, ok = judge(one)
+    assert ok and [s for _, s, _ in rows] == ["OK"] * len(rows)
+    assert status(rows, "ports") == ("OK", "one node: nothing crosses a network")
+    assert status(rows, "all-reduce") == ("OK", "one process: nothing to all-reduce")
+    assert format_check({**one, "rows": rows}).splitlines()[0] == "ddpkit check: 1 rank(s) on 1 node(s)"
+
+
+def test_a_rank_that_cannot_write_the_run_directory_fails_with_its_error():
+    r = healthy()
+    r["run_dir"] = [{"error": None, "sees": [0, 1, 2]}] * 3 + [{"error": "Permission denied", "sees": []}]
+    rows, ok = judge(r)
+    s, d = status(rows, "run directory")
+    assert not ok and s == "FAIL" and d.startswith("/shared/run is not one shared folder: rank 3: Permission denied")

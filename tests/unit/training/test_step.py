@@ -34,7 +34,7 @@ def test_micro_batches_sum_to_the_whole_batch_step(rt):
     r3 = split.run(_batch(), 7, 7, "epoch 1, step 1")
     assert r1.loss_sum[1].item() == r3.loss_sum[1].item() == 7  # [loss sum, samples]
     assert r1.loss_sum[0].item() == pytest.approx(r3.loss_sum[0].item(), rel=1e-6)  # float32 means of other sizes
-    for a, b in zip(whole.model.parameters(), split.model.parameters()):
+    for a, b in zip(whole.model.parameters(), split.model.parameters(), strict=True):
         torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-7)
 
 
@@ -51,7 +51,7 @@ def test_a_nan_loss_stops_before_the_weights_change_naming_the_step(rt):
     x[2, 0] = float("nan")
     with pytest.raises(DdpkitError, match="not finite in epoch 2, step 5 .*--on-nan skip"):
         runner.run((x, y), 7, 7, "epoch 2, step 5")
-    assert all(torch.equal(a, b) for a, b in zip(before, runner.model.parameters()))
+    assert all(torch.equal(a, b) for a, b in zip(before, runner.model.parameters(), strict=True))
 
 
 def test_on_nan_skip_drops_the_step_and_its_gradients(rt):
@@ -60,7 +60,7 @@ def test_on_nan_skip_drops_the_step_and_its_gradients(rt):
     x, y = _batch()
     x[0, 0] = float("inf")  # in the first micro-batch: its gradient must not leak into the next step
     assert runner.run((x, y), 7, 7, "epoch 1, step 1").loss_sum is None
-    assert all(torch.equal(a, b) for a, b in zip(before, runner.model.parameters()))
+    assert all(torch.equal(a, b) for a, b in zip(before, runner.model.parameters(), strict=True))
     assert all(p.grad is None for p in runner.model.parameters())
 
 
