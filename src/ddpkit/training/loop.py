@@ -78,8 +78,8 @@ class Run:
         replan(scheduler, self.plan.total_steps, self.planned.saved, rt.print)
         self.cadence = Cadence(self.plan, start, cfg.eval_every, cfg.eval_every_steps, self.checkpointer,
                                self.steps.stop_requested)
-        self.log = MetricsLog(run_dir, enabled=rt.is_main, keep_until_epoch=start.epoch, csv=cfg.csv,
-                              tensorboard=cfg.tensorboard, keep_until_step=start.global_step)
+        self.log = MetricsLog(run_dir, enabled=rt.is_main, keep_until_epoch=start.epoch, keep_until_step=start.global_step,
+                              settings=cfg.as_dict())  # each sink decides from the settings whether it is wanted
         self.progress = Progress(choose_mode(cfg.progress, cfg.quiet, rt.is_main, sys.stdout), self.plan.passes, start.epoch,
                                  self.loader.n)
         self.totals = RunTotals(resumed_from=start.epoch)
