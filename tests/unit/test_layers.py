@@ -8,7 +8,7 @@ SRC = Path(__file__).resolve().parents[2] / "src" / "ddpkit"
 
 # Lowest first. A module may import its own layer and those before it.
 LAYERS = [
-    ["errors", "envvars"],  # envvars: variable names both the launcher and the worker side read
+    ["errors", "envvars", "tree"],  # envvars: variable names both sides read; tree: the one walk over nested batches and states
     ["config_values", "config_groups"],  # config_groups: each group's choices and checks, below RunConfig
     ["config"],
     ["environments"],

@@ -19,6 +19,7 @@ import torch
 from torch import nn
 
 from ..errors import DdpkitError
+from ..tree import map_tensors
 from .state import Position, plain_state_dict, unwrap
 
 FORMAT = "ddpkit-checkpoint"
@@ -95,13 +96,7 @@ class BackgroundWriter:
 def cpu_copy(obj: Any) -> Any:
     """A copy of a (nested) state with every tensor cloned to the CPU: what a background write
     may hold while training changes the originals."""
-    if isinstance(obj, torch.Tensor):
-        return obj.detach().to("cpu", copy=True)
-    if isinstance(obj, dict):
-        return {k: cpu_copy(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return type(obj)(cpu_copy(v) for v in obj)
-    return obj
+    return map_tensors(obj, lambda t: t.detach().to("cpu", copy=True))
 
 
 def fsync_dir(folder: str | os.PathLike) -> None:

@@ -62,22 +62,42 @@ def list_sharded(run_dir: str | os.PathLike) -> list[tuple[tuple[int, int], Path
 def save_dcp(run_dir: Path, header: Header, model: nn.Module, optimizer: torch.optim.Optimizer, rt: Runtime) -> Path:
     """Collective: every rank writes its shard; rank 0 completes and renames the directory."""
     final = checkpoint_dir(run_dir, header.position.epoch, header.position.name_step)
+
+    def meta() -> dict[str, Any]:
+        header.model_signature = ckpt_io.model_signature(unwrap(model).state_dict())
+        header.optimizer_groups = [len(g["params"]) for g in optimizer.param_groups]
+        return header.to_dict(FORMAT)
+
+    return write_shards(final, model, optimizer, meta, rt, "and the previous checkpoint is intact: free space (or fix "
+                        "the folder) and continue with --resume")
+
+
+def write_shards(final: Path, model: nn.Module, optimizer: torch.optim.Optimizer | None, meta: Any, rt: Runtime,
+                 advice: str = "") -> Path:
+    """Collective, atomic as a whole: every rank writes its shards into `.NAME.partial/` (DCP
+    writes .metadata on rank 0 once all are on disk), rank 0 adds ddpkit.pt (`meta()`) and
+    renames the folder to `final`. A failure leaves `final` as it was."""
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict
+
     tmp = final.parent / f".{final.name}.partial"
     try:
         if rt.is_main:
             shutil.rmtree(tmp, ignore_errors=True)  # left by a crash during an earlier save
             tmp.mkdir(parents=True)
         rt.barrier()
-        model_state, optim_state = get_state_dict(model, optimizer)
-        dcp.save({"model": model_state, "optim": optim_state}, storage_writer=FileSystemWriter(tmp, sync_files=True))
+        if optimizer is None:
+            state: dict[str, Any] = {"model": get_model_state_dict(model)}
+        else:
+            model_state, optim_state = get_state_dict(model, optimizer)
+            state = {"model": model_state, "optim": optim_state}
+        with _alone_is_fine():
+            dcp.save(state, storage_writer=FileSystemWriter(tmp, sync_files=True), no_dist=not rt.distributed)
         if rt.is_main:  # dcp.save returned on rank 0: every shard and .metadata are written
-            header.model_signature = ckpt_io.model_signature(unwrap(model).state_dict())
-            header.optimizer_groups = [len(g["params"]) for g in optimizer.param_groups]
-            ckpt_io.atomic_save(header.to_dict(FORMAT), tmp / META)
+            ckpt_io.atomic_save(meta(), tmp / META)
             _replace_dir(tmp, final)
     except (OSError, CheckpointException) as e:
-        raise DdpkitError(f"cannot write {final}: {_first_line(e)}; it was not renamed into place and the previous "
-                          "checkpoint is intact: free space (or fix the folder) and continue with --resume") from None
+        raise DdpkitError(f"cannot write {final}: {_first_line(e)}; it was not renamed into place"
+                          + (f" {advice}" if advice else "")) from None
     rt.barrier()
     return final
 
@@ -157,32 +177,11 @@ def save_state_dir(path: str | os.PathLike, model: nn.Module, optimizer: torch.o
                    extra: dict[str, Any], rt: Runtime) -> Path:
     """For own loops (rt.save(..., sharded=True)); collective: every rank writes its shard
     into `.NAME.partial/`, rank 0 adds ddpkit.pt (the extras) and renames it to `path`."""
-    from torch.distributed.checkpoint.state_dict import get_model_state_dict
+    def meta() -> dict[str, Any]:
+        return {"format": STATE_FORMAT, "version": STATE_VERSION, "extra": extra, "world_size": rt.world_size,
+                "has_optimizer": optimizer is not None, "model_signature": ckpt_io.model_signature(unwrap(model).state_dict())}
 
-    final = Path(path)
-    tmp = final.parent / f".{final.name}.partial"
-    try:
-        if rt.is_main:
-            shutil.rmtree(tmp, ignore_errors=True)
-            tmp.mkdir(parents=True)
-        rt.barrier()
-        if optimizer is None:
-            state: dict[str, Any] = {"model": get_model_state_dict(model)}
-        else:
-            model_state, optim_state = get_state_dict(model, optimizer)
-            state = {"model": model_state, "optim": optim_state}
-        with _alone_is_fine():
-            dcp.save(state, storage_writer=FileSystemWriter(tmp, sync_files=True), no_dist=not rt.distributed)
-        if rt.is_main:
-            meta = {"format": STATE_FORMAT, "version": STATE_VERSION, "extra": extra, "world_size": rt.world_size,
-                    "has_optimizer": optimizer is not None,
-                    "model_signature": ckpt_io.model_signature(unwrap(model).state_dict())}
-            ckpt_io.atomic_save(meta, tmp / META)
-            _replace_dir(tmp, final)
-    except (OSError, CheckpointException) as e:
-        raise DdpkitError(f"cannot write {final}: {_first_line(e)}; it was not renamed into place") from None
-    rt.barrier()
-    return final
+    return write_shards(Path(path), model, optimizer, meta, rt)
 
 
 def load_state_dir(path: str | os.PathLike, model: nn.Module, optimizer: torch.optim.Optimizer | None) -> dict[str, Any]:
@@ -210,7 +209,6 @@ def load_state_dir(path: str | os.PathLike, model: nn.Module, optimizer: torch.o
             dcp.load(state, storage_reader=FileSystemReader(str(path)), no_dist=no_dist)
         set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
     return meta.get("extra", {})
-
 
 
 @contextlib.contextmanager

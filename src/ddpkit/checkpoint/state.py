@@ -80,12 +80,16 @@ def set_rng_state(state: dict[str, Any]) -> None:
         torch.cuda.set_rng_state(state["cuda"])
 
 
+def all_finite(ts: Any) -> bool:
+    """Whether every floating-point tensor of `ts` (a rank's shards: their local parts) is finite."""
+    return all(torch.isfinite(t.to_local() if hasattr(t, "to_local") else t).all() for t in ts if t.is_floating_point())
+
+
 def weights_finite(model: nn.Module, collectives: Any, device: torch.device) -> bool:
     """Whether every weight of every rank is finite (each rank checks what it holds: its
     shards, or its replica), the same answer on every rank: a checkpoint of NaN weights would
     replace the last good one."""
-    bad = any(not torch.isfinite(t.to_local() if hasattr(t, "to_local") else t).all() for t in model.parameters())
-    flag = torch.tensor([1.0 if bad else 0.0], dtype=torch.float64, device=device)
+    flag = torch.tensor([0.0 if all_finite(model.parameters()) else 1.0], dtype=torch.float64, device=device)
     if collectives is not None:
         collectives.all_reduce_(flag)
     return flag.item() == 0

@@ -21,7 +21,7 @@ from torch import nn
 
 from ..errors import DdpkitError
 from .file import atomic_save, load_file, model_signature
-from .state import plain_state_dict, unwrap
+from .state import all_finite, plain_state_dict, unwrap
 
 FORMAT = "ddpkit-state"
 
@@ -103,7 +103,7 @@ def save_whole(path: str | os.PathLike, model: nn.Module, optimizer: torch.optim
     optim_state = whole_optimizer_state(model, optimizer) if optimizer is not None else None
     if not is_main:
         return
-    if not all(torch.isfinite(t).all() for t in model_state.values() if t.is_floating_point()):
+    if not all_finite(model_state.values()):
         raise DdpkitError(f"cannot save {path}: the weights hold NaN/inf")
     state: dict[str, Any] = {"format": FORMAT, "model": model_state, "extra": extra}
     if optim_state is not None:

@@ -6,6 +6,7 @@ from typing import Any
 import torch
 
 from ..errors import DdpkitError
+from ..tree import tensors
 
 
 class RankBatches:
@@ -26,14 +27,7 @@ class RankBatches:
 
 def first_tensor(obj: Any) -> torch.Tensor | None:
     """The first tensor in a nested structure (dict values in order), or None."""
-    if isinstance(obj, torch.Tensor):
-        return obj
-    values = obj.values() if isinstance(obj, dict) else obj if isinstance(obj, (list, tuple)) else ()
-    for v in values:
-        t = first_tensor(v)
-        if t is not None:
-            return t
-    return None
+    return next(tensors(obj), None)
 
 
 def sample_count(batch: Any) -> int:

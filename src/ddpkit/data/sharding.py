@@ -23,6 +23,7 @@ from typing import Any, Iterator, Sequence
 import torch
 from torch.utils.data import DataLoader, Dataset, TensorDataset, default_collate
 
+from ..tree import map_tensors
 from .samples import RankBatches
 
 
@@ -163,17 +164,7 @@ def _collate(dataset: Dataset, items: list) -> Any:
     if items:
         return default_collate(items)
     # A rank's empty share of a short last batch: a zero-length batch shaped like a sample.
-    return _empty_like(default_collate([dataset[0]]))
-
-
-def _empty_like(batch: Any) -> Any:
-    if isinstance(batch, torch.Tensor):
-        return batch[:0]
-    if isinstance(batch, (list, tuple)):
-        return type(batch)(_empty_like(b) for b in batch)
-    if isinstance(batch, dict):
-        return {k: _empty_like(v) for k, v in batch.items()}
-    return batch
+    return map_tensors(default_collate([dataset[0]]), lambda t: t[:0])
 
 
 def shard_range(n: int, rank: int, world_size: int) -> range:

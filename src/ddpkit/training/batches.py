@@ -25,6 +25,7 @@ from torch import nn
 
 from ..data.samples import first_tensor, sample_count  # noqa: F401  (re-exported for the loop)
 from ..errors import DdpkitError
+from ..tree import map_tensors
 
 _CROSS_ENTROPY = nn.CrossEntropyLoss()
 
@@ -56,7 +57,7 @@ def to_device(batch: Any, device: torch.device) -> Any:
     """The batch with every tensor on `device` (the same object on the CPU)."""
     if device.type == "cpu":
         return batch
-    return _map_tensors(batch, lambda t: t.to(device, non_blocking=True))
+    return map_tensors(batch, lambda t: t.to(device, non_blocking=True))
 
 
 def split(batch: Any, sizes: list[int]) -> list[Any]:
@@ -128,13 +129,3 @@ def _scalar(value: Any, what: str) -> torch.Tensor:
 
 def _count(n: int, device: torch.device) -> torch.Tensor:
     return torch.tensor(float(n), dtype=torch.float64, device=device)
-
-
-def _map_tensors(obj: Any, fn: Callable[[torch.Tensor], torch.Tensor]) -> Any:
-    if isinstance(obj, torch.Tensor):
-        return fn(obj)
-    if isinstance(obj, dict):
-        return {k: _map_tensors(v, fn) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return type(obj)(_map_tensors(v, fn) for v in obj) if type(obj) in (list, tuple) else tuple(_map_tensors(v, fn) for v in obj)
-    return obj
