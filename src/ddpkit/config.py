@@ -9,13 +9,13 @@ from typing import Any
 
 from .config_values import format_bytes, parse_memory, parse_nproc, parse_task_arg  # noqa: F401  (re-exported)
 from .errors import DdpkitError
+from .strategy_config import STRATEGIES, StrategyConfig, check
 
 BACKENDS = ("auto", "gloo", "nccl")
 DEVICES = ("auto", "cpu", "cuda")
 START_METHODS = ("auto", "fork", "spawn", "forkserver")
 RDZV_BACKENDS = ("c10d", "static")
 PROGRESS_MODES = ("auto", "bar", "lines")
-STRATEGIES = ("ddp", "fsdp", "auto")
 PRECISIONS = ("fp32", "bf16", "fp16")
 LR_SCHEDULES = ("constant", "linear", "cosine")
 GRAD_SYNC_MODES = ("auto", "shm", "backend")  # how DDP gradients are all-reduced (strategies/grad_sync.py)
@@ -26,8 +26,6 @@ DEFAULT_TIMEOUT_S = 300.0
 # Variables the launcher hands to its workers (here, so every side imports one name, cheaply).
 ERROR_DIR_VAR = "DDPKIT_ERROR_DIR"  # where a worker writes a user error for the launcher to print
 LAUNCH_TIME_VAR = "DDPKIT_LAUNCH_TIME"  # when the command started (the summary's wall time)
-FSDP_NEEDS_TWO = ("--strategy fsdp shards the model across processes and needs at least 2 (--nproc 2 or more); "
-                  "with one process use --strategy ddp")
 
 # The groups of flags; each command of the CLI takes some of them (cli/flags.py).
 PROCESSES = "processes"
@@ -264,18 +262,8 @@ class RunConfig:
         self._validate_output()
         if self.resume and not self.run_dir:
             raise DdpkitError("--resume needs --run-dir: the run directory whose checkpoints to continue from")
-        _choice("--strategy", self.strategy, STRATEGIES)
         _choice("--precision", self.precision, PRECISIONS)
-        if self.strategy == "fsdp" and self.nproc == 1 and not self.multi_node:
-            raise DdpkitError(FSDP_NEEDS_TWO)
-        if self.strategy == "fsdp":
-            check_no_ddp_only_flags(self)
-        if self.async_save and self.strategy != "ddp":
-            raise DdpkitError("--async-save writes DDP's one-file checkpoints in the background; FSDP's sharded checkpoints are "
-                              "written by every rank together: drop --async-save with --strategy fsdp/auto")
-        if self.precision == "fp16" and self.strategy == "fsdp":
-            raise DdpkitError("--precision fp16 needs a gradient scaler, which ddpkit offers under DDP only; "
-                              "use --precision bf16 with --strategy fsdp")
+        check(self.strategy_config(), None if self.nproc is None or self.multi_node else self.nproc)
         if self.device_memory is not None and (not isinstance(self.device_memory, int) or self.device_memory < 1):
             raise DdpkitError(f"--device-memory must be a positive size such as 80GiB, got {self.device_memory!r}")
 
@@ -359,6 +347,13 @@ class RunConfig:
             raise DdpkitError(f"--monitor-interval must be a positive number of seconds, got {self.monitor_interval!r}")
         self.rdzv_settings()
 
+    def strategy_config(self) -> StrategyConfig:
+        """The strategy's settings, typed: what make_strategy and the strategies read."""
+        return StrategyConfig(name=self.strategy, precision=self.precision, device_memory=self.device_memory,
+                              async_save=self.async_save, grad_sync=self.grad_sync, grad_compression=self.grad_compression,
+                              bucket_mb=self.bucket_mb, static_graph=self.static_graph,
+                              fused_optimizer=self.fused_optimizer, compile=self.compile)
+
     def replace(self, **changes: Any) -> RunConfig:
         return dataclasses.replace(self, **changes)
 
@@ -374,19 +369,6 @@ class RunConfig:
 def _positive(flag: str, value: int) -> None:
     if not isinstance(value, int) or value < 1:
         raise DdpkitError(f"{flag} must be a positive integer, got {value!r}")
-
-
-def check_no_ddp_only_flags(cfg: Any) -> None:
-    """FSDP runs its own gradient reduce-scatter: DDP's knobs would be silently ignored, so refuse them."""
-    ddp_only = [flag for flag, on in (
-        ("--grad-compression", getattr(cfg, "grad_compression", "none") != "none"),
-        ("--grad-sync shm", getattr(cfg, "grad_sync", "auto") == "shm"),
-        ("--bucket-mb", getattr(cfg, "bucket_mb", None) is not None),
-        ("--static-graph", getattr(cfg, "static_graph", False)),
-        ("--compile", getattr(cfg, "compile", False)),
-        ("--fused-optimizer on", getattr(cfg, "fused_optimizer", "off") == "on")) if on]
-    if ddp_only:
-        raise DdpkitError(f"{', '.join(ddp_only)}: DDP options, not available with --strategy fsdp; drop them or use --strategy ddp")
 
 
 def _choice(flag: str, value: str, choices: tuple[str, ...]) -> None:

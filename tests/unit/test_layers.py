@@ -10,6 +10,7 @@ SRC = Path(__file__).resolve().parents[2] / "src" / "ddpkit"
 LAYERS = [
     ["errors"],
     ["config_values"],
+    ["strategy_config"],
     ["config"],
     ["environments"],
     ["runtime"],
@@ -126,7 +127,8 @@ def test_the_checker_sees_function_level_and_relative_imports():
 
 def test_the_cli_and_config_import_no_torch():
     # `ddpkit --help` stays instant: the modules it loads must not import torch at module level
-    for name in ("ddpkit.cli", "ddpkit.cli.commands", "ddpkit.cli.flags", "ddpkit.config", "ddpkit.errors"):
+    for name in ("ddpkit.cli", "ddpkit.cli.commands", "ddpkit.cli.flags", "ddpkit.config", "ddpkit.errors",
+                 "ddpkit.strategy_config"):
         tree = ast.parse(MODULES[name].read_text())
         top = [n for n in tree.body if isinstance(n, (ast.Import, ast.ImportFrom))]
         names = [a.name for n in top if isinstance(n, ast.Import) for a in n.names]

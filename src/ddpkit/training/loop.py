@@ -39,7 +39,8 @@ def fit(cfg: RunConfig, task: Task, rt: Runtime, run_dir: Path, stop: StopReques
     With `stop`, a signal makes every rank save a checkpoint at the same step boundary and return."""
     reset_peak_memory(rt.device)
     strategy = make_strategy(cfg, rt, task)  # DDP or FSDP, the precision, DDP's knobs
-    model, optimizer = strategy.setup(task, cfg.lr)
+    model = strategy.setup_module(task.model)
+    optimizer = strategy.setup_optimizer(task.optimizer, model, cfg.lr)
     loader = make_loader(task.train_set, cfg, rt)  # a global order over a map-style set, or a stream's readers
     plan = StepPlan(cfg, None if is_stream(task.train_set) else len(loader))
     steps = StepRunner(rt, strategy, model, optimizer, task.loss_fn, cfg.accumulate, cfg.on_nan, stop, task.step,

@@ -25,9 +25,16 @@ def _task():
     return Task(model=nn.Linear(4, 2), train_set=TensorDataset(x, y), optimizer=lambda ps: torch.optim.SGD(ps, lr=0.1))
 
 
+def _setup(strategy):
+    task = _task()
+    model = strategy.setup_module(task.model)
+    return model, strategy.setup_optimizer(task.optimizer, model)
+
+
 def test_ddp_on_one_process_leaves_the_model_as_it_is(rt):
     strategy = make_strategy(RunConfig(nproc=1), rt, task := _task())
-    model, opt = strategy.setup(task, lr=0.5)
+    model = strategy.setup_module(task.model)
+    opt = strategy.setup_optimizer(task.optimizer, model, lr=0.5)
     assert isinstance(strategy, DdpStrategy) and model is task.model and opt.param_groups[0]["lr"] == 0.5
     assert strategy.grad_sync(model) == "none" and strategy.eval_module(model) is model
 
@@ -43,15 +50,15 @@ def test_clip_grad_norm_returns_the_norm_before_clipping_and_clips_to_max(rt):
 
 
 def test_a_checkpoint_saved_by_the_strategy_loads_back_through_it(rt, tmp_path: Path):
-    strategy = DdpStrategy(rt, cfg=RunConfig(nproc=1))
-    model, opt = strategy.setup(_task(), lr=None)
+    strategy = DdpStrategy(rt, checkpoints=RunConfig(nproc=1))
+    model, opt = _setup(strategy)
     model(torch.randn(3, 4)).sum().backward()
     opt.step()
     strategy.save_checkpoint(tmp_path, model, opt, Position(2, 1, 0.75), {"task": "t"})
     path = tmp_path / "checkpoints" / "epoch-000002-step-000001.pt"
     ckpt = load_file(path)
     assert (ckpt["epoch"], ckpt["step"], ckpt["loss_sum"], len(ckpt["rng"])) == (2, 1, 0.75, 1)
-    fresh, fresh_opt = DdpStrategy(rt).setup(_task(), lr=None)
+    fresh, fresh_opt = _setup(DdpStrategy(rt))
     DdpStrategy(rt).load_checkpoint("file", ckpt, path, fresh, fresh_opt)
     assert all(torch.equal(a, b) for a, b in zip(fresh.state_dict().values(), model.state_dict().values()))
     assert fresh_opt.state_dict()["param_groups"] == opt.state_dict()["param_groups"]
@@ -59,7 +66,7 @@ def test_a_checkpoint_saved_by_the_strategy_loads_back_through_it(rt, tmp_path: 
 
 def test_non_finite_weights_are_never_checkpointed(rt, tmp_path):
     strategy = DdpStrategy(rt)
-    model, opt = strategy.setup(_task(), lr=None)
+    model, opt = _setup(strategy)
     with torch.no_grad():
         model.weight[0, 0] = float("nan")
     with pytest.raises(DdpkitError, match="NaN/inf at epoch 4; no checkpoint written"):
