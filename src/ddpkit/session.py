@@ -1,6 +1,7 @@
-"""What a user who keeps their own loop gets from `ddpkit.init()`: the Runtime (rank, device,
-process group) plus the pieces of ddpkit's loop: wrap (DDP or FSDP, precision), loader,
-autocast, no_sync, clip_grad_norm, save, load.
+"""What a user who keeps their own loop gets from `ddpkit.init()`: the job's Runtime (rank,
+device, process group) and the pieces of ddpkit's loop, each the one `ddpkit train` runs:
+wrap, autocast, no_sync, clip_grad_norm through the same Strategy (DDP or FSDP, precision,
+checked by the same rules), loader through data.rank_loader; plus save and load.
 
 The same script runs unchanged under `ddpkit launch`, torchrun and srun, or alone.
 """
