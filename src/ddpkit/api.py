@@ -7,7 +7,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from .config import DEFAULT_TIMEOUT_S, FSDP_NEEDS_TWO, RunConfig
+from .config import DEFAULT_TIMEOUT_S, RunConfig
 from .environments import DistEnv
 from .envvars import LAUNCH_TIME_VAR
 from .errors import DdpkitError
@@ -15,6 +15,7 @@ from .launchers.elastic import run_elastic
 from .launchers.plan import describe, make_launch_plan, resolve_nproc
 from .runtime import default_threads, resolve_backend, resolve_device_type
 from .session import Session
+from .strategy_config import check
 
 
 def train(config: RunConfig | None = None, *, dry_run: bool = False, _clean_parent: bool = False,
@@ -108,8 +109,7 @@ def prepare_local_run(cfg: RunConfig) -> RunConfig:
 
 def _check_strategy(cfg: RunConfig, device_type: str, nproc: int) -> None:
     """Refuse before any worker starts what the workers would refuse."""
-    if cfg.strategy == "fsdp" and nproc < 2:
-        raise DdpkitError(FSDP_NEEDS_TWO)
+    check(cfg.strategy_config(), nproc)
     if device_type == "cpu":  # (asking a GPU here would initialise CUDA in the launcher)
         from .strategies.precision import check_precision
 

@@ -11,7 +11,6 @@ from .config_groups import (  # noqa: F401  (re-exported: the choices and rules 
     BACKENDS,
     DEVICES,
     FAULTS,
-    FSDP_NEEDS_TWO,
     FUSED_MODES,
     GRAD_COMPRESSIONS,
     GRAD_SYNC_MODES,
@@ -25,15 +24,14 @@ from .config_groups import (  # noqa: F401  (re-exported: the choices and rules 
     PROGRESS_MODES,
     RDZV_BACKENDS,
     START_METHODS,
-    STRATEGIES,
     STRATEGY,
     TRAINING,
     VALIDATIONS,
-    check_no_ddp_only_flags,
 )
 from .config_values import format_bytes, parse_memory, parse_nproc, parse_task_arg  # noqa: F401  (re-exported)
 from .envvars import ERROR_DIR_VAR, LAUNCH_TIME_VAR  # noqa: F401  (re-exported: launchers/elastic.py imports them here)
 from .errors import DdpkitError
+from .strategy_config import FSDP_NEEDS_TWO, STRATEGIES, StrategyConfig  # noqa: F401  (re-exported)
 
 DEFAULT_TIMEOUT_S = 300.0
 
@@ -248,6 +246,13 @@ class RunConfig:
     @property
     def multi_node(self) -> bool:
         return self.node_range[1] > 1
+
+    def strategy_config(self) -> StrategyConfig:
+        """The strategy's settings, typed: what make_strategy and the strategies read."""
+        return StrategyConfig(name=self.strategy, precision=self.precision, device_memory=self.device_memory,
+                              async_save=self.async_save, grad_sync=self.grad_sync, grad_compression=self.grad_compression,
+                              bucket_mb=self.bucket_mb, static_graph=self.static_graph,
+                              fused_optimizer=self.fused_optimizer, compile=self.compile)
 
     def replace(self, **changes: Any) -> RunConfig:
         return dataclasses.replace(self, **changes)

@@ -9,6 +9,7 @@ import re
 from typing import Any, Callable
 
 from .errors import DdpkitError
+from .strategy_config import check
 
 # The groups of flags, as the CLI titles them; each command takes some of them (cli/flags.py).
 PROCESSES = "processes"
@@ -24,15 +25,12 @@ DEVICES = ("auto", "cpu", "cuda")
 START_METHODS = ("auto", "fork", "spawn", "forkserver")
 RDZV_BACKENDS = ("c10d", "static")
 PROGRESS_MODES = ("auto", "bar", "lines")
-STRATEGIES = ("ddp", "fsdp", "auto")
 PRECISIONS = ("fp32", "bf16", "fp16")
 LR_SCHEDULES = ("constant", "linear", "cosine")
 GRAD_SYNC_MODES = ("auto", "shm", "backend")  # how DDP gradients are all-reduced (strategies/grad_sync.py)
 GRAD_COMPRESSIONS = ("none", "bf16", "fp16", "powersgd")
 FUSED_MODES = ("off", "on", "auto")
 ON_NAN_MODES = ("stop", "skip")
-FSDP_NEEDS_TWO = ("--strategy fsdp shards the model across processes and needs at least 2 (--nproc 2 or more); "
-                  "with one process use --strategy ddp")
 
 
 def validate_processes(cfg: Any) -> None:
@@ -156,19 +154,10 @@ def validate_performance(cfg: Any) -> None:
 
 
 def validate_strategy(cfg: Any) -> None:
-    """DDP or FSDP, the precision, and what each refuses."""
-    _choice("--strategy", cfg.strategy, STRATEGIES)
+    """DDP or FSDP, the precision, and what each refuses (the strategies' one check,
+    strategy_config.py, which the Python API and the own-loop Session call too)."""
     _choice("--precision", cfg.precision, PRECISIONS)
-    if cfg.strategy == "fsdp" and cfg.nproc == 1 and not cfg.multi_node:
-        raise DdpkitError(FSDP_NEEDS_TWO)
-    if cfg.strategy == "fsdp":
-        check_no_ddp_only_flags(cfg)
-    if cfg.async_save and cfg.strategy != "ddp":
-        raise DdpkitError("--async-save writes DDP's one-file checkpoints in the background; FSDP's sharded checkpoints are "
-                          "written by every rank together: drop --async-save with --strategy fsdp/auto")
-    if cfg.precision == "fp16" and cfg.strategy == "fsdp":
-        raise DdpkitError("--precision fp16 needs a gradient scaler, which ddpkit offers under DDP only; "
-                          "use --precision bf16 with --strategy fsdp")
+    check(cfg.strategy_config(), None if cfg.nproc is None or cfg.multi_node else cfg.nproc)
     if cfg.device_memory is not None and (not isinstance(cfg.device_memory, int) or cfg.device_memory < 1):
         raise DdpkitError(f"--device-memory must be a positive size such as 80GiB, got {cfg.device_memory!r}")
 
@@ -178,19 +167,6 @@ VALIDATIONS: dict[str, Callable[[Any], None]] = {
     PROCESSES: validate_processes, NODES: validate_nodes, TRAINING: validate_training, FAULTS: validate_checkpoints,
     OUTPUT: validate_output, PERFORMANCE: validate_performance, STRATEGY: validate_strategy,
 }
-
-
-def check_no_ddp_only_flags(cfg: Any) -> None:
-    """FSDP runs its own gradient reduce-scatter: DDP's knobs would be silently ignored, so refuse them."""
-    ddp_only = [flag for flag, on in (
-        ("--grad-compression", getattr(cfg, "grad_compression", "none") != "none"),
-        ("--grad-sync shm", getattr(cfg, "grad_sync", "auto") == "shm"),
-        ("--bucket-mb", getattr(cfg, "bucket_mb", None) is not None),
-        ("--static-graph", getattr(cfg, "static_graph", False)),
-        ("--compile", getattr(cfg, "compile", False)),
-        ("--fused-optimizer on", getattr(cfg, "fused_optimizer", "off") == "on")) if on]
-    if ddp_only:
-        raise DdpkitError(f"{', '.join(ddp_only)}: DDP options, not available with --strategy fsdp; drop them or use --strategy ddp")
 
 
 def _positive(flag: str, value: int) -> None:

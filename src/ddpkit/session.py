@@ -1,32 +1,37 @@
-"""What a user who keeps their own loop gets from `ddpkit.init()`: the Runtime (rank, device,
-process group) plus the pieces of ddpkit's loop: wrap (DDP or FSDP, precision), loader,
-autocast, no_sync, clip_grad_norm, save, load.
+"""What a user who keeps their own loop gets from `ddpkit.init()`: the job's Runtime (rank,
+device, process group) and the pieces of ddpkit's loop, each the one `ddpkit train` runs:
+wrap, autocast, no_sync, clip_grad_norm through the same Strategy (DDP or FSDP, precision,
+checked by the same rules), loader through data.rank_loader; plus save and load.
 
 The same script runs unchanged under `ddpkit launch`, torchrun and srun, or alone.
 """
 from __future__ import annotations
 
 import contextlib
-from types import SimpleNamespace
 from typing import Any, Callable, ContextManager, Iterable
 
 import torch
 from torch import nn
 
 from .checkpoint import whole
-from .config import FSDP_NEEDS_TWO, STRATEGIES
-from .data import ShardedLoader, StreamLoader, is_stream
+from .config import DEFAULT_TIMEOUT_S
+from .data import ShardedLoader, StreamLoader, rank_loader
+from .environments import DistEnv
 from .errors import DdpkitError
-from .runtime import Runtime
-from .strategies import DdpStrategy, Strategy, wrap_model
+from .runtime import Collectives, Runtime
+from .strategies import Strategy, StrategyConfig, check, strategy_for
 
 
-class Session(Runtime):
-    """A Runtime with the own-loop helpers. Use it as a context manager: the process group
-    is torn down on every exit path."""
+class Session:
+    """The job's Runtime (`rt.runtime`: rank, device, process group) with the own-loop helpers,
+    each the code `ddpkit train` runs. Use it as a context manager: the process group is
+    torn down on every exit path."""
 
-    strategy: Strategy | None = None
-    scaler: Any = None  # fp16's torch.amp.GradScaler after rt.wrap(..., precision="fp16"); None otherwise
+    def __init__(self, env: DistEnv, device: str = "auto", backend: str = "auto", timeout: float = DEFAULT_TIMEOUT_S,
+                 threads: int | None = None, store: Any = None) -> None:
+        self.runtime = Runtime(env, device=device, backend=backend, timeout=timeout, threads=threads, store=store)
+        self.strategy: Strategy | None = None
+        self.scaler: Any = None  # fp16's torch.amp.GradScaler after rt.wrap(..., precision="fp16"); None otherwise
 
     def wrap(self, model: nn.Module, optimizer: torch.optim.Optimizer | None = None, *, strategy: str = "ddp",
              precision: str = "fp32", grad_sync: str = "auto",
@@ -44,36 +49,18 @@ class Session(Runtime):
         precision='bf16' (autocast under DDP, bf16 compute with fp32 weights under FSDP) or
         'fp16' (DDP on a GPU, with `rt.scaler`); use `with rt.autocast():` around the forward.
         """
-        if strategy not in STRATEGIES[:2]:
-            raise DdpkitError(f"rt.wrap(strategy=...) must be 'ddp' or 'fsdp', got {strategy!r}")
+        config = StrategyConfig(name=strategy, precision=precision, grad_sync=grad_sync, ddp_options=ddp_options)
+        check(config, self.world_size, own_loop=True)
         if self.strategy is not None and (self.strategy.name, self.strategy.precision) != (strategy, precision):
             raise DdpkitError(f"this session already wraps with strategy={self.strategy.name!r}, precision="
                               f"{self.strategy.precision!r}: rt.autocast() and rt.scaler serve one; wrap every model alike")
-        task = SimpleNamespace(model=model, optimizer=optimizer, fsdp_blocks=blocks)
-        if strategy == "fsdp":
-            if ddp_options or grad_sync != "auto":
-                raise DdpkitError(f"rt.wrap(strategy='fsdp'): {', '.join([*ddp_options, *(['grad_sync'] if grad_sync != 'auto' else [])])} "
-                                  "are DDP options; drop them or use strategy='ddp'")
-            if precision == "fp16":
-                raise DdpkitError("precision='fp16' needs a gradient scaler, which ddpkit offers under DDP only; use 'bf16' with FSDP")
-            if self.world_size < 2:
-                raise DdpkitError(FSDP_NEEDS_TWO.replace("--nproc 2 or more", "start the script with 2 or more processes")
-                                  .replace("--strategy ddp", "strategy='ddp'"))
-            from .strategies.fsdp import FsdpStrategy  # FSDP's imports cost ~0.5 s
-
-            fsdp = FsdpStrategy(self, precision, blocks=blocks)
-            if optimizer is None:  # no optimizer yet: build it afterwards over model.parameters()
-                task.optimizer = lambda params: torch.optim.SGD(params, lr=0.0)
-                wrapped, _ = fsdp.setup(task, None)
-            else:
-                wrapped, optimizer = fsdp.setup(task, None)
-            self.strategy = fsdp
-        else:
-            self.strategy = DdpStrategy(self, precision)
-            wrapped = wrap_model(model, self, grad_sync, **ddp_options)
-            if optimizer is not None:
-                whole.check_optimizer_of(wrapped, optimizer)
-        self.scaler = self.strategy.grad_scaler()
+        chosen = strategy_for(config, self.runtime, blocks=blocks)
+        wrapped = chosen.setup_module(model)
+        if optimizer is not None:
+            optimizer = chosen.setup_optimizer(optimizer, wrapped)
+            whole.check_optimizer_of(wrapped, optimizer)
+        self.strategy = chosen
+        self.scaler = chosen.grad_scaler()
         return wrapped if optimizer is None else (wrapped, optimizer)
 
     def loader(self, dataset: Any, batch_size: int, shuffle: bool = True, seed: int = 0, **kwargs: Any) -> ShardedLoader | StreamLoader:
@@ -82,11 +69,7 @@ class Session(Runtime):
         ddpkit.ShardedStream) is dealt out by shard or round-robin, and every rank's pass ends
         at the same step (data/streams.py); its .state() goes in your checkpoint, .load(states)
         (every rank's, e.g. from rt.all_gather_object) resumes it."""
-        if is_stream(dataset):
-            device = self.device if self.backend == "nccl" else torch.device("cpu")
-            return StreamLoader(dataset, batch_size, self.rank, self.world_size, seed=seed, shuffle=shuffle,
-                                agree=self.collectives.all_reduce_, device=device, **kwargs)
-        return ShardedLoader(dataset, batch_size, self.rank, self.world_size, seed=seed, shuffle=shuffle, **kwargs)
+        return rank_loader(dataset, batch_size, self.runtime, seed=seed, shuffle=shuffle, **kwargs)
 
     # -- a training step -------------------------------------------------------------
     def autocast(self) -> ContextManager[Any]:
@@ -98,7 +81,7 @@ class Session(Runtime):
         """Gradient accumulation: while active (and `skip`), backward accumulates gradients
         locally, without communication; run the step's last micro-batch outside it (or with
         skip=False) to sync them all at once. DDP's no_sync, FSDP2's requires_gradient_sync."""
-        return (self.strategy or _plain_strategy(self, model)).no_sync(model, skip)
+        return (self.strategy or _plain_strategy(self.runtime, model)).no_sync(model, skip)
 
     def accumulate(self, model: nn.Module, micro_step: int, every: int) -> ContextManager[Any]:
         """`with rt.accumulate(model, i, K):` around micro-batch i's forward and backward:
@@ -109,9 +92,7 @@ class Session(Runtime):
         """Clip the global gradient 2-norm (over every rank and shard) to `max_norm`; returns
         the norm before clipping, the same on every rank. Call it after the sync (backward
         outside no_sync), before optimizer.step()."""
-        params = [p for p in model.parameters() if p.grad is not None]
-        norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
-        return float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)
+        return (self.strategy or _plain_strategy(self.runtime, model)).clip_grad_norm(model, max_norm)
 
     # -- checkpoints -----------------------------------------------------------------
     def save(self, path: str, model: nn.Module, optimizer: Any = None, *, sharded: bool = False, **extra: Any) -> None:
@@ -129,7 +110,7 @@ class Session(Runtime):
             whole.check_savable(model)
             if optimizer is not None:
                 whole.check_optimizer_of(model, optimizer)
-            save_state_dir(path, model, optimizer, extra, self)
+            save_state_dir(path, model, optimizer, extra, self.runtime)
             return
         try:
             whole.save_whole(path, model, optimizer, extra, self.is_main)
@@ -145,14 +126,74 @@ class Session(Runtime):
             return load_state_dir(path, model, optimizer)
         return whole.load_whole(path, model, optimizer)
 
+    # -- the Runtime's face ----------------------------------------------------------
+    @property
+    def env(self) -> DistEnv:
+        return self.runtime.env
+
+    @property
+    def device(self) -> torch.device:
+        return self.runtime.device
+
+    @property
+    def backend(self) -> str:
+        return self.runtime.backend
+
+    @property
+    def timeout(self) -> float:
+        return self.runtime.timeout
+
+    @property
+    def collectives(self) -> Collectives:
+        return self.runtime.collectives
+
+    @property
+    def rank(self) -> int:
+        return self.runtime.rank
+
+    @property
+    def world_size(self) -> int:
+        return self.runtime.world_size
+
+    @property
+    def is_main(self) -> bool:
+        return self.runtime.is_main
+
+    @property
+    def distributed(self) -> bool:
+        return self.runtime.distributed
+
+    def print(self, *args: Any, **kwargs: Any) -> None:
+        """print() on rank 0 only."""
+        self.runtime.print(*args, **kwargs)
+
+    def all_sum(self, value: torch.Tensor) -> torch.Tensor:
+        """The sum of `value` over all ranks (a new tensor), by the job's fastest path."""
+        return self.runtime.all_sum(value)
+
+    def all_gather_object(self, obj: Any) -> list[Any]:
+        """Every rank's `obj`, in rank order."""
+        return self.runtime.all_gather_object(obj)
+
+    def broadcast_object(self, obj: Any) -> Any:
+        """Rank 0's `obj` on every rank."""
+        return self.runtime.broadcast_object(obj)
+
+    def barrier(self) -> None:
+        self.runtime.barrier()
+
+    def close(self) -> None:
+        """Tear the process group down (let go of wrapped models and optimizers first)."""
+        self.strategy = None
+        self.runtime.close()
+
     def __enter__(self) -> Session:
         return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
 
 
 def _plain_strategy(rt: Runtime, model: nn.Module) -> Strategy:
     """For a model the user wrapped without rt.wrap (DDP, or torch's own fully_shard)."""
-    if hasattr(model, "set_requires_gradient_sync"):
-        from .strategies.fsdp import FsdpStrategy
-
-        return FsdpStrategy(rt)
-    return DdpStrategy(rt)
+    return strategy_for(StrategyConfig(name="fsdp" if hasattr(model, "set_requires_gradient_sync") else "ddp"), rt)

@@ -211,3 +211,16 @@ def test_fsdp_accumulation_equals_ddps_and_reduce_scatters_once_per_optimizer_st
     assert accumulated["reduce_scatter"] == whole["reduce_scatter"] > 0, (accumulated, whole)
     assert accumulated["reduce_scatter"] % 8 == 0, accumulated
     assert ddp["reduce_scatter"] == 0, ddp
+
+
+def test_a_2x2_device_mesh_shards_over_2_keeps_2_replicas_and_trains_to_ddps_parameters(tmp_path):
+    """HSDP is FSDP over a 2-D mesh, not another strategy: 4 ranks, float64 SGD with clipping."""
+    script = str(REPO / "tests" / "distributed" / "scripts" / "hsdp_parity.py")
+    run_ddpkit("launch", "--nproc", "4", script, str(tmp_path / "out.pt"), cwd=tmp_path, timeout=240)
+    out = torch.load(tmp_path / "out.pt", weights_only=False)
+    assert out["layout"] == {"mesh": (2, 2), "names": ("replicate", "shard"), "placements": ["Replicate", "Shard"],
+                             "local_rows": 8}  # 16 rows of the first layer: half on each rank of a replica
+    assert all(n > 0.05 for n in out["ddp_norms"])  # every step was clipped: the norm over the shards matters
+    assert out["hsdp_norms"] == pytest.approx(out["ddp_norms"], rel=1e-6)
+    assert_state_close(out["hsdp"], out["ddp"], rtol=1e-6, atol=0)
+    assert all((out["hsdp"][k] - out["init"][k]).abs().max() > 1e-3 for k in out["init"])  # it trained

@@ -9,7 +9,9 @@ SRC = Path(__file__).resolve().parents[2] / "src" / "ddpkit"
 # Lowest first. A module may import its own layer and those before it.
 LAYERS = [
     ["errors", "envvars", "tree"],  # envvars: variable names both sides read; tree: the one walk over nested batches and states
-    ["config_values", "config_groups"],  # config_groups: each group's choices and checks, below RunConfig
+    ["config_values"],
+    ["strategy_config"],  # the strategies' typed settings and rules, which config's validation calls
+    ["config_groups"],  # each group's choices and checks, below RunConfig
     ["config"],
     ["environments"],
     ["runtime"],
@@ -127,7 +129,7 @@ def test_the_checker_sees_function_level_and_relative_imports():
 def test_the_cli_and_config_import_no_torch():
     # `ddpkit --help` stays instant: the modules it loads must not import torch at module level
     for name in ("ddpkit.cli", "ddpkit.cli.commands", "ddpkit.cli.flags", "ddpkit.config", "ddpkit.errors",
-                 "ddpkit.envvars", "ddpkit.config_groups"):
+                 "ddpkit.envvars", "ddpkit.config_groups", "ddpkit.strategy_config"):
         tree = ast.parse(MODULES[name].read_text())
         top = [n for n in tree.body if isinstance(n, (ast.Import, ast.ImportFrom))]
         names = [a.name for n in top if isinstance(n, ast.Import) for a in n.names]

@@ -3,9 +3,12 @@ load without ddpkit (issue 15). Multi-process parity: tests/distributed/test_own
 import pytest
 import torch
 from torch import nn
+from torch.utils.data import TensorDataset
 
 from ddpkit import DdpkitError
+from ddpkit.data import global_order
 from ddpkit.environments import DistEnv
+from ddpkit.runtime import Runtime
 from ddpkit.session import Session
 
 
@@ -93,3 +96,17 @@ def test_meta_weights_nan_weights_and_foreign_files_are_refused(rt, tmp_path):
     torch.save(_model().state_dict(), tmp_path / "plain.pt")
     with pytest.raises(DdpkitError, match="not a file written by ddpkit"):
         rt.load(str(tmp_path / "plain.pt"), _model())
+
+
+def test_the_session_holds_a_runtime_and_lends_the_trainings_clipping_and_loader(rt):
+    assert isinstance(rt.runtime, Runtime) and not isinstance(rt, Runtime)
+    assert (rt.rank, rt.world_size, rt.is_main, rt.device.type, rt.distributed) == (0, 1, True, "cpu", False)
+    model = rt.wrap(_model())
+    model(torch.randn(8, 4)).pow(2).sum().backward()
+    norm = lambda: torch.linalg.vector_norm(torch.cat([p.grad.flatten() for p in model.parameters()])).item()  # noqa: E731
+    before = norm()
+    assert rt.clip_grad_norm(model, 0.1) == pytest.approx(before, rel=1e-6) and before > 0.1
+    assert norm() == pytest.approx(0.1, rel=1e-5)
+    loader = rt.loader(TensorDataset(torch.arange(10.0)), batch_size=4, seed=3)
+    loader.set_epoch(2)
+    assert torch.cat([b[0] for b in loader]).tolist() == global_order(10, 2, 3).float().tolist()  # the run's global order

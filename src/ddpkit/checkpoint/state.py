@@ -51,6 +51,16 @@ def unwrap(model: nn.Module) -> nn.Module:
     return model
 
 
+def optimizer_state_by_name(model: nn.Module, optimizer: torch.optim.Optimizer, saved: dict[str, Any]) -> dict[str, Any]:
+    """An optimizer state_dict numbered as torch numbers it (the i-th parameter of the groups
+    in order) keyed by parameter names instead, as torch.distributed.checkpoint's
+    set_state_dict takes it: how a whole state goes into a sharded model's optimizer."""
+    names = {id(p): n for n, p in unwrap(model).named_parameters()}
+    fqns = [names[id(p)] for g in optimizer.param_groups for p in g["params"]]
+    return {"state": {fqns[i]: s for i, s in saved["state"].items()},
+            "param_groups": [{**g, "params": [fqns[i] for i in g["params"]]} for g in saved["param_groups"]]}
+
+
 def plain_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
     """The unwrapped model's weights, detached copies on the CPU."""
     return {k: v.detach().to("cpu", copy=True) for k, v in unwrap(model).state_dict().items()}

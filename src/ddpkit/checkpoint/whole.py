@@ -21,7 +21,7 @@ from torch import nn
 
 from ..errors import DdpkitError
 from .file import atomic_save, load_file, model_signature
-from .state import all_finite, plain_state_dict, unwrap
+from .state import all_finite, optimizer_state_by_name, plain_state_dict, unwrap
 
 FORMAT = "ddpkit-state"
 
@@ -136,13 +136,10 @@ def load_whole(path: str | os.PathLike, model: nn.Module, optimizer: torch.optim
         set_model_state_dict(model, state["model"], options=options)
         return state.get("extra", {})
     check_optimizer_of(model, optimizer)
-    names = {id(p): n for n, p in target.named_parameters()}
-    fqns = [names[id(p)] for g in optimizer.param_groups for p in g["params"]]
     saved = state["optimizer"]
     if [len(g["params"]) for g in saved["param_groups"]] != [len(g["params"]) for g in optimizer.param_groups]:
         raise DdpkitError(f"{path}: the saved optimizer has different parameter groups than this one")
-    named = {"state": {fqns[i]: s for i, s in saved["state"].items()},
-             "param_groups": [{**g, "params": [fqns[i] for i in g["params"]]} for g in saved["param_groups"]]}
+    named = optimizer_state_by_name(model, optimizer, saved)
     set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=named, options=options)
     return state.get("extra", {})
 

@@ -1,58 +1,63 @@
-"""How the model is parallelised: DDP (a whole replica per rank) or FSDP (shards), the
-precision, DDP's knobs, and the memory plan that `--strategy auto` asks.
+"""How the model is parallelised: DDP (a whole replica per rank) or FSDP (shards over a
+device mesh), the precision, DDP's knobs, and the memory plan that `--strategy auto` asks.
 
-The loop sees a Strategy (base.py) only; make_strategy picks the one --strategy names.
+The loop sees a Strategy (base.py) only; make_strategy picks the one --strategy names. The
+settings a strategy reads and the rules it refuses by are in ddpkit/strategy_config.py,
+below config.py, so that the config, the launcher and the own-loop Session check alike.
 """
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import torch
-import torch.distributed as dist
 
-from ..config import FSDP_NEEDS_TWO, check_no_ddp_only_flags
-from ..errors import DdpkitError
+from ..config import RunConfig
 from ..runtime import Runtime
+from ..strategy_config import StrategyConfig, check
+from ..task import Task
 from .base import Strategy
 from .ddp import DdpStrategy, grad_sync_used, wrap_model
 from .memory import detect_device_memory, make_plan
 from .precision import check_precision
 
-__all__ = ["DdpStrategy", "Strategy", "check_precision", "choose_strategy", "grad_sync_used",
-           "make_strategy", "wrap_model"]
+__all__ = ["DdpStrategy", "Strategy", "StrategyConfig", "check", "check_precision", "choose_strategy", "grad_sync_used",
+           "make_strategy", "strategy_for", "wrap_model"]
 
 
-def make_strategy(cfg: Any, rt: Runtime, task: Any) -> Strategy:
-    """The strategy --strategy names; `auto` asks the memory plan (DDP when it fits)."""
-    name = cfg.strategy
-    if name == "auto":
-        name = choose_strategy(cfg, rt, task)
-    if name == "fsdp":
-        if rt.world_size < 2:
-            raise DdpkitError(FSDP_NEEDS_TWO)
-        check_no_ddp_only_flags(cfg)  # --strategy auto chose FSDP (an explicit fsdp was checked before launch)
+def make_strategy(cfg: RunConfig, rt: Runtime, task: Task) -> Strategy:
+    """The strategy --strategy names; `auto` asks the memory plan (DDP when it fits). Checked
+    again here: the real world size, and what auto chose (an explicit one was checked before launch)."""
+    config = cfg.strategy_config()
+    if config.name == "auto":
+        config = dataclasses.replace(config, name=choose_strategy(config, rt, task, quiet=cfg.quiet))
+    check(config, rt.world_size)
+    return strategy_for(config, rt, blocks=task.fsdp_blocks)
+
+
+def strategy_for(config: StrategyConfig, rt: Runtime, *, blocks: Any = None) -> Strategy:
+    """The Strategy class `config.name` names (ddp or fsdp), built over `rt`."""
+    if config.name == "fsdp":
         from .fsdp import FsdpStrategy  # FSDP's imports cost ~0.5 s: only for FSDP runs
 
-        return FsdpStrategy(rt, cfg.precision, cfg, blocks=getattr(task, "fsdp_blocks", None))
-    return DdpStrategy(rt, cfg.precision, cfg)
+        return FsdpStrategy(rt, config, blocks=blocks)
+    return DdpStrategy(rt, config)
 
 
-def choose_strategy(cfg: Any, rt: Runtime, task: Any) -> str:
+def choose_strategy(config: StrategyConfig, rt: Runtime, task: Task, quiet: bool = False) -> str:
     """DDP if model, gradients and optimizer state fit each device, else FSDP (the plan's rule)."""
     from .fsdp import default_blocks
 
-    budget = cfg.device_memory
+    budget = config.device_memory
     name = "given"
     if budget is None:
         budget, name = detect_device_memory(rt.device.type, rt.env.local_world_size)
-        if rt.distributed:  # the smallest device decides, the same on every rank
+        if rt.distributed:  # the smallest device decides, the same on every rank: -max(-budget)
             device = rt.device if rt.backend == "nccl" else torch.device("cpu")
-            t = torch.tensor([budget], dtype=torch.int64, device=device)
-            dist.all_reduce(t, op=dist.ReduceOp.MIN)
-            budget = int(t.item())
-    plan = make_plan(task.model, task.optimizer, rt.world_size, cfg.precision, budget, name,
-                     getattr(task, "fsdp_blocks", None) or default_blocks)
+            budget = -int(rt.collectives.all_reduce_(torch.tensor([-budget], dtype=torch.int64, device=device), "max").item())
+    plan = make_plan(task.model, task.optimizer, rt.world_size, config.precision, budget, name,
+                     task.fsdp_blocks or default_blocks)
     choice = plan.choose()
-    if not cfg.quiet:
+    if not quiet:
         rt.print(f"ddpkit: --strategy auto: {plan.reason()}")
     return choice

@@ -1,7 +1,8 @@
 """The Strategy: everything that depends on how the model is parallelised, behind one face.
 
 The training loop calls these and never asks which strategy it has:
-  setup            wrap the model, build the optimizer over the parameters it will step
+  setup_module     the model on this rank's device, wrapped (DDP) or sharded (FSDP, over a mesh)
+  setup_optimizer  the task's optimizer (an instance or a factory) over what the wrapped model steps
   autocast         the forward's precision
   no_sync          skip the gradient sync on a micro-batch that is not the step's last
   clip_grad_norm   the global gradient norm (over every shard), clipped
@@ -22,25 +23,35 @@ from torch import nn
 from ..checkpoint import state as ckpt_state
 from ..data import eval_batches
 from ..runtime import Runtime
+from ..strategy_config import StrategyConfig
+from .optimizers import OptimizerSpec
 from .precision import autocast, check_precision
 
 
 class Strategy:
-    """Base of DdpStrategy (ddp.py) and FsdpStrategy (fsdp.py)."""
+    """Base of DdpStrategy (ddp.py) and FsdpStrategy (fsdp.py).
+
+    `config`: the typed settings (strategy_config.py), already checked."""
 
     name = "base"
     eval_lockstep = False  # must every rank call forward as often as the others in evaluation?
     checkpoint_kind = "file"  # "file": rank 0 writes one file; "sharded": every rank writes its shards
 
-    def __init__(self, rt: Runtime, precision: str = "fp32", cfg: Any = None) -> None:
+    def __init__(self, rt: Runtime, config: StrategyConfig | None = None) -> None:
         self.rt = rt
-        self.precision = precision
-        self.dtype = check_precision(precision, rt.device.type)
-        self.cfg = cfg
+        self.config = config or StrategyConfig(name=self.name)
+        self.precision = self.config.precision
+        self.dtype = check_precision(self.precision, rt.device.type)
 
     # -- building -------------------------------------------------------------------
-    def setup(self, task: Any, lr: float | None) -> tuple[nn.Module, torch.optim.Optimizer]:
-        """The model to call (wrapped) and the optimizer over the parameters it updates."""
+    def setup_module(self, model: nn.Module) -> nn.Module:
+        """The model to call: on this rank's device, wrapped or sharded, every rank starting
+        from rank 0's weights. Call it before setup_optimizer."""
+        raise NotImplementedError
+
+    def setup_optimizer(self, spec: OptimizerSpec, model: nn.Module, lr: float | None = None) -> torch.optim.Optimizer:
+        """The optimizer over the parameters `model` (what setup_module returned) steps: the
+        task's instance or factory, with --lr applied when given."""
         raise NotImplementedError
 
     # -- a training step ------------------------------------------------------------
@@ -60,9 +71,11 @@ class Strategy:
 
     def clip_grad_norm(self, model: nn.Module, max_norm: float) -> float:
         """Clip the gradients to a total 2-norm of `max_norm`; returns the norm before
-        clipping, the same on every rank (after the sync every replica holds the same gradients)."""
+        clipping, the same on every rank: after the sync every replica holds the same
+        gradients, and sharded gradients (DTensors) make the norm a collective over the shards."""
         params = [p for p in model.parameters() if p.grad is not None]
-        return float(torch.nn.utils.clip_grad_norm_(params, max_norm))
+        norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
+        return float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)
 
     def check_output(self, output: Any) -> None:
         """Called on the first training forward: refuse an output this strategy cannot work with."""

@@ -14,7 +14,7 @@ from ..runtime import Runtime
 from . import ddp_knobs
 from .base import Strategy
 from .grad_sync import install
-from .optimizers import make_optimizer
+from .optimizers import OptimizerSpec, make_optimizer
 
 
 def wrap_model(model: nn.Module, rt: Runtime, grad_sync: str = "auto", **ddp_options: Any) -> nn.Module:
@@ -53,18 +53,18 @@ class DdpStrategy(Strategy):
 
     name = "ddp"
 
-    def setup(self, task: Any, lr: float | None) -> tuple[nn.Module, torch.optim.Optimizer]:
-        model = task.model.to(self.rt.device)  # before the optimizer, so its state lands on the device
-        optimizer = make_optimizer(task.optimizer, model, lr)
-        cfg = self.cfg
-        if cfg is None:
-            return wrap_model(model, self.rt), optimizer
-        optimizer = ddp_knobs.fuse_optimizer(optimizer, cfg.fused_optimizer, self.rt.device)
-        compressing = cfg.grad_compression != "none"  # compressed buckets go through the backend
-        grad_sync = "backend" if compressing else cfg.grad_sync
-        wrapped = wrap_model(model, self.rt, grad_sync, **ddp_knobs.ddp_options(cfg, self.rt.backend))
-        ddp_knobs.register_compression(wrapped, cfg.grad_compression)
-        return ddp_knobs.maybe_compile(wrapped, cfg.compile), optimizer
+    def setup_module(self, model: nn.Module) -> nn.Module:
+        config = self.config
+        compressing = config.grad_compression != "none"  # compressed buckets go through the backend
+        grad_sync = "backend" if compressing else config.grad_sync
+        options = {**ddp_knobs.ddp_options(config, self.rt.backend), **config.ddp_options}
+        wrapped = wrap_model(model, self.rt, grad_sync, **options)  # (DDP keeps the same parameters)
+        ddp_knobs.register_compression(wrapped, config.grad_compression)
+        return ddp_knobs.maybe_compile(wrapped, config.compile)
+
+    def setup_optimizer(self, spec: OptimizerSpec, model: nn.Module, lr: float | None = None) -> torch.optim.Optimizer:
+        optimizer = make_optimizer(spec, model, lr)  # after the move to the device: its state lands there
+        return ddp_knobs.fuse_optimizer(optimizer, self.config.fused_optimizer, self.rt.device)
 
     def no_sync(self, model: nn.Module, skip_sync: bool) -> ContextManager[Any]:
         inner = getattr(model, "_orig_mod", model)

@@ -26,22 +26,23 @@ from torch import nn
 
 from ..config import GRAD_COMPRESSIONS as COMPRESSIONS
 from ..errors import DdpkitError
+from ..strategy_config import StrategyConfig
 from .optimizers import rebuild_optimizer
 
 _FUSABLE = ("Adam", "AdamW", "SGD")
 
 
-def ddp_options(cfg: Any, backend: str = "gloo") -> dict[str, Any]:
+def ddp_options(config: StrategyConfig, backend: str = "gloo") -> dict[str, Any]:
     """DistributedDataParallel keyword arguments from the run's settings."""
     options: dict[str, Any] = {}
-    if getattr(cfg, "bucket_mb", None):
-        options["bucket_cap_mb"] = float(cfg.bucket_mb)
-    if getattr(cfg, "grad_compression", "none") == "powersgd" and backend != "nccl":
+    if config.bucket_mb:
+        options["bucket_cap_mb"] = float(config.bucket_mb)
+    if config.grad_compression == "powersgd" and backend != "nccl":
         # PowerSGD's hook runs several all-reduces per bucket from callbacks; with gloo, the
         # hooks of two buckets can interleave them differently on each rank (a collective
         # mismatch, seen on a 9.5M MLP). One bucket keeps them in order, at the cost of overlap.
         options["bucket_cap_mb"] = 1 << 20
-    if getattr(cfg, "static_graph", False):
+    if config.static_graph:
         options["static_graph"] = True
     return options
 

@@ -10,19 +10,22 @@ gloo on CPUs.
 from __future__ import annotations
 
 import contextlib
+import weakref
 from typing import Any, Callable, ContextManager, Iterable, Iterator
 
 import torch
 import torch.distributed as dist
 from torch import nn
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict, set_state_dict
-from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
+from ..checkpoint.state import optimizer_state_by_name
 from ..errors import DdpkitError
 from ..runtime import Runtime
+from ..strategy_config import StrategyConfig, check
 from .base import Strategy
-from .optimizers import make_optimizer, rebuild_optimizer
+from .optimizers import OptimizerSpec, make_optimizer, rebuild_optimizer
 
 BlocksHook = Callable[[nn.Module], Iterable[nn.Module]]
 
@@ -57,15 +60,36 @@ class FsdpStrategy(Strategy):
     eval_lockstep = True  # a forward all-gathers: every rank must call it as often as the others
     checkpoint_kind = "sharded"
 
-    def __init__(self, rt: Runtime, precision: str = "fp32", cfg: Any = None, blocks: BlocksHook | None = None) -> None:
-        super().__init__(rt, precision, cfg)
+    def __init__(self, rt: Runtime, config: StrategyConfig | None = None, *, blocks: BlocksHook | None = None,
+                 mesh_shape: tuple[int, int] | None = None) -> None:
+        """`mesh_shape`: (replicate, shard), their product the world size. (1, N), the default,
+        shards every parameter over all N ranks; (R, S) shards over S ranks and keeps R
+        replicas of the shards, whose gradients are all-reduced (HSDP)."""
+        super().__init__(rt, config)
+        if mesh_shape is not None:
+            check(self.config, rt.world_size, mesh_shape=mesh_shape)
+        self.mesh_shape = mesh_shape or (1, rt.world_size)
         self.blocks = blocks or default_blocks
+        self._mesh: DeviceMesh | None = None
+        # each sharded model's parameter names by the id of its unsharded parameters: what an
+        # optimizer built before sharding holds (setup_optimizer rebuilds it over the shards)
+        self._unsharded_names: weakref.WeakKeyDictionary[nn.Module, dict[int, str]] = weakref.WeakKeyDictionary()
 
-    def setup(self, task: Any, lr: float | None) -> tuple[nn.Module, torch.optim.Optimizer]:
-        model = task.model.to(self.rt.device)
+    def device_mesh(self) -> DeviceMesh:
+        """1-D over every rank without replicas; else 2-D, named, which fully_shard takes as HSDP."""
+        if self._mesh is None:
+            replicate, shard = self.mesh_shape
+            if replicate == 1:
+                self._mesh = init_device_mesh(self.rt.device.type, (shard,))
+            else:
+                self._mesh = init_device_mesh(self.rt.device.type, (replicate, shard), mesh_dim_names=("replicate", "shard"))
+        return self._mesh
+
+    def setup_module(self, model: nn.Module) -> nn.Module:
+        model = model.to(self.rt.device)
         _broadcast_from_rank0(model)  # as DDP does: every rank shards the same weights
         names = {id(p): n for n, p in model.named_parameters()}
-        mesh = init_device_mesh(self.rt.device.type, (self.rt.world_size,))
+        mesh = self.device_mesh()
         mp = root_mp = MixedPrecisionPolicy()
         if self.dtype is not None:  # compute in bf16, keep fp32 master weights, reduce in fp32, return fp32
             mp = MixedPrecisionPolicy(param_dtype=self.dtype, reduce_dtype=torch.float32)
@@ -78,14 +102,18 @@ class FsdpStrategy(Strategy):
             fully_shard(block, mesh=mesh, mp_policy=mp)
         fully_shard(model, mesh=mesh, mp_policy=root_mp)
         self.units = len(blocks) + 1
-        # fully_shard replaced the parameters, so the optimizer is built now, over the shards.
-        spec = task.optimizer
+        self._unsharded_names[model] = names
+        return model
+
+    def setup_optimizer(self, spec: OptimizerSpec, model: nn.Module, lr: float | None = None) -> torch.optim.Optimizer:
+        """fully_shard replaced the parameters: a factory builds over the shards; an instance
+        built before sharding is rebuilt over them (same class and settings)."""
         if isinstance(spec, torch.optim.Optimizer):
-            rebuilt = rebuild_sharded_optimizer(spec, model, names)
+            rebuilt = rebuild_sharded_optimizer(spec, model, self._unsharded_names.get(model, {}))
             spec.param_groups.clear()  # let go of the unsharded parameters it held
             spec.state.clear()
-            task.optimizer = spec = rebuilt
-        return model, make_optimizer(spec, model, lr)
+            spec = rebuilt
+        return make_optimizer(spec, model, lr)
 
     def autocast(self) -> ContextManager[Any]:
         return contextlib.nullcontext()  # MixedPrecisionPolicy casts inside the units
@@ -107,12 +135,6 @@ class FsdpStrategy(Strategy):
                               "so its gradients would never be synced; return a tensor, a tuple, list or dict of tensors, or a "
                               "dataclass registered with torch.utils._pytree (Hugging Face ModelOutput is)")
 
-    def clip_grad_norm(self, model: nn.Module, max_norm: float) -> float:
-        """The norm over every shard (the gradients are DTensors: their norm is a collective)."""
-        params = [p for p in model.parameters() if p.grad is not None]
-        norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
-        return float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)
-
     def full_state_dict(self, model: nn.Module) -> dict[str, torch.Tensor] | None:
         """Collective: every rank sends its shards, rank 0 gets the plain tensors on its CPU."""
         state = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
@@ -120,13 +142,8 @@ class FsdpStrategy(Strategy):
 
     def load_full(self, model: nn.Module, optimizer: torch.optim.Optimizer, ckpt: dict[str, Any]) -> None:
         """A one-file (DDP) checkpoint into the sharded model: every rank keeps its part."""
-        fqns = optimizer_param_names(model, optimizer)
-        saved = ckpt["optimizer"]
-        optim_state = {
-            "state": {fqns[i]: s for i, s in saved["state"].items()},
-            "param_groups": [{**g, "params": [fqns[i] for i in g["params"]]} for g in saved["param_groups"]],
-        }
-        set_state_dict(model, optimizer, model_state_dict=ckpt["model"], optim_state_dict=optim_state,
+        set_state_dict(model, optimizer, model_state_dict=ckpt["model"],
+                       optim_state_dict=optimizer_state_by_name(model, optimizer, ckpt["optimizer"]),
                        options=StateDictOptions(full_state_dict=True))
 
 
@@ -153,12 +170,6 @@ def rebuild_sharded_optimizer(opt: torch.optim.Optimizer, model: nn.Module, name
         return rebuild_optimizer(opt, lambda p: params[names[id(p)]])
     except DdpkitError as e:
         raise DdpkitError(f"--strategy fsdp builds the optimizer after sharding and {e}") from None
-
-
-def optimizer_param_names(model: nn.Module, optimizer: torch.optim.Optimizer) -> list[str]:
-    """The names of the optimizer's parameters, in the order its state_dict numbers them."""
-    names = {id(p): n for n, p in model.named_parameters()}
-    return [names[id(p)] for g in optimizer.param_groups for p in g["params"]]
 
 
 def _broadcast_from_rank0(model: nn.Module) -> None:

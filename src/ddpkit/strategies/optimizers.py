@@ -8,15 +8,18 @@ constructor does not take. Only the constructor's own keywords are passed.
 from __future__ import annotations
 
 import inspect
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import torch
 from torch import nn
 
 from ..errors import DdpkitError
 
+# what a task gives: an optimizer, or a function of the parameters that builds one
+OptimizerSpec = torch.optim.Optimizer | Callable[[Iterator[nn.Parameter]], torch.optim.Optimizer]
 
-def make_optimizer(spec: Any, model: nn.Module, lr: float | None) -> torch.optim.Optimizer:
+
+def make_optimizer(spec: OptimizerSpec, model: nn.Module, lr: float | None) -> torch.optim.Optimizer:
     """The task's optimizer (an instance, or a function of the parameters) over `model`'s
     parameters, with --lr applied when given."""
     opt = spec

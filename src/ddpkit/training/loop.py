@@ -18,7 +18,8 @@ from ..checkpoint import file as ckpt_file
 from ..checkpoint.checkpointer import Checkpointer, Policy, Stateful
 from ..checkpoint.state import Position
 from ..config import RunConfig
-from ..data import ShardedLoader, StreamLoader, is_stream
+from ..data import ShardedLoader, StreamLoader
+from ..data.loaders import rank_loader
 from ..reporting.metrics import MetricsLog
 from ..reporting.progress import Progress, choose_mode
 from ..runtime import Runtime
@@ -59,7 +60,8 @@ class Run:
         reset_peak_memory(rt.device)
         self.cfg, self.task, self.rt, self.run_dir, self.stop = cfg, task, rt, run_dir, stop
         self.strategy = make_strategy(cfg, rt, task)  # DDP or FSDP, the precision, DDP's knobs
-        self.model, self.optimizer = self.strategy.setup(task, cfg.lr)
+        self.model = self.strategy.setup_module(task.model)
+        self.optimizer = self.strategy.setup_optimizer(task.optimizer, self.model, cfg.lr)
         self.loader = make_loader(task.train_set, cfg, rt)  # a global order over a map-style set, or a stream's readers
         self.checkpointer = Checkpointer(run_dir, rt, self.strategy, self.model, self.optimizer, Policy.of(cfg), cfg.as_dict())
         scheduler = make_scheduler(task.scheduler, cfg.lr_schedule, cfg.warmup_steps, self.optimizer,
@@ -173,13 +175,9 @@ class StreamPosition:
 
 
 def make_loader(dataset: Any, cfg: RunConfig, rt: Runtime) -> ShardedLoader | StreamLoader:
-    """This rank's batches of the training set: micro-batches of --batch-size, --accumulate per step."""
-    batch = cfg.batch_size * cfg.accumulate
-    if is_stream(dataset):
-        device = rt.device if rt.backend == "nccl" else torch.device("cpu")
-        return StreamLoader(dataset, batch, rt.rank, rt.world_size, cfg.seed, cfg.shuffle, num_workers=cfg.num_workers,
-                            agree=rt.collectives.all_reduce_, device=device)
-    return ShardedLoader(dataset, batch, rt.rank, rt.world_size, cfg.seed, cfg.shuffle, num_workers=cfg.num_workers)
+    """This rank's batches of the training set: micro-batches of --batch-size, --accumulate per step
+    (the same loader rt.loader gives an own loop)."""
+    return rank_loader(dataset, cfg.batch_size * cfg.accumulate, rt, cfg.seed, cfg.shuffle, num_workers=cfg.num_workers)
 
 
 def memory_stats(rt: Runtime, strategy: Strategy, model: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:

@@ -37,12 +37,12 @@ def test_fuse_optimizer_keeps_groups_and_hyperparameters():
 def test_powersgd_on_gloo_uses_one_bucket():
     # several buckets' PowerSGD all-reduces interleave differently per rank on gloo (a
     # collective mismatch seen on the 9.5M MLP); one bucket keeps them ordered
-    from ddpkit.config import RunConfig
     from ddpkit.strategies.ddp_knobs import ddp_options
+    from ddpkit.strategy_config import StrategyConfig
 
-    assert ddp_options(RunConfig(grad_compression="powersgd"), "gloo")["bucket_cap_mb"] >= 1 << 20
-    assert "bucket_cap_mb" not in ddp_options(RunConfig(grad_compression="powersgd"), "nccl")
-    assert ddp_options(RunConfig(bucket_mb=5, static_graph=True), "gloo") == {"bucket_cap_mb": 5.0, "static_graph": True}
+    assert ddp_options(StrategyConfig(grad_compression="powersgd"), "gloo")["bucket_cap_mb"] >= 1 << 20
+    assert "bucket_cap_mb" not in ddp_options(StrategyConfig(grad_compression="powersgd"), "nccl")
+    assert ddp_options(StrategyConfig(bucket_mb=5, static_graph=True), "gloo") == {"bucket_cap_mb": 5.0, "static_graph": True}
 
 
 def test_shared_memory_all_reduce_applies_only_to_cpu_ranks_of_one_machine():

@@ -21,9 +21,16 @@ def _task():
     return Task(model=nn.Linear(4, 2), train_set=TensorDataset(x, y), optimizer=lambda ps: torch.optim.SGD(ps, lr=0.1))
 
 
+def _setup(strategy):
+    task = _task()
+    model = strategy.setup_module(task.model)
+    return model, strategy.setup_optimizer(task.optimizer, model)
+
+
 def test_ddp_on_one_process_leaves_the_model_as_it_is(rt):
     strategy = make_strategy(RunConfig(nproc=1), rt, task := _task())
-    model, opt = strategy.setup(task, lr=0.5)
+    model = strategy.setup_module(task.model)
+    opt = strategy.setup_optimizer(task.optimizer, model, lr=0.5)
     assert isinstance(strategy, DdpStrategy) and model is task.model and opt.param_groups[0]["lr"] == 0.5
     assert strategy.grad_sync(model) == "none" and strategy.eval_module(model) is model
 
