@@ -37,14 +37,17 @@ class EpochRun:
     def train(self, global_step: int, until: Callable[[], bool]) -> Iterator[Any]:
         """Runs the pass's optimizer steps, yielding each step's result, until the pass ends or
         `until()` says the run has reached its last step. `global_step`: steps done before."""
-        for batch, n_local, n_global in self.loader.iter_steps():
-            if until():
+        batches = self.loader.iter_steps()
+        while not until():  # asked before the next batch is taken: a stream's saved position must not include it
+            item = next(batches, None)
+            if item is None:
+                self.complete = True
                 return
+            batch, n_local, n_global = item
             result = self.steps.run(batch, n_local, n_global, where=f"epoch {self.epoch + 1}, step {global_step + 1}")
             global_step += 1
             self.add(result, n_local, n_global)
             yield result
-        self.complete = True
 
     def add(self, result: Any, n_local: int, n_global: int) -> None:
         self.steps_done += 1
