@@ -14,7 +14,7 @@ from .flags import add_config_flags, config_from
 
 ALL_GROUPS = (config.PROCESSES, config.NODES, config.TRAINING, config.FAULTS, config.OUTPUT, config.STRATEGY, config.PERFORMANCE)
 
-TRAIN_HELP = """Train a task with DDP over local worker processes (or as one worker, when started by
+TRAIN_HELP = """Train a task with DDP or FSDP (--strategy) over local worker processes (or as one worker, when started by
 torchrun / srun). TASK is a built-in (wine, digits), MODULE:FUNCTION or path/to/file.py:FUNCTION;
 the function returns ddpkit.Task(model=, train_set=, optimizer=, [eval_set=, loss_fn=, metric=])."""
 
@@ -32,7 +32,8 @@ state under DDP and under FSDP at --nproc processes, and which strategy fits the
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="ddpkit",
-        description="Run a PyTorch training task on one process, every GPU of a node, or many nodes, with DDP.",
+        description="Run a PyTorch training task on one process, every GPU of a node, or many nodes, with DDP or FSDP "
+                    "(HSDP is coming).",
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
 
