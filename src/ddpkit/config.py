@@ -17,7 +17,7 @@ RDZV_BACKENDS = ("c10d", "static")
 PROGRESS_MODES = ("auto", "bar", "lines")
 STRATEGIES = ("ddp", "fsdp", "auto")
 PRECISIONS = ("fp32", "bf16", "fp16")
-LR_SCHEDULES = ("constant", "linear", "cosine")
+LR_SCHEDULES = ("constant", "linear", "cosine", "wsd")
 GRAD_SYNC_MODES = ("auto", "shm", "backend")  # how DDP gradients are all-reduced (strategies/grad_sync.py)
 GRAD_COMPRESSIONS = ("none", "bf16", "fp16", "powersgd")
 FUSED_MODES = ("off", "on", "auto")
@@ -128,8 +128,13 @@ class RunConfig:
     max_steps: int | None = setting(None, "stop after this many optimizer steps in all (overrides --epochs)", type=int)
     eval_every_steps: int | None = setting(None, "also evaluate every N optimizer steps, inside epochs", type=int)
     lr_schedule: str = setting("constant", "the learning rate over the run's optimizer steps, after --warmup-steps of linear "
-                               "warm-up (a Task.scheduler replaces it)", choices=LR_SCHEDULES)
+                               "warm-up: constant, linear or cosine to --min-lr, or wsd (stable, then linear to --min-lr "
+                               "over the last --decay-fraction); a Task.scheduler replaces it", choices=LR_SCHEDULES)
     warmup_steps: int = setting(0, "optimizer steps of linear warm-up from 0 to the learning rate")
+    min_lr: float = setting(0.0, "the learning rate linear, cosine and wsd end at (an absolute value, e.g. lr / 10 as in "
+                            "nanoGPT); other parameter groups end at the same fraction of theirs", type=float)
+    decay_fraction: float | None = setting(None, "wsd: the fraction of the run's optimizer steps spent decaying, linearly "
+                                           "to --min-lr, at its end", type=float, default_help="0.2")
     clip_grad_norm: float | None = setting(None, "clip the gradients' global 2-norm (over every rank and shard) to this before "
                                            "each optimizer step", type=float)
     num_workers: int = setting(0, "DataLoader worker processes per rank for data sets that are not in-memory tensors")
@@ -221,6 +226,7 @@ class RunConfig:
         if not isinstance(self.warmup_steps, int) or self.warmup_steps < 0:
             raise DdpkitError(f"--warmup-steps must be 0 or a positive number of optimizer steps, got {self.warmup_steps!r}")
         _choice("--lr-schedule", self.lr_schedule, LR_SCHEDULES)
+        self._validate_schedule()
         if self.clip_grad_norm is not None and not (isinstance(self.clip_grad_norm, (int, float)) and self.clip_grad_norm > 0):
             raise DdpkitError(f"--clip-grad-norm must be a positive norm such as 1.0, got {self.clip_grad_norm!r} "
                               "(leave it out not to clip)")
@@ -278,6 +284,21 @@ class RunConfig:
                               "use --precision bf16 with --strategy fsdp")
         if self.device_memory is not None and (not isinstance(self.device_memory, int) or self.device_memory < 1):
             raise DdpkitError(f"--device-memory must be a positive size such as 80GiB, got {self.device_memory!r}")
+
+    def _validate_schedule(self) -> None:
+        if not (isinstance(self.min_lr, (int, float)) and self.min_lr >= 0):
+            raise DdpkitError(f"--min-lr must be 0 or a positive learning rate, got {self.min_lr!r}")
+        if self.min_lr and self.lr_schedule == "constant":
+            raise DdpkitError("--min-lr is where --lr-schedule linear, cosine or wsd ends; the constant schedule never "
+                              "decays: add --lr-schedule cosine (or linear, wsd), or drop --min-lr")
+        if self.lr is not None and self.min_lr and not self.min_lr < self.lr:
+            raise DdpkitError(f"--min-lr {self.min_lr:g} must be below --lr {self.lr:g}")
+        if self.decay_fraction is not None:
+            if not (isinstance(self.decay_fraction, (int, float)) and 0 < self.decay_fraction <= 1):
+                raise DdpkitError(f"--decay-fraction must be in (0, 1], the share of the run spent decaying, "
+                                  f"got {self.decay_fraction!r}")
+            if self.lr_schedule != "wsd":
+                raise DdpkitError("--decay-fraction sets the decay of --lr-schedule wsd: add --lr-schedule wsd, or drop it")
 
     def _torchrun_spellings(self) -> None:
         """torchrun's ways of naming a rendezvous, as the ones ddpkit validates: --standalone

@@ -44,7 +44,7 @@ def fit(cfg: RunConfig, task: Task, rt: Runtime, run_dir: Path, stop: StopReques
     plan = StepPlan(cfg, None if is_stream(task.train_set) else len(loader))
     steps = StepRunner(rt, strategy, model, optimizer, task.loss_fn, cfg.accumulate, cfg.on_nan, stop, task.step,
                        cfg.clip_grad_norm, make_scheduler(task.scheduler, cfg.lr_schedule, cfg.warmup_steps, optimizer,
-                                                          plan.total_steps), strategy.grad_scaler(),
+                                                          plan.total_steps, cfg.min_lr, cfg.decay_fraction), strategy.grad_scaler(),
                        save_every_s=cfg.save_every_minutes * 60 if cfg.save_every_minutes else None)
     pos = Position()
     if cfg.resume or cfg.auto_resume:
