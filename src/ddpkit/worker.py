@@ -142,6 +142,9 @@ def _train(cfg: RunConfig, env: DistEnv) -> dict[str, Any]:
             "global_batch": cfg.batch_size * cfg.accumulate * env.world_size,
             "accumulate": cfg.accumulate,
             "epochs": cfg.epochs,
+            "max_steps": cfg.max_steps,
+            "eval_every_steps": cfg.eval_every_steps,
+            "save_every_steps": cfg.save_every_steps,
             **stats,
             "run_dir": str(run_dir),
         }

@@ -56,7 +56,8 @@ def fit(cfg: RunConfig, task: Task, rt: Runtime, run_dir: Path, stop: StopReques
     at = pos.global_step or plan.global_step(pos.epoch, pos.step)  # optimizer steps done in the run
     log = MetricsLog(run_dir, enabled=rt.is_main, keep_until_epoch=pos.epoch, csv=cfg.csv, tensorboard=cfg.tensorboard,
                      keep_until_step=at)
-    progress = Progress(choose_mode(cfg.progress, cfg.quiet, rt.is_main, sys.stdout), plan.passes, pos.epoch, loader.n)
+    progress = Progress(choose_mode(cfg.progress, cfg.quiet, rt.is_main, sys.stdout), plan.passes, pos.epoch, loader.n,
+                        max_steps=cfg.max_steps)
 
     def save(where: Position, record: dict[str, Any] | None = None) -> None:
         extra = steps.state()
@@ -118,7 +119,7 @@ def fit(cfg: RunConfig, task: Task, rt: Runtime, run_dir: Path, stop: StopReques
         final = strategy.full_state_dict(model)  # gathered from the shards under FSDP: every rank takes part
         if rt.is_main:
             ckpt_file.save_or_explain(final, run_dir / "model.pt")
-    return run.summary(task.metric_name) | {"grad_sync": strategy.grad_sync(model), "steps_done": at} \
+    return run.summary(task.metric_name) | {"grad_sync": strategy.grad_sync(model), "steps_done": at, "steps_planned": plan.total_steps} \
         | memory_stats(rt, strategy, model, optimizer)
 
 
