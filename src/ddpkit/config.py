@@ -80,7 +80,9 @@ class RunConfig:
                                          default_help="2 x --timeout; 0.9 x --timeout on NCCL, which aborts at --timeout")
     debug_collectives: bool = setting(False, "check across ranks that every collective matches (op, shapes, order) and name the "
                                       "rank that diverged (slow)", group=PROCESSES)
-    verbose: bool = setting(False, "show the elastic agent's own logs (rendezvous, restarts, failures)", group=PROCESSES)
+    verbose: bool = setting(False, "show the elastic agent's own logs (rendezvous, restarts, failures); under train also what "
+                            "the task prints on every rank, whole lines, [rankN]: before those of ranks other than 0 "
+                            "(without it only rank 0's)", group=PROCESSES)
     # torchrun's output and agent flags, same spellings and meaning (launchers/elastic.py)
     monitor_interval: float = setting(0.1, "seconds between the agent's checks of its workers", group=PROCESSES,
                                       aliases=("--monitor_interval",))

@@ -18,6 +18,7 @@ import torch
 from .config import ERROR_DIR_VAR, LAUNCH_TIME_VAR, RunConfig
 from .environments import DistEnv
 from .errors import DdpkitError
+from .reporting.rank_output import rank_stdout
 from .reporting.summary import format_summary
 from .runtime import Runtime
 from .runtime.watchdog import HangWatchdog, fresh_hang_dir, is_timeout
@@ -61,7 +62,8 @@ def train_worker(config: dict[str, Any]) -> dict[str, Any]:
     if error_dir:
         die_with_parent()
     try:
-        summary = _train(cfg, env)
+        with rank_stdout(env.rank, env.world_size, cfg.verbose):  # rank 0 prints; --verbose: whole lines from all
+            summary = _train(cfg, env)
         if error_dir and summary.get("stopped_early") and summary.get("stop_signal") in ("SIGINT", "SIGTERM"):
             # Ctrl-C or a TERM reached ddpkit's launcher too: its agent is shutting the group down and
             # will not read a return value, so a worker that waited to hand one over would sit there
