@@ -9,7 +9,7 @@ from typing import Any, Sequence
 
 from .. import config
 from ..config import LAUNCH_TIME_VAR
-from ..errors import DdpkitError
+from ..errors import DdpkitError, WorkerFailed
 from .flags import add_config_flags, config_from
 
 ALL_GROUPS = (config.PROCESSES, config.NODES, config.TRAINING, config.FAULTS, config.OUTPUT, config.STRATEGY, config.PERFORMANCE)
@@ -184,7 +184,11 @@ def cmd_launch(ns: argparse.Namespace) -> int:
 
     argv = (["-m", ns.script] if ns.module else [ns.script]) + list(ns.args)
     agent = {name: getattr(ns, name) for name in AGENT_OPTIONS if getattr(ns, name) not in (None, False)}
-    return launch(argv, config_from(ns), dry_run=ns.dry_run, no_python=ns.no_python, agent_options=agent)
+    try:
+        return launch(argv, config_from(ns), dry_run=ns.dry_run, no_python=ns.no_python, agent_options=agent)
+    except WorkerFailed as e:  # the script failed, not ddpkit's input: torchrun's exit code, where CI looks
+        print(f"ddpkit: error: {e}", file=sys.stderr, flush=True)
+        return e.exit_code
 
 
 def cmd_slurm(ns: argparse.Namespace) -> int:

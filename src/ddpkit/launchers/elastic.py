@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from ..config import DEFAULT_TIMEOUT_S, ERROR_DIR_VAR
-from ..errors import DdpkitError
+from ..errors import DdpkitError, WorkerFailed
 
 
 @dataclass
@@ -131,7 +131,10 @@ def run_elastic(plan: LaunchPlan, entrypoint: Callable[..., Any] | str, args: li
     except ChildFailedError as e:
         if hang_dir is not None:
             print_hang_summary(hang_dir, since=started)
-        raise DdpkitError(_failure_message(e, errors)) from None
+        user_error = _user_error(errors)
+        if user_error:  # a worker refused the user's input (ddpkit train): ddpkit's own exit 2
+            raise DdpkitError(user_error) from None
+        raise WorkerFailed(_failure_message(e, errors)) from None
     except (RendezvousTimeoutError, RendezvousConnectionError, RendezvousClosedError, DistStoreError, DistNetworkError) as e:
         # the agent's own store (static rendezvous: node 0 serves it) never completing is a rendezvous failure too
         raise DdpkitError(_rendezvous_message(e, plan, endpoint)) from None
@@ -245,10 +248,13 @@ def _rendezvous_message(e: BaseException, plan: LaunchPlan, endpoint: str) -> st
             "(firewall, address), and that the other launchers have started")
 
 
-def _failure_message(e: Any, errors: Path) -> str:
+def _user_error(errors: Path) -> str | None:
+    """The first rank's DdpkitError, as the workers of `ddpkit train` write it (worker.py)."""
     user_errors = sorted(errors.glob("rank-*.txt"), key=lambda p: int(p.stem.split("-")[1]))
-    if user_errors:
-        return user_errors[0].read_text().strip()
+    return user_errors[0].read_text().strip() if user_errors else None
+
+
+def _failure_message(e: Any, errors: Path) -> str:
     rank, failure = e.get_first_failure()
     peer_losses = {int(p.stem.split("-")[1]): p for p in errors.glob("peer-*.txt")}
     if rank in peer_losses:
@@ -274,7 +280,8 @@ def tail_whole_lines(header: str, file: str, dst: Any, finished: Any, interval_s
     """torch's tail of a worker's log file for --tee, but it writes whole lines only: torch's
     writes what readline() returns at the end of the file, so a line the worker is writing
     at that moment comes out in two pieces, each with its rank prefix (seen in 1 of 3 CI runs:
-    '[rank0]:rank 0 to stderr[rank0]:'). A piece waits here for the rest of its line."""
+    '[rank0]:rank 0 to stderr[rank0]:'). A piece waits here for the rest of its line. A line
+    that already starts with its rank's prefix keeps that one (see _prefixed)."""
     while not os.path.exists(file):
         if finished.is_set():
             return
@@ -288,11 +295,17 @@ def tail_whole_lines(header: str, file: str, dst: Any, finished: Any, interval_s
                 if not pending.endswith("\n"):
                     continue  # the rest of this line is still being written
                 if log_line_filter is None or log_line_filter(pending):
-                    dst.write(f"{header}{pending}")
+                    dst.write(_prefixed(header, pending))
                 pending = ""
             elif finished.is_set():
                 if pending and (log_line_filter is None or log_line_filter(pending)):
-                    dst.write(f"{header}{pending}\n")  # the worker ended without a newline
+                    dst.write(_prefixed(header, pending) + "\n")  # the worker ended without a newline
                 break
             else:
                 time.sleep(interval_sec)
+
+
+def _prefixed(header: str, line: str) -> str:
+    """One rank prefix per line: torch's own exception hook in a worker that joined a process
+    group already writes `[rank0]: ` before each traceback line, as torchrun shows it."""
+    return line if header and line.startswith(header) else f"{header}{line}"
