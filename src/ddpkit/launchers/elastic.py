@@ -20,6 +20,7 @@ from typing import Any, Callable
 
 from ..config import DEFAULT_TIMEOUT_S, ERROR_DIR_VAR
 from ..errors import DdpkitError, WorkerFailed
+from .joined import NEVER_JOINED, JoinWatch
 
 
 @dataclass
@@ -126,8 +127,15 @@ def run_elastic(plan: LaunchPlan, entrypoint: Callable[..., Any] | str, args: li
 
     torch_tail = tail_log.tail_logfile
     tail_log.tail_logfile = tail_whole_lines  # teed lines whole (see tail_whole_lines)
+    # a script's workers (ddpkit train's join before any task code runs): did any join a process group?
+    watch = JoinWatch().start() if isinstance(entrypoint, str) and plan.nproc_per_node * plan.max_nodes > 1 else None
     try:
-        return elastic_launch(config, entrypoint)(*args)
+        results = elastic_launch(config, entrypoint)(*args)
+        if watch is not None:
+            watch.stop()
+            if watch.never_joined():
+                print(NEVER_JOINED.format(n=plan.nproc_per_node), file=sys.stderr, flush=True)
+        return results
     except ChildFailedError as e:
         if hang_dir is not None:
             print_hang_summary(hang_dir, since=started)
@@ -142,6 +150,8 @@ def run_elastic(plan: LaunchPlan, entrypoint: Callable[..., Any] | str, args: li
         raise DdpkitError(f"stopped by {signal.Signals(e.sigval).name}; the workers were stopped (with --save-on-signal "
                           "they saved a checkpoint first: continue with --resume)") from None
     finally:
+        if watch is not None:
+            watch.stop()
         tail_log.tail_logfile = torch_tail
         del rdzv_store
         for log, level in zip(agent_logs, saved_levels):
