@@ -80,7 +80,9 @@ class RunConfig:
                                          default_help="2 x --timeout; 0.9 x --timeout on NCCL, which aborts at --timeout")
     debug_collectives: bool = setting(False, "check across ranks that every collective matches (op, shapes, order) and name the "
                                       "rank that diverged (slow)", group=PROCESSES)
-    verbose: bool = setting(False, "show the elastic agent's own logs (rendezvous, restarts, failures)", group=PROCESSES)
+    verbose: bool = setting(False, "show the elastic agent's own logs (rendezvous, restarts, failures); under train also what "
+                            "the task prints on every rank, whole lines, [rankN]: before those of ranks other than 0 "
+                            "(without it only rank 0's)", group=PROCESSES)
     # torchrun's output and agent flags, same spellings and meaning (launchers/elastic.py)
     monitor_interval: float = setting(0.1, "seconds between the agent's checks of its workers", group=PROCESSES,
                                       aliases=("--monitor_interval",))
@@ -128,8 +130,13 @@ class RunConfig:
     max_steps: int | None = setting(None, "stop after this many optimizer steps in all (overrides --epochs)", type=int)
     eval_every_steps: int | None = setting(None, "also evaluate every N optimizer steps, inside epochs", type=int)
     lr_schedule: str = setting("constant", "the learning rate over the run's optimizer steps, after --warmup-steps of linear "
-                               "warm-up (a Task.scheduler replaces it)", choices=LR_SCHEDULES)
+                               "warm-up: constant, linear or cosine to --min-lr, or wsd (stable, then linear to --min-lr "
+                               "over the last --decay-fraction); a Task.scheduler replaces it", choices=LR_SCHEDULES)
     warmup_steps: int = setting(0, "optimizer steps of linear warm-up from 0 to the learning rate")
+    min_lr: float = setting(0.0, "the learning rate linear, cosine and wsd end at (an absolute value, e.g. lr / 10 as in "
+                            "nanoGPT); other parameter groups end at the same fraction of theirs", type=float)
+    decay_fraction: float | None = setting(None, "wsd: the fraction of the run's optimizer steps spent decaying, linearly "
+                                           "to --min-lr, at its end", type=float, default_help="0.2")
     clip_grad_norm: float | None = setting(None, "clip the gradients' global 2-norm (over every rank and shard) to this before "
                                            "each optimizer step", type=float)
     num_workers: int = setting(0, "DataLoader worker processes per rank for data sets that are not in-memory tensors")

@@ -26,7 +26,7 @@ START_METHODS = ("auto", "fork", "spawn", "forkserver")
 RDZV_BACKENDS = ("c10d", "static")
 PROGRESS_MODES = ("auto", "bar", "lines")
 PRECISIONS = ("fp32", "bf16", "fp16")
-LR_SCHEDULES = ("constant", "linear", "cosine")
+LR_SCHEDULES = ("constant", "linear", "cosine", "wsd")
 GRAD_SYNC_MODES = ("auto", "shm", "backend")  # how DDP gradients are all-reduced (strategies/grad_sync.py)
 GRAD_COMPRESSIONS = ("none", "bf16", "fp16", "powersgd")
 FUSED_MODES = ("off", "on", "auto")
@@ -98,6 +98,7 @@ def validate_training(cfg: Any) -> None:
     if not isinstance(cfg.warmup_steps, int) or cfg.warmup_steps < 0:
         raise DdpkitError(f"--warmup-steps must be 0 or a positive number of optimizer steps, got {cfg.warmup_steps!r}")
     _choice("--lr-schedule", cfg.lr_schedule, LR_SCHEDULES)
+    validate_schedule(cfg)
     if cfg.clip_grad_norm is not None and not (isinstance(cfg.clip_grad_norm, (int, float)) and cfg.clip_grad_norm > 0):
         raise DdpkitError(f"--clip-grad-norm must be a positive norm such as 1.0, got {cfg.clip_grad_norm!r} "
                           "(leave it out not to clip)")
@@ -109,6 +110,23 @@ def validate_training(cfg: Any) -> None:
     _choice("--device", cfg.device, DEVICES)
     if cfg.backend == "nccl" and cfg.device == "cpu":
         raise DdpkitError("--backend nccl needs --device cuda (NCCL only moves GPU tensors); use --backend gloo for CPU")
+
+
+def validate_schedule(cfg: Any) -> None:
+    """--min-lr and --decay-fraction against the schedule they shape."""
+    if not (isinstance(cfg.min_lr, (int, float)) and cfg.min_lr >= 0):
+        raise DdpkitError(f"--min-lr must be 0 or a positive learning rate, got {cfg.min_lr!r}")
+    if cfg.min_lr and cfg.lr_schedule == "constant":
+        raise DdpkitError("--min-lr is where --lr-schedule linear, cosine or wsd ends; the constant schedule never "
+                          "decays: add --lr-schedule cosine (or linear, wsd), or drop --min-lr")
+    if cfg.lr is not None and cfg.min_lr and not cfg.min_lr < cfg.lr:
+        raise DdpkitError(f"--min-lr {cfg.min_lr:g} must be below --lr {cfg.lr:g}")
+    if cfg.decay_fraction is not None:
+        if not (isinstance(cfg.decay_fraction, (int, float)) and 0 < cfg.decay_fraction <= 1):
+            raise DdpkitError(f"--decay-fraction must be in (0, 1], the share of the run spent decaying, "
+                              f"got {cfg.decay_fraction!r}")
+        if cfg.lr_schedule != "wsd":
+            raise DdpkitError("--decay-fraction sets the decay of --lr-schedule wsd: add --lr-schedule wsd, or drop it")
 
 
 def validate_checkpoints(cfg: Any) -> None:

@@ -19,6 +19,7 @@ from .config import RunConfig
 from .environments import DistEnv
 from .envvars import BENCH_RESULT_VAR, ERROR_DIR_VAR, LAUNCH_TIME_VAR
 from .errors import DdpkitError
+from .reporting.rank_output import rank_stdout
 from .reporting.summary import format_summary
 from .runtime import Runtime
 from .runtime.watchdog import HangWatchdog, fresh_hang_dir, is_timeout
@@ -62,7 +63,8 @@ def train_worker(config: dict[str, Any]) -> dict[str, Any]:
     if error_dir:
         die_with_parent()
     try:
-        summary = _train(cfg, env)
+        with rank_stdout(env.rank, env.world_size, cfg.verbose):  # rank 0 prints; --verbose: whole lines from all
+            summary = _train(cfg, env)
         if error_dir and summary.get("stopped_early") and summary.get("stop_signal") in ("SIGINT", "SIGTERM"):
             # Ctrl-C or a TERM reached ddpkit's launcher too: its agent is shutting the group down and
             # will not read a return value, so a worker that waited to hand one over would sit there
@@ -144,6 +146,9 @@ def _train(cfg: RunConfig, env: DistEnv) -> dict[str, Any]:
             "global_batch": cfg.batch_size * cfg.accumulate * env.world_size,
             "accumulate": cfg.accumulate,
             "epochs": cfg.epochs,
+            "max_steps": cfg.max_steps,
+            "eval_every_steps": cfg.eval_every_steps,
+            "save_every_steps": cfg.save_every_steps,
             **stats,
             "run_dir": str(run_dir),
         }

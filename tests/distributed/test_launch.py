@@ -47,7 +47,7 @@ def test_a_collective_no_other_rank_reaches_ends_the_job_instead_of_hanging():
     # rank 0 waits for ever: if the collective's timeout did not end the job, the subprocess
     # timeout would fail this test
     proc = run_ddpkit("launch", "--nproc", "2", str(HERE / "collective_mismatch.py"), check=False, timeout=120)
-    assert proc.returncode == 2
+    assert proc.returncode == 1  # a failed worker: torchrun's exit code
     assert "Timed out waiting 5000ms" in proc.stderr  # gloo's own words: the 5 s of ddpkit.init(timeout=5)
     assert "ddpkit: error: worker rank 1" in proc.stderr
 

@@ -87,3 +87,22 @@ def test_a_rendezvous_that_does_not_complete_is_one_line_naming_the_endpoint(kin
     assert proc.returncode == 2 and time.monotonic() - t0 < 60
     assert "Traceback" not in proc.stderr and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
     assert f"rendezvous at 127.0.0.1:{port} timed out" in proc.stderr and "every node runs the same command" in proc.stderr
+
+
+def test_a_failing_worker_exits_1_as_under_torchrun_with_one_rank_prefix_per_line():
+    script = str(Path(__file__).parent / "scripts" / "fails_after_joining.py")
+    flags = ["--standalone", "--nproc_per_node=2"]
+    ours = run_ddpkit("launch", *flags, script, env=ENV, check=False)
+    theirs = subprocess.run([sys.executable, "-m", "torch.distributed.run", *flags, script], capture_output=True,
+                            text=True, timeout=120, env={**os.environ, **ENV})
+    assert theirs.returncode == 1 and ours.returncode == 1, ours.stderr  # 2 stays ddpkit's own usage errors
+
+    def traceback_lines(text):
+        return [line for line in text.splitlines() if line.startswith("[rank0]: ")]
+
+    lines = traceback_lines(ours.stderr)
+    assert lines == traceback_lines(theirs.stderr), (ours.stderr, theirs.stderr)
+    assert lines[0] == "[rank0]: Traceback (most recent call last):" and "AttributeError" in lines[-1]
+    assert not any(line.count("[rank") > 1 for line in ours.stderr.splitlines()), ours.stderr  # never [rank0]:[rank0]:
+    assert ours.stderr.strip().splitlines()[-1] == ("ddpkit: error: worker rank 0 exited with code 1; the other workers "
+                                                    "were stopped (see its output above)")

@@ -10,7 +10,7 @@ from typing import Any, Callable, Sequence
 
 from .. import config
 from ..envvars import LAUNCH_TIME_VAR, SLOW_EXIT_VAR
-from ..errors import DdpkitError
+from ..errors import DdpkitError, WorkerFailed
 from .flags import add_config_flags, add_option_flags, config_from
 from .options import (
     BenchOptions,
@@ -25,7 +25,7 @@ from .options import (
 
 ALL_GROUPS = (config.PROCESSES, config.NODES, config.TRAINING, config.FAULTS, config.OUTPUT, config.STRATEGY, config.PERFORMANCE)
 
-TRAIN_HELP = """Train a task with DDP over local worker processes (or as one worker, when started by
+TRAIN_HELP = """Train a task with DDP or FSDP (--strategy) over local worker processes (or as one worker, when started by
 torchrun / srun). TASK is a built-in (wine, digits), MODULE:FUNCTION or path/to/file.py:FUNCTION;
 the function returns ddpkit.Task(model=, train_set=, optimizer=, [eval_set=, loss_fn=, metric=])."""
 
@@ -70,7 +70,8 @@ and the requeued job resumes. Example:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="ddpkit",
-        description="Run a PyTorch training task on one process, every GPU of a node, or many nodes, with DDP.",
+        description="Run a PyTorch training task on one process, every GPU of a node, or many nodes, with DDP or FSDP "
+                    "(HSDP is coming).",
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name, command in COMMANDS.items():
@@ -106,7 +107,11 @@ def cmd_launch(ns: argparse.Namespace) -> int:
 
     argv = (["-m", ns.script] if ns.module else [ns.script]) + list(ns.args)
     agent = {name: getattr(ns, name) for name in agent_options() if getattr(ns, name) not in (None, False)}
-    return launch(argv, config_from(ns), dry_run=ns.dry_run, no_python=ns.no_python, agent_options=agent)
+    try:
+        return launch(argv, config_from(ns), dry_run=ns.dry_run, no_python=ns.no_python, agent_options=agent)
+    except WorkerFailed as e:  # the script failed, not ddpkit's input: torchrun's exit code, where CI looks
+        print(f"ddpkit: error: {e}", file=sys.stderr, flush=True)
+        return e.exit_code
 
 
 def cmd_slurm(ns: argparse.Namespace) -> int:

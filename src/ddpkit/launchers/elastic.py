@@ -6,6 +6,7 @@ that is the configuration in which restarts after a worker failure work.
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import shutil
@@ -16,10 +17,12 @@ import time
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
-from ..config import DEFAULT_TIMEOUT_S, ERROR_DIR_VAR
-from ..errors import DdpkitError
+from ..config import DEFAULT_TIMEOUT_S
+from ..envvars import ERROR_DIR_VAR
+from ..errors import DdpkitError, WorkerFailed
+from .joined import NEVER_JOINED, JoinWatch
 
 
 @dataclass
@@ -60,32 +63,129 @@ def run_elastic(plan: LaunchPlan, entrypoint: Callable[..., Any] | str, args: li
                 verbose: bool = False, agent_options: dict[str, Any] | None = None, hang_dir: Path | None = None) -> dict[int, Any]:
     """Run `entrypoint(*args)` (a function, or an executable path) in nproc workers.
     Returns each local rank's return value. A worker's DdpkitError becomes ours; any other
-    failure becomes a DdpkitError that names the rank and exit code. Workers never outlive
+    failure becomes a WorkerFailed that names the rank and exit code. Workers never outlive
     this call: the agent stops the whole group when one fails or on SIGINT/SIGTERM.
     `hang_dir`: where the workers write hang reports (runtime/watchdog.py); when the job
-    failed and they wrote one, its summary is printed before the error."""
-    started = time.time()
-    from torch.distributed import DistNetworkError, DistStoreError
-    from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, Std
-    from torch.distributed.elastic.multiprocessing.api import SignalException
-    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
-    from torch.distributed.elastic.rendezvous.api import RendezvousClosedError, RendezvousConnectionError, RendezvousTimeoutError
-    from torch.distributed.launcher.api import LaunchConfig, elastic_launch
+    failed and they wrote one, its summary is printed before the error.
+    What this process changes for the launch (the environment the agent hands its workers,
+    torch's log tail, the agent's log levels) is put back when it returns or raises."""
+    with contextlib.ExitStack() as scope:
+        scratch = Path(tempfile.mkdtemp(prefix="ddpkit-"))
+        scope.callback(shutil.rmtree, scratch, ignore_errors=True)
+        errors = scratch / "errors"
+        errors.mkdir()
+        scope.enter_context(scoped_environ(_launch_environ(plan, env, errors), also=AGENT_SETS))
+        scope.enter_context(_agent_logs(verbose))
+        scope.enter_context(whole_line_tail())
+        return _launch(plan, entrypoint, args, scratch, errors, agent_options, hang_dir)
 
-    scratch = Path(tempfile.mkdtemp(prefix="ddpkit-"))
-    errors = scratch / "errors"
-    errors.mkdir()
-    saved_env = dict(os.environ)
-    os.environ.update(plan.extra_env)
-    os.environ.update(env or {})
-    os.environ[ERROR_DIR_VAR] = str(errors)
+
+# what torch's elastic_launch itself sets in the launching process's environment
+AGENT_SETS = ("TORCHELASTIC_SIGNALS_TO_HANDLE",)
+
+
+def _launch_environ(plan: LaunchPlan, env: dict[str, str] | None, errors: Path) -> dict[str, str]:
+    """The variables the agent (which reads them here) and its workers (which inherit them) need."""
+    out = {**plan.extra_env, **(env or {}), ERROR_DIR_VAR: str(errors), "OMP_NUM_THREADS": str(plan.threads_per_process)}
     if plan.rdzv_backend == "c10d":
         # Workers get a store of their own: with the shared one, restarted workers read stale
         # addresses (pytorch/pytorch#135712). Static rendezvous serves workers from its store.
-        os.environ["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"
-    os.environ["OMP_NUM_THREADS"] = str(plan.threads_per_process)
+        out["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"
     if plan.debug_collectives:
-        os.environ["TORCH_DISTRIBUTED_DEBUG"] = "DETAIL"  # ranks check that their collectives match
+        out["TORCH_DISTRIBUTED_DEBUG"] = "DETAIL"  # ranks check that their collectives match
+    return out
+
+
+@contextlib.contextmanager
+def scoped_environ(changes: dict[str, str], also: tuple[str, ...] = ()) -> Iterator[None]:
+    """os.environ with `changes` for the duration, then exactly these keys (and `also`, which
+    others set meanwhile) as they were; what anyone else changed meanwhile stays."""
+    before = {k: os.environ.get(k) for k in (*changes, *also)}
+    os.environ.update(changes)
+    try:
+        yield
+    finally:
+        for key, value in before.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
+@contextlib.contextmanager
+def whole_line_tail() -> Iterator[None]:
+    """torch's agent tails --tee'd log files with tail_log.tail_logfile, a module global it
+    offers no parameter for: ddpkit's whole-line version for the launch, torch's after."""
+    from torch.distributed.elastic.multiprocessing import tail_log
+
+    torch_tail = tail_log.tail_logfile
+    tail_log.tail_logfile = tail_whole_lines
+    try:
+        yield
+    finally:
+        tail_log.tail_logfile = torch_tail
+
+
+@contextlib.contextmanager
+def _agent_logs(verbose: bool) -> Iterator[None]:
+    """The agent logs every failure with a traceback at ERROR level; ddpkit reports failures
+    itself (one line, plus the failing rank's own traceback), so keep the agent quiet."""
+    agent_logs = [logging.getLogger(n) for n in ("torch.distributed.elastic", "torch.multiprocessing")]
+    saved_levels = [log.level for log in agent_logs]
+    if not verbose:
+        for log in agent_logs:
+            log.setLevel(logging.CRITICAL)
+    try:
+        yield
+    finally:
+        for log, level in zip(agent_logs, saved_levels, strict=True):
+            log.setLevel(level)
+
+
+def _launch(plan: LaunchPlan, entrypoint: Callable[..., Any] | str, args: list[Any], scratch: Path, errors: Path,
+            agent_options: dict[str, Any] | None, hang_dir: Path | None) -> dict[int, Any]:
+    started = time.time()
+    from torch.distributed import DistNetworkError, DistStoreError
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.elastic.rendezvous.api import RendezvousClosedError, RendezvousConnectionError, RendezvousTimeoutError
+    from torch.distributed.launcher.api import elastic_launch
+
+    config, endpoint, rdzv_store = _launch_config(plan, scratch, agent_options)  # the store lives until we return
+    # a script's workers (ddpkit train's join before any task code runs): did any join a process group?
+    watch = JoinWatch().start() if isinstance(entrypoint, str) and plan.nproc_per_node * plan.max_nodes > 1 else None
+    try:
+        results = elastic_launch(config, entrypoint)(*args)
+        if watch is not None:
+            watch.stop()
+            if watch.never_joined():
+                print(NEVER_JOINED.format(n=plan.nproc_per_node), file=sys.stderr, flush=True)
+        return results
+    except ChildFailedError as e:
+        if hang_dir is not None:
+            print_hang_summary(hang_dir, since=started)
+        user_error = _user_error(errors)
+        if user_error:  # a worker refused the user's input (ddpkit train): ddpkit's own exit 2
+            raise DdpkitError(user_error) from None
+        raise WorkerFailed(_failure_message(e, errors)) from None
+    except (RendezvousTimeoutError, RendezvousConnectionError, RendezvousClosedError, DistStoreError, DistNetworkError) as e:
+        # the agent's own store (static rendezvous: node 0 serves it) never completing is a rendezvous failure too
+        raise DdpkitError(_rendezvous_message(e, plan, endpoint)) from None
+    except SignalException as e:
+        raise DdpkitError(f"stopped by {signal.Signals(e.sigval).name}; the workers were stopped (with --save-on-signal "
+                          "they saved a checkpoint first: continue with --resume)") from None
+    finally:
+        if watch is not None:
+            watch.stop()
+        del rdzv_store
+
+
+def _launch_config(plan: LaunchPlan, scratch: Path, agent_options: dict[str, Any] | None) -> tuple[Any, str, Any]:
+    """torch's LaunchConfig for the plan, the rendezvous endpoint, and the rendezvous store
+    this launcher hosts (None when torch's agent opens its own)."""
+    from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, Std
+    from torch.distributed.launcher.api import LaunchConfig
+
     rdzv_configs = {"join_timeout": int(plan.timeout), **plan.rdzv_configs}
     endpoint, rdzv_store = plan.rdzv_endpoint, None
     if plan.rdzv_backend == "c10d" and plan.rdzv_configs.get("is_host"):
@@ -115,37 +215,7 @@ def run_elastic(plan: LaunchPlan, entrypoint: Callable[..., Any] | str, args: li
         log_line_prefix_template=os.environ.get("TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE", "[rank${rank}]:"),
         **agent,
     )
-    # The agent logs every failure with a traceback at ERROR level; ddpkit reports failures
-    # itself (one line, plus the failing rank's own traceback), so keep the agent quiet.
-    agent_logs = [logging.getLogger(n) for n in ("torch.distributed.elastic", "torch.multiprocessing")]
-    saved_levels = [log.level for log in agent_logs]
-    if not verbose:
-        for log in agent_logs:
-            log.setLevel(logging.CRITICAL)
-    from torch.distributed.elastic.multiprocessing import tail_log
-
-    torch_tail = tail_log.tail_logfile
-    tail_log.tail_logfile = tail_whole_lines  # teed lines whole (see tail_whole_lines)
-    try:
-        return elastic_launch(config, entrypoint)(*args)
-    except ChildFailedError as e:
-        if hang_dir is not None:
-            print_hang_summary(hang_dir, since=started)
-        raise DdpkitError(_failure_message(e, errors)) from None
-    except (RendezvousTimeoutError, RendezvousConnectionError, RendezvousClosedError, DistStoreError, DistNetworkError) as e:
-        # the agent's own store (static rendezvous: node 0 serves it) never completing is a rendezvous failure too
-        raise DdpkitError(_rendezvous_message(e, plan, endpoint)) from None
-    except SignalException as e:
-        raise DdpkitError(f"stopped by {signal.Signals(e.sigval).name}; the workers were stopped (with --save-on-signal "
-                          "they saved a checkpoint first: continue with --resume)") from None
-    finally:
-        tail_log.tail_logfile = torch_tail
-        del rdzv_store
-        for log, level in zip(agent_logs, saved_levels, strict=True):
-            log.setLevel(level)
-        os.environ.clear()
-        os.environ.update(saved_env)
-        shutil.rmtree(scratch, ignore_errors=True)
+    return config, endpoint, rdzv_store
 
 
 def print_hang_summary(hang_dir: Path, since: float) -> None:
@@ -189,7 +259,7 @@ def _host_rendezvous_store(endpoint: str, timeout: float) -> tuple[str, Any]:
 
 
 def _agent_config(options: dict[str, Any]) -> dict[str, Any]:
-    """torchrun's agent flags (cli AGENT_OPTIONS) as LaunchConfig's fields, converted as torchrun does."""
+    """torchrun's agent flags (cli.options.agent_options()) as LaunchConfig's fields, converted as torchrun does."""
     out = dict(options)
     for name in ("duplicate_stdout_filters", "duplicate_stderr_filters"):
         if name in out:
@@ -245,10 +315,13 @@ def _rendezvous_message(e: BaseException, plan: LaunchPlan, endpoint: str) -> st
             "(firewall, address), and that the other launchers have started")
 
 
-def _failure_message(e: Any, errors: Path) -> str:
+def _user_error(errors: Path) -> str | None:
+    """The first rank's DdpkitError, as the workers of `ddpkit train` write it (worker.py)."""
     user_errors = sorted(errors.glob("rank-*.txt"), key=lambda p: int(p.stem.split("-")[1]))
-    if user_errors:
-        return user_errors[0].read_text().strip()
+    return user_errors[0].read_text().strip() if user_errors else None
+
+
+def _failure_message(e: Any, errors: Path) -> str:
     rank, failure = e.get_first_failure()
     peer_losses = {int(p.stem.split("-")[1]): p for p in errors.glob("peer-*.txt")}
     if rank in peer_losses:
@@ -274,7 +347,8 @@ def tail_whole_lines(header: str, file: str, dst: Any, finished: Any, interval_s
     """torch's tail of a worker's log file for --tee, but it writes whole lines only: torch's
     writes what readline() returns at the end of the file, so a line the worker is writing
     at that moment comes out in two pieces, each with its rank prefix (seen in 1 of 3 CI runs:
-    '[rank0]:rank 0 to stderr[rank0]:'). A piece waits here for the rest of its line."""
+    '[rank0]:rank 0 to stderr[rank0]:'). A piece waits here for the rest of its line. A line
+    that already starts with its rank's prefix keeps that one (see _prefixed)."""
     while not os.path.exists(file):
         if finished.is_set():
             return
@@ -288,11 +362,17 @@ def tail_whole_lines(header: str, file: str, dst: Any, finished: Any, interval_s
                 if not pending.endswith("\n"):
                     continue  # the rest of this line is still being written
                 if log_line_filter is None or log_line_filter(pending):
-                    dst.write(f"{header}{pending}")
+                    dst.write(_prefixed(header, pending))
                 pending = ""
             elif finished.is_set():
                 if pending and (log_line_filter is None or log_line_filter(pending)):
-                    dst.write(f"{header}{pending}\n")  # the worker ended without a newline
+                    dst.write(_prefixed(header, pending) + "\n")  # the worker ended without a newline
                 break
             else:
                 time.sleep(interval_sec)
+
+
+def _prefixed(header: str, line: str) -> str:
+    """One rank prefix per line: torch's own exception hook in a worker that joined a process
+    group already writes `[rank0]: ` before each traceback line, as torchrun shows it."""
+    return line if header and line.startswith(header) else f"{header}{line}"

@@ -43,11 +43,15 @@ def choose_mode(requested: str, quiet: bool, is_main: bool, stream: TextIO) -> s
     return "bar" if has_tqdm and _isatty(stream) else "lines"
 
 
-def epoch_line(record: dict[str, Any], epochs: int | None) -> str:
-    """`epoch N/E  train_loss X  eval_loss Y  eval_accuracy Z` (the format tests and logs parse)."""
+def epoch_line(record: dict[str, Any], epochs: int | None, max_steps: int | None = None) -> str:
+    """`epoch N/E  train_loss X  eval_loss Y  eval_accuracy Z` (the format tests and logs parse);
+    a run by --max-steps also shows `step S/M` after the epoch: the steps are what ends it."""
     width = len(str(epochs))
     of = f"/{epochs}" if epochs else ""  # None: a stream run by --max-steps (no number of passes)
-    parts = [f"epoch {record['epoch']:>{width if epochs else 1}}{of}", f"train_loss {record['train_loss']:.4f}"]
+    parts = [f"epoch {record['epoch']:>{width if epochs else 1}}{of}"]
+    if max_steps and "step" in record:
+        parts.append(f"step {record['step']:>{len(str(max_steps))}}/{max_steps}")
+    parts.append(f"train_loss {record['train_loss']:.4f}")
     parts += [f"{k} {v:.4f}" for k, v in record.items() if k.startswith("eval_")]
     return "  ".join(parts)
 
@@ -63,9 +67,10 @@ class Progress:
     """Called by the trainer at epoch and step boundaries; shows nothing in mode 'off'."""
 
     def __init__(self, mode: str, epochs: int | None, start_epoch: int, samples_per_epoch: int | None,
-                 stream: TextIO | None = None) -> None:
+                 stream: TextIO | None = None, max_steps: int | None = None) -> None:
         self.mode = mode
         self.epochs = epochs
+        self.max_steps = max_steps  # a run by --max-steps: the epoch lines show the steps too
         self.samples_per_epoch = samples_per_epoch
         self.stream = stream or sys.stdout
         self.line_interval = float(os.environ.get(PROGRESS_INTERVAL_VAR, LINE_INTERVAL_S))
@@ -142,7 +147,7 @@ class Progress:
             return
         self._last_end = time.perf_counter()
         self._epochs_done_here += 1
-        line = epoch_line(record, self.epochs)
+        line = epoch_line(record, self.epochs, self.max_steps)
         if record.get("samples_per_s"):
             line += f"  samples/s {record['samples_per_s']:,.0f}"
         if self.epochs and record["epoch"] < self.epochs and self.samples_per_epoch is not None:

@@ -16,7 +16,7 @@ def format_summary(s: dict[str, Any]) -> str:
         f"  world size   {s['world_size']} ({s['nnodes']} node{'s' if s['nnodes'] != 1 else ''}), backend {s['backend']}, device {s['device']}"
         + (" (gradients summed in shared memory)" if s.get("grad_sync") == "shm" else ""),
         f"  global batch {s['global_batch']} ({s['batch_size']} per process"
-        + (f" x {s['accumulate']} accumulated" if s.get("accumulate", 1) > 1 else "") + f"), epochs {s['epochs_done']}/{s['epochs']}",
+        + (f" x {s['accumulate']} accumulated" if s.get("accumulate", 1) > 1 else "") + f"), {run_length(s)}",
         f"  train loss   {num(s['train_loss'], '.4f')}",
     ]
     if s.get("eval_loss") is not None:
@@ -29,3 +29,20 @@ def format_summary(s: dict[str, Any]) -> str:
     lines.append(f"  samples/s    {num(s['samples_per_s'], ',.0f')} (training {s['train_s']:.2f} s{wall}")
     lines.append(f"  written to   {s['run_dir']}")
     return "\n".join(lines)
+
+
+def run_length(s: dict[str, Any]) -> str:
+    """How far the run went in the unit it was asked in: `steps 30/30` for a run by --max-steps
+    (its --epochs was overridden, so `epochs 3/100` would be wrong), `epochs 3/100` for a run by
+    epochs; both where both matter (a run by steps over several passes, or a run by epochs that
+    evaluates or checkpoints every N steps, or stopped inside an epoch)."""
+    done, planned = s.get("steps_done"), s.get("steps_planned")
+    if done is None:  # a summary.json written before steps were counted
+        return f"epochs {s['epochs_done']}/{s['epochs']}"
+    steps = f"steps {done}/{planned}" if planned else f"steps {done}"
+    if s.get("max_steps"):
+        return steps + (f", epoch {s['epochs_done']}" if s["epochs_done"] > 1 else "")
+    epochs = f"epochs {s['epochs_done']}/{s['epochs']}"
+    if s.get("eval_every_steps") or s.get("save_every_steps") or s.get("stopped_early"):
+        return f"{epochs}, {steps}"
+    return epochs

@@ -65,7 +65,7 @@ class Run:
         self.loader = make_loader(task.train_set, cfg, rt)  # a global order over a map-style set, or a stream's readers
         self.checkpointer = Checkpointer(run_dir, rt, self.strategy, self.model, self.optimizer, Policy.of(cfg), cfg.as_dict())
         scheduler = make_scheduler(task.scheduler, cfg.lr_schedule, cfg.warmup_steps, self.optimizer,
-                                   StepPlan(cfg, self.loader, Position()).total_steps)
+                                   StepPlan(cfg, self.loader, Position()).total_steps, cfg.min_lr, cfg.decay_fraction)
         self.steps = StepRunner(rt, self.strategy, self.model, self.optimizer, loss_fn=task.loss_fn, accumulate=cfg.accumulate,
                                 on_nan=cfg.on_nan, stop=stop, step_fn=task.step, clip_grad_norm=cfg.clip_grad_norm,
                                 scheduler=scheduler, scaler=self.strategy.grad_scaler(), timed_save=self.checkpointer.clock_due)
@@ -83,7 +83,7 @@ class Run:
         self.log = MetricsLog(run_dir, enabled=rt.is_main, keep_until_epoch=start.epoch, keep_until_step=start.global_step,
                               settings=cfg.as_dict())  # each sink decides from the settings whether it is wanted
         self.progress = Progress(choose_mode(cfg.progress, cfg.quiet, rt.is_main, sys.stdout), self.plan.passes, start.epoch,
-                                 self.loader.n)
+                                 self.loader.n, max_steps=cfg.max_steps)
         self.totals = RunTotals(resumed_from=start.epoch)
 
     def resume(self) -> Position:
@@ -142,7 +142,8 @@ class Run:
             if self.rt.is_main:
                 ckpt_file.save_or_explain(final, self.run_dir / "model.pt")
         return self.totals.summary(self.task.metric_name) | {"grad_sync": self.strategy.grad_sync(self.model),
-                                                             "steps_done": self.cadence.global_step} \
+                                                             "steps_done": self.cadence.global_step,
+                                                             "steps_planned": self.plan.total_steps} \
             | memory_stats(self.rt, self.strategy, self.model, self.optimizer)
 
 
