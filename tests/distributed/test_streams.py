@@ -181,9 +181,12 @@ def test_save_every_minutes_checkpoints_inside_passes(tmp_path):
     run_ddpkit("train", "--nproc", "2", "--epochs", "3", "--batch-size", "8", "--save-every", "0",
                "--save-every-minutes", "1e-9", "--keep-last", "3", "--quiet", "--run-dir", str(run))
     names = sorted(p.name for p in (run / "checkpoints").glob("epoch-*.pt"))
-    # due at every step boundary inside a pass (9 steps of 16); the 3 newest complete ones stay
-    assert names == ["epoch-000002-step-000006.pt", "epoch-000002-step-000007.pt", "epoch-000002-step-000008.pt"], names
-    assert all(torch.load(run / "checkpoints" / n, weights_only=True)["step"] == int(n[-9:-3]) for n in names)
+    # due at every step boundary inside a pass (9 steps of 16); the 3 newest complete ones stay, named by the
+    # run's optimizer step (the 6th to 8th steps of the third pass) and holding their place in samples
+    assert names == ["epoch-000002-step-000024.pt", "epoch-000002-step-000025.pt", "epoch-000002-step-000026.pt"], names
+    for n, in_pass in zip(names, (6, 7, 8), strict=True):
+        ckpt = torch.load(run / "checkpoints" / n, weights_only=True)
+        assert (ckpt["global_step"], ckpt["samples"], ckpt["global_batch"]) == (int(n[-9:-3]), in_pass * 16, 16)
 
 
 def test_an_own_loop_takes_a_stream_through_rt_loader(tmp_path):

@@ -100,7 +100,7 @@ def test_runs_by_steps_evaluate_and_checkpoint_inside_epochs(tmp_path):
     evals = [(r["epoch"], r["step"]) for r in records if "eval_loss" in r]
     assert (1, 4) in evals and (2, 8) in evals and records[-1]["step"] == 12 and "eval_loss" in records[-1]
     names = sorted(p.name for p in (run / "checkpoints").iterdir())
-    assert names == ["epoch-000000-step-000004.pt", "epoch-000001-step-000003.pt", "epoch-000002-step-000002.pt"], names
+    assert names == ["epoch-000000-step-000004.pt", "epoch-000001-step-000008.pt", "epoch-000002-step-000012.pt"], names
     assert (run / "model.pt").is_file()
     # continuing the stopped run to 15 steps equals running 15 at once
     run_ddpkit("train", "--nproc", "2", "--batch-size", "16", "--max-steps", "15", "--resume", "--quiet", "--save-every", "0",
