@@ -33,10 +33,10 @@ def test_a_resumed_run_continues_the_schedule_to_min_lr(tmp_path, shape):
     shutil.copytree(full, split)
     (split / "model.pt").unlink()
     later = sorted((split / "checkpoints").iterdir())[1:]
-    assert [p.name for p in later] == ["epoch-000002-step-000004.pt"]
+    assert [p.name for p in later] == ["epoch-000002-step-000014.pt"]  # named by the run's optimizer step
     for p in later:
         p.unlink()
     proc = run_ddpkit("train", *ARGS, *shape, "--resume", "--run-dir", str(split))
-    assert "ddpkit: resuming from" in proc.stdout and "step-000002.pt" in proc.stdout, proc.stdout
+    assert "ddpkit: resuming from" in proc.stdout and "epoch-000001-step-000007.pt" in proc.stdout, proc.stdout
     assert _lrs(split) == _lrs(full)  # every learning rate logged, before and after the resume
     assert_state_equal(load_model(split), load_model(full))

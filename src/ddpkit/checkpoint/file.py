@@ -20,7 +20,6 @@ from torch import nn
 
 from ..errors import DdpkitError
 from ..tree import map_tensors
-from .state import Position, plain_state_dict, unwrap
 
 FORMAT = "ddpkit-checkpoint"
 VERSION = 2  # 2: the position in the epoch is kept in samples of the global order (1: in steps)
@@ -125,31 +124,6 @@ def _first_line(e: BaseException) -> str:
     return lines[0][:200] if lines else type(e).__name__
 
 
-def save_state(path: str | os.PathLike, model: nn.Module, optimizer: torch.optim.Optimizer | None = None, **extra: Any) -> Path:
-    """For own loops: model (unwrapped, no `module.` prefix), optimizer and plain extras."""
-    state = {"format": "ddpkit-state", "model": plain_state_dict(model), "extra": extra}
-    if optimizer is not None:
-        state["optimizer"] = optimizer.state_dict()
-    return atomic_save(state, path)
-
-
-def load_state(path: str | os.PathLike, model: nn.Module, optimizer: torch.optim.Optimizer | None = None) -> dict[str, Any]:
-    """Restore what save_state wrote; returns the extras. Mismatches are DdpkitErrors."""
-    state = load_file(path)
-    if not isinstance(state, dict) or state.get("format") != "ddpkit-state":
-        raise DdpkitError(f"{path}: not a file written by ddpkit's save (Session.save / save_state)")
-    target = unwrap(model)
-    want, have = model_signature(target.state_dict()), model_signature(state["model"])
-    if want != have:
-        raise DdpkitError(f"{path}: saved model does not match this model (different parameter names or shapes)")
-    target.load_state_dict(state["model"])
-    if optimizer is not None:
-        if "optimizer" not in state:
-            raise DdpkitError(f"{path}: holds no optimizer state")
-        optimizer.load_state_dict(state["optimizer"])
-    return state.get("extra", {})
-
-
 def model_signature(state_dict: dict[str, torch.Tensor]) -> dict[str, list[int]]:
     return {k: list(v.shape) for k, v in state_dict.items()}
 
@@ -166,29 +140,6 @@ def list_checkpoints(run_dir: str | os.PathLike) -> list[tuple[tuple[int, int], 
         return []
     found = [((int(m.group(1)), int(m.group(2) or 0)), p) for p in folder.iterdir() if (m := _NAME.match(p.name))]
     return sorted(found, reverse=True)
-
-
-def make_checkpoint(
-    model_state: dict[str, torch.Tensor],
-    optimizer_state: dict[str, Any],
-    position: Position,
-    rng_states: list[dict[str, Any]],
-    config: dict[str, Any],
-    world_size: int,
-    extra: dict[str, Any] | None = None,
-) -> dict[str, Any]:
-    return {
-        "format": FORMAT,
-        "version": VERSION,
-        **position.fields(),  # epoch, samples into the next one, their loss sums, global step and batch
-        "extra": extra or {},  # the LR scheduler's and gradient scaler's state, a stream's position
-        "model": model_state,
-        "optimizer": optimizer_state,
-        "rng": rng_states,
-        "world_size": world_size,
-        "config": config,
-        "model_signature": model_signature(model_state),
-    }
 
 
 def validate_checkpoint(ckpt: Any, path: Path, model: nn.Module, optimizer: torch.optim.Optimizer | None) -> None:
@@ -218,25 +169,3 @@ def check_signature(path: Path, want: dict[str, list[int]], have: dict[str, list
             ) if s
         )
         raise DdpkitError(f"{path}: checkpoint is of a different model ({detail}); use another --run-dir or the matching task")
-
-
-def find_resumable(run_dir: str | os.PathLike, model: nn.Module, optimizer: torch.optim.Optimizer | None) -> tuple[dict[str, Any], Path, list[str]]:
-    """The newest checkpoint that loads and fits; the reasons newer ones were skipped."""
-    candidates = list_checkpoints(run_dir)
-    if not candidates:
-        raise DdpkitError(
-            f"--resume: no checkpoint in {Path(run_dir) / CKPT_DIR}; run without --resume to start fresh"
-        )
-    skipped: list[str] = []
-    last_error: DdpkitError | None = None
-    for _, path in candidates:
-        try:
-            ckpt = load_file(path)
-            validate_checkpoint(ckpt, path, model, optimizer)
-            return ckpt, path, skipped
-        except DdpkitError as e:
-            skipped.append(str(e))
-            last_error = e
-    raise DdpkitError(
-        f"--resume: no usable checkpoint in {Path(run_dir) / CKPT_DIR}: " + " | ".join(skipped)
-    ) from last_error

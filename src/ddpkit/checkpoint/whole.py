@@ -118,7 +118,7 @@ def load_whole(path: str | os.PathLike, model: nn.Module, optimizer: torch.optim
     """A whole file into a plain, DDP or sharded model (each rank keeps its part); returns the extras."""
     state = load_file(path)
     if not isinstance(state, dict) or state.get("format") != FORMAT:
-        raise DdpkitError(f"{path}: not a file written by ddpkit's save (rt.save / save_state)")
+        raise DdpkitError(f"{path}: not a file written by ddpkit's save (rt.save)")
     target = unwrap(model)
     if model_signature(target.state_dict()) != model_signature(state["model"]):
         raise DdpkitError(f"{path}: saved model does not match this model (different parameter names or shapes)")

@@ -8,6 +8,8 @@ from torch import nn
 from ddpkit import DdpkitError
 from ddpkit.checkpoint import file as ck
 from ddpkit.checkpoint import state as ck_state
+from ddpkit.checkpoint.schema import Header
+from ddpkit.checkpoint.sharded import find_any_resumable
 
 
 def _model():
@@ -16,7 +18,8 @@ def _model():
 
 
 def _ckpt(model, opt, epoch=1):
-    return ck.make_checkpoint(model.state_dict(), opt.state_dict(), ck_state.Position(epoch), [ck_state.rng_state()], {"task": "t"}, 1)
+    header = Header(ck_state.Position(epoch), rng=[ck_state.rng_state()], world_size=1, config={"task": "t"})
+    return {**header.to_dict(), "model": model.state_dict(), "optimizer": opt.state_dict()}
 
 
 def test_atomic_save_leaves_no_temporary_and_loads_back(tmp_path):
@@ -80,7 +83,8 @@ def test_resume_picks_the_newest_valid_checkpoint_and_reports_the_bad_one(tmp_pa
     ck.atomic_save(_ckpt(m, opt, 2), ck.checkpoint_path(tmp_path, 2))
     ck.checkpoint_path(tmp_path, 4).write_bytes(b"truncated")
     (tmp_path / "checkpoints" / ".epoch-000006.pt.x.tmp").write_bytes(b"half written")
-    state, path, skipped = ck.find_resumable(tmp_path, m, opt)
+    kind, state, path, skipped = find_any_resumable(tmp_path, m, opt)
+    assert kind == "file"
     assert state["epoch"] == 2 and path.name == "epoch-000002.pt"
     assert len(skipped) == 1 and "epoch-000004.pt" in skipped[0]
 
@@ -90,7 +94,7 @@ def test_checkpoint_of_another_model_is_refused_with_what_mismatched(tmp_path):
     ck.atomic_save(_ckpt(m, torch.optim.Adam(m.parameters())), ck.checkpoint_path(tmp_path, 1))
     other = nn.Sequential(nn.Linear(4, 16), nn.ReLU(), nn.Linear(16, 2))
     with pytest.raises(DdpkitError, match=r"different model .*shape mismatch"):
-        ck.find_resumable(tmp_path, other, torch.optim.Adam(other.parameters()))
+        find_any_resumable(tmp_path, other, torch.optim.Adam(other.parameters()))
 
 
 def test_checkpoint_with_another_optimizer_layout_is_refused(tmp_path):
@@ -98,22 +102,9 @@ def test_checkpoint_with_another_optimizer_layout_is_refused(tmp_path):
     ck.atomic_save(_ckpt(m, torch.optim.Adam(m.parameters())), ck.checkpoint_path(tmp_path, 1))
     groups = [{"params": list(m[0].parameters())}, {"params": list(m[2].parameters())}]
     with pytest.raises(DdpkitError, match="optimizer"):
-        ck.find_resumable(tmp_path, m, torch.optim.Adam(groups))
+        find_any_resumable(tmp_path, m, torch.optim.Adam(groups))
 
 
 def test_no_checkpoint_says_how_to_start_fresh(tmp_path):
     with pytest.raises(DdpkitError, match="run without --resume"):
-        ck.find_resumable(tmp_path, _model(), None)
-
-
-def test_save_state_and_load_state_for_own_loops(tmp_path):
-    m = _model()
-    opt = torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9)
-    m(torch.randn(3, 4)).sum().backward()
-    opt.step()
-    ck.save_state(tmp_path / "s.pt", m, opt, epoch=3)
-    m2 = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2))
-    opt2 = torch.optim.SGD(m2.parameters(), lr=0.1, momentum=0.9)
-    assert ck.load_state(tmp_path / "s.pt", m2, opt2) == {"epoch": 3}
-    assert all(torch.equal(a, b) for a, b in zip(m.parameters(), m2.parameters(), strict=True))
-    assert opt2.state_dict()["state"][0]["momentum_buffer"].equal(opt.state_dict()["state"][0]["momentum_buffer"])
+        find_any_resumable(tmp_path, _model(), None)
