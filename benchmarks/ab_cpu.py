@@ -9,6 +9,7 @@ the same argv as run.py's ddpkit-2 rows with PYTHONPATH pointing at one src/ or 
 Prints one table: medians, the ratio new / baseline and each pair's ratio, plus the
 training time the runs report (train_s).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -23,13 +24,33 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-GPT = ["examples/gpt.py:build", "--epochs", "1", "--save-every", "0", "--clip-grad-norm", "1.0", "--batch-size", "16",
-       "--task-arg", "max_samples=1024", "--task-arg", "n_layer=4", "--task-arg", "n_head=4", "--task-arg", "n_embd=128",
-       "--task-arg", "block_size=128"]
+GPT = [
+    "examples/gpt.py:build",
+    "--epochs",
+    "1",
+    "--save-every",
+    "0",
+    "--clip-grad-norm",
+    "1.0",
+    "--batch-size",
+    "16",
+    "--task-arg",
+    "max_samples=1024",
+    "--task-arg",
+    "n_layer=4",
+    "--task-arg",
+    "n_head=4",
+    "--task-arg",
+    "n_embd=128",
+    "--task-arg",
+    "block_size=128",
+]
 WORKLOADS = {
     "Wine, 2 processes, 100 epochs": (["wine", "--nproc", "2"], {}),
-    "MLP 9.46M, 2 processes, 1 epoch of 4,096": (["benchmarks/tasks/mlp.py:build", "--nproc", "2", "--epochs", "1",
-                                                  "--save-every", "0", "--batch-size", "256"], {"BENCH_MLP_SAMPLES": "4096"}),
+    "MLP 9.46M, 2 processes, 1 epoch of 4,096": (
+        ["benchmarks/tasks/mlp.py:build", "--nproc", "2", "--epochs", "1", "--save-every", "0", "--batch-size", "256"],
+        {"BENCH_MLP_SAMPLES": "4096"},
+    ),
     "GPT 0.8M, 2 processes, 1,024 windows": (GPT + ["--nproc", "2"], {}),
 }
 
@@ -39,8 +60,13 @@ def run_once(src: str, argv: list[str], env: dict[str, str]) -> tuple[float, flo
     with tempfile.TemporaryDirectory() as tmp:
         before = resource.getrusage(resource.RUSAGE_CHILDREN)
         t0 = time.perf_counter()
-        subprocess.run([sys.executable, "-m", "ddpkit", "train", *argv, "--quiet", "--run-dir", f"{tmp}/run"], cwd=ROOT,
-                       env={**os.environ, **env, "PYTHONPATH": src}, check=True, capture_output=True)
+        subprocess.run(
+            [sys.executable, "-m", "ddpkit", "train", *argv, "--quiet", "--run-dir", f"{tmp}/run"],
+            cwd=ROOT,
+            env={**os.environ, **env, "PYTHONPATH": src},
+            check=True,
+            capture_output=True,
+        )
         wall = time.perf_counter() - t0
         after = resource.getrusage(resource.RUSAGE_CHILDREN)
         summary = json.loads((Path(tmp) / "run" / "summary.json").read_text())
@@ -56,7 +82,10 @@ def main() -> None:
     args = ap.parse_args()
     new_src, old_src = str(ROOT / "src"), str(Path(args.baseline_src).resolve())
     print(f"load average at the start: {os.getloadavg()[0]:.1f}", flush=True)
-    print("| workload | CPU s new (median) | CPU s baseline | new ÷ baseline | per pair | train s new | train s baseline |")
+    print(
+        "| workload | CPU s new (median) | CPU s baseline | new ÷ baseline | per pair "
+        "| train s new | train s baseline |"
+    )
     print("|---|---|---|---|---|---|---|")
     for name, (argv, env) in WORKLOADS.items():
         if not name.startswith(args.only):
@@ -68,8 +97,11 @@ def main() -> None:
                 out.append(run_once(src, argv, env))
         pairs = ", ".join(f"{a[0] / b[0]:.2f}" for a, b in zip(new, old, strict=True))
         med = [statistics.median(x[i] for x in side) for side in (new, old) for i in (0, 2)]
-        print(f"| {name} | {med[0]:.2f} | {med[2]:.2f} | {med[0] / med[2]:.3f}x | {pairs} | {med[1]:.3f} | {med[3]:.3f} |",
-              flush=True)
+        print(
+            f"| {name} | {med[0]:.2f} | {med[2]:.2f} | {med[0] / med[2]:.3f}x | "
+            f"{pairs} | {med[1]:.3f} | {med[3]:.3f} |",
+            flush=True,
+        )
     print(f"load average at the end: {os.getloadavg()[0]:.1f}")
 
 

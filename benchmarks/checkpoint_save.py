@@ -8,6 +8,7 @@ processes, a checkpoint every 5 optimizer steps, rounds interleaved (blocking, a
 Reports the training time inside fit() (what a save stalls) and the wall time of the whole
 command, per variant: the median over rounds and the range.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -26,10 +27,32 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def run(variant: str, steps: int, tmp: Path) -> dict:
     run_dir = tmp / f"{variant}-{time.monotonic_ns()}"
-    argv = [sys.executable, "-m", "ddpkit", "train", f"{ROOT}/benchmarks/tasks/mlp.py:build_momentum", "--nproc", "2",
-            "--batch-size", "256", "--max-steps", str(steps), "--save-every-steps", "5", "--save-every", "0",
-            "--quiet", "--run-dir", str(run_dir)] + (["--async-save"] if variant == "async" else [])
-    env = {**os.environ, "PYTHONPATH": str(ROOT / "src"), "BENCH_MLP_SAMPLES": str(steps * 2 * 256), "DDPKIT_BENCH_RESULT": "1"}
+    argv = [
+        sys.executable,
+        "-m",
+        "ddpkit",
+        "train",
+        f"{ROOT}/benchmarks/tasks/mlp.py:build_momentum",
+        "--nproc",
+        "2",
+        "--batch-size",
+        "256",
+        "--max-steps",
+        str(steps),
+        "--save-every-steps",
+        "5",
+        "--save-every",
+        "0",
+        "--quiet",
+        "--run-dir",
+        str(run_dir),
+    ] + (["--async-save"] if variant == "async" else [])
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(ROOT / "src"),
+        "BENCH_MLP_SAMPLES": str(steps * 2 * 256),
+        "DDPKIT_BENCH_RESULT": "1",
+    }
     t0 = time.perf_counter()
     proc = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=900)
     wall = time.perf_counter() - t0
@@ -39,8 +62,14 @@ def run(variant: str, steps: int, tmp: Path) -> dict:
     saves = len(list((run_dir / "checkpoints").iterdir()))
     size = sum(p.stat().st_size for p in (run_dir / "checkpoints").iterdir()) / max(1, saves)
     shutil.rmtree(run_dir, ignore_errors=True)
-    return {"variant": variant, "fit_s": summary["fit_s"], "train_s": summary["train_s"], "wall_s": wall, "saves": saves,
-            "mb_per_checkpoint": size / 1e6}
+    return {
+        "variant": variant,
+        "fit_s": summary["fit_s"],
+        "train_s": summary["train_s"],
+        "wall_s": wall,
+        "saves": saves,
+        "mb_per_checkpoint": size / 1e6,
+    }
 
 
 def main() -> None:
@@ -57,29 +86,38 @@ def main() -> None:
                 results.append(run(variant, ns.steps, Path(tmp)))
                 print(f"round {r + 1}: {results[-1]}", flush=True)
     load_after = os.getloadavg()
-    rows = ["| variant | fit s (median, range) | wall s (median, range) | checkpoints | MB each |", "|---|---|---|---|---|"]
+    rows = [
+        "| variant | fit s (median, range) | wall s (median, range) | checkpoints | MB each |",
+        "|---|---|---|---|---|",
+    ]
     medians = {}
     for variant in ("blocking", "async"):
         runs = [x for x in results if x["variant"] == variant]
         fit = [x["fit_s"] for x in runs]
         wall = [x["wall_s"] for x in runs]
         medians[variant] = statistics.median(fit)
-        rows.append(f"| {variant} | {statistics.median(fit):.2f} ({min(fit):.2f}-{max(fit):.2f}) | "
-                    f"{statistics.median(wall):.2f} ({min(wall):.2f}-{max(wall):.2f}) | {runs[0]['saves']} | "
-                    f"{runs[0]['mb_per_checkpoint']:.0f} |")
+        rows.append(
+            f"| {variant} | {statistics.median(fit):.2f} ({min(fit):.2f}-{max(fit):.2f}) | "
+            f"{statistics.median(wall):.2f} ({min(wall):.2f}-{max(wall):.2f}) | {runs[0]['saves']} | "
+            f"{runs[0]['mb_per_checkpoint']:.0f} |"
+        )
     ratio = medians["async"] / medians["blocking"]
-    text = "\n".join([
-        "# Checkpoints: blocking vs --async-save",
-        "",
-        f"Measured {time.strftime('%Y-%m-%d %H:%M')} on {os.cpu_count()} cores, load average {load_before[0]:.1f} before and "
-        f"{load_after[0]:.1f} after; {ns.rounds} interleaved rounds, {ns.steps} optimizer steps, a checkpoint every 5.",
-        f"`python benchmarks/checkpoint_save.py --rounds {ns.rounds} --steps {ns.steps}`",
-        "",
-        *rows,
-        "",
-        f"fit time async / blocking: {ratio:.2f}x (fit = training + evaluation + checkpoints inside the run).",
-        "",
-    ])
+    text = "\n".join(
+        [
+            "# Checkpoints: blocking vs --async-save",
+            "",
+            f"Measured {time.strftime('%Y-%m-%d %H:%M')} on {os.cpu_count()} cores, "
+            f"load average {load_before[0]:.1f} before and "
+            f"{load_after[0]:.1f} after; {ns.rounds} interleaved rounds, "
+            f"{ns.steps} optimizer steps, a checkpoint every 5.",
+            f"`python benchmarks/checkpoint_save.py --rounds {ns.rounds} --steps {ns.steps}`",
+            "",
+            *rows,
+            "",
+            f"fit time async / blocking: {ratio:.2f}x (fit = training + evaluation + checkpoints inside the run).",
+            "",
+        ]
+    )
     Path(ns.out).write_text(text)
     print(text)
 

@@ -22,6 +22,7 @@ are a plain model; the hand-written loop is torchrun + NCCL + DDP of world size 
 `--device cpu` runs the same rows on the CPU with gloo (a dry run of this script, at tiny sizes).
 Variants run interleaved (A B C ... A B C) over `--rounds` rounds, through harness.py.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -40,8 +41,22 @@ import harness  # noqa: E402
 PY = "{python}"
 TORCHRUN = [PY, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "1"]
 HW = TORCHRUN + ["benchmarks/baselines/handwritten_ddp.py", "--workload", "mlp", "--bucket-view"]
-DDPKIT = [PY, "-m", "ddpkit", "train", "benchmarks/tasks/mlp.py:build", "--nproc", "1", "--epochs", "2",
-          "--save-every", "0", "--run-dir", "{tmp}/run", "--quiet"]
+DDPKIT = [
+    PY,
+    "-m",
+    "ddpkit",
+    "train",
+    "benchmarks/tasks/mlp.py:build",
+    "--nproc",
+    "1",
+    "--epochs",
+    "2",
+    "--save-every",
+    "0",
+    "--run-dir",
+    "{tmp}/run",
+    "--quiet",
+]
 
 
 def last_epoch(tmp: str) -> dict:
@@ -53,21 +68,46 @@ def last_epoch(tmp: str) -> dict:
 
 def variants(device: str, batch: int, steps: int, threads: int) -> list[dict]:
     samples = batch * steps
-    hw = HW + ["--device", device, "--batch-size", str(batch), "--samples", str(samples), "--epochs", "2",
-               "--warmup", str(steps), "--threads", str(threads)]
+    hw = HW + [
+        "--device",
+        device,
+        "--batch-size",
+        str(batch),
+        "--samples",
+        str(samples),
+        "--epochs",
+        "2",
+        "--warmup",
+        str(steps),
+        "--threads",
+        str(threads),
+    ]
     ddpkit = DDPKIT + ["--device", device, "--batch-size", str(batch), "--threads", str(threads)]
     env = {"PYTHONPATH": str(ROOT / "src"), "DDPKIT_BENCH_RESULT": "1", "BENCH_MLP_SAMPLES": str(samples)}
     out = []
     for prec in ("fp32", "bf16"):
         out += [
-            dict(name=f"hw-ddp-{prec}", world_size=1, argv=hw + ["--precision", prec],
-                 about=f"hand-written DDP (torchrun, 1 process, {'NCCL' if device == 'cuda' else 'gloo'}), "
-                       f"host-side batches copied to the device, {prec}"),
-            dict(name=f"hw-ddp-devdata-{prec}", world_size=1, argv=hw + ["--precision", prec, "--data-on-device"],
-                 about=f"the same with the data set kept on the device (no host gather/copy), {prec}"),
-            dict(name=f"ddpkit-{prec}", world_size=1, env=env, collect=last_epoch,
-                 argv=ddpkit + ["--precision", prec],
-                 about=f"ddpkit train --nproc 1 --precision {prec} (no process group, no DDP with one process)"),
+            dict(
+                name=f"hw-ddp-{prec}",
+                world_size=1,
+                argv=hw + ["--precision", prec],
+                about=f"hand-written DDP (torchrun, 1 process, {'NCCL' if device == 'cuda' else 'gloo'}), "
+                f"host-side batches copied to the device, {prec}",
+            ),
+            dict(
+                name=f"hw-ddp-devdata-{prec}",
+                world_size=1,
+                argv=hw + ["--precision", prec, "--data-on-device"],
+                about=f"the same with the data set kept on the device (no host gather/copy), {prec}",
+            ),
+            dict(
+                name=f"ddpkit-{prec}",
+                world_size=1,
+                env=env,
+                collect=last_epoch,
+                argv=ddpkit + ["--precision", prec],
+                about=f"ddpkit train --nproc 1 --precision {prec} (no process group, no DDP with one process)",
+            ),
         ]
     return out
 
@@ -101,21 +141,29 @@ def main() -> int:
     out.parent.mkdir(parents=True, exist_ok=True)
     logs = Path(args.logs) if args.logs else out.parent / "logs-gpu"
     t0 = time.perf_counter()
-    results = harness.alternate(vs, args.rounds, log=lambda m: print(m, flush=True), cwd=str(ROOT),
-                                log_dir=str(logs), timeout=args.timeout)
+    results = harness.alternate(
+        vs, args.rounds, log=lambda m: print(m, flush=True), cwd=str(ROOT), log_dir=str(logs), timeout=args.timeout
+    )
     elapsed = time.perf_counter() - t0
     cols = ["steady_samples_per_s", "samples_per_s", "train_s", "wall_s", "final_loss"]
     tab = harness.table(results, baselines=["hw-ddp-fp32", "hw-ddp-bf16"], metric="steady_samples_per_s", columns=cols)
-    cuda = f", CUDA {torch.version.cuda}, NCCL {'.'.join(map(str, torch.cuda.nccl.version()))}" if args.device == "cuda" else ""
-    md = [f"# MLP on one {'GPU' if args.device == 'cuda' else 'CPU (dry run of benchmarks/gpu.py)'}\n",
-          f"{time.strftime('%Y-%m-%d %H:%M:%S')}; {device_name(args.device)}; python {platform.python_version()}, "
-          f"torch {torch.__version__}{cuda}; {threads} CPU threads per process; {args.rounds} round(s), interleaved; "
-          f"suite took {elapsed:.0f}s.\n",
-          f"Workload: benchmarks/tasks/mlp.py (512-2048-2048-2048-10, 9.46M parameters, SGD lr 0.01), batch "
-          f"{args.batch_size}, 2 passes of {args.steps} steps ({args.batch_size * args.steps} samples each); "
-          "steady samples/s = the second pass (the first is the warm-up), the compared figure; samples/s = both "
-          "passes. Cells: median (min-max) over the successful runs.\n",
-          tab + "\n", "Commands (from the repository root):\n"]
+    cuda = (
+        f", CUDA {torch.version.cuda}, NCCL {'.'.join(map(str, torch.cuda.nccl.version()))}"
+        if args.device == "cuda"
+        else ""
+    )
+    md = [
+        f"# MLP on one {'GPU' if args.device == 'cuda' else 'CPU (dry run of benchmarks/gpu.py)'}\n",
+        f"{time.strftime('%Y-%m-%d %H:%M:%S')}; {device_name(args.device)}; python {platform.python_version()}, "
+        f"torch {torch.__version__}{cuda}; {threads} CPU threads per process; {args.rounds} round(s), interleaved; "
+        f"suite took {elapsed:.0f}s.\n",
+        f"Workload: benchmarks/tasks/mlp.py (512-2048-2048-2048-10, 9.46M parameters, SGD lr 0.01), batch "
+        f"{args.batch_size}, 2 passes of {args.steps} steps ({args.batch_size * args.steps} samples each); "
+        "steady samples/s = the second pass (the first is the warm-up), the compared figure; samples/s = both "
+        "passes. Cells: median (min-max) over the successful runs.\n",
+        tab + "\n",
+        "Commands (from the repository root):\n",
+    ]
     for v in vs:
         env = " ".join(f"{k}={val}" for k, val in v.get("env", {}).items() if k != "PYTHONPATH")
         cmd = " ".join(a.replace("{python}", "python").replace("{tmp}", "$TMP") for a in v["argv"])
@@ -123,9 +171,21 @@ def main() -> int:
     out.write_text("\n".join(md) + "\n")
     print("\n" + tab + f"\n\nwrote {out} ({elapsed:.0f}s)", flush=True)
     if args.json:
-        Path(args.json).write_text(json.dumps({"device": args.device, "batch_size": args.batch_size, "steps": args.steps,
-                                               "rounds": args.rounds, "threads": threads, "elapsed_s": elapsed,
-                                               "runs": results}, indent=1, default=str))
+        Path(args.json).write_text(
+            json.dumps(
+                {
+                    "device": args.device,
+                    "batch_size": args.batch_size,
+                    "steps": args.steps,
+                    "rounds": args.rounds,
+                    "threads": threads,
+                    "elapsed_s": elapsed,
+                    "runs": results,
+                },
+                indent=1,
+                default=str,
+            )
+        )
     return 0 if results and all(r.get("ok") for r in results) else 1
 
 

@@ -15,6 +15,7 @@ A variant may also name `collect`: a function called with the run's {tmp} direct
 it is deleted (only after a run that exited 0); the fields it returns are added to the
 result, e.g. a figure read from the run directory of `ddpkit train --run-dir {tmp}/run`.
 """
+
 from __future__ import annotations
 
 import json
@@ -34,14 +35,23 @@ ALIASES = {"final_loss": "train_loss", "test_acc": "eval_accuracy"}  # ddpkit's 
 
 # variables that would change what a launcher or script does; the harness removes them
 # so that each variant runs with its own defaults (a variant may set them in its env)
-_SCRUB = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OMP_WAIT_POLICY", "RANK", "LOCAL_RANK",
-          "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RUN_ID")
+_SCRUB = (
+    "OMP_NUM_THREADS",
+    "MKL_NUM_THREADS",
+    "OMP_WAIT_POLICY",
+    "RANK",
+    "LOCAL_RANK",
+    "WORLD_SIZE",
+    "LOCAL_WORLD_SIZE",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+    "TORCHELASTIC_RUN_ID",
+)
 _SCRUB_PREFIXES = ("ACCELERATE_", "PL_", "LT_", "DDPKIT_")
 
 
 def clean_env(extra: dict | None = None) -> dict:
-    env = {k: v for k, v in os.environ.items()
-           if k not in _SCRUB and not k.startswith(_SCRUB_PREFIXES)}
+    env = {k: v for k, v in os.environ.items() if k not in _SCRUB and not k.startswith(_SCRUB_PREFIXES)}
     env["PYTHONUNBUFFERED"] = "1"
     env.update({k: str(v) for k, v in (extra or {}).items()})
     return env
@@ -62,6 +72,7 @@ def parse_result(text: str) -> dict | None:
 def free_port() -> int:
     """A TCP port free right now on 127.0.0.1 (small race until the command binds it)."""
     import socket
+
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
@@ -73,9 +84,18 @@ def _fill(s: str, mapping: dict) -> str:
     return s
 
 
-def run_cmd(name: str, argv: list[str], env: dict | None = None, *, timeout: float = 600,
-            cwd: str | None = None, log_dir: str | None = None, subst: dict | None = None,
-            log_name: str | None = None, collect: Callable[[str], dict] | None = None) -> dict:
+def run_cmd(
+    name: str,
+    argv: list[str],
+    env: dict | None = None,
+    *,
+    timeout: float = 600,
+    cwd: str | None = None,
+    log_dir: str | None = None,
+    subst: dict | None = None,
+    log_name: str | None = None,
+    collect: Callable[[str], dict] | None = None,
+) -> dict:
     """Run argv once; return a result dict (name, argv, rc, ok, wall_s, parsed RESULT fields)."""
     tmp = tempfile.mkdtemp(prefix="bench_run_")
     mapping = {"python": sys.executable, "tmp": tmp, **(subst or {})}
@@ -120,8 +140,11 @@ def run_cmd(name: str, argv: list[str], env: dict | None = None, *, timeout: flo
     res["ok"] = rc == 0 and parsed is not None and collect_error is None
     if not res["ok"]:
         tail = (err or out).strip().splitlines()[-8:]
-        res["error"] = ("no RESULT line; " if parsed is None else "") + (f"{collect_error}; " if collect_error else "") \
+        res["error"] = (
+            ("no RESULT line; " if parsed is None else "")
+            + (f"{collect_error}; " if collect_error else "")
             + " | ".join(tail)[-800:]
+        )
     if log_dir:
         os.makedirs(log_dir, exist_ok=True)
         stem = re.sub(r"[^A-Za-z0-9_.-]+", "_", log_name or name)
@@ -133,8 +156,7 @@ def run_cmd(name: str, argv: list[str], env: dict | None = None, *, timeout: flo
     return res
 
 
-def alternate(variants: list[dict], repeats: int, *, log: Callable[[str], None] = print,
-              **run_kw) -> list[dict]:
+def alternate(variants: list[dict], repeats: int, *, log: Callable[[str], None] = print, **run_kw) -> list[dict]:
     """Run variants interleaved, A B C A B C ..., `repeats` rounds; returns every run's result.
 
     A variant is a dict with "name" and "argv", optionally "env", "timeout", "world_size"
@@ -161,7 +183,9 @@ def alternate(variants: list[dict], repeats: int, *, log: Callable[[str], None] 
             out.append(res)
             n = len(out)
             if res["ok"]:
-                extra = "".join(f" {k}={res[k]:.4g}" for k in ("train_s", "samples_per_s") if isinstance(res.get(k), (int, float)))
+                extra = "".join(
+                    f" {k}={res[k]:.4g}" for k in ("train_s", "samples_per_s") if isinstance(res.get(k), (int, float))
+                )
                 log(f"[{n}/{total}] {v['name']}: wall {res['wall_s']:.2f}s{extra} (world {res.get('world_size')})")
             else:
                 log(f"[{n}/{total}] {v['name']}: FAILED rc={res['rc']}: {res.get('error', '')[:300]}")
@@ -169,6 +193,7 @@ def alternate(variants: list[dict], repeats: int, *, log: Callable[[str], None] 
 
 
 # ---------------------------------------------------------------- reporting
+
 
 def _groups(results: Iterable[dict]) -> OrderedDict[str, list[dict]]:
     g: OrderedDict[str, list[dict]] = OrderedDict()
@@ -205,10 +230,18 @@ def _cell(v: list[float]) -> str:
     return f"{_fmt(med)} ({_fmt(min(v))}-{_fmt(max(v))})"
 
 
-_LABELS = {"wall_s": "wall s", "train_s": "train s", "samples_per_s": "samples/s",
-           "startup_s": "startup s", "fit_s": "fit s", "teardown_s": "teardown s",
-           "steady_samples_per_s": "steady samples/s",
-           "final_loss": "final loss", "test_acc": "test acc", "inner_wall_s": "in-process s"}
+_LABELS = {
+    "wall_s": "wall s",
+    "train_s": "train s",
+    "samples_per_s": "samples/s",
+    "startup_s": "startup s",
+    "fit_s": "fit s",
+    "teardown_s": "teardown s",
+    "steady_samples_per_s": "steady samples/s",
+    "final_loss": "final loss",
+    "test_acc": "test acc",
+    "inner_wall_s": "in-process s",
+}
 
 
 def _paired_cell(runs: list[dict], twin: list[dict], metric: str) -> str:
@@ -217,15 +250,33 @@ def _paired_cell(runs: list[dict], twin: list[dict], metric: str) -> str:
     if not mv or not tv or not statistics.median(tv):
         return "-"
     by_round = {r.get("repeat"): r[metric] for r in twin if r.get("ok") and isinstance(r.get(metric), (int, float))}
-    per = [r[metric] / by_round[r.get("repeat")] for r in runs
-           if r.get("ok") and isinstance(r.get(metric), (int, float)) and by_round.get(r.get("repeat"))]
+    per = [
+        r[metric] / by_round[r.get("repeat")]
+        for r in runs
+        if r.get("ok") and isinstance(r.get(metric), (int, float)) and by_round.get(r.get("repeat"))
+    ]
     cell = f"{statistics.median(mv) / statistics.median(tv):.3f}x"
     return cell + (f" ({min(per):.3f}-{max(per):.3f})" if len(per) > 1 else "")
 
 
-def table(results: list[dict], baselines: list[str] = (), *, metric: str = "wall_s",
-          columns: list[str] = ("wall_s", "startup_s", "fit_s", "train_s", "teardown_s", "samples_per_s", "steady_samples_per_s",
-                                "final_loss", "test_acc"), paired_suffix: str = "") -> str:
+def table(
+    results: list[dict],
+    baselines: list[str] = (),
+    *,
+    metric: str = "wall_s",
+    columns: list[str] = (
+        "wall_s",
+        "startup_s",
+        "fit_s",
+        "train_s",
+        "teardown_s",
+        "samples_per_s",
+        "steady_samples_per_s",
+        "final_loss",
+        "test_acc",
+    ),
+    paired_suffix: str = "",
+) -> str:
     """Markdown table: one row per variant (in first-seen order) with median (min-max) of
     each column over its successful runs, and median(metric) / median(metric of baseline)
     for each named baseline. With paired_suffix (e.g. "@baseline"), one more column: each
@@ -238,8 +289,11 @@ def table(results: list[dict], baselines: list[str] = (), *, metric: str = "wall
         v = _vals(groups.get(b, []), metric)
         if v:
             base_med[b] = statistics.median(v)
-    head = ["variant", "procs", "ok/runs"] + [_LABELS.get(c, c) for c in cols] + \
-           [f"{_LABELS.get(metric, metric)} ÷ {b}" for b in base_med]
+    head = (
+        ["variant", "procs", "ok/runs"]
+        + [_LABELS.get(c, c) for c in cols]
+        + [f"{_LABELS.get(metric, metric)} ÷ {b}" for b in base_med]
+    )
     paired = bool(paired_suffix) and any(n + paired_suffix in groups for n in groups)
     if paired:
         head.append(f"{_LABELS.get(metric, metric)} ÷ same variant {paired_suffix} (per round)")

@@ -22,6 +22,7 @@ evaluation, teardown); MLP and GPT rows by samples/s of the training loop (GPT: 
 older commit) adds, right after each selected ddpkit variant, the same command with
 PYTHONPATH=PATH, named NAME@baseline; the tables get a column NAME ÷ NAME@baseline.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -44,22 +45,59 @@ import harness  # noqa: E402
 PY = "{python}"
 TORCHRUN = [PY, "-m", "torch.distributed.run", "--standalone"]  # == `torchrun --standalone`
 # The invocation that really runs 2 CPU processes (see baselines/accelerate_wine.py):
-ACCEL_LAUNCH = [PY, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
-                "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
-                "--main_process_port", "{port}"]  # "0" (auto) works only from accelerate 1.7 on
+ACCEL_LAUNCH = [
+    PY,
+    "-m",
+    "accelerate.commands.launch",
+    "--multi_gpu",
+    "--num_processes",
+    "2",
+    "--num_machines",
+    "1",
+    "--mixed_precision",
+    "no",
+    "--dynamo_backend",
+    "no",
+    "--main_process_port",
+    "{port}",
+]  # "0" (auto) works only from accelerate 1.7 on
 BL = "benchmarks/baselines"
 # ddpkit from THIS checkout (not whatever `ddpkit` console script is installed)
 DDPKIT_ENV = {"DDPKIT_BENCH_RESULT": "1", "PYTHONPATH": str(ROOT / "src")}
 DDPKIT = [PY, "-m", "ddpkit", "train"]
-DDPKIT_MLP = DDPKIT + ["benchmarks/tasks/mlp.py:build", "--epochs", "1", "--save-every", "0",
-                       "--run-dir", "{tmp}/run", "--quiet", "--batch-size", "256"]
+DDPKIT_MLP = DDPKIT + [
+    "benchmarks/tasks/mlp.py:build",
+    "--epochs",
+    "1",
+    "--save-every",
+    "0",
+    "--run-dir",
+    "{tmp}/run",
+    "--quiet",
+    "--batch-size",
+    "256",
+]
 DDPKIT_MLP_ENV = {**DDPKIT_ENV, "BENCH_MLP_SAMPLES": "{samples}"}  # read by benchmarks/tasks/mlp.py
 # The GPT workload: examples/gpt.py at 4 blocks of width 128 over 128 characters (0.8M
 # parameters), batch 16 per process, one pass over {gpt_samples} windows, clipping at 1.0,
 # the example's warm-up + cosine; baselines/handwritten_gpt.py takes the same sizes.
 GPT_SIZES = {"n_layer": 4, "n_head": 4, "n_embd": 128, "block_size": 128}
-DDPKIT_GPT = DDPKIT + ["examples/gpt.py:build", "--epochs", "1", "--save-every", "0", "--clip-grad-norm", "1.0",
-                       "--run-dir", "{tmp}/run", "--quiet", "--batch-size", "16", "--task-arg", "max_samples={gpt_samples}"]
+DDPKIT_GPT = DDPKIT + [
+    "examples/gpt.py:build",
+    "--epochs",
+    "1",
+    "--save-every",
+    "0",
+    "--clip-grad-norm",
+    "1.0",
+    "--run-dir",
+    "{tmp}/run",
+    "--quiet",
+    "--batch-size",
+    "16",
+    "--task-arg",
+    "max_samples={gpt_samples}",
+]
 DDPKIT_GPT += [a for k, v in GPT_SIZES.items() for a in ("--task-arg", f"{k}={v}")]
 HW_GPT = [f"{BL}/handwritten_gpt.py", "--samples", "{gpt_samples}", "--batch-size", "16"]
 HW_GPT += [a for k, v in GPT_SIZES.items() for a in (f"--{k.replace('_', '-')}", str(v))]
@@ -75,121 +113,327 @@ HW_GPT += [a for k, v in GPT_SIZES.items() for a in (f"--{k.replace('_', '-')}",
 # =====================================================================================
 VARIANTS: list[dict] = [
     # ---------------- Wine: the guide's workload (100 epochs, 142 samples, batch 32)
-    dict(workload="wine", name="guide-single", world_size=1,
-         argv=[PY, f"{BL}/guide_single.py", "--save-dir", "{tmp}/ckpt"],
-         about="the guide's single-process script (+ test eval), default threads"),
-    dict(workload="wine", name="guide-ddp", world_size=2,
-         argv=[PY, f"{BL}/guide_ddp.py", "100", "50", "--save-dir", "{tmp}/ckpt"],
-         about="the guide's DDP script as written: mp.spawn 2 procs, gloo, 2 threads each"),
-    dict(workload="wine", name="hw-ddp", world_size=2,
-         argv=TORCHRUN + ["--nproc-per-node", "2", f"{BL}/handwritten_ddp.py", "--workload", "wine"],
-         about="hand-written DDP loop, torchrun 2x1 thread, DataLoader + DistributedSampler"),
-    dict(workload="wine", name="hw-ddp-index", world_size=2,
-         argv=TORCHRUN + ["--nproc-per-node", "2", f"{BL}/handwritten_ddp.py", "--workload", "wine",
-                          "--loader", "index"],
-         about="same, batches sliced from in-memory tensors by sampler index"),
-    dict(workload="wine", name="accel-fork", world_size=2,
-         argv=[PY, f"{BL}/accelerate_wine.py", "--workload", "wine", "--nproc", "2", "--launcher", "notebook"],
-         about="Accelerate notebook_launcher (forks 2 workers), 1 thread each"),
-    dict(workload="wine", name="accel-launch", world_size=2,
-         argv=ACCEL_LAUNCH + [f"{BL}/accelerate_wine.py", "--workload", "wine", "--nproc", "2",
-                              "--launcher", "external"],
-         about="`accelerate launch --multi_gpu --num_processes 2` + Accelerator(cpu=True)"),
-    dict(workload="wine", name="fabric", world_size=2,
-         argv=[PY, f"{BL}/fabric_wine.py", "--workload", "wine", "--nproc", "2"],
-         about="Lightning Fabric strategy=ddp, CPU, 2 procs, 1 thread each"),
+    dict(
+        workload="wine",
+        name="guide-single",
+        world_size=1,
+        argv=[PY, f"{BL}/guide_single.py", "--save-dir", "{tmp}/ckpt"],
+        about="the guide's single-process script (+ test eval), default threads",
+    ),
+    dict(
+        workload="wine",
+        name="guide-ddp",
+        world_size=2,
+        argv=[PY, f"{BL}/guide_ddp.py", "100", "50", "--save-dir", "{tmp}/ckpt"],
+        about="the guide's DDP script as written: mp.spawn 2 procs, gloo, 2 threads each",
+    ),
+    dict(
+        workload="wine",
+        name="hw-ddp",
+        world_size=2,
+        argv=TORCHRUN + ["--nproc-per-node", "2", f"{BL}/handwritten_ddp.py", "--workload", "wine"],
+        about="hand-written DDP loop, torchrun 2x1 thread, DataLoader + DistributedSampler",
+    ),
+    dict(
+        workload="wine",
+        name="hw-ddp-index",
+        world_size=2,
+        argv=TORCHRUN
+        + ["--nproc-per-node", "2", f"{BL}/handwritten_ddp.py", "--workload", "wine", "--loader", "index"],
+        about="same, batches sliced from in-memory tensors by sampler index",
+    ),
+    dict(
+        workload="wine",
+        name="accel-fork",
+        world_size=2,
+        argv=[PY, f"{BL}/accelerate_wine.py", "--workload", "wine", "--nproc", "2", "--launcher", "notebook"],
+        about="Accelerate notebook_launcher (forks 2 workers), 1 thread each",
+    ),
+    dict(
+        workload="wine",
+        name="accel-launch",
+        world_size=2,
+        argv=ACCEL_LAUNCH
+        + [f"{BL}/accelerate_wine.py", "--workload", "wine", "--nproc", "2", "--launcher", "external"],
+        about="`accelerate launch --multi_gpu --num_processes 2` + Accelerator(cpu=True)",
+    ),
+    dict(
+        workload="wine",
+        name="fabric",
+        world_size=2,
+        argv=[PY, f"{BL}/fabric_wine.py", "--workload", "wine", "--nproc", "2"],
+        about="Lightning Fabric strategy=ddp, CPU, 2 procs, 1 thread each",
+    ),
     # ddpkit as the CLI runs it by default (it evaluates every epoch: --eval-every 1; the
     # baselines evaluate once, at the end -- add "--eval-every", "100" for identical work)
-    dict(workload="wine", name="ddpkit-1", world_size=1, env=DDPKIT_ENV,
-         argv=DDPKIT + ["--nproc", "1", "--run-dir", "{tmp}/run", "--quiet"],
-         about="ddpkit, 1 process"),
-    dict(workload="wine", name="ddpkit-2", world_size=2, env=DDPKIT_ENV,
-         argv=DDPKIT + ["--nproc", "2", "--run-dir", "{tmp}/run", "--quiet"],
-         about="ddpkit, 2 processes, as the CLI runs by default (evaluates every epoch: 100 evaluations)"),
-    dict(workload="wine", name="ddpkit-2-eval-end", world_size=2, env=DDPKIT_ENV,
-         argv=DDPKIT + ["--nproc", "2", "--eval-every", "100", "--run-dir", "{tmp}/run", "--quiet"],
-         about="ddpkit, 2 processes, evaluating once at the end like the baselines (identical work)"),
+    dict(
+        workload="wine",
+        name="ddpkit-1",
+        world_size=1,
+        env=DDPKIT_ENV,
+        argv=DDPKIT + ["--nproc", "1", "--run-dir", "{tmp}/run", "--quiet"],
+        about="ddpkit, 1 process",
+    ),
+    dict(
+        workload="wine",
+        name="ddpkit-2",
+        world_size=2,
+        env=DDPKIT_ENV,
+        argv=DDPKIT + ["--nproc", "2", "--run-dir", "{tmp}/run", "--quiet"],
+        about="ddpkit, 2 processes, as the CLI runs by default (evaluates every epoch: 100 evaluations)",
+    ),
+    dict(
+        workload="wine",
+        name="ddpkit-2-eval-end",
+        world_size=2,
+        env=DDPKIT_ENV,
+        argv=DDPKIT + ["--nproc", "2", "--eval-every", "100", "--run-dir", "{tmp}/run", "--quiet"],
+        about="ddpkit, 2 processes, evaluating once at the end like the baselines (identical work)",
+    ),
     # ---------------- MLP: 9.46M params, batch 256 per process, {samples} samples (one epoch)
-    dict(workload="mlp", name="hw-1x1", world_size=1,
-         argv=TORCHRUN + ["--nproc-per-node", "1", f"{BL}/handwritten_ddp.py", "--workload", "mlp",
-                          "--samples", "{samples}", "--threads", "1"],
-         about="hand-written loop, 1 process x 1 thread (half the machine)"),
-    dict(workload="mlp", name="hw-1x2", world_size=1,
-         argv=TORCHRUN + ["--nproc-per-node", "1", f"{BL}/handwritten_ddp.py", "--workload", "mlp",
-                          "--samples", "{samples}", "--threads", "2"],
-         about="hand-written loop, 1 process x 2 threads (the whole machine, no DDP)"),
-    dict(workload="mlp", name="hw-2x1", world_size=2,
-         argv=TORCHRUN + ["--nproc-per-node", "2", f"{BL}/handwritten_ddp.py", "--workload", "mlp",
-                          "--samples", "{samples}"],
-         about="hand-written DDP, torchrun 2 x 1 thread"),
-    dict(workload="mlp", name="hw-2x1-nosync", world_size=2,
-         argv=TORCHRUN + ["--nproc-per-node", "2", f"{BL}/handwritten_ddp.py", "--workload", "mlp",
-                          "--samples", "{samples}", "--no-sync"],
-         about="same, every step in model.no_sync(): no all-reduce (the compute bound)"),
-    dict(workload="mlp", name="hw-2x1-view", world_size=2,
-         argv=TORCHRUN + ["--nproc-per-node", "2", f"{BL}/handwritten_ddp.py", "--workload", "mlp",
-                          "--samples", "{samples}", "--bucket-view"],
-         about="hand-written DDP with gradient_as_bucket_view=True: ddpkit-2-gloo's exact DDP settings"),
-    dict(workload="mlp", name="accel-fork", world_size=2,
-         argv=[PY, f"{BL}/accelerate_wine.py", "--workload", "mlp", "--nproc", "2", "--launcher", "notebook",
-               "--samples", "{samples}"],
-         about="Accelerate notebook_launcher, 2 x 1 thread"),
-    dict(workload="mlp", name="fabric", world_size=2,
-         argv=[PY, f"{BL}/fabric_wine.py", "--workload", "mlp", "--nproc", "2", "--samples", "{samples}"],
-         about="Lightning Fabric ddp, 2 x 1 thread"),
-    dict(workload="mlp", name="ddpkit-1", world_size=1, env=DDPKIT_MLP_ENV,
-         argv=DDPKIT_MLP + ["--nproc", "1"],
-         about="ddpkit, 1 process (its own thread choice: 2 threads)"),
-    dict(workload="mlp", name="ddpkit-2", world_size=2, env=DDPKIT_MLP_ENV,
-         argv=DDPKIT_MLP + ["--nproc", "2"],
-         about="ddpkit, 2 processes (batch 256 per process), defaults (gradients summed in shared memory)"),
-    dict(workload="mlp", name="ddpkit-2-gloo", world_size=2, env=DDPKIT_MLP_ENV,
-         argv=DDPKIT_MLP + ["--nproc", "2", "--grad-sync", "backend"],
-         about="+ --grad-sync backend: gloo's all-reduce, the hand-written loop's settings (framework overhead vs hw-2x1-view)"),
+    dict(
+        workload="mlp",
+        name="hw-1x1",
+        world_size=1,
+        argv=TORCHRUN
+        + [
+            "--nproc-per-node",
+            "1",
+            f"{BL}/handwritten_ddp.py",
+            "--workload",
+            "mlp",
+            "--samples",
+            "{samples}",
+            "--threads",
+            "1",
+        ],
+        about="hand-written loop, 1 process x 1 thread (half the machine)",
+    ),
+    dict(
+        workload="mlp",
+        name="hw-1x2",
+        world_size=1,
+        argv=TORCHRUN
+        + [
+            "--nproc-per-node",
+            "1",
+            f"{BL}/handwritten_ddp.py",
+            "--workload",
+            "mlp",
+            "--samples",
+            "{samples}",
+            "--threads",
+            "2",
+        ],
+        about="hand-written loop, 1 process x 2 threads (the whole machine, no DDP)",
+    ),
+    dict(
+        workload="mlp",
+        name="hw-2x1",
+        world_size=2,
+        argv=TORCHRUN
+        + ["--nproc-per-node", "2", f"{BL}/handwritten_ddp.py", "--workload", "mlp", "--samples", "{samples}"],
+        about="hand-written DDP, torchrun 2 x 1 thread",
+    ),
+    dict(
+        workload="mlp",
+        name="hw-2x1-nosync",
+        world_size=2,
+        argv=TORCHRUN
+        + [
+            "--nproc-per-node",
+            "2",
+            f"{BL}/handwritten_ddp.py",
+            "--workload",
+            "mlp",
+            "--samples",
+            "{samples}",
+            "--no-sync",
+        ],
+        about="same, every step in model.no_sync(): no all-reduce (the compute bound)",
+    ),
+    dict(
+        workload="mlp",
+        name="hw-2x1-view",
+        world_size=2,
+        argv=TORCHRUN
+        + [
+            "--nproc-per-node",
+            "2",
+            f"{BL}/handwritten_ddp.py",
+            "--workload",
+            "mlp",
+            "--samples",
+            "{samples}",
+            "--bucket-view",
+        ],
+        about="hand-written DDP with gradient_as_bucket_view=True: ddpkit-2-gloo's exact DDP settings",
+    ),
+    dict(
+        workload="mlp",
+        name="accel-fork",
+        world_size=2,
+        argv=[
+            PY,
+            f"{BL}/accelerate_wine.py",
+            "--workload",
+            "mlp",
+            "--nproc",
+            "2",
+            "--launcher",
+            "notebook",
+            "--samples",
+            "{samples}",
+        ],
+        about="Accelerate notebook_launcher, 2 x 1 thread",
+    ),
+    dict(
+        workload="mlp",
+        name="fabric",
+        world_size=2,
+        argv=[PY, f"{BL}/fabric_wine.py", "--workload", "mlp", "--nproc", "2", "--samples", "{samples}"],
+        about="Lightning Fabric ddp, 2 x 1 thread",
+    ),
+    dict(
+        workload="mlp",
+        name="ddpkit-1",
+        world_size=1,
+        env=DDPKIT_MLP_ENV,
+        argv=DDPKIT_MLP + ["--nproc", "1"],
+        about="ddpkit, 1 process (its own thread choice: 2 threads)",
+    ),
+    dict(
+        workload="mlp",
+        name="ddpkit-2",
+        world_size=2,
+        env=DDPKIT_MLP_ENV,
+        argv=DDPKIT_MLP + ["--nproc", "2"],
+        about="ddpkit, 2 processes (batch 256 per process), defaults (gradients summed in shared memory)",
+    ),
+    dict(
+        workload="mlp",
+        name="ddpkit-2-gloo",
+        world_size=2,
+        env=DDPKIT_MLP_ENV,
+        argv=DDPKIT_MLP + ["--nproc", "2", "--grad-sync", "backend"],
+        about=(
+            "+ --grad-sync backend: gloo's all-reduce, the hand-written loop's settings "
+            "(framework overhead vs hw-2x1-view)"
+        ),
+    ),
     # one row per lever, each on top of ddpkit-2's defaults
-    dict(workload="mlp", name="ddpkit-2-bf16", world_size=2, env=DDPKIT_MLP_ENV,
-         argv=DDPKIT_MLP + ["--nproc", "2", "--grad-compression", "bf16"],
-         about="+ --grad-compression bf16 (all-reduce in 16 bits, through gloo)"),
-    dict(workload="mlp", name="ddpkit-2-fp16", world_size=2, env=DDPKIT_MLP_ENV,
-         argv=DDPKIT_MLP + ["--nproc", "2", "--grad-compression", "fp16"],
-         about="+ --grad-compression fp16"),
-    dict(workload="mlp", name="ddpkit-2-powersgd", world_size=2, env=DDPKIT_MLP_ENV,
-         argv=DDPKIT_MLP + ["--nproc", "2", "--grad-compression", "powersgd"],
-         about="+ --grad-compression powersgd (rank 4, from step 2)"),
-    dict(workload="mlp", name="ddpkit-2-accum2", world_size=2, env=DDPKIT_MLP_ENV,
-         argv=DDPKIT_MLP[:-2] + ["--batch-size", "128", "--nproc", "2", "--accumulate", "2"],
-         about="+ --batch-size 128 --accumulate 2 (same 256 per process per step, one all-reduce per 2 micro-batches)"),
-    dict(workload="mlp", name="ddpkit-2-bucket100-static", world_size=2, env=DDPKIT_MLP_ENV,
-         argv=DDPKIT_MLP + ["--nproc", "2", "--bucket-mb", "100", "--static-graph"],
-         about="+ --bucket-mb 100 --static-graph (one bucket: no overlap)"),
-    dict(workload="mlp", name="ddpkit-2-bucket5", world_size=2, env=DDPKIT_MLP_ENV,
-         argv=DDPKIT_MLP + ["--nproc", "2", "--bucket-mb", "5"],
-         about="+ --bucket-mb 5 (more, smaller buckets: earlier overlap)"),
-    dict(workload="mlp", name="ddpkit-2-fused", world_size=2, env=DDPKIT_MLP_ENV,
-         argv=DDPKIT_MLP + ["--nproc", "2", "--fused-optimizer", "on"],
-         about="+ --fused-optimizer on (fused SGD)"),
-    dict(workload="mlp", name="ddpkit-2-compile", world_size=2, env=DDPKIT_MLP_ENV, full_only=True,
-         argv=DDPKIT_MLP + ["--nproc", "2", "--compile"],
-         about="+ --compile (compile time counts in the epoch; full suite only)"),
+    dict(
+        workload="mlp",
+        name="ddpkit-2-bf16",
+        world_size=2,
+        env=DDPKIT_MLP_ENV,
+        argv=DDPKIT_MLP + ["--nproc", "2", "--grad-compression", "bf16"],
+        about="+ --grad-compression bf16 (all-reduce in 16 bits, through gloo)",
+    ),
+    dict(
+        workload="mlp",
+        name="ddpkit-2-fp16",
+        world_size=2,
+        env=DDPKIT_MLP_ENV,
+        argv=DDPKIT_MLP + ["--nproc", "2", "--grad-compression", "fp16"],
+        about="+ --grad-compression fp16",
+    ),
+    dict(
+        workload="mlp",
+        name="ddpkit-2-powersgd",
+        world_size=2,
+        env=DDPKIT_MLP_ENV,
+        argv=DDPKIT_MLP + ["--nproc", "2", "--grad-compression", "powersgd"],
+        about="+ --grad-compression powersgd (rank 4, from step 2)",
+    ),
+    dict(
+        workload="mlp",
+        name="ddpkit-2-accum2",
+        world_size=2,
+        env=DDPKIT_MLP_ENV,
+        argv=DDPKIT_MLP[:-2] + ["--batch-size", "128", "--nproc", "2", "--accumulate", "2"],
+        about="+ --batch-size 128 --accumulate 2 (same 256 per process per step, one all-reduce per 2 micro-batches)",
+    ),
+    dict(
+        workload="mlp",
+        name="ddpkit-2-bucket100-static",
+        world_size=2,
+        env=DDPKIT_MLP_ENV,
+        argv=DDPKIT_MLP + ["--nproc", "2", "--bucket-mb", "100", "--static-graph"],
+        about="+ --bucket-mb 100 --static-graph (one bucket: no overlap)",
+    ),
+    dict(
+        workload="mlp",
+        name="ddpkit-2-bucket5",
+        world_size=2,
+        env=DDPKIT_MLP_ENV,
+        argv=DDPKIT_MLP + ["--nproc", "2", "--bucket-mb", "5"],
+        about="+ --bucket-mb 5 (more, smaller buckets: earlier overlap)",
+    ),
+    dict(
+        workload="mlp",
+        name="ddpkit-2-fused",
+        world_size=2,
+        env=DDPKIT_MLP_ENV,
+        argv=DDPKIT_MLP + ["--nproc", "2", "--fused-optimizer", "on"],
+        about="+ --fused-optimizer on (fused SGD)",
+    ),
+    dict(
+        workload="mlp",
+        name="ddpkit-2-compile",
+        world_size=2,
+        env=DDPKIT_MLP_ENV,
+        full_only=True,
+        argv=DDPKIT_MLP + ["--nproc", "2", "--compile"],
+        about="+ --compile (compile time counts in the epoch; full suite only)",
+    ),
     # ---------------- GPT: examples/gpt.py (0.8M params), batch 16/process, {gpt_samples} windows of 128
-    dict(workload="gpt", name="hw-1x2", world_size=1,
-         argv=TORCHRUN + ["--nproc-per-node", "1", *HW_GPT, "--threads", "2"],
-         about="hand-written loop, 1 process x 2 threads (the whole machine, no DDP)"),
-    dict(workload="gpt", name="hw-2x1", world_size=2,
-         argv=TORCHRUN + ["--nproc-per-node", "2", *HW_GPT],
-         about="hand-written DDP loop, torchrun 2 x 1 thread, DataLoader + DistributedSampler over the dict items"),
-    dict(workload="gpt", name="ddpkit-1", world_size=1, env=DDPKIT_ENV,
-         argv=DDPKIT_GPT + ["--nproc", "1"],
-         about="ddpkit, 1 process (its own thread choice: 2 threads)"),
-    dict(workload="gpt", name="ddpkit-2", world_size=2, env=DDPKIT_ENV,
-         argv=DDPKIT_GPT + ["--nproc", "2"],
-         about="ddpkit, 2 processes, defaults (gradients summed in shared memory)"),
-    dict(workload="gpt", name="ddpkit-2-gloo", world_size=2, env=DDPKIT_ENV,
-         argv=DDPKIT_GPT + ["--nproc", "2", "--grad-sync", "backend"],
-         about="+ --grad-sync backend: gloo's all-reduce, as the hand-written loop"),
-    dict(workload="gpt", name="ddpkit-2-fsdp", world_size=2, env=DDPKIT_ENV,
-         argv=DDPKIT_GPT + ["--nproc", "2", "--strategy", "fsdp"],
-         about="+ --strategy fsdp (one unit per block; to fit, not to be fast)"),
+    dict(
+        workload="gpt",
+        name="hw-1x2",
+        world_size=1,
+        argv=TORCHRUN + ["--nproc-per-node", "1", *HW_GPT, "--threads", "2"],
+        about="hand-written loop, 1 process x 2 threads (the whole machine, no DDP)",
+    ),
+    dict(
+        workload="gpt",
+        name="hw-2x1",
+        world_size=2,
+        argv=TORCHRUN + ["--nproc-per-node", "2", *HW_GPT],
+        about="hand-written DDP loop, torchrun 2 x 1 thread, DataLoader + DistributedSampler over the dict items",
+    ),
+    dict(
+        workload="gpt",
+        name="ddpkit-1",
+        world_size=1,
+        env=DDPKIT_ENV,
+        argv=DDPKIT_GPT + ["--nproc", "1"],
+        about="ddpkit, 1 process (its own thread choice: 2 threads)",
+    ),
+    dict(
+        workload="gpt",
+        name="ddpkit-2",
+        world_size=2,
+        env=DDPKIT_ENV,
+        argv=DDPKIT_GPT + ["--nproc", "2"],
+        about="ddpkit, 2 processes, defaults (gradients summed in shared memory)",
+    ),
+    dict(
+        workload="gpt",
+        name="ddpkit-2-gloo",
+        world_size=2,
+        env=DDPKIT_ENV,
+        argv=DDPKIT_GPT + ["--nproc", "2", "--grad-sync", "backend"],
+        about="+ --grad-sync backend: gloo's all-reduce, as the hand-written loop",
+    ),
+    dict(
+        workload="gpt",
+        name="ddpkit-2-fsdp",
+        world_size=2,
+        env=DDPKIT_ENV,
+        argv=DDPKIT_GPT + ["--nproc", "2", "--strategy", "fsdp"],
+        about="+ --strategy fsdp (one unit per block; to fit, not to be fast)",
+    ),
 ]
 
 # how each workload is judged: (metric, baselines for the ratio columns)
@@ -233,14 +477,21 @@ def _with_baseline(chosen: list[dict], src: str) -> list[dict]:
     for v in chosen:
         out.append(v)
         if v.get("env", {}).get("PYTHONPATH") == DDPKIT_ENV["PYTHONPATH"]:
-            out.append({**v, "name": v["name"] + BASELINE, "env": {**v["env"], "PYTHONPATH": src},
-                        "about": f"{v['about']}; ddpkit from {src}"})
+            out.append(
+                {
+                    **v,
+                    "name": v["name"] + BASELINE,
+                    "env": {**v["env"], "PYTHONPATH": src},
+                    "about": f"{v['about']}; ddpkit from {src}",
+                }
+            )
     return out
 
 
 def _commit(path: Path) -> str:
-    p = subprocess.run(["git", "-C", str(path), "log", "-1", "--format=%h %s"],
-                       capture_output=True, text=True, check=False)
+    p = subprocess.run(
+        ["git", "-C", str(path), "log", "-1", "--format=%h %s"], capture_output=True, text=True, check=False
+    )
     return p.stdout.strip() or "?"
 
 
@@ -275,8 +526,12 @@ def main() -> int:
     ap.add_argument("--samples", type=int, default=None, help="MLP data set size (overrides the default)")
     ap.add_argument("--timeout", type=float, default=300, help="seconds per run")
     ap.add_argument("--list", action="store_true", help="print the variants and their commands, run nothing")
-    ap.add_argument("--baseline-src", metavar="PATH", default=None,
-                    help="src/ folder of another ddpkit checkout: also run each ddpkit variant from it, as NAME@baseline")
+    ap.add_argument(
+        "--baseline-src",
+        metavar="PATH",
+        default=None,
+        help="src/ folder of another ddpkit checkout: also run each ddpkit variant from it, as NAME@baseline",
+    )
     args = ap.parse_args()
     baseline = Path(args.baseline_src).resolve() if args.baseline_src else None
     if baseline and not (baseline / "ddpkit" / "__init__.py").is_file():
@@ -286,10 +541,13 @@ def main() -> int:
     gpt_samples = GPT_SAMPLES["quick" if args.quick else "full"]
     subst = {"samples": samples, "gpt_samples": gpt_samples}
 
-    chosen = [v for v in VARIANTS
-              if (args.workload == "all" or v["workload"] == args.workload)
-              and not (args.quick and v.get("full_only") and not args.only)
-              and (not args.only or v["name"] in args.only.split(","))]
+    chosen = [
+        v
+        for v in VARIANTS
+        if (args.workload == "all" or v["workload"] == args.workload)
+        and not (args.quick and v.get("full_only") and not args.only)
+        and (not args.only or v["name"] in args.only.split(","))
+    ]
     if baseline:
         chosen = _with_baseline(chosen, str(baseline))
     if args.list:
@@ -313,15 +571,26 @@ def main() -> int:
 
     # untimed: compile .pyc files and warm the page cache for everything the variants import
     t = time.perf_counter()
-    subprocess.run([sys.executable, "-c", "import torch, torch.distributed, sklearn.datasets, "
-                    "sklearn.model_selection, sklearn.preprocessing\n"
-                    "for m in ('accelerate', 'lightning.fabric', 'ddpkit'):\n"
-                    "    try: __import__(m)\n    except Exception: pass"],
-                   env=harness.clean_env(), cwd=ROOT, check=False)
+    subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import torch, torch.distributed, sklearn.datasets, "
+            "sklearn.model_selection, sklearn.preprocessing\n"
+            "for m in ('accelerate', 'lightning.fabric', 'ddpkit'):\n"
+            "    try: __import__(m)\n    except Exception: pass",
+        ],
+        env=harness.clean_env(),
+        cwd=ROOT,
+        check=False,
+    )
     for src in [ROOT / "src"] + ([baseline] if baseline else []):  # every module, lazy imports too
         subprocess.run([sys.executable, "-m", "compileall", "-q", str(src)], cwd=ROOT, check=False)
-    print(f"primed imports in {time.perf_counter() - t:.1f}s; {len(runnable)} variants x {repeats} rounds, "
-          f"MLP samples {samples}", flush=True)
+    print(
+        f"primed imports in {time.perf_counter() - t:.1f}s; {len(runnable)} variants x {repeats} rounds, "
+        f"MLP samples {samples}",
+        flush=True,
+    )
 
     load0 = os.getloadavg()
     t0 = time.perf_counter()
@@ -330,38 +599,54 @@ def main() -> int:
         vs = [v for v in runnable if v["workload"] == wl]
         if vs:
             print(f"== {wl}", flush=True)
-            results += harness.alternate(vs, repeats, log=lambda m: print(m, flush=True),
-                                         cwd=str(ROOT), log_dir=str(logs),
-                                         timeout=args.timeout, subst=subst)
+            results += harness.alternate(
+                vs,
+                repeats,
+                log=lambda m: print(m, flush=True),
+                cwd=str(ROOT),
+                log_dir=str(logs),
+                timeout=args.timeout,
+                subst=subst,
+            )
     elapsed = time.perf_counter() - t0
     load1 = os.getloadavg()
 
     ver = _versions()
-    md = ["# ddpkit benchmark results\n",
-          f"{time.strftime('%Y-%m-%d %H:%M:%S')}; {os.cpu_count()} cores; "
-          + ", ".join(f"{k} {v}" for k, v in ver.items())
-          + f"; {repeats} round(s), interleaved; MLP data set {samples} samples; suite took {elapsed:.0f}s; "
-          f"load average {load0[0]:.2f} before, {load1[0]:.2f} after.\n",
-          *([f"ddpkit: this checkout `{_commit(ROOT)}`; NAME{BASELINE}: PYTHONPATH={baseline} "
-             f"`{_commit(baseline)}`.\n"] if baseline else []),
-          "Cells: median (min-max) over the successful runs. wall s is measured from outside "
-          "(launcher start to exit); train s is the training loop inside the processes "
-          "(slowest rank); samples/s counts real samples of all processes per second "
-          "(Wine: 100 x 142 / train s; MLP: the whole epoch, warm-up included, as ddpkit reports it; "
-          "steady samples/s leaves out the first 5 steps). "
-          "Compare ratios within one table, not seconds across runs.\n"]
+    md = [
+        "# ddpkit benchmark results\n",
+        f"{time.strftime('%Y-%m-%d %H:%M:%S')}; {os.cpu_count()} cores; "
+        + ", ".join(f"{k} {v}" for k, v in ver.items())
+        + f"; {repeats} round(s), interleaved; MLP data set {samples} samples; suite took {elapsed:.0f}s; "
+        f"load average {load0[0]:.2f} before, {load1[0]:.2f} after.\n",
+        *(
+            [f"ddpkit: this checkout `{_commit(ROOT)}`; NAME{BASELINE}: PYTHONPATH={baseline} `{_commit(baseline)}`.\n"]
+            if baseline
+            else []
+        ),
+        "Cells: median (min-max) over the successful runs. wall s is measured from outside "
+        "(launcher start to exit); train s is the training loop inside the processes "
+        "(slowest rank); samples/s counts real samples of all processes per second "
+        "(Wine: 100 x 142 / train s; MLP: the whole epoch, warm-up included, as ddpkit reports it; "
+        "steady samples/s leaves out the first 5 steps). "
+        "Compare ratios within one table, not seconds across runs.\n",
+    ]
     for wl in WORKLOADS:
         rs = [r for r in results if r.get("workload") == wl]
         sk = [(v, why) for v, why in skipped if v["workload"] == wl]
         if not rs and not sk:
             continue
         metric, bases = JUDGE[wl]
-        title = {"wine": "Wine (the guide's workload: 100 epochs, 142 samples, batch 32)",
-                 "mlp": f"MLP 512-2048-2048-2048-10 (9.46M params), SGD, batch 256/process, {samples} samples",
-                 "gpt": f"GPT example (examples/gpt.py: 4 blocks x 128, 0.8M params), AdamW, warm-up + cosine, clip 1.0, "
-                        f"batch 16/process, {gpt_samples} windows of 128 characters"}[wl]
-        tab = harness.table(rs, baselines=bases, metric=metric,
-                            paired_suffix=BASELINE if baseline else "") if rs else "(nothing ran)"
+        title = {
+            "wine": "Wine (the guide's workload: 100 epochs, 142 samples, batch 32)",
+            "mlp": f"MLP 512-2048-2048-2048-10 (9.46M params), SGD, batch 256/process, {samples} samples",
+            "gpt": f"GPT example (examples/gpt.py: 4 blocks x 128, 0.8M params), AdamW, warm-up + cosine, clip 1.0, "
+            f"batch 16/process, {gpt_samples} windows of 128 characters",
+        }[wl]
+        tab = (
+            harness.table(rs, baselines=bases, metric=metric, paired_suffix=BASELINE if baseline else "")
+            if rs
+            else "(nothing ran)"
+        )
         print(f"\n## {title}\n\n{tab}")
         md += [f"## {title}\n", tab + "\n", "Commands (from the repository root):\n"]
         for v in [v for v in chosen if v["workload"] == wl]:
@@ -370,15 +655,30 @@ def main() -> int:
             md.append(f"- skipped `{v['name']}`: {why}")
         md.append("")
     (out / "results.md").write_text("\n".join(md))
-    (out / "results.json").write_text(json.dumps(
-        {"versions": ver, "repeats": repeats, "mlp_samples": samples, "gpt_samples": gpt_samples, "elapsed_s": elapsed,
-         "loadavg": [load0, load1], "baseline_src": str(baseline) if baseline else None,
-         "skipped": [{"name": v["name"], "workload": v["workload"], "why": w} for v, w in skipped],
-         "runs": results}, indent=1, default=str))
+    (out / "results.json").write_text(
+        json.dumps(
+            {
+                "versions": ver,
+                "repeats": repeats,
+                "mlp_samples": samples,
+                "gpt_samples": gpt_samples,
+                "elapsed_s": elapsed,
+                "loadavg": [load0, load1],
+                "baseline_src": str(baseline) if baseline else None,
+                "skipped": [{"name": v["name"], "workload": v["workload"], "why": w} for v, w in skipped],
+                "runs": results,
+            },
+            indent=1,
+            default=str,
+        )
+    )
     if results:
-        harness.plot(results, str(out / "results.png"),
-                     metrics={wl: m for wl, (m, _) in JUDGE.items()},
-                     title=f"ddpkit benchmark ({os.cpu_count()} cores, {repeats} round(s))")
+        harness.plot(
+            results,
+            str(out / "results.png"),
+            metrics={wl: m for wl, (m, _) in JUDGE.items()},
+            title=f"ddpkit benchmark ({os.cpu_count()} cores, {repeats} round(s))",
+        )
     print(f"\nwrote {out / 'results.md'}, {out / 'results.json'}, {out / 'results.png'} ({elapsed:.0f}s)")
     return 0 if all(r.get("ok") for r in results) else 1
 

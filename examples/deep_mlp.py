@@ -4,6 +4,7 @@ FSDP's default policy shards block by block (like a transformer's layers).
     ddpkit train examples/deep_mlp.py:build --strategy fsdp --nproc 2 --epochs 5
     ddpkit plan examples/deep_mlp.py:large --nproc 8 --device-memory 80GB
 """
+
 import torch
 from torch import nn
 from torch.utils.data import TensorDataset

@@ -30,6 +30,7 @@ seconds: the first command above takes ~15 s on 2 CPU cores, and its eval loss f
 With dropout 0 the run ends with the same model.pt at any world size (1 x 2B, 2 x B,
 2 x B/2 with --accumulate 2); with dropout each rank draws its own masks.
 """
+
 from __future__ import annotations
 
 import math
@@ -121,7 +122,9 @@ class GPT(nn.Module):
         if isinstance(module, nn.Linear) and module.bias is not None:
             nn.init.zeros_(module.bias)
 
-    def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def forward(
+        self, idx: torch.Tensor, targets: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
         t = idx.shape[1]
         if t > self.cfg.block_size:
             raise ValueError(f"sequence of {t} tokens, longer than block_size {self.cfg.block_size}")
@@ -138,7 +141,7 @@ class GPT(nn.Module):
     @torch.no_grad()
     def generate(self, idx: torch.Tensor, new_tokens: int, temperature: float = 1.0) -> torch.Tensor:
         for _ in range(new_tokens):
-            logits, _ = self(idx[:, -self.cfg.block_size:])
+            logits, _ = self(idx[:, -self.cfg.block_size :])
             probs = F.softmax(logits[:, -1, :] / temperature, dim=-1)
             idx = torch.cat([idx, torch.multinomial(probs, 1)], dim=1)
         return idx
@@ -180,7 +183,7 @@ class CharWindows(Dataset):
         if max_samples is not None:
             n = min(n, max_samples)
         self.x = ids[: n * block_size].view(n, block_size)
-        self.y = ids[1: n * block_size + 1].view(n, block_size)
+        self.y = ids[1 : n * block_size + 1].view(n, block_size)
 
     def __len__(self) -> int:
         return len(self.x)
@@ -207,8 +210,10 @@ def adamw_with_decay_groups(params, lr: float, weight_decay: float = 0.1, betas=
     """AdamW that decays the matrices (embeddings, linear weights: dim >= 2) and not the
     biases and LayerNorm weights. `params` may be FSDP's shards: they keep the full dim."""
     params = [p for p in params if p.requires_grad]
-    groups = [{"params": [p for p in params if p.dim() >= 2], "weight_decay": weight_decay},
-              {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}]
+    groups = [
+        {"params": [p for p in params if p.dim() >= 2], "weight_decay": weight_decay},
+        {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0},
+    ]
     return torch.optim.AdamW([g for g in groups if g["params"]], lr=lr, betas=betas)
 
 
@@ -244,9 +249,20 @@ def run_steps(config, n_train: int) -> int | None:
 # ---------------------------------------------------------------------------- the task
 
 
-def build(config=None, *, n_layer: int = 2, n_head: int = 4, n_embd: int = 64, block_size: int = 64,
-          dropout: float = 0.0, lr: float = 3e-3, weight_decay: float = 0.1, warmup_steps: int = 10,
-          decay_steps: int | None = None, max_samples: int | None = 2048):
+def build(
+    config=None,
+    *,
+    n_layer: int = 2,
+    n_head: int = 4,
+    n_embd: int = 64,
+    block_size: int = 64,
+    dropout: float = 0.0,
+    lr: float = 3e-3,
+    weight_decay: float = 0.1,
+    warmup_steps: int = 10,
+    decay_steps: int | None = None,
+    max_samples: int | None = 2048,
+):
     """The ddpkit task. `decay_steps` (default: the run's optimizer steps, from the
     RunConfig) is where the cosine reaches lr/10."""
     import ddpkit  # here, so that the benchmark's hand-written loop imports this file without ddpkit

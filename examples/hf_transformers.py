@@ -27,6 +27,7 @@ max_samples (training pieces kept; None: all 7,378). The first command above tak
 on 2 CPU cores (most of it transformers' import and its slower forward); its eval loss
 falls from 4.6 to ~2.9.
 """
+
 from __future__ import annotations
 
 import torch
@@ -55,9 +56,11 @@ class PaddedParagraphs(Dataset):
     the right to `max_length`. Item i: {"input_ids", "attention_mask", "labels"}, each a
     LongTensor[max_length]; labels are the ids where attended and IGNORE on the padding."""
 
-    def __init__(self, paragraphs: list[str], chars: list[str], max_length: int, max_samples: int | None = None) -> None:
+    def __init__(
+        self, paragraphs: list[str], chars: list[str], max_length: int, max_samples: int | None = None
+    ) -> None:
         index = {c: i + 1 for i, c in enumerate(chars)}
-        pieces = [p[i: i + max_length] for p in paragraphs for i in range(0, len(p), max_length)]
+        pieces = [p[i : i + max_length] for p in paragraphs for i in range(0, len(p), max_length)]
         pieces = [p for p in pieces if len(p) >= 2][:max_samples]  # a 1-character piece predicts nothing
         self.input_ids = torch.full((len(pieces), max_length), PAD, dtype=torch.long)
         self.attention_mask = torch.zeros((len(pieces), max_length), dtype=torch.long)
@@ -80,17 +83,32 @@ def doc_data(max_length: int, max_samples: int | None = None, eval_fraction: flo
     chars = sorted(set("".join(paragraphs)))
     split = int(len(paragraphs) * (1 - eval_fraction))
     eval_max = None if max_samples is None else max(8, max_samples // 4)
-    return (PaddedParagraphs(paragraphs[:split], chars, max_length, max_samples),
-            PaddedParagraphs(paragraphs[split:], chars, max_length, eval_max), chars)
+    return (
+        PaddedParagraphs(paragraphs[:split], chars, max_length, max_samples),
+        PaddedParagraphs(paragraphs[split:], chars, max_length, eval_max),
+        chars,
+    )
 
 
-def gpt2_model(vocab_size: int, max_length: int, n_layer: int = 2, n_head: int = 4, n_embd: int = 64, dropout: float = 0.0):
+def gpt2_model(
+    vocab_size: int, max_length: int, n_layer: int = 2, n_head: int = 4, n_embd: int = 64, dropout: float = 0.0
+):
     """A randomly initialised GPT-2 of the given size (transformers' own code, no weights fetched)."""
     from transformers import GPT2Config, GPT2LMHeadModel
 
-    config = GPT2Config(vocab_size=vocab_size, n_positions=max_length, n_embd=n_embd, n_layer=n_layer, n_head=n_head,
-                        resid_pdrop=dropout, embd_pdrop=dropout, attn_pdrop=dropout,
-                        bos_token_id=PAD, eos_token_id=PAD, pad_token_id=PAD)
+    config = GPT2Config(
+        vocab_size=vocab_size,
+        n_positions=max_length,
+        n_embd=n_embd,
+        n_layer=n_layer,
+        n_head=n_head,
+        resid_pdrop=dropout,
+        embd_pdrop=dropout,
+        attn_pdrop=dropout,
+        bos_token_id=PAD,
+        eos_token_id=PAD,
+        pad_token_id=PAD,
+    )
     model = GPT2LMHeadModel(config)
     model.loss_type = "ForCausalLM"  # HF's own causal-LM loss, named (transformers 5 warns when it has to guess)
     return model
@@ -101,13 +119,24 @@ def token_loss_sum(model, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor,
     the same shift HF's own loss makes (position t predicts label t + 1)."""
     logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
     labels = batch["labels"][:, 1:]
-    loss_sum = F.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]).float(), labels.reshape(-1),
-                               ignore_index=IGNORE, reduction="sum")
+    loss_sum = F.cross_entropy(
+        logits[:, :-1].reshape(-1, logits.shape[-1]).float(), labels.reshape(-1), ignore_index=IGNORE, reduction="sum"
+    )
     return loss_sum, (labels != IGNORE).sum()
 
 
-def build(config=None, *, n_layer: int = 2, n_head: int = 4, n_embd: int = 64, max_length: int = 64,
-          dropout: float = 0.0, lr: float = 3e-3, max_samples: int | None = 2048, exact: bool = False) -> ddpkit.Task:
+def build(
+    config=None,
+    *,
+    n_layer: int = 2,
+    n_head: int = 4,
+    n_embd: int = 64,
+    max_length: int = 64,
+    dropout: float = 0.0,
+    lr: float = 3e-3,
+    max_samples: int | None = 2048,
+    exact: bool = False,
+) -> ddpkit.Task:
     """The model's own loss (`exact=True`: the token-exact Task.step, as build_exact)."""
     train_set, eval_set, chars = doc_data(max_length, max_samples)
     model = gpt2_model(len(chars) + 1, max_length, n_layer, n_head, n_embd, dropout)
@@ -120,11 +149,29 @@ def build(config=None, *, n_layer: int = 2, n_head: int = 4, n_embd: int = 64, m
     )
 
 
-def build_exact(config=None, *, n_layer: int = 2, n_head: int = 4, n_embd: int = 64, max_length: int = 64,
-                dropout: float = 0.0, lr: float = 3e-3, max_samples: int | None = 2048) -> ddpkit.Task:
+def build_exact(
+    config=None,
+    *,
+    n_layer: int = 2,
+    n_head: int = 4,
+    n_embd: int = 64,
+    max_length: int = 64,
+    dropout: float = 0.0,
+    lr: float = 3e-3,
+    max_samples: int | None = 2048,
+) -> ddpkit.Task:
     """`build` with Task.step = token_loss_sum: the mean over every label token of the global batch."""
-    return build(config, n_layer=n_layer, n_head=n_head, n_embd=n_embd, max_length=max_length, dropout=dropout, lr=lr,
-                 max_samples=max_samples, exact=True)
+    return build(
+        config,
+        n_layer=n_layer,
+        n_head=n_head,
+        n_embd=n_embd,
+        max_length=max_length,
+        dropout=dropout,
+        lr=lr,
+        max_samples=max_samples,
+        exact=True,
+    )
 
 
 if __name__ == "__main__":  # a quick look without ddpkit's launcher: one process, a few steps
@@ -139,4 +186,7 @@ if __name__ == "__main__":  # a quick look without ddpkit's launcher: one proces
         opt.step()
         opt.zero_grad(set_to_none=True)
         if step % 8 == 0:
-            print(f"step {step:3d}  loss {loss.item():.3f}  exact {(lambda s, n: s / n)(*token_loss_sum(model, batch)).item():.3f}")
+            print(
+                f"step {step:3d}  loss {loss.item():.3f}  "
+                f"exact {(lambda s, n: s / n)(*token_loss_sum(model, batch)).item():.3f}"
+            )

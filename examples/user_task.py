@@ -3,6 +3,7 @@
 The function builds what the guide's `load_train_objs` builds; ddpkit does the rest
 (processes, process group, sampler, device, checkpoints). It may take the RunConfig.
 """
+
 import torch
 from torch import nn
 from torch.utils.data import TensorDataset

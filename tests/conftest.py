@@ -1,4 +1,5 @@
 """Shared helpers: run the real CLI in a subprocess, with a timeout, and read its run dir."""
+
 from __future__ import annotations
 
 import os
@@ -13,12 +14,14 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "src"))  # this checkout's ddpkit, whatever is installed
 
 
-def run_ddpkit(*args: str, cwd: Path | str | None = None, timeout: float = 240, env: dict | None = None,
-               check: bool = True) -> subprocess.CompletedProcess:
+def run_ddpkit(
+    *args: str, cwd: Path | str | None = None, timeout: float = 240, env: dict | None = None, check: bool = True
+) -> subprocess.CompletedProcess:
     """`python -m ddpkit ARGS`; fails the test with the output if it exits non-zero (when check)."""
     full_env = {**os.environ, "PYTHONPATH": str(REPO / "src"), **(env or {})}
-    proc = subprocess.run([sys.executable, "-m", "ddpkit", *args], cwd=cwd, env=full_env, capture_output=True,
-                          text=True, timeout=timeout)
+    proc = subprocess.run(
+        [sys.executable, "-m", "ddpkit", *args], cwd=cwd, env=full_env, capture_output=True, text=True, timeout=timeout
+    )
     if check and proc.returncode != 0:
         pytest.fail(f"ddpkit {' '.join(args)} exited {proc.returncode}\nstdout:\n{proc.stdout}\nstderr:\n{proc.stderr}")
     return proc
@@ -60,4 +63,3 @@ def reference_run(tmp_path_factory):
         return done[args]
 
     return run
-

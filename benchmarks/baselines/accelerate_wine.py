@@ -26,6 +26,7 @@ unwrapped state_dict after epochs 50 and 100. MLP: tasks/mlp.py, batch 256 per p
 samples/s over the whole epoch (steady_samples_per_s: after --warmup steps). 1 intra-op
 thread per worker (--threads).
 """
+
 import time
 
 _T0 = time.perf_counter()
@@ -55,8 +56,15 @@ def train(args):
     accelerator.wait_for_everyone()
     if accelerator.is_main_process:
         launcher = "notebook_launcher" if args._notebook else "accelerate launch"
-        common.emit(_T0, world_size=world, threads=torch.get_num_threads(), workload=args.workload,
-                    launcher=launcher, distributed_type=str(accelerator.distributed_type), **res)
+        common.emit(
+            _T0,
+            world_size=world,
+            threads=torch.get_num_threads(),
+            workload=args.workload,
+            launcher=launcher,
+            distributed_type=str(accelerator.distributed_type),
+            **res,
+        )
     ok = world == args.nproc
     accelerator.end_training()
     if not ok:
@@ -85,8 +93,9 @@ def _wine(args, accelerator, loss_fn):
             loss_sum += loss.item() * len(xb)
             n += len(xb)
         if (epoch + 1) % common.WINE_SAVE_EVERY == 0:
-            accelerator.save(accelerator.unwrap_model(model).state_dict(),
-                             os.path.join(ckpt_dir, f"model_{epoch + 1}.pt"))
+            accelerator.save(
+                accelerator.unwrap_model(model).state_dict(), os.path.join(ckpt_dir, f"model_{epoch + 1}.pt")
+            )
     train_s = time.perf_counter() - t
 
     tot = accelerator.reduce(torch.tensor([loss_sum, float(n)], dtype=torch.float64), "sum")
@@ -134,7 +143,9 @@ def _mlp(args, accelerator, loss_fn):
     if t_timed is None:
         raise SystemExit(f"only {steps} steps: need more than --warmup {args.warmup}")
     r = accelerator.reduce(torch.tensor([end - t, end - t_timed], dtype=torch.float64), "max")
-    s = accelerator.reduce(torch.tensor([float(timed_samples), loss.item(), float(all_samples)], dtype=torch.float64), "sum")
+    s = accelerator.reduce(
+        torch.tensor([float(timed_samples), loss.item(), float(all_samples)], dtype=torch.float64), "sum"
+    )
     return {
         "samples_per_s": s[2].item() / r[0].item(),  # whole loop, warm-up included (= ddpkit's)
         "steady_samples_per_s": s[0].item() / r[1].item(),  # after the warm-up steps
@@ -154,17 +165,23 @@ def main():
     p.add_argument("--samples", type=int, default=None, help="mlp data set size (default: tasks/mlp.py)")
     p.add_argument("--warmup", type=int, default=common.WARMUP_STEPS, help="mlp untimed steps")
     p.add_argument("--save-dir", default=None)
-    p.add_argument("--launcher", choices=["auto", "notebook", "external"], default="auto",
-                   help="notebook: fork --nproc workers with notebook_launcher; external: this process "
-                        "is a worker of `accelerate launch`/torchrun; auto: external when started by one")
+    p.add_argument(
+        "--launcher",
+        choices=["auto", "notebook", "external"],
+        default="auto",
+        help="notebook: fork --nproc workers with notebook_launcher; external: this process "
+        "is a worker of `accelerate launch`/torchrun; auto: external when started by one",
+    )
     args = p.parse_args()
-    under_launcher = args.launcher == "external" or (args.launcher == "auto" and (
-        "LOCAL_RANK" in os.environ or "ACCELERATE_MIXED_PRECISION" in os.environ))
+    under_launcher = args.launcher == "external" or (
+        args.launcher == "auto" and ("LOCAL_RANK" in os.environ or "ACCELERATE_MIXED_PRECISION" in os.environ)
+    )
     args._notebook = not under_launcher
     if under_launcher:  # accelerate launch / torchrun: this process is one worker
         train(args)
     else:  # notebook style: fork the workers from here (torch and sklearn already imported)
         import sklearn.datasets  # noqa: E401,F401  (pre-fork import)
+
         notebook_launcher(train, args=(args,), num_processes=args.nproc, use_port=str(common.free_port()))
 
 

@@ -9,6 +9,7 @@ only, unwrapped state_dict), evaluation of the test split at the end.
 
 MLP work: benchmarks/tasks/mlp.py (the same file ddpkit's benchmark row trains).
 """
+
 from __future__ import annotations
 
 import importlib.util
@@ -48,8 +49,7 @@ class WineDataset(Dataset):
         return len(self.data)
 
     def __getitem__(self, idx):
-        return (torch.tensor(self.data[idx], dtype=torch.float),
-                torch.tensor(self.targets[idx], dtype=torch.long))
+        return (torch.tensor(self.data[idx], dtype=torch.float), torch.tensor(self.targets[idx], dtype=torch.long))
 
 
 def wine_model() -> nn.Module:

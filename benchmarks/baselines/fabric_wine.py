@@ -11,6 +11,7 @@ mean loss, padding-free evaluation (test[rank::world] + all_reduce), fabric.save
 model after epochs 50 and 100. MLP: tasks/mlp.py, batch 256 per process,
 samples/s over the whole epoch (steady_samples_per_s: after --warmup steps). 1 intra-op thread per process (--threads).
 """
+
 import time
 
 _T0 = time.perf_counter()
@@ -75,8 +76,7 @@ def _mlp(args, fabric, loss_fn):
     model = task.make_model()
     opt = task.make_optimizer(model)
     model, opt = fabric.setup(model, opt)
-    loader = fabric.setup_dataloaders(
-        DataLoader(TensorDataset(x, y), batch_size=task.BATCH_PER_PROCESS, shuffle=True))
+    loader = fabric.setup_dataloaders(DataLoader(TensorDataset(x, y), batch_size=task.BATCH_PER_PROCESS, shuffle=True))
 
     model.train()
     steps, all_samples, timed_samples, t_timed = 0, 0, 0, None
@@ -97,7 +97,9 @@ def _mlp(args, fabric, loss_fn):
     if t_timed is None:
         raise SystemExit(f"only {steps} steps: need more than --warmup {args.warmup}")
     r = fabric.all_reduce(torch.tensor([end - t, end - t_timed], dtype=torch.float64), reduce_op="max")
-    s = fabric.all_reduce(torch.tensor([float(timed_samples), loss.item(), float(all_samples)], dtype=torch.float64), reduce_op="sum")
+    s = fabric.all_reduce(
+        torch.tensor([float(timed_samples), loss.item(), float(all_samples)], dtype=torch.float64), reduce_op="sum"
+    )
     return {
         "samples_per_s": s[2].item() / r[0].item(),  # whole loop, warm-up included (= ddpkit's)
         "steady_samples_per_s": s[0].item() / r[1].item(),  # after the warm-up steps
@@ -129,8 +131,9 @@ def main():
     world = fabric.world_size
     fabric.barrier()
     if fabric.global_rank == 0:
-        common.emit(_T0, world_size=world, threads=torch.get_num_threads(), workload=args.workload,
-                    strategy="ddp", **res)
+        common.emit(
+            _T0, world_size=world, threads=torch.get_num_threads(), workload=args.workload, strategy="ddp", **res
+        )
     if world != args.nproc:
         print(f"ERROR: world size {world}, expected --nproc {args.nproc}", file=sys.stderr, flush=True)
         raise SystemExit(3)

@@ -14,6 +14,7 @@ same path, default thread count (2 processes x 2 OpenMP threads on 2 cores).
 
     python benchmarks/baselines/guide_ddp.py 100 50 [--batch_size 32] [--nprocs 2]
 """
+
 import time
 
 _T0 = time.perf_counter()  # BENCH: in-process wall clock starts before the imports
@@ -145,11 +146,7 @@ def load_train_objs():
 
 def prepare_dataloader(dataset: Dataset, batch_size: int):
     return DataLoader(
-        dataset,
-        batch_size=batch_size,
-        pin_memory=True,
-        shuffle=False,
-        sampler=DistributedSampler(dataset)
+        dataset, batch_size=batch_size, pin_memory=True, shuffle=False, sampler=DistributedSampler(dataset)
     )
 
 
@@ -180,15 +177,21 @@ def main(rank: int, world_size: int, save_every: int, total_epochs: int, batch_s
     train_s = time.perf_counter() - t  # BENCH
     if rank == 0:  # BENCH
         acc = evaluate(trainer.model.module, test_set)
-        print("RESULT " + json.dumps({
-            "world_size": torch.distributed.get_world_size(),
-            "threads": torch.get_num_threads(),
-            "samples_per_s": total_epochs * len(dataset) / train_s,
-            "train_s": train_s,
-            "wall_s": time.perf_counter() - _T0,
-            "final_loss": trainer.losses[-1],
-            "test_acc": acc,
-        }), flush=True)
+        print(
+            "RESULT "
+            + json.dumps(
+                {
+                    "world_size": torch.distributed.get_world_size(),
+                    "threads": torch.get_num_threads(),
+                    "samples_per_s": total_epochs * len(dataset) / train_s,
+                    "train_s": train_s,
+                    "wall_s": time.perf_counter() - _T0,
+                    "final_loss": trainer.losses[-1],
+                    "test_acc": acc,
+                }
+            ),
+            flush=True,
+        )
     # Clean up the distributed environment once training is done.
     destroy_process_group()
 
@@ -201,15 +204,22 @@ def _free_port():  # BENCH
 
 if __name__ == "__main__":
     import argparse
-    parser = argparse.ArgumentParser(description='simple distributed training job')
-    parser.add_argument('total_epochs', type=int, help='total number of epochs to train')
-    parser.add_argument('save_every', type=int, help='how often to save a snapshot')
-    parser.add_argument('--batch_size', default=32, type=int, help='input batch size per device (default: 32)')
-    parser.add_argument('--nprocs', default=2, type=int, help='BENCH: number of processes (guide: torch.cuda.device_count())')
-    parser.add_argument('--save-dir', default=os.environ.get("BENCH_SAVE_DIR"), help='BENCH: checkpoint directory')
+
+    parser = argparse.ArgumentParser(description="simple distributed training job")
+    parser.add_argument("total_epochs", type=int, help="total number of epochs to train")
+    parser.add_argument("save_every", type=int, help="how often to save a snapshot")
+    parser.add_argument("--batch_size", default=32, type=int, help="input batch size per device (default: 32)")
+    parser.add_argument(
+        "--nprocs", default=2, type=int, help="BENCH: number of processes (guide: torch.cuda.device_count())"
+    )
+    parser.add_argument("--save-dir", default=os.environ.get("BENCH_SAVE_DIR"), help="BENCH: checkpoint directory")
     args = parser.parse_args()
 
     world_size = args.nprocs  # BENCH: was torch.cuda.device_count()
     save_dir = args.save_dir or tempfile.mkdtemp(prefix="guide_ddp_")  # BENCH
     os.makedirs(save_dir, exist_ok=True)  # BENCH
-    mp.spawn(main, args=(world_size, args.save_every, args.total_epochs, args.batch_size, _free_port(), save_dir), nprocs=world_size)
+    mp.spawn(
+        main,
+        args=(world_size, args.save_every, args.total_epochs, args.batch_size, _free_port(), save_dir),
+        nprocs=world_size,
+    )

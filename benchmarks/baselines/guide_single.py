@@ -9,6 +9,7 @@ written.
 
     python benchmarks/baselines/guide_single.py [--save-dir DIR]
 """
+
 import time
 
 _T0 = time.perf_counter()  # BENCH: in-process wall clock starts before the imports
@@ -139,15 +140,21 @@ def main(device, total_epochs, save_every, batch_size):
     trainer.train(total_epochs)
     train_s = time.perf_counter() - t  # BENCH
     acc = evaluate(model, test_set, device)  # BENCH
-    print("RESULT " + json.dumps({  # BENCH
-        "world_size": 1,
-        "threads": torch.get_num_threads(),
-        "samples_per_s": total_epochs * len(dataset) / train_s,
-        "train_s": train_s,
-        "wall_s": time.perf_counter() - _T0,
-        "final_loss": trainer.losses[-1],
-        "test_acc": acc,
-    }), flush=True)
+    print(
+        "RESULT "
+        + json.dumps(
+            {  # BENCH
+                "world_size": 1,
+                "threads": torch.get_num_threads(),
+                "samples_per_s": total_epochs * len(dataset) / train_s,
+                "train_s": train_s,
+                "wall_s": time.perf_counter() - _T0,
+                "final_loss": trainer.losses[-1],
+                "test_acc": acc,
+            }
+        ),
+        flush=True,
+    )
 
 
 if __name__ == "__main__":  # BENCH: the guide calls main() at module level; same call
@@ -156,4 +163,9 @@ if __name__ == "__main__":  # BENCH: the guide calls main() at module level; sam
     args = parser.parse_args()
     SAVE_DIR = args.save_dir or tempfile.mkdtemp(prefix="guide_single_")
     os.makedirs(SAVE_DIR, exist_ok=True)
-    main(device=torch.device("cuda:0" if torch.cuda.is_available() else "cpu"), total_epochs=100, save_every=50, batch_size=32)
+    main(
+        device=torch.device("cuda:0" if torch.cuda.is_available() else "cpu"),
+        total_epochs=100,
+        save_every=50,
+        batch_size=32,
+    )

@@ -34,6 +34,7 @@ Last line: RESULT {"world_size", "threads", "samples_per_s", "train_s", "wall_s"
 "final_loss", ...}. samples_per_s counts real samples of all processes per second of
 train_s (the training loop, slowest rank).
 """
+
 import time
 
 _T0 = time.perf_counter()
@@ -56,7 +57,7 @@ import common  # noqa: E402
 def batches_by_index(sampler, x, y, batch_size):
     idx = torch.tensor(list(iter(sampler)), dtype=torch.long, device=x.device)  # where the data is
     for i in range(0, len(idx), batch_size):
-        b = idx[i:i + batch_size]
+        b = idx[i : i + batch_size]
         yield x[b], y[b]
 
 
@@ -126,7 +127,11 @@ def run_mlp(args, model_ctx, rank, world, device):
     loss_fn = nn.CrossEntropyLoss()
     bs = args.batch_size or task.BATCH_PER_PROCESS
     sampler = DistributedSampler(range(len(x)), shuffle=True, seed=0)
-    autocast = (lambda: torch.autocast(device.type, dtype=torch.bfloat16)) if args.precision == "bf16" else contextlib.nullcontext
+    autocast = (
+        (lambda: torch.autocast(device.type, dtype=torch.bfloat16))
+        if args.precision == "bf16"
+        else contextlib.nullcontext
+    )
 
     def sync():
         if device.type == "cuda":
@@ -194,7 +199,9 @@ def main():
     p.add_argument("--precision", choices=["fp32", "bf16"], default="fp32", help="mlp: bf16 = autocast(bfloat16)")
     p.add_argument("--batch-size", type=int, default=None, help="mlp: per process (default: tasks/mlp.py's 256)")
     p.add_argument("--epochs", type=int, default=1, help="mlp: passes over the data set (default 1)")
-    p.add_argument("--data-on-device", action="store_true", help="mlp: keep the data set on the device (no host gather/copy)")
+    p.add_argument(
+        "--data-on-device", action="store_true", help="mlp: keep the data set on the device (no host gather/copy)"
+    )
     args = p.parse_args()
 
     torch.set_num_threads(args.threads)  # before the first op creates the pool
@@ -211,7 +218,11 @@ def main():
         dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
     model_ctx = (lambda m: m.no_sync()) if args.no_sync else (lambda m: contextlib.nullcontext())
-    res = run_wine(args, model_ctx, rank, world) if args.workload == "wine" else run_mlp(args, model_ctx, rank, world, device)
+    res = (
+        run_wine(args, model_ctx, rank, world)
+        if args.workload == "wine"
+        else run_mlp(args, model_ctx, rank, world, device)
+    )
     dist.barrier()
     dist.destroy_process_group()
     if rank == 0:

@@ -14,6 +14,7 @@ Last line: RESULT {"world_size", "threads", "samples_per_s", "steady_samples_per
 "train_s", "final_loss", ...}: samples_per_s over the whole loop (as ddpkit reports it),
 steady_samples_per_s after the first --warmup steps.
 """
+
 import time
 
 _T0 = time.perf_counter()
@@ -94,10 +95,19 @@ def main():
     del model, opt, sched
     dist.destroy_process_group()
     if rank == 0:
-        common.emit(_T0, world_size=world, threads=torch.get_num_threads(), workload="gpt",
-                    samples_per_s=s[2].item() / r[0].item(), steady_samples_per_s=s[0].item() / r[1].item(),
-                    train_s=r[0].item(), timed_s=r[1].item(), steps=steps, warmup_steps=args.warmup,
-                    final_loss=s[1].item() / world)
+        common.emit(
+            _T0,
+            world_size=world,
+            threads=torch.get_num_threads(),
+            workload="gpt",
+            samples_per_s=s[2].item() / r[0].item(),
+            steady_samples_per_s=s[0].item() / r[1].item(),
+            train_s=r[0].item(),
+            timed_s=r[1].item(),
+            steps=steps,
+            warmup_steps=args.warmup,
+            final_loss=s[1].item() / world,
+        )
 
 
 if __name__ == "__main__":

@@ -43,9 +43,12 @@ def make_model() -> nn.Module:
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(MODEL_SEED)
         return nn.Sequential(
-            nn.Linear(IN_FEATURES, HIDDEN), nn.ReLU(),
-            nn.Linear(HIDDEN, HIDDEN), nn.ReLU(),
-            nn.Linear(HIDDEN, HIDDEN), nn.ReLU(),
+            nn.Linear(IN_FEATURES, HIDDEN),
+            nn.ReLU(),
+            nn.Linear(HIDDEN, HIDDEN),
+            nn.ReLU(),
+            nn.Linear(HIDDEN, HIDDEN),
+            nn.ReLU(),
             nn.Linear(HIDDEN, CLASSES),
         )
 
@@ -73,7 +76,6 @@ def build(*_args, samples: int | None = None, **_kwargs) -> dict:
         "optimizer": make_optimizer(model),
         "loss_fn": nn.CrossEntropyLoss(),
     }
-
 
 
 def build_momentum(*_args, **_kwargs) -> dict:

@@ -3,17 +3,35 @@
 The names below are imported on first use, so `ddpkit --help` (and anything that only
 needs the CLI or the config) does not pay for importing torch (~1-2 s).
 """
+
 from __future__ import annotations
 
 import importlib
 from typing import Any
 
 _WHERE = {
-    "init": "api", "train": "api", "launch": "api", "memory_plan": "api", "atomic_save": "checkpoint",
-    "load_file": "checkpoint", "unwrap": "checkpoint", "RunConfig": "config", "ShardedLoader": "data",
-    "eval_batches": "data", "DistEnv": "environments", "DdpkitError": "errors", "Runtime": "runtime",
-    "all_sum": "runtime", "mean_across_ranks": "runtime", "Session": "session", "wrap_model": "strategies",
-    "Task": "task", "ShardedStream": "data", "read_lines": "data", "read_jsonl": "data", "read_tar": "data",
+    "init": "api",
+    "train": "api",
+    "launch": "api",
+    "memory_plan": "api",
+    "atomic_save": "checkpoint",
+    "load_file": "checkpoint",
+    "unwrap": "checkpoint",
+    "RunConfig": "config",
+    "ShardedLoader": "data",
+    "eval_batches": "data",
+    "DistEnv": "environments",
+    "DdpkitError": "errors",
+    "Runtime": "runtime",
+    "all_sum": "runtime",
+    "mean_across_ranks": "runtime",
+    "Session": "session",
+    "wrap_model": "strategies",
+    "Task": "task",
+    "ShardedStream": "data",
+    "read_lines": "data",
+    "read_jsonl": "data",
+    "read_tar": "data",
 }
 __all__ = sorted(_WHERE)
 __version__ = "0.1.0"

@@ -1,4 +1,5 @@
 """The Python API: `train()` for a whole run, `init()` for users who keep their own loop."""
+
 from __future__ import annotations
 
 import os
@@ -18,8 +19,9 @@ from .session import Session
 from .strategy_config import check
 
 
-def train(config: RunConfig | None = None, *, dry_run: bool = False, _clean_parent: bool = False,
-          **overrides: Any) -> dict[str, Any]:
+def train(
+    config: RunConfig | None = None, *, dry_run: bool = False, _clean_parent: bool = False, **overrides: Any
+) -> dict[str, Any]:
     """Train a task with the given settings and return rank 0's summary.
 
     Inside a launcher (torchrun, `ddpkit launch`, an srun task) this process is one worker;
@@ -48,8 +50,19 @@ def train(config: RunConfig | None = None, *, dry_run: bool = False, _clean_pare
     if dry_run:
         print(describe(plan, backend if nproc * plan.max_nodes > 1 else "none (one process)", device_type))
         if cfg.strategy != "ddp":  # what fsdp / auto would hold per rank (builds the task, trains nothing)
-            print(memory_plan(cfg.task, nproc * plan.max_nodes, cfg.strategy, cfg.precision, cfg.device_memory, cfg.seed,
-                              cfg.device, local_nproc=nproc, task_args=cfg.task_args).format(cfg.task, cfg.strategy))
+            print(
+                memory_plan(
+                    cfg.task,
+                    nproc * plan.max_nodes,
+                    cfg.strategy,
+                    cfg.precision,
+                    cfg.device_memory,
+                    cfg.seed,
+                    cfg.device,
+                    local_nproc=nproc,
+                    task_args=cfg.task_args,
+                ).format(cfg.task, cfg.strategy)
+            )
         return {"plan": plan}
     _check_strategy(cfg, device_type, nproc * plan.max_nodes)
     cfg = prepare_local_run(cfg)
@@ -78,23 +91,30 @@ def check_request_matches_launcher(cfg: RunConfig, env: DistEnv) -> None:
 
 
 def describe_worker(env: DistEnv, cfg: RunConfig) -> str:
-    return "\n".join([
-        f"ddpkit: started by {env.launcher} (dry run: nothing trained)",
-        f"  rank {env.rank} of world size {env.world_size}; local rank {env.local_rank} of {env.local_world_size}; "
-        f"node {env.node_rank} of {env.nnodes}",
-        f"  master {env.master_addr}:{env.master_port}",
-        f"  device {resolve_device_type(cfg.device)}, backend {resolve_backend(cfg.backend, resolve_device_type(cfg.device))}",
-    ])
+    return "\n".join(
+        [
+            f"ddpkit: started by {env.launcher} (dry run: nothing trained)",
+            f"  rank {env.rank} of world size {env.world_size}; local rank {env.local_rank} of {env.local_world_size}; "
+            f"node {env.node_rank} of {env.nnodes}",
+            f"  master {env.master_addr}:{env.master_port}",
+            f"  device {resolve_device_type(cfg.device)}, "
+            f"backend {resolve_backend(cfg.backend, resolve_device_type(cfg.device))}",
+        ]
+    )
 
 
 def prepare_local_run(cfg: RunConfig) -> RunConfig:
     """Pick the run directory and make sure starting (or resuming) there loses nothing."""
-    run_dir = Path(cfg.run_dir) if cfg.run_dir else Path("runs") / f"{_task_slug(cfg.task)}-{time.strftime('%Y%m%d-%H%M%S')}"
+    run_dir = (
+        Path(cfg.run_dir) if cfg.run_dir else Path("runs") / f"{_task_slug(cfg.task)}-{time.strftime('%Y%m%d-%H%M%S')}"
+    )
     if cfg.auto_resume:
         pass  # continue whatever is there, or start fresh
     elif cfg.resume:
         if not (run_dir / "checkpoints").is_dir():
-            raise DdpkitError(f"--resume: no checkpoint in {run_dir / 'checkpoints'}; run without --resume to start fresh")
+            raise DdpkitError(
+                f"--resume: no checkpoint in {run_dir / 'checkpoints'}; run without --resume to start fresh"
+            )
     elif (run_dir / "checkpoints").exists() or (run_dir / "model.pt").exists():
         raise DdpkitError(f"{run_dir} already holds a run: pass --resume to continue it, or choose another --run-dir")
     try:
@@ -116,9 +136,17 @@ def _check_strategy(cfg: RunConfig, device_type: str, nproc: int) -> None:
         check_precision(cfg.precision, device_type)
 
 
-def memory_plan(task: str = "wine", nproc: int | None = None, strategy: str = "auto", precision: str = "fp32",
-                device_memory: int | str | None = None, seed: int = 0, device: str = "auto",
-                local_nproc: int | None = None, task_args: dict[str, Any] | None = None) -> Any:
+def memory_plan(
+    task: str = "wine",
+    nproc: int | None = None,
+    strategy: str = "auto",
+    precision: str = "fp32",
+    device_memory: int | str | None = None,
+    seed: int = 0,
+    device: str = "auto",
+    local_nproc: int | None = None,
+    task_args: dict[str, Any] | None = None,
+) -> Any:
     """The memory plan (ddpkit.strategies.memory.MemoryPlan) of `task` at `nproc` ranks: per-rank bytes
     under DDP and FSDP, and the strategy `auto` would pick (.format(title, strategy) prints
     it). Builds the task in this process, as each worker would; nothing is trained.
@@ -155,15 +183,23 @@ def _check_task_exists(cfg: RunConfig) -> None:
     check_task_call(cfg.task, load_task_function(cfg.task), cfg.task_args)
 
 
-def init(device: str = "auto", backend: str = "auto", timeout: float = DEFAULT_TIMEOUT_S, threads: int | None = None) -> Session:
+def init(
+    device: str = "auto", backend: str = "auto", timeout: float = DEFAULT_TIMEOUT_S, threads: int | None = None
+) -> Session:
     """For scripts with their own loop: join the job this process was started in (by
     `ddpkit launch`, torchrun or srun; alone otherwise) and return its Session (session.py).
     Use it as a context manager so the process group is always torn down."""
     return Session(DistEnv.detect_worker(), device=device, backend=backend, timeout=timeout, threads=threads)
 
 
-def launch(argv: list[str], config: RunConfig | None = None, *, dry_run: bool = False, no_python: bool = False,
-           agent_options: dict[str, Any] | None = None) -> int:
+def launch(
+    argv: list[str],
+    config: RunConfig | None = None,
+    *,
+    dry_run: bool = False,
+    no_python: bool = False,
+    agent_options: dict[str, Any] | None = None,
+) -> int:
     """Run `python ARGV...` in this node's workers with torchrun's environment (the process
     flags of `config`: nproc, nodes, rendezvous, restarts, threads, timeout). Returns 0, or
     raises DdpkitError naming the failed rank (all other workers are stopped)."""
@@ -176,16 +212,22 @@ def launch(argv: list[str], config: RunConfig | None = None, *, dry_run: bool = 
     if argv[0] != "-m" and not os.path.isfile(argv[0]) and not (no_python and shutil.which(argv[0])):
         raise DdpkitError(f"script {argv[0]!r} does not exist")
     env = DistEnv.detect()
-    if not env.environment.launch_inside and env.world_size > 1:  # each would start a separate job of its own
-        raise DdpkitError(f"{env.environment.starter} already started this job's {env.world_size} processes, each meant "
-                          f"to be one worker; `ddpkit launch` in each would start {env.world_size} independent jobs: run the script itself "
-                          "(e.g. `mpirun -np N python script.py`), which joins the job with ddpkit.init()")
+    # each would start a separate job of its own
+    if not env.environment.launch_inside and env.world_size > 1:
+        raise DdpkitError(
+            f"{env.environment.starter} already started this job's {env.world_size} processes, each meant "
+            f"to be one worker; `ddpkit launch` in each would start {env.world_size} independent jobs: "
+            "run the script itself "
+            "(e.g. `mpirun -np N python script.py`), which joins the job with ddpkit.init()"
+        )
     device_type = resolve_device_type(cfg.device)
     n = resolve_nproc(cfg.nproc, device_type)
     start = cfg.start_method if cfg.start_method != "auto" else "spawn"
     # several local workers: every stream not redirected goes through the agent's tail, whole lines with their rank
     tee = cfg.tee or (str(3 & ~int(cfg.redirects)) if n > 1 and cfg.redirects.isdigit() else "0")
-    plan = make_launch_plan(cfg.replace(start_method=start, tee=tee), n, device_type, False, cfg.threads or default_threads(n))
+    plan = make_launch_plan(
+        cfg.replace(start_method=start, tee=tee), n, device_type, False, cfg.threads or default_threads(n)
+    )
     if dry_run:
         print(describe(plan, resolve_backend(cfg.backend, device_type), device_type))
         return 0

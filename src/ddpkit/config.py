@@ -1,5 +1,6 @@
 """RunConfig: every setting of a run in one frozen dataclass, grouped by concern and validated
 once, each group by its own check (config_groups.py)."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -36,19 +37,43 @@ from .strategy_config import FSDP_NEEDS_TWO, STRATEGIES, StrategyConfig  # noqa:
 DEFAULT_TIMEOUT_S = 300.0
 
 
-def setting(default: Any = None, help: str = "", *, group: str = TRAINING, choices: tuple[str, ...] | None = None,
-            flag: str | None = None, aliases: tuple[str, ...] = (), metavar: str | None = None, type: Any = None,
-            default_help: str | None = None, positional: bool = False, nargs: str | None = "?", cli: bool = True,
-            factory: Any = None, append: bool = False) -> Any:
+def setting(
+    default: Any = None,
+    help: str = "",
+    *,
+    group: str = TRAINING,
+    choices: tuple[str, ...] | None = None,
+    flag: str | None = None,
+    aliases: tuple[str, ...] = (),
+    metavar: str | None = None,
+    type: Any = None,
+    default_help: str | None = None,
+    positional: bool = False,
+    nargs: str | None = "?",
+    cli: bool = True,
+    factory: Any = None,
+    append: bool = False,
+) -> Any:
     """A field with what the CLI needs to offer it as a flag: the help text, the choices and
     the default are written here once; cli/flags.py makes the flag from them (for RunConfig
     and for each command's own options, cli/options.py). `default_help` describes a default
     that is not a plain value ("one per GPU"); `append`: the flag may be repeated, its values
     collected in a list (RunConfig makes --task-arg's (key, value) pairs a dict); `nargs`: how
     many values a positional takes, as argparse counts them (None: exactly one)."""
-    meta = {"help": help, "group": group, "choices": choices, "flag": flag, "aliases": aliases, "metavar": metavar,
-            "type": type, "default_help": default_help, "positional": positional, "nargs": nargs, "cli": cli,
-            "append": append}
+    meta = {
+        "help": help,
+        "group": group,
+        "choices": choices,
+        "flag": flag,
+        "aliases": aliases,
+        "metavar": metavar,
+        "type": type,
+        "default_help": default_help,
+        "positional": positional,
+        "nargs": nargs,
+        "cli": cli,
+        "append": append,
+    }
     if factory is not None:
         return field(default_factory=factory, metadata=meta)
     return field(default=default, metadata=meta)
@@ -60,66 +85,165 @@ class RunConfig:
     Every field's help, choices and default live here; the CLI's flags are made from them."""
 
     task: str = setting("wine", "wine (default), digits, MODULE:FUNCTION or FILE.py:FUNCTION", positional=True)
-    task_args: dict[str, Any] = setting(help="a keyword argument of the task function, KEY=VALUE (VALUE a Python literal or text); "
-                                        "repeat for several", flag="--task-arg", metavar="KEY=VALUE", type=parse_task_arg,
-                                        append=True, factory=dict)
+    task_args: dict[str, Any] = setting(
+        help="a keyword argument of the task function, KEY=VALUE (VALUE a Python literal or text); repeat for several",
+        flag="--task-arg",
+        metavar="KEY=VALUE",
+        type=parse_task_arg,
+        append=True,
+        factory=dict,
+    )
     # processes
-    nproc: int | None = setting(None, "worker processes on this node", group=PROCESSES, aliases=("--nproc-per-node", "--nproc_per_node"),
-                                metavar="N|auto", type=parse_nproc, default_help="auto: one per GPU; 2 on a machine without GPUs")
-    max_restarts: int = setting(0, "restart all workers this many times after a failure; they resume from the newest checkpoint",
-                                group=PROCESSES, aliases=("--max_restarts",))
-    threads: int | None = setting(None, "CPU threads per process", group=PROCESSES, type=int, default_help="cores / processes")
-    start_method: str = setting("auto", "how workers are created: fork (fast, CPU only) or spawn", group=PROCESSES,
-                                choices=START_METHODS, default_help="auto: fork on CPU, spawn with GPUs", aliases=("--start_method",))
-    timeout: float = setting(DEFAULT_TIMEOUT_S, "seconds any collective or rendezvous may wait before the job fails instead of hanging",
-                             group=PROCESSES)
-    hang_timeout: float | None = setting(None, "seconds a rank may make no progress (no forward pass, no collective completed) "
-                                         "before every rank dumps its Python stacks and last collectives into RUN_DIR/hang, "
-                                         "rank 0 prints which rank is stuck where, and the job stops; 0 = off (the dumps on "
-                                         "a --timeout stay)", group=FAULTS, type=float,
-                                         default_help="2 x --timeout; 0.9 x --timeout on NCCL, which aborts at --timeout")
-    debug_collectives: bool = setting(False, "check across ranks that every collective matches (op, shapes, order) and name the "
-                                      "rank that diverged (slow)", group=PROCESSES)
-    verbose: bool = setting(False, "show the elastic agent's own logs (rendezvous, restarts, failures); under train also what "
-                            "the task prints on every rank, whole lines, [rankN]: before those of ranks other than 0 "
-                            "(without it only rank 0's)", group=PROCESSES)
+    nproc: int | None = setting(
+        None,
+        "worker processes on this node",
+        group=PROCESSES,
+        aliases=("--nproc-per-node", "--nproc_per_node"),
+        metavar="N|auto",
+        type=parse_nproc,
+        default_help="auto: one per GPU; 2 on a machine without GPUs",
+    )
+    max_restarts: int = setting(
+        0,
+        "restart all workers this many times after a failure; they resume from the newest checkpoint",
+        group=PROCESSES,
+        aliases=("--max_restarts",),
+    )
+    threads: int | None = setting(
+        None, "CPU threads per process", group=PROCESSES, type=int, default_help="cores / processes"
+    )
+    start_method: str = setting(
+        "auto",
+        "how workers are created: fork (fast, CPU only) or spawn",
+        group=PROCESSES,
+        choices=START_METHODS,
+        default_help="auto: fork on CPU, spawn with GPUs",
+        aliases=("--start_method",),
+    )
+    timeout: float = setting(
+        DEFAULT_TIMEOUT_S,
+        "seconds any collective or rendezvous may wait before the job fails instead of hanging",
+        group=PROCESSES,
+    )
+    hang_timeout: float | None = setting(
+        None,
+        "seconds a rank may make no progress (no forward pass, no collective completed) "
+        "before every rank dumps its Python stacks and last collectives into RUN_DIR/hang, "
+        "rank 0 prints which rank is stuck where, and the job stops; 0 = off (the dumps on "
+        "a --timeout stay)",
+        group=FAULTS,
+        type=float,
+        default_help="2 x --timeout; 0.9 x --timeout on NCCL, which aborts at --timeout",
+    )
+    debug_collectives: bool = setting(
+        False,
+        "check across ranks that every collective matches (op, shapes, order) and name the rank that diverged (slow)",
+        group=PROCESSES,
+    )
+    verbose: bool = setting(
+        False,
+        "show the elastic agent's own logs (rendezvous, restarts, failures); under train also what "
+        "the task prints on every rank, whole lines, [rankN]: before those of ranks other than 0 "
+        "(without it only rank 0's)",
+        group=PROCESSES,
+    )
     # torchrun's output and agent flags, same spellings and meaning (launchers/elastic.py)
-    monitor_interval: float = setting(0.1, "seconds between the agent's checks of its workers", group=PROCESSES,
-                                      aliases=("--monitor_interval",))
-    log_dir: str | None = setting(None, "keep every worker's stdout/stderr in files under this folder "
-                                  "(LOG_DIR/RUN_ID/attempt_N/LOCAL_RANK/stdout.log)", group=PROCESSES, type=str,
-                                  aliases=("--log_dir",))
-    redirects: str = setting("0", "send workers' streams to log files only: 0 none, 1 stdout, 2 stderr, 3 both, or per local "
-                             "rank 0:3,1:0", group=PROCESSES, aliases=("-r",))
-    tee: str = setting("", "streams written to log files and to the console, each line prefixed with its rank: 0-3 as "
-                       "--redirects", group=PROCESSES, aliases=("-t",),
-                       default_help="ddpkit launch: 3 with several local processes (lines never interleave), else 0")
-    local_ranks_filter: str = setting("", "show only these local ranks' teed lines on the console, e.g. 0 or 0,1", group=PROCESSES,
-                                      aliases=("--local_ranks_filter",), metavar="RANKS")
+    monitor_interval: float = setting(
+        0.1, "seconds between the agent's checks of its workers", group=PROCESSES, aliases=("--monitor_interval",)
+    )
+    log_dir: str | None = setting(
+        None,
+        "keep every worker's stdout/stderr in files under this folder (LOG_DIR/RUN_ID/attempt_N/LOCAL_RANK/stdout.log)",
+        group=PROCESSES,
+        type=str,
+        aliases=("--log_dir",),
+    )
+    redirects: str = setting(
+        "0",
+        "send workers' streams to log files only: 0 none, 1 stdout, 2 stderr, 3 both, or per local rank 0:3,1:0",
+        group=PROCESSES,
+        aliases=("-r",),
+    )
+    tee: str = setting(
+        "",
+        "streams written to log files and to the console, each line prefixed with its rank: 0-3 as --redirects",
+        group=PROCESSES,
+        aliases=("-t",),
+        default_help="ddpkit launch: 3 with several local processes (lines never interleave), else 0",
+    )
+    local_ranks_filter: str = setting(
+        "",
+        "show only these local ranks' teed lines on the console, e.g. 0 or 0,1",
+        group=PROCESSES,
+        aliases=("--local_ranks_filter",),
+        metavar="RANKS",
+    )
     # where the other nodes are (torchrun's flags); one node by default
     nnodes: str = setting("1", "number of nodes, or MIN:MAX for an elastic job with --rdzv-endpoint", group=NODES)
-    standalone: bool = setting(False, "one node, rendezvous on a free local port (torchrun's --standalone; ddpkit's default)",
-                               group=NODES)
-    node_rank: int | None = setting(None, "this node's index, 0 on the master node (static rendezvous with --master-addr)",
-                                    group=NODES, type=int, aliases=("--node_rank",))
-    master_addr: str | None = setting(None, "address of node 0 (static rendezvous)", group=NODES, type=str, aliases=("--master_addr",))
-    master_port: int | None = setting(None, "port on node 0 for the static rendezvous", group=NODES, type=int, default_help="29500",
-                                      aliases=("--master_port",))
-    rdzv_backend: str | None = setting(None, "c10d or static; with torchrun's spellings, c10d + --master-addr meets at "
-                                       "MASTER_ADDR:MASTER_PORT and static + --rdzv-endpoint at that endpoint", group=NODES,
-                                       type=str, choices=RDZV_BACKENDS, aliases=("--rdzv_backend",),
-                                       default_help="c10d with --rdzv-endpoint, static with --master-addr")
-    rdzv_conf: str = setting("", "c10d rendezvous settings KEY=VALUE,... (is_host, join_timeout, last_call_timeout, "
-                             "close_timeout, keep_alive_interval, keep_alive_max_attempt, read_timeout)", group=NODES,
-                             aliases=("--rdzv_conf",), metavar="K=V,...")
-    rdzv_endpoint: str | None = setting(None, "c10d rendezvous: every node names the same HOST:PORT (hosted by the node that owns "
-                                        "HOST); node ranks are assigned (a --node-rank is ignored, as torchrun does)", group=NODES, type=str,
-                                        metavar="HOST:PORT",
-                                        aliases=("--rdzv_endpoint",))
-    rdzv_id: str | None = setting(None, "job id shared by all nodes of a c10d rendezvous", group=NODES, type=str,
-                                  default_help="derived from the endpoint", aliases=("--rdzv_id",))
-    local_addr: str | None = setting(None, "this node's address as the other nodes reach it", group=NODES, type=str,
-                                     default_help="the address that routes to the master", aliases=("--local_addr",))
+    standalone: bool = setting(
+        False, "one node, rendezvous on a free local port (torchrun's --standalone; ddpkit's default)", group=NODES
+    )
+    node_rank: int | None = setting(
+        None,
+        "this node's index, 0 on the master node (static rendezvous with --master-addr)",
+        group=NODES,
+        type=int,
+        aliases=("--node_rank",),
+    )
+    master_addr: str | None = setting(
+        None, "address of node 0 (static rendezvous)", group=NODES, type=str, aliases=("--master_addr",)
+    )
+    master_port: int | None = setting(
+        None,
+        "port on node 0 for the static rendezvous",
+        group=NODES,
+        type=int,
+        default_help="29500",
+        aliases=("--master_port",),
+    )
+    rdzv_backend: str | None = setting(
+        None,
+        "c10d or static; with torchrun's spellings, c10d + --master-addr meets at "
+        "MASTER_ADDR:MASTER_PORT and static + --rdzv-endpoint at that endpoint",
+        group=NODES,
+        type=str,
+        choices=RDZV_BACKENDS,
+        aliases=("--rdzv_backend",),
+        default_help="c10d with --rdzv-endpoint, static with --master-addr",
+    )
+    rdzv_conf: str = setting(
+        "",
+        "c10d rendezvous settings KEY=VALUE,... (is_host, join_timeout, last_call_timeout, "
+        "close_timeout, keep_alive_interval, keep_alive_max_attempt, read_timeout)",
+        group=NODES,
+        aliases=("--rdzv_conf",),
+        metavar="K=V,...",
+    )
+    rdzv_endpoint: str | None = setting(
+        None,
+        "c10d rendezvous: every node names the same HOST:PORT (hosted by the node that owns "
+        "HOST); node ranks are assigned (a --node-rank is ignored, as torchrun does)",
+        group=NODES,
+        type=str,
+        metavar="HOST:PORT",
+        aliases=("--rdzv_endpoint",),
+    )
+    rdzv_id: str | None = setting(
+        None,
+        "job id shared by all nodes of a c10d rendezvous",
+        group=NODES,
+        type=str,
+        default_help="derived from the endpoint",
+        aliases=("--rdzv_id",),
+    )
+    local_addr: str | None = setting(
+        None,
+        "this node's address as the other nodes reach it",
+        group=NODES,
+        type=str,
+        default_help="the address that routes to the master",
+        aliases=("--local_addr",),
+    )
     # training
     epochs: int = setting(100, "epochs to train")
     batch_size: int = setting(32, "batch size PER PROCESS, as in the guide; the global batch is nproc x this")
@@ -129,73 +253,174 @@ class RunConfig:
     eval_every: int = setting(1, "evaluate the held-out split every N epochs")
     max_steps: int | None = setting(None, "stop after this many optimizer steps in all (overrides --epochs)", type=int)
     eval_every_steps: int | None = setting(None, "also evaluate every N optimizer steps, inside epochs", type=int)
-    lr_schedule: str = setting("constant", "the learning rate over the run's optimizer steps, after --warmup-steps of linear "
-                               "warm-up: constant, linear or cosine to --min-lr, or wsd (stable, then linear to --min-lr "
-                               "over the last --decay-fraction); a Task.scheduler replaces it", choices=LR_SCHEDULES)
+    lr_schedule: str = setting(
+        "constant",
+        "the learning rate over the run's optimizer steps, after --warmup-steps of linear "
+        "warm-up: constant, linear or cosine to --min-lr, or wsd (stable, then linear to --min-lr "
+        "over the last --decay-fraction); a Task.scheduler replaces it",
+        choices=LR_SCHEDULES,
+    )
     warmup_steps: int = setting(0, "optimizer steps of linear warm-up from 0 to the learning rate")
-    min_lr: float = setting(0.0, "the learning rate linear, cosine and wsd end at (an absolute value, e.g. lr / 10 as in "
-                            "nanoGPT); other parameter groups end at the same fraction of theirs", type=float)
-    decay_fraction: float | None = setting(None, "wsd: the fraction of the run's optimizer steps spent decaying, linearly "
-                                           "to --min-lr, at its end", type=float, default_help="0.2")
-    clip_grad_norm: float | None = setting(None, "clip the gradients' global 2-norm (over every rank and shard) to this before "
-                                           "each optimizer step", type=float)
+    min_lr: float = setting(
+        0.0,
+        "the learning rate linear, cosine and wsd end at (an absolute value, e.g. lr / 10 as in "
+        "nanoGPT); other parameter groups end at the same fraction of theirs",
+        type=float,
+    )
+    decay_fraction: float | None = setting(
+        None,
+        "wsd: the fraction of the run's optimizer steps spent decaying, linearly to --min-lr, at its end",
+        type=float,
+        default_help="0.2",
+    )
+    clip_grad_norm: float | None = setting(
+        None,
+        "clip the gradients' global 2-norm (over every rank and shard) to this before each optimizer step",
+        type=float,
+    )
     num_workers: int = setting(0, "DataLoader worker processes per rank for data sets that are not in-memory tensors")
-    backend: str = setting("auto", "process-group backend", choices=BACKENDS, default_help="auto: nccl with GPUs, gloo on CPU")
+    backend: str = setting(
+        "auto", "process-group backend", choices=BACKENDS, default_help="auto: nccl with GPUs, gloo on CPU"
+    )
     device: str = setting("auto", "device", choices=DEVICES, default_help="auto: cuda when a GPU is visible")
     # checkpoints, faults and signals
-    save_every: int = setting(50, "write a full checkpoint every N epochs, and at the end; 0 = final model only", group=FAULTS)
-    save_every_steps: int | None = setting(None, "also write a checkpoint every N optimizer steps, inside epochs", group=FAULTS,
-                                           type=int)
-    save_every_minutes: float | None = setting(None, "also write a checkpoint when this many minutes have passed since the last "
-                                               "(rank 0's clock, agreed at the next step)", group=FAULTS, type=float)
-    async_save: bool = setting(False, "write checkpoints in a background thread while training goes on (the state is copied to "
-                               "the CPU first; the next save waits for the last); DDP's one-file checkpoints", group=FAULTS)
-    keep_last: int | None = setting(None, "keep only the K newest complete checkpoints (older ones are deleted after a newer one "
-                                    "is complete)", group=FAULTS, type=int, metavar="K")
-    keep_best: int | None = setting(None, "also keep the B checkpoints with the best --best-metric (taken where an evaluation ran)",
-                                    group=FAULTS, type=int, metavar="B")
-    best_metric: str = setting("eval_loss", "the metrics.jsonl value that ranks checkpoints for --keep-best; NAME:max for one "
-                               "where higher is better (eval_accuracy:max)", group=FAULTS)
-    run_dir: str | None = setting(None, "where model.pt, metrics.jsonl and checkpoints/ go", group=OUTPUT, type=str,
-                                  default_help="runs/TASK-TIME")
+    save_every: int = setting(
+        50, "write a full checkpoint every N epochs, and at the end; 0 = final model only", group=FAULTS
+    )
+    save_every_steps: int | None = setting(
+        None, "also write a checkpoint every N optimizer steps, inside epochs", group=FAULTS, type=int
+    )
+    save_every_minutes: float | None = setting(
+        None,
+        "also write a checkpoint when this many minutes have passed since the last "
+        "(rank 0's clock, agreed at the next step)",
+        group=FAULTS,
+        type=float,
+    )
+    async_save: bool = setting(
+        False,
+        "write checkpoints in a background thread while training goes on (the state is copied to "
+        "the CPU first; the next save waits for the last); DDP's one-file checkpoints",
+        group=FAULTS,
+    )
+    keep_last: int | None = setting(
+        None,
+        "keep only the K newest complete checkpoints (older ones are deleted after a newer one is complete)",
+        group=FAULTS,
+        type=int,
+        metavar="K",
+    )
+    keep_best: int | None = setting(
+        None,
+        "also keep the B checkpoints with the best --best-metric (taken where an evaluation ran)",
+        group=FAULTS,
+        type=int,
+        metavar="B",
+    )
+    best_metric: str = setting(
+        "eval_loss",
+        "the metrics.jsonl value that ranks checkpoints for --keep-best; NAME:max for one "
+        "where higher is better (eval_accuracy:max)",
+        group=FAULTS,
+    )
+    run_dir: str | None = setting(
+        None, "where model.pt, metrics.jsonl and checkpoints/ go", group=OUTPUT, type=str, default_help="runs/TASK-TIME"
+    )
     resume: bool = setting(False, "continue from the newest valid checkpoint in --run-dir", group=FAULTS)
-    auto_resume: bool = setting(False, "continue from the newest checkpoint in --run-dir if there is one, else start fresh "
-                                "(for requeued jobs)", group=FAULTS)
-    save_on_signal: str = setting("", "on one of these signals (e.g. USR1,TERM) save a checkpoint at the next step boundary "
-                                  "and stop", group=FAULTS, metavar="SIGNALS")
-    requeue: bool = setting(False, "under SLURM: after a --save-on-signal stop, requeue the job (it resumes with --auto-resume)",
-                            group=FAULTS)
-    on_nan: str = setting("stop", "a NaN/inf loss stops the run before the weights are touched, or skips that step on every rank",
-                          group=FAULTS, choices=ON_NAN_MODES)
+    auto_resume: bool = setting(
+        False,
+        "continue from the newest checkpoint in --run-dir if there is one, else start fresh (for requeued jobs)",
+        group=FAULTS,
+    )
+    save_on_signal: str = setting(
+        "",
+        "on one of these signals (e.g. USR1,TERM) save a checkpoint at the next step boundary and stop",
+        group=FAULTS,
+        metavar="SIGNALS",
+    )
+    requeue: bool = setting(
+        False,
+        "under SLURM: after a --save-on-signal stop, requeue the job (it resumes with --auto-resume)",
+        group=FAULTS,
+    )
+    on_nan: str = setting(
+        "stop",
+        "a NaN/inf loss stops the run before the weights are touched, or skips that step on every rank",
+        group=FAULTS,
+        choices=ON_NAN_MODES,
+    )
     # output
-    quiet: bool = setting(False, "no per-epoch progress or summary; only errors (the run directory still gets everything)",
-                          group=OUTPUT)
-    progress: str = setting("auto", "rank 0's progress: a tqdm bar, or plain lines for log files", group=OUTPUT,
-                            choices=PROGRESS_MODES, default_help="auto: bar on a terminal")
+    quiet: bool = setting(
+        False, "no per-epoch progress or summary; only errors (the run directory still gets everything)", group=OUTPUT
+    )
+    progress: str = setting(
+        "auto",
+        "rank 0's progress: a tqdm bar, or plain lines for log files",
+        group=OUTPUT,
+        choices=PROGRESS_MODES,
+        default_help="auto: bar on a terminal",
+    )
     csv: bool = setting(False, "also write RUN_DIR/metrics.csv (metrics.jsonl is always written)", group=OUTPUT)
     tensorboard: bool = setting(False, "also write TensorBoard event files to RUN_DIR/tensorboard", group=OUTPUT)
     # strategy and precision
-    strategy: str = setting("ddp", "ddp: a whole replica per process (fastest); fsdp: shard parameters, gradients and optimizer "
-                            "state across processes (for models that do not fit); auto: the memory plan picks",
-                            group=STRATEGY, choices=STRATEGIES)
-    precision: str = setting("fp32", "bf16: autocast (DDP) or bf16 compute with fp32 weights (FSDP); needs a GPU or CPU with "
-                             "bf16; fp16: autocast with a gradient scaler (DDP on a GPU)", group=STRATEGY, choices=PRECISIONS)
-    device_memory: int | None = setting(None, "memory per device for the plan and --strategy auto: 80GiB (2^30 bytes), 80GB (10^9), "
-                                        "512MB", group=STRATEGY, type=str, metavar="SIZE", default_help="detected")
+    strategy: str = setting(
+        "ddp",
+        "ddp: a whole replica per process (fastest); fsdp: shard parameters, gradients and optimizer "
+        "state across processes (for models that do not fit); auto: the memory plan picks",
+        group=STRATEGY,
+        choices=STRATEGIES,
+    )
+    precision: str = setting(
+        "fp32",
+        "bf16: autocast (DDP) or bf16 compute with fp32 weights (FSDP); needs a GPU or CPU with "
+        "bf16; fp16: autocast with a gradient scaler (DDP on a GPU)",
+        group=STRATEGY,
+        choices=PRECISIONS,
+    )
+    device_memory: int | None = setting(
+        None,
+        "memory per device for the plan and --strategy auto: 80GiB (2^30 bytes), 80GB (10^9), 512MB",
+        group=STRATEGY,
+        type=str,
+        metavar="SIZE",
+        default_help="detected",
+    )
     # performance knobs (strategies/ddp_knobs.py): what each changes in the result is documented there
-    accumulate: int = setting(1, "K micro-batches of --batch-size per optimizer step, gradients all-reduced once (no_sync on the "
-                              "others); equals --batch-size K*b", group=PERFORMANCE, metavar="K")
-    grad_compression: str = setting("none", "all-reduce gradients in 16 bits, or low-rank PowerSGD: less traffic, close but not "
-                                    "equal results", group=PERFORMANCE, choices=GRAD_COMPRESSIONS)
-    grad_sync: str = setting("auto", "how gradients are all-reduced: shm (shared memory, ranks on one machine's CPUs), backend "
-                             "(gloo/NCCL), auto: shm where it applies (CPU, one node), else the backend",
-                             group=PERFORMANCE, choices=GRAD_SYNC_MODES)
-    bucket_mb: float | None = setting(None, "DDP gradient bucket size in MB", group=PERFORMANCE, type=float, default_help="torch's 25")
-    static_graph: bool = setting(False, "tell DDP the model uses the same parameters every step (skips per-step graph checks)",
-                                 group=PERFORMANCE)
-    fused_optimizer: str = setting("off", "rebuild torch Adam/AdamW/SGD with fused=True (one kernel over all parameters); "
-                                   "auto: on with GPUs", group=PERFORMANCE, choices=FUSED_MODES)
-    compile: bool = setting(False, "torch.compile the model (slow first steps; needs a C++ compiler on CPU)", group=PERFORMANCE)
+    accumulate: int = setting(
+        1,
+        "K micro-batches of --batch-size per optimizer step, gradients all-reduced once (no_sync on the "
+        "others); equals --batch-size K*b",
+        group=PERFORMANCE,
+        metavar="K",
+    )
+    grad_compression: str = setting(
+        "none",
+        "all-reduce gradients in 16 bits, or low-rank PowerSGD: less traffic, close but not equal results",
+        group=PERFORMANCE,
+        choices=GRAD_COMPRESSIONS,
+    )
+    grad_sync: str = setting(
+        "auto",
+        "how gradients are all-reduced: shm (shared memory, ranks on one machine's CPUs), backend "
+        "(gloo/NCCL), auto: shm where it applies (CPU, one node), else the backend",
+        group=PERFORMANCE,
+        choices=GRAD_SYNC_MODES,
+    )
+    bucket_mb: float | None = setting(
+        None, "DDP gradient bucket size in MB", group=PERFORMANCE, type=float, default_help="torch's 25"
+    )
+    static_graph: bool = setting(
+        False, "tell DDP the model uses the same parameters every step (skips per-step graph checks)", group=PERFORMANCE
+    )
+    fused_optimizer: str = setting(
+        "off",
+        "rebuild torch Adam/AdamW/SGD with fused=True (one kernel over all parameters); auto: on with GPUs",
+        group=PERFORMANCE,
+        choices=FUSED_MODES,
+    )
+    compile: bool = setting(
+        False, "torch.compile the model (slow first steps; needs a C++ compiler on CPU)", group=PERFORMANCE
+    )
     extra: dict[str, Any] = setting(help="free-form settings for user tasks", cli=False, factory=dict)
 
     def __post_init__(self) -> None:
@@ -216,6 +441,7 @@ class RunConfig:
         is one node on a free port; c10d + --master-addr meets at MASTER_ADDR:MASTER_PORT;
         static + --rdzv-endpoint is that master; a --node-rank beside a c10d endpoint is
         ignored (the rendezvous assigns it), as torchrun ignores it."""
+
         def put(**kw: Any) -> None:
             for k, v in kw.items():
                 object.__setattr__(self, k, v)
@@ -226,7 +452,11 @@ class RunConfig:
             put(rdzv_endpoint=f"{self.master_addr}:{self.master_port or 29500}", master_addr=None, master_port=None)
         if self.rdzv_backend == "static" and self.rdzv_endpoint and not self.master_addr:
             host, _, port = self.rdzv_endpoint.rpartition(":")
-            put(master_addr=host or self.rdzv_endpoint, master_port=int(port) if port.isdigit() else None, rdzv_endpoint=None)
+            put(
+                master_addr=host or self.rdzv_endpoint,
+                master_port=int(port) if port.isdigit() else None,
+                rdzv_endpoint=None,
+            )
         if self.rdzv_endpoint and self.node_rank is not None and not self.master_addr:
             put(node_rank=None)
 
@@ -256,10 +486,18 @@ class RunConfig:
 
     def strategy_config(self) -> StrategyConfig:
         """The strategy's settings, typed: what make_strategy and the strategies read."""
-        return StrategyConfig(name=self.strategy, precision=self.precision, device_memory=self.device_memory,
-                              async_save=self.async_save, grad_sync=self.grad_sync, grad_compression=self.grad_compression,
-                              bucket_mb=self.bucket_mb, static_graph=self.static_graph,
-                              fused_optimizer=self.fused_optimizer, compile=self.compile)
+        return StrategyConfig(
+            name=self.strategy,
+            precision=self.precision,
+            device_memory=self.device_memory,
+            async_save=self.async_save,
+            grad_sync=self.grad_sync,
+            grad_compression=self.grad_compression,
+            bucket_mb=self.bucket_mb,
+            static_graph=self.static_graph,
+            fused_optimizer=self.fused_optimizer,
+            compile=self.compile,
+        )
 
     def replace(self, **changes: Any) -> RunConfig:
         return dataclasses.replace(self, **changes)
@@ -271,4 +509,3 @@ class RunConfig:
     def from_dict(cls, d: dict[str, Any]) -> RunConfig:
         names = {f.name for f in dataclasses.fields(cls)}
         return cls(**{k: v for k, v in d.items() if k in names})
-

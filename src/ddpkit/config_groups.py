@@ -2,6 +2,7 @@
 performance, strategy and precision): each group's choices and the checks of its values,
 one function per group. config.py declares the fields and runs every group's check once;
 each check reads the settings as RunConfig's flat attributes."""
+
 from __future__ import annotations
 
 import importlib.util
@@ -46,9 +47,13 @@ def validate_processes(cfg: Any) -> None:
     _choice("--start-method", cfg.start_method, START_METHODS)
     for flag, value in (("--redirects", cfg.redirects), ("--tee", cfg.tee or "0")):
         if not re.fullmatch(r"[0-3]|\d+:[0-3](,\d+:[0-3])*", value):
-            raise DdpkitError(f"{flag} must be 0-3 (0 none, 1 stdout, 2 stderr, 3 both) or LOCAL_RANK:N,..., got {value!r}")
+            raise DdpkitError(
+                f"{flag} must be 0-3 (0 none, 1 stdout, 2 stderr, 3 both) or LOCAL_RANK:N,..., got {value!r}"
+            )
     if cfg.local_ranks_filter and not re.fullmatch(r"\d+(,\d+)*", cfg.local_ranks_filter):
-        raise DdpkitError(f"--local-ranks-filter must be local ranks separated by commas, e.g. 0,1; got {cfg.local_ranks_filter!r}")
+        raise DdpkitError(
+            f"--local-ranks-filter must be local ranks separated by commas, e.g. 0,1; got {cfg.local_ranks_filter!r}"
+        )
     if not (isinstance(cfg.monitor_interval, (int, float)) and cfg.monitor_interval > 0):
         raise DdpkitError(f"--monitor-interval must be a positive number of seconds, got {cfg.monitor_interval!r}")
 
@@ -67,7 +72,10 @@ def validate_nodes(cfg: Any) -> None:
         if cfg.master_addr:
             raise DdpkitError("give either --rdzv-endpoint (c10d rendezvous) or --master-addr (static), not both")
         if cfg.node_rank is not None:
-            raise DdpkitError("--node-rank is for a static rendezvous; with --rdzv-endpoint the rendezvous assigns node ranks: drop --node-rank")
+            raise DdpkitError(
+                "--node-rank is for a static rendezvous; with --rdzv-endpoint the rendezvous assigns node ranks: "
+                "drop --node-rank"
+            )
         host, sep, port = cfg.rdzv_endpoint.rpartition(":")
         if not sep or not host or not port.isdigit():
             raise DdpkitError(f"--rdzv-endpoint must be HOST:PORT, got {cfg.rdzv_endpoint!r}")
@@ -75,9 +83,15 @@ def validate_nodes(cfg: Any) -> None:
         if lo != hi:
             raise DdpkitError("--nnodes MIN:MAX (elastic) needs a c10d rendezvous: give --rdzv-endpoint HOST:PORT")
         if not cfg.master_addr:
-            raise DdpkitError(f"--nnodes {cfg.nnodes} needs --master-addr (node 0's address) and --node-rank, or --rdzv-endpoint HOST:PORT")
+            raise DdpkitError(
+                f"--nnodes {cfg.nnodes} needs --master-addr (node 0's address) and --node-rank, "
+                "or --rdzv-endpoint HOST:PORT"
+            )
         if cfg.node_rank is None:
-            raise DdpkitError(f"--nnodes {cfg.nnodes} with --master-addr needs --node-rank (0 on the master node, 1..{hi - 1} on the others)")
+            raise DdpkitError(
+                f"--nnodes {cfg.nnodes} with --master-addr needs --node-rank "
+                f"(0 on the master node, 1..{hi - 1} on the others)"
+            )
     if cfg.node_rank is not None and not 0 <= cfg.node_rank < hi:
         raise DdpkitError(f"--node-rank must be in 0..{hi - 1} for --nnodes {cfg.nnodes}, got {cfg.node_rank}")
     cfg.rdzv_settings()  # refuses a malformed --rdzv-conf
@@ -88,7 +102,9 @@ def validate_training(cfg: Any) -> None:
     if not cfg.task:
         raise DdpkitError("no task given: name a built-in task (wine, digits) or MODULE:FUNCTION")
     if not isinstance(cfg.task_args, dict):
-        raise DdpkitError(f"task_args must be a dict of keyword arguments for the task function, got {type(cfg.task_args).__name__}")
+        raise DdpkitError(
+            f"task_args must be a dict of keyword arguments for the task function, got {type(cfg.task_args).__name__}"
+        )
     _positive("--epochs", cfg.epochs)
     _positive("--batch-size", cfg.batch_size)
     _positive("--eval-every", cfg.eval_every)
@@ -100,8 +116,10 @@ def validate_training(cfg: Any) -> None:
     _choice("--lr-schedule", cfg.lr_schedule, LR_SCHEDULES)
     validate_schedule(cfg)
     if cfg.clip_grad_norm is not None and not (isinstance(cfg.clip_grad_norm, (int, float)) and cfg.clip_grad_norm > 0):
-        raise DdpkitError(f"--clip-grad-norm must be a positive norm such as 1.0, got {cfg.clip_grad_norm!r} "
-                          "(leave it out not to clip)")
+        raise DdpkitError(
+            f"--clip-grad-norm must be a positive norm such as 1.0, got {cfg.clip_grad_norm!r} "
+            "(leave it out not to clip)"
+        )
     if cfg.lr is not None and not cfg.lr > 0:
         raise DdpkitError(f"--lr must be positive, got {cfg.lr}")
     if cfg.num_workers < 0:
@@ -109,7 +127,9 @@ def validate_training(cfg: Any) -> None:
     _choice("--backend", cfg.backend, BACKENDS)
     _choice("--device", cfg.device, DEVICES)
     if cfg.backend == "nccl" and cfg.device == "cpu":
-        raise DdpkitError("--backend nccl needs --device cuda (NCCL only moves GPU tensors); use --backend gloo for CPU")
+        raise DdpkitError(
+            "--backend nccl needs --device cuda (NCCL only moves GPU tensors); use --backend gloo for CPU"
+        )
 
 
 def validate_schedule(cfg: Any) -> None:
@@ -117,14 +137,17 @@ def validate_schedule(cfg: Any) -> None:
     if not (isinstance(cfg.min_lr, (int, float)) and cfg.min_lr >= 0):
         raise DdpkitError(f"--min-lr must be 0 or a positive learning rate, got {cfg.min_lr!r}")
     if cfg.min_lr and cfg.lr_schedule == "constant":
-        raise DdpkitError("--min-lr is where --lr-schedule linear, cosine or wsd ends; the constant schedule never "
-                          "decays: add --lr-schedule cosine (or linear, wsd), or drop --min-lr")
+        raise DdpkitError(
+            "--min-lr is where --lr-schedule linear, cosine or wsd ends; the constant schedule never "
+            "decays: add --lr-schedule cosine (or linear, wsd), or drop --min-lr"
+        )
     if cfg.lr is not None and cfg.min_lr and not cfg.min_lr < cfg.lr:
         raise DdpkitError(f"--min-lr {cfg.min_lr:g} must be below --lr {cfg.lr:g}")
     if cfg.decay_fraction is not None:
         if not (isinstance(cfg.decay_fraction, (int, float)) and 0 < cfg.decay_fraction <= 1):
-            raise DdpkitError(f"--decay-fraction must be in (0, 1], the share of the run spent decaying, "
-                              f"got {cfg.decay_fraction!r}")
+            raise DdpkitError(
+                f"--decay-fraction must be in (0, 1], the share of the run spent decaying, got {cfg.decay_fraction!r}"
+            )
         if cfg.lr_schedule != "wsd":
             raise DdpkitError("--decay-fraction sets the decay of --lr-schedule wsd: add --lr-schedule wsd, or drop it")
 
@@ -132,18 +155,24 @@ def validate_schedule(cfg: Any) -> None:
 def validate_checkpoints(cfg: Any) -> None:
     """When checkpoints are written and kept, what a resume needs, and what a fault does."""
     if cfg.save_every < 0:
-        raise DdpkitError(f"--save-every must be 0 (final model only) or a positive number of epochs, got {cfg.save_every}")
+        raise DdpkitError(
+            f"--save-every must be 0 (final model only) or a positive number of epochs, got {cfg.save_every}"
+        )
     if cfg.save_every_steps is not None:
         _positive("--save-every-steps", cfg.save_every_steps)
-    if cfg.save_every_minutes is not None and not (isinstance(cfg.save_every_minutes, (int, float)) and cfg.save_every_minutes > 0):
+    if cfg.save_every_minutes is not None and not (
+        isinstance(cfg.save_every_minutes, (int, float)) and cfg.save_every_minutes > 0
+    ):
         raise DdpkitError(f"--save-every-minutes must be a positive number of minutes, got {cfg.save_every_minutes!r}")
     if cfg.keep_last is not None:
         _positive("--keep-last", cfg.keep_last)
     if cfg.keep_best is not None:
         _positive("--keep-best", cfg.keep_best)
     if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*(:(min|max))?", cfg.best_metric or ""):
-        raise DdpkitError(f"--best-metric must be a metrics.jsonl name, optionally :min or :max (eval_accuracy:max), "
-                          f"got {cfg.best_metric!r}")
+        raise DdpkitError(
+            f"--best-metric must be a metrics.jsonl name, optionally :min or :max (eval_accuracy:max), "
+            f"got {cfg.best_metric!r}"
+        )
     if cfg.resume and not cfg.run_dir:
         raise DdpkitError("--resume needs --run-dir: the run directory whose checkpoints to continue from")
     if cfg.hang_timeout is not None and not (isinstance(cfg.hang_timeout, (int, float)) and cfg.hang_timeout >= 0):
@@ -155,7 +184,9 @@ def validate_output(cfg: Any) -> None:
     """What rank 0 shows and which metric files it writes besides metrics.jsonl."""
     _choice("--progress", cfg.progress, PROGRESS_MODES)
     if cfg.tensorboard and importlib.util.find_spec("tensorboard") is None:
-        raise DdpkitError("--tensorboard needs the tensorboard package: pip install 'ddpkit[tensorboard]' (or tensorboard)")
+        raise DdpkitError(
+            "--tensorboard needs the tensorboard package: pip install 'ddpkit[tensorboard]' (or tensorboard)"
+        )
 
 
 def validate_performance(cfg: Any) -> None:
@@ -164,8 +195,10 @@ def validate_performance(cfg: Any) -> None:
     _choice("--fused-optimizer", cfg.fused_optimizer, FUSED_MODES)
     _choice("--grad-sync", cfg.grad_sync, GRAD_SYNC_MODES)
     if cfg.grad_sync == "shm" and cfg.grad_compression != "none":
-        raise DdpkitError(f"--grad-sync shm sums float32 gradients in shared memory; it cannot carry --grad-compression "
-                          f"{cfg.grad_compression}. Drop one of them (--grad-sync auto picks the backend when compressing)")
+        raise DdpkitError(
+            f"--grad-sync shm sums float32 gradients in shared memory; it cannot carry --grad-compression "
+            f"{cfg.grad_compression}. Drop one of them (--grad-sync auto picks the backend when compressing)"
+        )
     _positive("--accumulate", cfg.accumulate)
     if cfg.bucket_mb is not None and not (isinstance(cfg.bucket_mb, (int, float)) and cfg.bucket_mb > 0):
         raise DdpkitError(f"--bucket-mb must be a positive number of megabytes, got {cfg.bucket_mb!r}")
@@ -182,8 +215,13 @@ def validate_strategy(cfg: Any) -> None:
 
 # Every group's check, in the order RunConfig runs them (the first problem found is the one reported).
 VALIDATIONS: dict[str, Callable[[Any], None]] = {
-    PROCESSES: validate_processes, NODES: validate_nodes, TRAINING: validate_training, FAULTS: validate_checkpoints,
-    OUTPUT: validate_output, PERFORMANCE: validate_performance, STRATEGY: validate_strategy,
+    PROCESSES: validate_processes,
+    NODES: validate_nodes,
+    TRAINING: validate_training,
+    FAULTS: validate_checkpoints,
+    OUTPUT: validate_output,
+    PERFORMANCE: validate_performance,
+    STRATEGY: validate_strategy,
 }
 
 

@@ -1,5 +1,6 @@
 """The syntax of flag values: process counts, sizes, KEY=VALUE task arguments. Used by
 config.py's checks and the CLI; imports nothing of ddpkit but the error type."""
+
 from __future__ import annotations
 
 import re
@@ -39,8 +40,22 @@ def parse_task_arg(text: str) -> tuple[str, Any]:
     return key.strip(), parsed
 
 
-_UNITS = {"": 1, "b": 1, "k": 10**3, "kb": 10**3, "m": 10**6, "mb": 10**6, "g": 10**9, "gb": 10**9, "t": 10**12,
-          "tb": 10**12, "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
+_UNITS = {
+    "": 1,
+    "b": 1,
+    "k": 10**3,
+    "kb": 10**3,
+    "m": 10**6,
+    "mb": 10**6,
+    "g": 10**9,
+    "gb": 10**9,
+    "t": 10**12,
+    "tb": 10**12,
+    "kib": 2**10,
+    "mib": 2**20,
+    "gib": 2**30,
+    "tib": 2**40,
+}
 
 
 def parse_memory(text: str | int | None) -> int | None:

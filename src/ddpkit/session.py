@@ -5,6 +5,7 @@ checked by the same rules), loader through data.rank_loader; plus save and load.
 
 The same script runs unchanged under `ddpkit launch`, torchrun and srun, or alone.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -27,15 +28,30 @@ class Session:
     each the code `ddpkit train` runs. Use it as a context manager: the process group is
     torn down on every exit path."""
 
-    def __init__(self, env: DistEnv, device: str = "auto", backend: str = "auto", timeout: float = DEFAULT_TIMEOUT_S,
-                 threads: int | None = None, store: Any = None) -> None:
+    def __init__(
+        self,
+        env: DistEnv,
+        device: str = "auto",
+        backend: str = "auto",
+        timeout: float = DEFAULT_TIMEOUT_S,
+        threads: int | None = None,
+        store: Any = None,
+    ) -> None:
         self.runtime = Runtime(env, device=device, backend=backend, timeout=timeout, threads=threads, store=store)
         self.strategy: Strategy | None = None
         self.scaler: Any = None  # fp16's torch.amp.GradScaler after rt.wrap(..., precision="fp16"); None otherwise
 
-    def wrap(self, model: nn.Module, optimizer: torch.optim.Optimizer | None = None, *, strategy: str = "ddp",
-             precision: str = "fp32", grad_sync: str = "auto",
-             blocks: Callable[[nn.Module], Iterable[nn.Module]] | None = None, **ddp_options: Any) -> Any:
+    def wrap(
+        self,
+        model: nn.Module,
+        optimizer: torch.optim.Optimizer | None = None,
+        *,
+        strategy: str = "ddp",
+        precision: str = "fp32",
+        grad_sync: str = "auto",
+        blocks: Callable[[nn.Module], Iterable[nn.Module]] | None = None,
+        **ddp_options: Any,
+    ) -> Any:
         """The model on this rank's device, parallelised, and (given `optimizer`) the
         optimizer it needs: `model = rt.wrap(model)` or `model, opt = rt.wrap(model, opt)`.
 
@@ -52,8 +68,10 @@ class Session:
         config = StrategyConfig(name=strategy, precision=precision, grad_sync=grad_sync, ddp_options=ddp_options)
         check(config, self.world_size, own_loop=True)
         if self.strategy is not None and (self.strategy.name, self.strategy.precision) != (strategy, precision):
-            raise DdpkitError(f"this session already wraps with strategy={self.strategy.name!r}, precision="
-                              f"{self.strategy.precision!r}: rt.autocast() and rt.scaler serve one; wrap every model alike")
+            raise DdpkitError(
+                f"this session already wraps with strategy={self.strategy.name!r}, precision="
+                f"{self.strategy.precision!r}: rt.autocast() and rt.scaler serve one; wrap every model alike"
+            )
         chosen = strategy_for(config, self.runtime, blocks=blocks)
         wrapped = chosen.setup_module(model)
         if optimizer is not None:
@@ -63,7 +81,9 @@ class Session:
         self.scaler = chosen.grad_scaler()
         return wrapped if optimizer is None else (wrapped, optimizer)
 
-    def loader(self, dataset: Any, batch_size: int, shuffle: bool = True, seed: int = 0, **kwargs: Any) -> ShardedLoader | StreamLoader:
+    def loader(
+        self, dataset: Any, batch_size: int, shuffle: bool = True, seed: int = 0, **kwargs: Any
+    ) -> ShardedLoader | StreamLoader:
         """This rank's batches of `dataset` (batch_size per process), in ddpkit's global
         order: call .set_epoch(epoch) on it before each epoch. A stream (an IterableDataset,
         ddpkit.ShardedStream) is dealt out by shard or round-robin, and every rank's pass ends

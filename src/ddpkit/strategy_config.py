@@ -5,6 +5,7 @@ number of processes is known), the workers' make_strategy (the real world size, 
 `--strategy auto` chose) and the own-loop Session (rt.wrap's keywords). It imports no torch,
 so `ddpkit --help` and the config stay instant; the strategies themselves live in strategies/.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -13,8 +14,10 @@ from typing import Any
 from .errors import DdpkitError
 
 STRATEGIES = ("ddp", "fsdp", "auto")
-FSDP_NEEDS_TWO = ("--strategy fsdp shards the model across processes and needs at least 2 (--nproc 2 or more); "
-                  "with one process use --strategy ddp")
+FSDP_NEEDS_TWO = (
+    "--strategy fsdp shards the model across processes and needs at least 2 (--nproc 2 or more); "
+    "with one process use --strategy ddp"
+)
 
 
 @dataclass(frozen=True)
@@ -36,34 +39,56 @@ class StrategyConfig:
     ddp_options: dict[str, Any] = field(default_factory=dict)  # DistributedDataParallel keywords (rt.wrap's)
 
 
-def check(config: StrategyConfig, world_size: int | None = None, *, mesh_shape: tuple[int, int] | None = None,
-          own_loop: bool = False) -> None:
+def check(
+    config: StrategyConfig,
+    world_size: int | None = None,
+    *,
+    mesh_shape: tuple[int, int] | None = None,
+    own_loop: bool = False,
+) -> None:
     """Refuse what `config` cannot do with `world_size` processes (None: not known yet).
 
     `mesh_shape`: FSDP's (replicate, shard) device mesh, whose product must be the world size.
     `own_loop`: spell the messages as rt.wrap's keywords instead of the CLI's flags."""
     if config.name not in (STRATEGIES[:2] if own_loop else STRATEGIES):
-        raise DdpkitError(f"rt.wrap(strategy=...) must be 'ddp' or 'fsdp', got {config.name!r}" if own_loop
-                          else f"--strategy must be one of {', '.join(STRATEGIES)}, got {config.name!r}")
+        raise DdpkitError(
+            f"rt.wrap(strategy=...) must be 'ddp' or 'fsdp', got {config.name!r}"
+            if own_loop
+            else f"--strategy must be one of {', '.join(STRATEGIES)}, got {config.name!r}"
+        )
     if config.name == "fsdp":
         ddp_only = _ddp_only(config, own_loop)
         if ddp_only and own_loop:
-            raise DdpkitError(f"rt.wrap(strategy='fsdp'): {', '.join(ddp_only)} are DDP options; drop them or use strategy='ddp'")
+            raise DdpkitError(
+                f"rt.wrap(strategy='fsdp'): {', '.join(ddp_only)} are DDP options; drop them or use strategy='ddp'"
+            )
         if ddp_only:
-            raise DdpkitError(f"{', '.join(ddp_only)}: DDP options, not available with --strategy fsdp; drop them or use "
-                              "--strategy ddp")
+            raise DdpkitError(
+                f"{', '.join(ddp_only)}: DDP options, not available with --strategy fsdp; drop them or use "
+                "--strategy ddp"
+            )
     if config.async_save and config.name != "ddp":
-        raise DdpkitError("--async-save writes DDP's one-file checkpoints in the background; FSDP's sharded checkpoints are "
-                          "written by every rank together: drop --async-save with --strategy fsdp/auto")
+        raise DdpkitError(
+            "--async-save writes DDP's one-file checkpoints in the background; FSDP's sharded checkpoints are "
+            "written by every rank together: drop --async-save with --strategy fsdp/auto"
+        )
     if config.name != "fsdp":
         return
     if config.precision == "fp16":
-        raise DdpkitError("precision='fp16' needs a gradient scaler, which ddpkit offers under DDP only; use 'bf16' with FSDP"
-                          if own_loop else "--precision fp16 needs a gradient scaler, which ddpkit offers under DDP only; "
-                          "use --precision bf16 with --strategy fsdp")
+        raise DdpkitError(
+            "precision='fp16' needs a gradient scaler, which ddpkit offers under DDP only; use 'bf16' with FSDP"
+            if own_loop
+            else "--precision fp16 needs a gradient scaler, which ddpkit offers under DDP only; "
+            "use --precision bf16 with --strategy fsdp"
+        )
     if world_size is not None and world_size < 2:
-        raise DdpkitError(FSDP_NEEDS_TWO.replace("--nproc 2 or more", "start the script with 2 or more processes")
-                          .replace("--strategy ddp", "strategy='ddp'") if own_loop else FSDP_NEEDS_TWO)
+        raise DdpkitError(
+            FSDP_NEEDS_TWO.replace("--nproc 2 or more", "start the script with 2 or more processes").replace(
+                "--strategy ddp", "strategy='ddp'"
+            )
+            if own_loop
+            else FSDP_NEEDS_TWO
+        )
     if mesh_shape is not None:
         _check_mesh(mesh_shape, world_size)
 
@@ -72,18 +97,25 @@ def _ddp_only(config: StrategyConfig, own_loop: bool) -> list[str]:
     """The DDP settings given: FSDP would silently ignore them."""
     if own_loop:
         return [*config.ddp_options, *(["grad_sync"] if config.grad_sync != "auto" else [])]
-    return [flag for flag, on in (
-        ("--grad-compression", config.grad_compression != "none"),
-        ("--grad-sync shm", config.grad_sync == "shm"),
-        ("--bucket-mb", config.bucket_mb is not None),
-        ("--static-graph", config.static_graph),
-        ("--compile", config.compile),
-        ("--fused-optimizer on", config.fused_optimizer == "on")) if on]
+    return [
+        flag
+        for flag, on in (
+            ("--grad-compression", config.grad_compression != "none"),
+            ("--grad-sync shm", config.grad_sync == "shm"),
+            ("--bucket-mb", config.bucket_mb is not None),
+            ("--static-graph", config.static_graph),
+            ("--compile", config.compile),
+            ("--fused-optimizer on", config.fused_optimizer == "on"),
+        )
+        if on
+    ]
 
 
 def _check_mesh(shape: tuple[int, int], world_size: int | None) -> None:
     if not (isinstance(shape, tuple) and len(shape) == 2 and all(isinstance(n, int) and n >= 1 for n in shape)):
         raise DdpkitError(f"the device mesh must be two positive sizes (replicate, shard), got {shape!r}")
     if world_size is not None and shape[0] * shape[1] != world_size:
-        raise DdpkitError(f"a device mesh of {shape[0]} x {shape[1]} (replicate x shard) holds {shape[0] * shape[1]} "
-                          f"processes, but the job has {world_size}: make replicate x shard equal the number of processes")
+        raise DdpkitError(
+            f"a device mesh of {shape[0]} x {shape[1]} (replicate x shard) holds {shape[0] * shape[1]} "
+            f"processes, but the job has {world_size}: make replicate x shard equal the number of processes"
+        )

@@ -6,6 +6,7 @@ rank builds the same model. Its first parameter, when it has no default or is na
 ``config``/``cfg``, gets the RunConfig; ``--task-arg KEY=VALUE`` become keyword arguments,
 checked against the signature.
 """
+
 from __future__ import annotations
 
 import importlib
@@ -114,6 +115,7 @@ def import_failure(what: str, error: Exception) -> DdpkitError:
     """A task that raises while it is imported is the user's bug, not ours: one line naming
     the task and the error, then only the traceback from their code on (not ddpkit's frames
     that imported it, nor importlib's)."""
+
     def importing(frame: traceback.FrameSummary) -> bool:
         return frame.filename.startswith(("<frozen importlib", os.path.dirname(importlib.__file__) + os.sep))
 
@@ -147,8 +149,11 @@ def check_task_call(spec: str, fn: Callable[..., Any], task_args: dict[str, Any]
         return False
     positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
     first = positional[0] if positional else None
-    takes_config = first is not None and first.name not in task_args and (
-        first.default is inspect.Parameter.empty or first.name in ("config", "cfg"))
+    takes_config = (
+        first is not None
+        and first.name not in task_args
+        and (first.default is inspect.Parameter.empty or first.name in ("config", "cfg"))
+    )
     if not task_args or any(p.kind is p.VAR_KEYWORD for p in params):
         return takes_config
     skip = first.name if takes_config else None
@@ -156,7 +161,9 @@ def check_task_call(spec: str, fn: Callable[..., Any], task_args: dict[str, Any]
     unknown = sorted(set(task_args) - set(takes))
     if unknown:
         offer = ", ".join(takes) if takes else "no keyword arguments"
-        raise DdpkitError(f"task {spec!r} takes no argument {', '.join(repr(u) for u in unknown)} (--task-arg); it takes: {offer}")
+        raise DdpkitError(
+            f"task {spec!r} takes no argument {', '.join(repr(u) for u in unknown)} (--task-arg); it takes: {offer}"
+        )
     return takes_config
 
 
@@ -167,7 +174,9 @@ def as_task(built: Any, spec: str = "task") -> Task:
     elif isinstance(built, dict):
         unknown = set(built) - set(Task.__dataclass_fields__)
         if unknown:
-            raise DdpkitError(f"task {spec!r} returned unknown keys {sorted(unknown)}; allowed: {sorted(Task.__dataclass_fields__)}")
+            raise DdpkitError(
+                f"task {spec!r} returned unknown keys {sorted(unknown)}; allowed: {sorted(Task.__dataclass_fields__)}"
+            )
         missing = {"model", "train_set", "optimizer"} - set(built)
         if missing:
             raise DdpkitError(f"task {spec!r} returned a dict without {sorted(missing)}")
@@ -189,17 +198,23 @@ def as_task(built: Any, spec: str = "task") -> Task:
         if isinstance(ds, torch.utils.data.IterableDataset):
             if name == "train_set":
                 continue  # a stream: dealt out by shard or round-robin (data/streams.py)
-            raise DdpkitError(f"task {spec!r}: eval_set must be a map-style data set (with __len__ and __getitem__): exact "
-                              "evaluation cuts it into one slice per rank; a stream cannot be cut so (materialise a held-out part)")
+            raise DdpkitError(
+                f"task {spec!r}: eval_set must be a map-style data set (with __len__ and __getitem__): exact "
+                "evaluation cuts it into one slice per rank; a stream cannot be cut so (materialise a held-out part)"
+            )
         if not (hasattr(ds, "__len__") and hasattr(ds, "__getitem__")):
-            raise DdpkitError(f"task {spec!r}: {name} must be a map-style data set (with __len__ and __getitem__) or, for "
-                              f"training, a torch IterableDataset (e.g. ddpkit.ShardedStream); got {type(ds).__name__}")
+            raise DdpkitError(
+                f"task {spec!r}: {name} must be a map-style data set (with __len__ and __getitem__) or, for "
+                f"training, a torch IterableDataset (e.g. ddpkit.ShardedStream); got {type(ds).__name__}"
+            )
         if len(ds) == 0:
             raise DdpkitError(f"task {spec!r}: {name} is empty")
     if task.on_metrics is not None and not callable(task.on_metrics):
         raise DdpkitError(f"task {spec!r}: on_metrics must be a function of the epoch's metrics dict")
-    for name, what in (("scheduler", "of the optimizer, returning a torch LR scheduler"),
-                       ("step", "of (model, batch), returning the loss or (loss_sum, count)")):
+    for name, what in (
+        ("scheduler", "of the optimizer, returning a torch LR scheduler"),
+        ("step", "of (model, batch), returning the loss or (loss_sum, count)"),
+    ):
         value = getattr(task, name)
         if value is not None and not callable(value):
             raise DdpkitError(f"task {spec!r}: {name} must be a function {what}, got {type(value).__name__}")

@@ -1,6 +1,7 @@
 """Walking the nested structures batches and states are made of (tensors in dicts, lists,
 tuples, namedtuples): the one walk that moving a batch, cutting an empty share, copying a
 state to the CPU and finding a batch's first tensor all use."""
+
 from __future__ import annotations
 
 from typing import Any, Callable, Iterator

@@ -1,4 +1,5 @@
 """What runs in every worker process of `ddpkit train`, whoever started it."""
+
 from __future__ import annotations
 
 import json
@@ -106,9 +107,15 @@ def _train(cfg: RunConfig, env: DistEnv) -> dict[str, Any]:
             hang = cfg.hang_seconds
             if rt.backend == "nccl" and cfg.hang_timeout is None:
                 hang = 0.9 * cfg.timeout  # torch aborts a process whose NCCL collective passes --timeout: report first
-            watchdog = HangWatchdog(run_dir / "hang", env.rank, env.world_size, hang,
-                                    os.environ.get(ERROR_DIR_VAR), launcher_prints=bool(os.environ.get(ERROR_DIR_VAR)),
-                                    record=rt.record)
+            watchdog = HangWatchdog(
+                run_dir / "hang",
+                env.rank,
+                env.world_size,
+                hang,
+                os.environ.get(ERROR_DIR_VAR),
+                launcher_prints=bool(os.environ.get(ERROR_DIR_VAR)),
+                record=rt.record,
+            )
             watchdog.start()
         seed_everything(cfg.seed)  # the same model on every rank, whatever the world size
         task = build_task(cfg.task, cfg)
@@ -180,5 +187,8 @@ def requeue_slurm_job() -> None:
     print(f"ddpkit: checkpoint saved; requeueing SLURM job {job}", flush=True)
     done = subprocess.run(["scontrol", "requeue", job], capture_output=True, text=True, timeout=60)
     if done.returncode != 0:
-        print(f"ddpkit: scontrol requeue {job} failed: {done.stderr.strip()}; resubmit the job to continue",
-              file=sys.stderr, flush=True)
+        print(
+            f"ddpkit: scontrol requeue {job} failed: {done.stderr.strip()}; resubmit the job to continue",
+            file=sys.stderr,
+            flush=True,
+        )

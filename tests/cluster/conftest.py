@@ -25,8 +25,10 @@ from .slurm import require_slurm, slurm_cluster
 def _sigterm_runs_teardown():
     """SIGTERM (e.g. a CI timeout) normally kills pytest without any teardown; turn it
     into KeyboardInterrupt so the namespaces and daemons are still removed."""
-    if (threading.current_thread() is not threading.main_thread()
-            or signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL):
+    if (
+        threading.current_thread() is not threading.main_thread()
+        or signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL
+    ):
         yield
         return
 

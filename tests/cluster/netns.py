@@ -61,8 +61,7 @@ _IP_TIMEOUT = 20.0
 
 # --------------------------------------------------------------------------- helpers
 def _ip(*args: str, check: bool = True, timeout: float = _IP_TIMEOUT) -> subprocess.CompletedProcess:
-    p = subprocess.run(["ip", *args], stdin=subprocess.DEVNULL, capture_output=True, text=True,
-                       timeout=timeout)
+    p = subprocess.run(["ip", *args], stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=timeout)
     if check and p.returncode != 0:
         raise RuntimeError(f"`ip {' '.join(args)}` failed (rc={p.returncode}): {p.stderr.strip()}")
     return p
@@ -83,18 +82,23 @@ def _apt_install(packages: Sequence[str], timeout: float = 900) -> None:
         made_policy = True
     try:
         cmd = ["apt-get", "install", "-y", "-q", "--no-install-recommends", *packages]
-        p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout,
-                           stdin=subprocess.DEVNULL)
+        p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
         if p.returncode != 0:
-            u = subprocess.run(["apt-get", "update", "-q"], env=env, capture_output=True, text=True,
-                               timeout=timeout, stdin=subprocess.DEVNULL)
-            p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout,
-                               stdin=subprocess.DEVNULL)
+            u = subprocess.run(
+                ["apt-get", "update", "-q"],
+                env=env,
+                capture_output=True,
+                text=True,
+                timeout=timeout,
+                stdin=subprocess.DEVNULL,
+            )
+            p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
             if p.returncode != 0:
                 raise RuntimeError(
                     f"apt-get install {' '.join(packages)} failed (rc={p.returncode}):\n"
                     f"{p.stdout[-2000:]}\n{p.stderr[-2000:]}\n(apt-get update: rc={u.returncode} "
-                    f"{u.stderr[-1000:]})")
+                    f"{u.stderr[-1000:]})"
+                )
     finally:
         if made_policy:
             with contextlib.suppress(FileNotFoundError):
@@ -163,13 +167,13 @@ def _kill_group(proc: subprocess.Popen, sig: int = signal.SIGKILL) -> None:
         proc.send_signal(sig)
 
 
-def run_killable(argv: Sequence[str], *, timeout: float, check: bool = False, **kwargs
-                 ) -> subprocess.CompletedProcess:
+def run_killable(argv: Sequence[str], *, timeout: float, check: bool = False, **kwargs) -> subprocess.CompletedProcess:
     """subprocess.run(capture_output, text) in a new session; on timeout the whole
     process group is SIGKILLed (not only the direct child) and TimeoutExpired is raised."""
     kwargs.setdefault("stdin", subprocess.DEVNULL)
-    proc = subprocess.Popen(list(argv), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True, **kwargs)
+    proc = subprocess.Popen(
+        list(argv), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True, **kwargs
+    )
     try:
         out, err = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
@@ -202,8 +206,7 @@ def _prefix_lock(prefix: str, timeout: float) -> Iterator[None]:
                 if e.errno not in (errno.EAGAIN, errno.EACCES):
                     raise
                 if time.monotonic() > deadline:
-                    raise RuntimeError(
-                        f"{path} is locked: another live test session uses prefix {prefix!r}") from None
+                    raise RuntimeError(f"{path} is locked: another live test session uses prefix {prefix!r}") from None
                 time.sleep(0.2)
         yield
     finally:
@@ -230,16 +233,18 @@ class RunResult:
 
     def __str__(self) -> str:
         state = "TIMED OUT" if self.timed_out else f"rc={self.returncode}"
-        return (f"--- {self.node.name} ({self.node.ip}) {state} after {self.seconds:.1f}s: "
-                f"{' '.join(self.argv)}\n{self.output[-6000:]}")
+        return (
+            f"--- {self.node.name} ({self.node.ip}) {state} after {self.seconds:.1f}s: "
+            f"{' '.join(self.argv)}\n{self.output[-6000:]}"
+        )
 
 
 @dataclasses.dataclass
 class Node:
-    name: str      # "node1"
-    netns: str     # "<prefix>-n1"; its file is /run/netns/<netns>
-    ip: str        # "10.213.50.11"
-    ifname: str    # interface inside the namespace ("eth0"): GLOO_SOCKET_IFNAME
+    name: str  # "node1"
+    netns: str  # "<prefix>-n1"; its file is /run/netns/<netns>
+    ip: str  # "10.213.50.11"
+    ifname: str  # interface inside the namespace ("eth0"): GLOO_SOCKET_IFNAME
     host_veth: str  # host-side veth on the bridge ("<prefix>-v1")
     hosts_file: Path  # /etc/hosts for this node's UTS/mount namespace (uts=True)
     _network: Network = dataclasses.field(repr=False, default=None, compare=False)
@@ -263,16 +268,23 @@ class Node:
         """
         cmd = ["nsenter", f"--net={self.netns_path}", "--"]
         if uts:
-            script = ('mount --bind "$0" /etc/hosts && echo "$1" >/proc/sys/kernel/hostname '
-                      '&& shift && exec "$@"')
-            cmd += ["unshare", "--mount", "--uts", "--", "sh", "-c", script,
-                    str(self.hosts_file), self.name]
+            script = 'mount --bind "$0" /etc/hosts && echo "$1" >/proc/sys/kernel/hostname && shift && exec "$@"'
+            cmd += ["unshare", "--mount", "--uts", "--", "sh", "-c", script, str(self.hosts_file), self.name]
         return cmd + [str(a) for a in argv]
 
-    def popen(self, argv: Sequence[str], *, env: Mapping[str, str] | None = None,
-              cwd: str | os.PathLike | None = None, stdout=None, stderr=None,
-              inherit_env: bool = True, worker_env: bool = True, uts: bool = False,
-              **kwargs) -> subprocess.Popen:
+    def popen(
+        self,
+        argv: Sequence[str],
+        *,
+        env: Mapping[str, str] | None = None,
+        cwd: str | os.PathLike | None = None,
+        stdout=None,
+        stderr=None,
+        inherit_env: bool = True,
+        worker_env: bool = True,
+        uts: bool = False,
+        **kwargs,
+    ) -> subprocess.Popen:
         """Start argv inside this node. Environment = os.environ (if inherit_env)
         + self.env() (if worker_env) + env. The child gets its own session (so its
         process group can be killed) and stdin=/dev/null unless given."""
@@ -282,18 +294,26 @@ class Node:
         full_env.update(env or {})
         kwargs.setdefault("stdin", subprocess.DEVNULL)
         kwargs.setdefault("start_new_session", True)
-        proc = subprocess.Popen(self.command(argv, uts=uts), env=full_env, cwd=cwd, stdout=stdout,
-                                stderr=stderr, **kwargs)
+        proc = subprocess.Popen(
+            self.command(argv, uts=uts), env=full_env, cwd=cwd, stdout=stdout, stderr=stderr, **kwargs
+        )
         if self._network is not None:
             self._network._procs.append(proc)
         return proc
 
-    def run(self, argv: Sequence[str], *, timeout: float, env: Mapping[str, str] | None = None,
-            cwd=None, check: bool = False, uts: bool = False) -> subprocess.CompletedProcess:
+    def run(
+        self,
+        argv: Sequence[str],
+        *,
+        timeout: float,
+        env: Mapping[str, str] | None = None,
+        cwd=None,
+        check: bool = False,
+        uts: bool = False,
+    ) -> subprocess.CompletedProcess:
         """Run argv in this node, capture output (text); kill its process group on timeout."""
         full_env = {**os.environ, **self.env(), **(env or {})}
-        return run_killable(self.command(argv, uts=uts), timeout=timeout, check=check,
-                            env=full_env, cwd=cwd)
+        return run_killable(self.command(argv, uts=uts), timeout=timeout, check=check, env=full_env, cwd=cwd)
 
     def pids(self) -> list[int]:
         return _netns_pids(self.netns)
@@ -309,11 +329,11 @@ class Node:
 @dataclasses.dataclass
 class Network:
     prefix: str
-    subnet: str         # "10.213.50"
-    bridge: str         # "<prefix>-br"
-    bridge_ip: str      # "<subnet>.1": the host's address on the bridge
+    subnet: str  # "10.213.50"
+    bridge: str  # "<prefix>-br"
+    bridge_ip: str  # "<subnet>.1": the host's address on the bridge
     nodes: list[Node]
-    tmpdir: Path        # hosts file and default log folder; removed on exit
+    tmpdir: Path  # hosts file and default log folder; removed on exit
     _procs: list = dataclasses.field(default_factory=list, repr=False)
     _port: int = dataclasses.field(default=29400, repr=False)
 
@@ -343,9 +363,18 @@ class Network:
                 alive.append(p)
         self._procs = alive
 
-    def run_all(self, commands: Sequence[tuple[Node, Sequence[str]]], *, timeout: float,
-                env: Mapping[str, str] | None = None, cwd=None, log_dir=None,
-                fail_grace: float | None = 15.0, uts: bool = False, worker_env: bool = True) -> list[RunResult]:
+    def run_all(
+        self,
+        commands: Sequence[tuple[Node, Sequence[str]]],
+        *,
+        timeout: float,
+        env: Mapping[str, str] | None = None,
+        cwd=None,
+        log_dir=None,
+        fail_grace: float | None = 15.0,
+        uts: bool = False,
+        worker_env: bool = True,
+    ) -> list[RunResult]:
         """Start every (node, argv) at once, wait for all (stdout+stderr to a log file each).
 
         On the overall timeout, or `fail_grace` seconds after the first non-zero exit
@@ -360,8 +389,9 @@ class Network:
             for i, (node, argv) in enumerate(commands):
                 log = log_dir / f"{i}-{node.name}.log"
                 with open(log, "wb") as f:
-                    p = node.popen(argv, env=env, cwd=cwd, stdout=f, stderr=subprocess.STDOUT, uts=uts,
-                                   worker_env=worker_env)
+                    p = node.popen(
+                        argv, env=env, cwd=cwd, stdout=f, stderr=subprocess.STDOUT, uts=uts, worker_env=worker_env
+                    )
                 started.append((node, list(map(str, argv)), p, log))
             deadline = t0 + timeout
 
@@ -382,9 +412,17 @@ class Network:
                 _kill_group(started[i][2])
                 started[i][2].wait(timeout=10)
         now = time.monotonic()
-        return [RunResult(node=node, argv=argv, returncode=None if i in unfinished else p.returncode,
-                          timed_out=i in unfinished, seconds=ends.get(i, now) - t0, log_path=log)
-                for i, (node, argv, p, log) in enumerate(started)]
+        return [
+            RunResult(
+                node=node,
+                argv=argv,
+                returncode=None if i in unfinished else p.returncode,
+                timed_out=i in unfinished,
+                seconds=ends.get(i, now) - t0,
+                log_path=log,
+            )
+            for i, (node, argv, p, log) in enumerate(started)
+        ]
 
 
 # --------------------------------------------------------------------------- setup / teardown
@@ -428,13 +466,20 @@ def _check_subnet_free(subnet: str, prefix: str) -> None:
             dev = parts[1]
             addr = ipaddress.ip_interface(parts[3])
             if addr.network.overlaps(net) and not dev.startswith(prefix + "-"):
-                raise RuntimeError(f"subnet {net} is already used on this machine ({dev}: {addr}); "
-                                   f"choose another subnet")
+                raise RuntimeError(
+                    f"subnet {net} is already used on this machine ({dev}: {addr}); choose another subnet"
+                )
 
 
 @contextlib.contextmanager
-def network(prefix: str, n: int = 2, subnet: str = "10.213.50", *, lock_timeout: float = 120.0,
-            extra_hosts: Mapping[str, str] | None = None) -> Iterator[Network]:
+def network(
+    prefix: str,
+    n: int = 2,
+    subnet: str = "10.213.50",
+    *,
+    lock_timeout: float = 120.0,
+    extra_hosts: Mapping[str, str] | None = None,
+) -> Iterator[Network]:
     """Create n nodes (namespaces <prefix>-n1..n) on bridge <prefix>-br; remove all on exit.
 
     prefix: 2-10 chars [a-z0-9], starting with a letter (unique per fixture).
@@ -456,29 +501,45 @@ def network(prefix: str, n: int = 2, subnet: str = "10.213.50", *, lock_timeout:
         try:
             _check_subnet_free(subnet, prefix)
             bridge = f"{prefix}-br"
-            net = Network(prefix=prefix, subnet=subnet, bridge=bridge, bridge_ip=f"{subnet}.1",
-                          nodes=[], tmpdir=tmpdir)
+            net = Network(prefix=prefix, subnet=subnet, bridge=bridge, bridge_ip=f"{subnet}.1", nodes=[], tmpdir=tmpdir)
             hosts = tmpdir / "hosts"
             host_name = socket.gethostname().split(".")[0]
-            lines = ["127.0.0.1 localhost", "::1 localhost ip6-localhost ip6-loopback",
-                     f"{net.bridge_ip} {host_name}"]
+            lines = ["127.0.0.1 localhost", "::1 localhost ip6-localhost ip6-loopback", f"{net.bridge_ip} {host_name}"]
             lines += [f"{subnet}.1{i} node{i}" for i in range(1, n + 1)]
             lines += [f"{ip} {name}" for name, ip in (extra_hosts or {}).items()]
             hosts.write_text("\n".join(lines) + "\n")
             hosts.chmod(0o644)
             _ip("link", "add", bridge, "type", "bridge")
             # keep host firewalls (e.g. Docker's FORWARD DROP) out of node-to-node traffic
-            _ip("link", "set", bridge, "type", "bridge", "nf_call_iptables", "0",
-                "nf_call_ip6tables", "0", "nf_call_arptables", "0", check=False)
+            _ip(
+                "link",
+                "set",
+                bridge,
+                "type",
+                "bridge",
+                "nf_call_iptables",
+                "0",
+                "nf_call_ip6tables",
+                "0",
+                "nf_call_arptables",
+                "0",
+                check=False,
+            )
             _ip("addr", "add", f"{net.bridge_ip}/24", "dev", bridge)
             _ip("link", "set", bridge, "up")
             for i in range(1, n + 1):
-                node = Node(name=f"node{i}", netns=f"{prefix}-n{i}", ip=f"{subnet}.1{i}",
-                            ifname="eth0", host_veth=f"{prefix}-v{i}", hosts_file=hosts, _network=net)
+                node = Node(
+                    name=f"node{i}",
+                    netns=f"{prefix}-n{i}",
+                    ip=f"{subnet}.1{i}",
+                    ifname="eth0",
+                    host_veth=f"{prefix}-v{i}",
+                    hosts_file=hosts,
+                    _network=net,
+                )
                 net.nodes.append(node)
                 _ip("netns", "add", node.netns)
-                _ip("link", "add", node.host_veth, "type", "veth", "peer", "name", node.ifname,
-                    "netns", node.netns)
+                _ip("link", "add", node.host_veth, "type", "veth", "peer", "name", node.ifname, "netns", node.netns)
                 _ip("link", "set", node.host_veth, "master", bridge, "up")
                 _ip("-n", node.netns, "addr", "add", f"{node.ip}/24", "dev", node.ifname)
                 _ip("-n", node.netns, "link", "set", node.ifname, "up")

@@ -50,18 +50,38 @@ from typing import Iterator, Mapping, Sequence
 
 from .netns import Network, Node, _apt_install, _kill_group, _proc_start_time, network, require_root, run_killable
 
-__all__ = ["SlurmCluster", "JobResult", "slurm_cluster", "require_slurm", "ensure_slurm_packages",
-           "SLURM_PACKAGES", "TERMINAL_STATES"]
+__all__ = [
+    "SlurmCluster",
+    "JobResult",
+    "slurm_cluster",
+    "require_slurm",
+    "ensure_slurm_packages",
+    "SLURM_PACKAGES",
+    "TERMINAL_STATES",
+]
 
 SLURM_PACKAGES = ["slurmd", "slurmctld", "slurm-client", "munge", "iproute2"]
-_NEEDED = ["slurmctld", "slurmd", "sbatch", "srun", "scontrol", "squeue", "sinfo", "scancel",
-           "munged", "mungekey", "munge", "unmunge", "ip"]
+_NEEDED = [
+    "slurmctld",
+    "slurmd",
+    "sbatch",
+    "srun",
+    "scontrol",
+    "squeue",
+    "sinfo",
+    "scancel",
+    "munged",
+    "mungekey",
+    "munge",
+    "unmunge",
+    "ip",
+]
 _SBIN_PATH = os.pathsep.join([os.environ.get("PATH", ""), "/usr/local/sbin", "/usr/sbin", "/sbin"])
 
 # A job in one of these states has ended (for good, unless something requeues it).
-TERMINAL_STATES = frozenset({
-    "COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "PREEMPTED", "BOOT_FAIL",
-    "DEADLINE", "OUT_OF_MEMORY"})
+TERMINAL_STATES = frozenset(
+    {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "PREEMPTED", "BOOT_FAIL", "DEADLINE", "OUT_OF_MEMORY"}
+)
 # Ended, but waiting for someone to release it: wait() returns these too.
 HELD_STATES = frozenset({"SPECIAL_EXIT", "REQUEUE_HOLD"})
 _HELD_REASONS = ("JobHeldUser", "JobHeldAdmin")
@@ -91,13 +111,13 @@ def require_slurm() -> None:
 @dataclasses.dataclass
 class JobResult:
     job_id: int
-    state: str            # final JobState, e.g. COMPLETED, FAILED, CANCELLED, TIMEOUT
-    exit_code: int        # ExitCode=<exit_code>:<signal> of the batch script
+    state: str  # final JobState, e.g. COMPLETED, FAILED, CANCELLED, TIMEOUT
+    exit_code: int  # ExitCode=<exit_code>:<signal> of the batch script
     signal: int
-    restarts: int         # how often it was requeued
+    restarts: int  # how often it was requeued
     reason: str
     node_list: str
-    seconds: float        # how long wait() took
+    seconds: float  # how long wait() took
     raw: str = dataclasses.field(repr=False, default="")  # last `scontrol show job -o`
 
     @property
@@ -113,10 +133,17 @@ def _field(raw: str, key: str) -> str | None:
 def _parse_job(job_id: int, raw: str, seconds: float) -> JobResult:
     ec = _field(raw, "ExitCode") or "0:0"
     code, _, sig = ec.partition(":")
-    return JobResult(job_id=job_id, state=(_field(raw, "JobState") or "UNKNOWN"),
-                     exit_code=int(code or 0), signal=int(sig or 0),
-                     restarts=int(_field(raw, "Restarts") or 0), reason=_field(raw, "Reason") or "",
-                     node_list=_field(raw, "NodeList") or "", seconds=seconds, raw=raw)
+    return JobResult(
+        job_id=job_id,
+        state=(_field(raw, "JobState") or "UNKNOWN"),
+        exit_code=int(code or 0),
+        signal=int(sig or 0),
+        restarts=int(_field(raw, "Restarts") or 0),
+        reason=_field(raw, "Reason") or "",
+        node_list=_field(raw, "NodeList") or "",
+        seconds=seconds,
+        raw=raw,
+    )
 
 
 # --------------------------------------------------------------------------- cluster
@@ -131,8 +158,7 @@ class SlurmCluster:
     """A running cluster. Attributes: env, workdir, conf_path, nodes (netns.Node list:
     name, netns, ip), control_addr, control_port, log_dir, jobs_dir."""
 
-    def __init__(self, workdir: Path, rundir: Path, net: Network, *, cred_expire: int,
-                 kill_wait: int, debug: str):
+    def __init__(self, workdir: Path, rundir: Path, net: Network, *, cred_expire: int, kill_wait: int, debug: str):
         self.workdir = workdir
         self.rundir = rundir
         self.net = net
@@ -152,24 +178,29 @@ class SlurmCluster:
         # Environment for sbatch/srun/scontrol/squeue. Jobs inherit it (sbatch's default
         # --export=ALL), so PATH/PYTHONPATH of this process reach the workers.
         # SLURM_*/SBATCH_*/SRUN_*/SALLOC_* of an outer job would confuse the commands.
-        self.env: dict[str, str] = {k: v for k, v in os.environ.items()
-                                    if not k.startswith(("SLURM_", "SBATCH_", "SRUN_", "SALLOC_"))}
+        self.env: dict[str, str] = {
+            k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "SBATCH_", "SRUN_", "SALLOC_"))
+        }
         self.env["SLURM_CONF"] = str(self.conf_path)
         self.env["PATH"] = _SBIN_PATH
 
     # ------------------------------------------------------------------ commands
-    def cmd(self, argv: Sequence[str], *, timeout: float = 30, check: bool = True,
-            cwd=None, env: Mapping[str, str] | None = None) -> subprocess.CompletedProcess:
+    def cmd(
+        self,
+        argv: Sequence[str],
+        *,
+        timeout: float = 30,
+        check: bool = True,
+        cwd=None,
+        env: Mapping[str, str] | None = None,
+    ) -> subprocess.CompletedProcess:
         """Run a slurm client command (sbatch, scontrol, ...) against this cluster."""
         try:
-            p = run_killable(list(map(str, argv)), timeout=timeout, cwd=cwd,
-                             env={**self.env, **(env or {})})
+            p = run_killable(list(map(str, argv)), timeout=timeout, cwd=cwd, env={**self.env, **(env or {})})
         except subprocess.TimeoutExpired as e:
-            raise RuntimeError(f"`{' '.join(map(str, argv))}` timed out after {timeout}s\n"
-                               f"{self.diagnostics()}") from e
+            raise RuntimeError(f"`{' '.join(map(str, argv))}` timed out after {timeout}s\n{self.diagnostics()}") from e
         if check and p.returncode != 0:
-            raise RuntimeError(f"`{' '.join(map(str, argv))}` failed (rc={p.returncode}):\n"
-                               f"{p.stdout}{p.stderr}")
+            raise RuntimeError(f"`{' '.join(map(str, argv))}` failed (rc={p.returncode}):\n{p.stdout}{p.stderr}")
         return p
 
     def scontrol(self, *args: str, timeout: float = 30, check: bool = True) -> str:
@@ -182,8 +213,13 @@ class SlurmCluster:
         return self.cmd(["sinfo", *args], check=False).stdout
 
     # ------------------------------------------------------------------ jobs
-    def submit(self, script_path: str | os.PathLike, cwd: str | os.PathLike | None = None,
-               args: Sequence[str] = (), env: Mapping[str, str] | None = None) -> int:
+    def submit(
+        self,
+        script_path: str | os.PathLike,
+        cwd: str | os.PathLike | None = None,
+        args: Sequence[str] = (),
+        env: Mapping[str, str] | None = None,
+    ) -> int:
         """sbatch --parsable [args] script (run from cwd: the job's working directory;
         default: the script's folder). env: extra variables for sbatch (and so the job)."""
         script_path = Path(script_path).resolve()
@@ -193,8 +229,14 @@ class SlurmCluster:
         self._submitted.append(job_id)
         return job_id
 
-    def submit_text(self, text: str, cwd: str | os.PathLike | None = None, name: str = "job",
-                    args: Sequence[str] = (), env: Mapping[str, str] | None = None) -> int:
+    def submit_text(
+        self,
+        text: str,
+        cwd: str | os.PathLike | None = None,
+        name: str = "job",
+        args: Sequence[str] = (),
+        env: Mapping[str, str] | None = None,
+    ) -> int:
         """Write text to <workdir>/jobs/<name>-<n>.sbatch and submit it."""
         self.jobs_dir.mkdir(exist_ok=True)
         path = self.jobs_dir / f"{name}-{len(list(self.jobs_dir.iterdir()))}.sbatch"
@@ -215,8 +257,15 @@ class SlurmCluster:
         raw = self.job_info(job_id)
         return None if raw is None else _parse_job(job_id, raw, 0.0)
 
-    def wait(self, job_id: int, timeout: float = 60, *, poll: float = 0.5,
-             cancel_on_timeout: bool = True, return_on_hold: bool = True) -> JobResult:
+    def wait(
+        self,
+        job_id: int,
+        timeout: float = 60,
+        *,
+        poll: float = 0.5,
+        cancel_on_timeout: bool = True,
+        return_on_hold: bool = True,
+    ) -> JobResult:
         """Poll `scontrol show job` until the job has really ended and return its final
         state/exit code. A job that is requeued (REQUEUED -> PENDING -> RUNNING again,
         Restarts+1) is followed until its last run ends; a terminal state is only
@@ -241,12 +290,12 @@ class SlurmCluster:
                     return last
                 raise RuntimeError(f"job {job_id} unknown to slurmctld (last seen: {last})")
             last = _parse_job(job_id, raw, time.monotonic() - t0)
-            ended = last.state in TERMINAL_STATES or (return_on_hold and (
-                last.state in HELD_STATES
-                or (last.state == "PENDING" and last.reason in _HELD_REASONS)))
+            ended = last.state in TERMINAL_STATES or (
+                return_on_hold
+                and (last.state in HELD_STATES or (last.state == "PENDING" and last.reason in _HELD_REASONS))
+            )
             if ended:
-                if (candidate is not None and candidate.state == last.state
-                        and candidate.restarts == last.restarts):
+                if candidate is not None and candidate.state == last.state and candidate.restarts == last.restarts:
                     return last
                 candidate = last
                 time.sleep(min(0.3, poll))
@@ -257,8 +306,10 @@ class SlurmCluster:
                 if cancel_on_timeout:
                     self.cmd(["scancel", "--signal=KILL", "--full", str(job_id)], check=False)
                     self.cmd(["scancel", str(job_id)], check=False)
-                raise TimeoutError(f"job {job_id} still {last.state} (reason {last.reason}, "
-                                   f"restarts {last.restarts}) after {timeout}s\n{diag}")
+                raise TimeoutError(
+                    f"job {job_id} still {last.state} (reason {last.reason}, "
+                    f"restarts {last.restarts}) after {timeout}s\n{diag}"
+                )
             time.sleep(poll)
 
     def signal(self, job_id: int, sig: int | str, *, scope: str = "full") -> None:
@@ -304,8 +355,10 @@ class SlurmCluster:
             out.append("$ squeue\n" + run_killable(["squeue"], timeout=10, env=self.env).stdout)
             out.append("$ sinfo -N\n" + run_killable(["sinfo", "-N"], timeout=10, env=self.env).stdout)
             if job_id is not None:
-                out.append(f"$ scontrol show job {job_id}\n" + run_killable(
-                    ["scontrol", "show", "job", str(job_id)], timeout=10, env=self.env).stdout)
+                out.append(
+                    f"$ scontrol show job {job_id}\n"
+                    + run_killable(["scontrol", "show", "job", str(job_id)], timeout=10, env=self.env).stdout
+                )
         for d in self._daemons:
             state = "running" if d.proc.poll() is None else f"exited {d.proc.returncode}"
             out.append(f"--- {d.name} (pid {d.proc.pid}, {state})")
@@ -320,8 +373,14 @@ class SlurmCluster:
         log = self.log_dir / f"{name}.out"
         env = {k: v for k, v in self.env.items() if k != "SLURM_CONF"}
         with open(log, "ab") as f:
-            proc = subprocess.Popen(list(map(str, argv)), stdin=subprocess.DEVNULL, stdout=f,
-                                    stderr=subprocess.STDOUT, env=env, start_new_session=True)
+            proc = subprocess.Popen(
+                list(map(str, argv)),
+                stdin=subprocess.DEVNULL,
+                stdout=f,
+                stderr=subprocess.STDOUT,
+                env=env,
+                start_new_session=True,
+            )
         d = _Daemon(name, proc, log)
         self._daemons.append(d)
         _registry_add(self.net.prefix, proc.pid)
@@ -404,8 +463,7 @@ def _free_port(preferred: int, host: str = "") -> int:
     raise RuntimeError("no free port")
 
 
-def _wait_for(what: str, pred, timeout: float, cluster: SlurmCluster | None = None,
-              interval: float = 0.1) -> None:
+def _wait_for(what: str, pred, timeout: float, cluster: SlurmCluster | None = None, interval: float = 0.1) -> None:
     deadline = time.monotonic() + timeout
     while True:
         if cluster is not None:
@@ -445,7 +503,7 @@ def _write_conf(cl: SlurmCluster, cpus: int) -> None:
         "SchedulerParameters=sched_interval=1,bf_interval=1",
         "ReturnToService=2",
         "JobRequeue=1",
-        "MinJobAge=300",          # finished jobs stay queryable for 5 min
+        "MinJobAge=300",  # finished jobs stay queryable for 5 min
         f"KillWait={cl.kill_wait}",  # SIGTERM -> SIGKILL on cancel/timeout/requeue
         "MailProg=/bin/true",
         f"StateSaveLocation={rd / 'state'}",
@@ -470,23 +528,34 @@ def _start_munge(cl: SlurmCluster, timeout: float) -> None:
     mdir.chmod(0o755)  # munged insists that everyone may reach its socket
     os.chown(mdir, pw.pw_uid, pw.pw_gid)
     key = mdir / "munge.key"
-    run_killable(["mungekey", "-c", "-k", str(key)], timeout=30, check=True,
-                 env={"PATH": _SBIN_PATH})
+    run_killable(["mungekey", "-c", "-k", str(key)], timeout=30, check=True, env={"PATH": _SBIN_PATH})
     os.chown(key, pw.pw_uid, pw.pw_gid)
     key.chmod(0o600)
-    cl._start("munged", [
-        "setpriv", "--reuid=munge", "--regid=munge", "--init-groups", _which("munged"),
-        "--foreground", f"--socket={cl.munge_socket}", f"--key-file={key}",
-        f"--pid-file={mdir / 'munged.pid'}", f"--seed-file={mdir / 'munged.seed'}",
-        f"--log-file={mdir / 'munged.log'}"])  # the munge user can't write workdir
+    cl._start(
+        "munged",
+        [
+            "setpriv",
+            "--reuid=munge",
+            "--regid=munge",
+            "--init-groups",
+            _which("munged"),
+            "--foreground",
+            f"--socket={cl.munge_socket}",
+            f"--key-file={key}",
+            f"--pid-file={mdir / 'munged.pid'}",
+            f"--seed-file={mdir / 'munged.seed'}",
+            f"--log-file={mdir / 'munged.log'}",
+        ],
+    )  # the munge user can't write workdir
 
     def munge_ok() -> bool:
         try:
             cred = run_killable(["munge", "-n", "-S", str(cl.munge_socket)], timeout=5)
             if cred.returncode != 0:
                 return False
-            p = subprocess.run(["unmunge", "-S", str(cl.munge_socket)], input=cred.stdout,
-                               capture_output=True, text=True, timeout=5)
+            p = subprocess.run(
+                ["unmunge", "-S", str(cl.munge_socket)], input=cred.stdout, capture_output=True, text=True, timeout=5
+            )
             return p.returncode == 0
         except subprocess.TimeoutExpired:
             return False
@@ -495,9 +564,18 @@ def _start_munge(cl: SlurmCluster, timeout: float) -> None:
 
 
 @contextlib.contextmanager
-def slurm_cluster(workdir: str | os.PathLike, *, prefix: str = "ddpksl", subnet: str = "10.213.77",
-                  nodes: int = 2, cpus: int | None = None, cred_expire: int = 5, kill_wait: int = 5,
-                  start_timeout: float = 60, debug: str = "info") -> Iterator[SlurmCluster]:
+def slurm_cluster(
+    workdir: str | os.PathLike,
+    *,
+    prefix: str = "ddpksl",
+    subnet: str = "10.213.77",
+    nodes: int = 2,
+    cpus: int | None = None,
+    cred_expire: int = 5,
+    kill_wait: int = 5,
+    start_timeout: float = 60,
+    debug: str = "info",
+) -> Iterator[SlurmCluster]:
     """Start munged + slurmctld + `nodes` slurmd (node1..nodeN), wait until sinfo shows
     every node idle, yield a SlurmCluster; tear everything down on exit.
 
@@ -509,12 +587,11 @@ def slurm_cluster(workdir: str | os.PathLike, *, prefix: str = "ddpksl", subnet:
     ensure_slurm_packages()
     workdir = Path(workdir).resolve()
     workdir.mkdir(parents=True, exist_ok=True)
-    with network(prefix, nodes, subnet) as net:     # holds the prefix lock
+    with network(prefix, nodes, subnet) as net:  # holds the prefix lock
         _kill_stale_daemons(prefix)
         rundir = Path(tempfile.mkdtemp(prefix=f"ddpkit-{prefix}-"))
         rundir.chmod(0o755)  # munged (user munge) must reach rundir/munge
-        cl = SlurmCluster(workdir, rundir, net, cred_expire=cred_expire, kill_wait=kill_wait,
-                          debug=debug)
+        cl = SlurmCluster(workdir, rundir, net, cred_expire=cred_expire, kill_wait=kill_wait, debug=debug)
         try:
             for d in (cl.log_dir, cl.jobs_dir, rundir / "state", rundir / "spool"):
                 d.mkdir(parents=True, exist_ok=True)
@@ -526,8 +603,9 @@ def slurm_cluster(workdir: str | os.PathLike, *, prefix: str = "ddpksl", subnet:
             cl._start("slurmctld", [_which("slurmctld"), "-D", "-i", "-f", cl.conf_path])
             for n in cl.nodes:
                 # slurmd in the node's netns + own UTS/mount ns (hostname, /etc/hosts)
-                cl._start(f"slurmd-{n.name}", n.command(
-                    [_which("slurmd"), "-D", "-N", n.name, "-f", cl.conf_path], uts=True))
+                cl._start(
+                    f"slurmd-{n.name}", n.command([_which("slurmd"), "-D", "-N", n.name, "-f", cl.conf_path], uts=True)
+                )
 
             def all_idle() -> bool:
                 p = cl.cmd(["sinfo", "-h", "-N", "-o", "%N %T"], check=False, timeout=10)

@@ -2,6 +2,7 @@
 passes with a measured node-pair all-reduce; a node whose run directory is another folder
 (a bind mount in its mount namespace) and a node with another torch (a second venv) fail
 the check, each named."""
+
 import os
 import sys
 
@@ -22,11 +23,35 @@ def _check(net, tmp_path, node2_prefix=(), node2_python=sys.executable, run_dir=
     n1, n2 = net.nodes[0], net.nodes[1]
 
     def argv(python, rank):
-        return [python, "-m", "ddpkit", "check", "--nproc", "1", "--nnodes", "2", "--master-addr", n1.ip,
-                "--master-port", port, "--node-rank", str(rank), "--run-dir", str(run_dir), "--timeout", "60"]
+        return [
+            python,
+            "-m",
+            "ddpkit",
+            "check",
+            "--nproc",
+            "1",
+            "--nnodes",
+            "2",
+            "--master-addr",
+            n1.ip,
+            "--master-port",
+            port,
+            "--node-rank",
+            str(rank),
+            "--run-dir",
+            str(run_dir),
+            "--timeout",
+            "60",
+        ]
 
-    results = net.run_all([(n1, argv(sys.executable, 0)), (n2, [*node2_prefix, *argv(node2_python, 1)])], timeout=150,
-                          env={"PYTHONPATH": str(REPO / "src")}, worker_env=False, uts=True, fail_grace=None)
+    results = net.run_all(
+        [(n1, argv(sys.executable, 0)), (n2, [*node2_prefix, *argv(node2_python, 1)])],
+        timeout=150,
+        env={"PYTHONPATH": str(REPO / "src")},
+        worker_env=False,
+        uts=True,
+        fail_grace=None,
+    )
     logs = "\n\n".join(f"--- {r.node.name} rc={r.returncode} timed_out={r.timed_out}\n{r.output}" for r in results)
     assert not any(r.timed_out for r in results), logs
     return results, logs
@@ -51,7 +76,16 @@ def test_check_names_a_node_whose_run_directory_is_another_folder(two_nodes, tmp
     shared, other = tmp_path / "run", tmp_path / "elsewhere"
     shared.mkdir()
     other.mkdir()
-    bind = ["unshare", "--mount", "--", "sh", "-c", 'mount --bind "$0" "$1" && shift && exec "$@"', str(other), str(shared)]
+    bind = [
+        "unshare",
+        "--mount",
+        "--",
+        "sh",
+        "-c",
+        'mount --bind "$0" "$1" && shift && exec "$@"',
+        str(other),
+        str(shared),
+    ]
     results, logs = _check(two_nodes, tmp_path, node2_prefix=bind, run_dir=shared)
     out = results[0].output
     assert results[0].returncode == 1 and results[1].returncode == 1, logs
@@ -61,8 +95,11 @@ def test_check_names_a_node_whose_run_directory_is_another_folder(two_nodes, tmp
     assert "verdict: a job would NOT run here: run directory failed" in out, logs
 
 
-@pytest.mark.skipif(not OTHER_TORCH, reason="needs DDPKIT_OTHER_TORCH_PYTHON: a Python whose torch differs from this "
-                                            "checkout's (see the comment at the top of this file)")
+@pytest.mark.skipif(
+    not OTHER_TORCH,
+    reason="needs DDPKIT_OTHER_TORCH_PYTHON: a Python whose torch differs from this "
+    "checkout's (see the comment at the top of this file)",
+)
 def test_check_names_a_node_with_another_torch(two_nodes, tmp_path):
     results, logs = _check(two_nodes, tmp_path, node2_python=OTHER_TORCH)
     out = results[0].output
@@ -70,7 +107,9 @@ def test_check_names_a_node_with_another_torch(two_nodes, tmp_path):
     row = _row(out, "versions")
     import torch
 
-    assert "FAIL" in row and f"torch {torch.__version__} on rank 0 (node1) vs " in row and "on rank 1 (node2)" in row, logs
+    assert "FAIL" in row and f"torch {torch.__version__} on rank 0 (node1) vs " in row and "on rank 1 (node2)" in row, (
+        logs
+    )
     assert "not run: the ranks run different versions" in _row(out, "all-reduce"), logs
 
 
@@ -83,13 +122,43 @@ def test_a_rank_sleeping_on_node_2_is_named_by_node_1(two_nodes, tmp_path):
     n1, n2 = two_nodes.nodes[0], two_nodes.nodes[1]
 
     def argv(rank):
-        return [sys.executable, "-m", "ddpkit", "train", f"{tasks}:exits_midway", "--nproc", "1", "--nnodes", "2",
-                "--master-addr", n1.ip, "--master-port", port, "--node-rank", str(rank), "--run-dir", str(run_dir),
-                "--epochs", "40", "--batch-size", "16", "--quiet", "--hang-timeout", "3", "--timeout", "60"]
+        return [
+            sys.executable,
+            "-m",
+            "ddpkit",
+            "train",
+            f"{tasks}:exits_midway",
+            "--nproc",
+            "1",
+            "--nnodes",
+            "2",
+            "--master-addr",
+            n1.ip,
+            "--master-port",
+            port,
+            "--node-rank",
+            str(rank),
+            "--run-dir",
+            str(run_dir),
+            "--epochs",
+            "40",
+            "--batch-size",
+            "16",
+            "--quiet",
+            "--hang-timeout",
+            "3",
+            "--timeout",
+            "60",
+        ]
 
-    results = two_nodes.run_all([(n1, argv(0)), (n2, argv(1))], timeout=150, uts=True, worker_env=False, fail_grace=30,
-                                env={"PYTHONPATH": str(REPO / "src"), "FAULT_STEP": "7", "FAULT_RANK": "1",
-                                     "FAULT_HANG": "1"})
+    results = two_nodes.run_all(
+        [(n1, argv(0)), (n2, argv(1))],
+        timeout=150,
+        uts=True,
+        worker_env=False,
+        fail_grace=30,
+        env={"PYTHONPATH": str(REPO / "src"), "FAULT_STEP": "7", "FAULT_RANK": "1", "FAULT_HANG": "1"},
+    )
     logs = "\n\n".join(f"--- {r.node.name} rc={r.returncode} timed_out={r.timed_out}\n{r.output}" for r in results)
     out = results[0].output
     assert results[0].returncode == 2, logs

@@ -70,26 +70,61 @@ def test_netns_basics(two_nodes):
     assert f"{n1.ifname}    inet {n1.ip}/24" in r.stdout and "lo    inet 127.0.0.1" in r.stdout
     assert "default" not in n1.run(["ip", "route"], timeout=10, check=True).stdout
     port = two_nodes.next_port()
-    server = n1.popen([sys.executable, "-c", textwrap.dedent(f"""\
+    server = n1.popen(
+        [
+            sys.executable,
+            "-c",
+            textwrap.dedent(f"""\
         import socket
         s = socket.socket(); s.bind(("{n1.ip}", {port})); s.listen(); s.settimeout(20)
-        print("listening", flush=True); c, a = s.accept(); print(c.recv(16).decode(), a[0])""")],
-        stdout=-1, text=True)
+        print("listening", flush=True); c, a = s.accept(); print(c.recv(16).decode(), a[0])"""),
+        ],
+        stdout=-1,
+        text=True,
+    )
     assert server.stdout.readline().strip() == "listening"
-    n2.run([sys.executable, "-c", f"import socket; socket.create_connection(('{n1.ip}', {port}), "
-            "timeout=10).send(b'hello')"], timeout=20, check=True)
+    n2.run(
+        [
+            sys.executable,
+            "-c",
+            f"import socket; socket.create_connection(('{n1.ip}', {port}), timeout=10).send(b'hello')",
+        ],
+        timeout=20,
+        check=True,
+    )
     out, _ = server.communicate(timeout=20)
     assert out.split() == ["hello", n2.ip]
-    r = n2.run([sys.executable, "-c", "import socket; h = socket.gethostname(); "
-                "print(h, socket.gethostbyname(h), socket.gethostbyname('node1'))"],
-               timeout=20, uts=True, check=True)
+    r = n2.run(
+        [
+            sys.executable,
+            "-c",
+            "import socket; h = socket.gethostname(); print(h, socket.gethostbyname(h), socket.gethostbyname('node1'))",
+        ],
+        timeout=20,
+        uts=True,
+        check=True,
+    )
     assert r.stdout.split() == ["node2", n2.ip, n1.ip]
     assert n1.env()["GLOO_SOCKET_IFNAME"] == n1.ifname
 
 
 def _torchrun(node, rdzv_args, script, out):
-    return [PY, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node", "2",
-            "--max-restarts", "0", "--monitor-interval", "0.5", *rdzv_args, str(script), str(out)]
+    return [
+        PY,
+        "-m",
+        "torch.distributed.run",
+        "--nnodes",
+        "2",
+        "--nproc-per-node",
+        "2",
+        "--max-restarts",
+        "0",
+        "--monitor-interval",
+        "0.5",
+        *rdzv_args,
+        str(script),
+        str(out),
+    ]
 
 
 def test_torchrun_static_two_nodes(two_nodes, tmp_path):
@@ -97,9 +132,18 @@ def test_torchrun_static_two_nodes(two_nodes, tmp_path):
     script = tmp_path / "allreduce.py"
     script.write_text(ALLREDUCE_TORCHRUN)
     port = two_nodes.next_port()
-    cmds = [(n, _torchrun(n, ["--node-rank", str(i), "--master-addr", n1.ip, "--master-port",
-                              str(port), "--rdzv-backend", "static"], script, tmp_path))
-            for i, n in enumerate((n1, n2))]
+    cmds = [
+        (
+            n,
+            _torchrun(
+                n,
+                ["--node-rank", str(i), "--master-addr", n1.ip, "--master-port", str(port), "--rdzv-backend", "static"],
+                script,
+                tmp_path,
+            ),
+        )
+        for i, n in enumerate((n1, n2))
+    ]
     results = two_nodes.run_all(cmds, timeout=120, env=WORKER_ENV, log_dir=tmp_path / "logs")
     ranks = _check_ranks(tmp_path, 4, results)
     assert {r["master_addr"] for r in ranks} == {n1.ip}
@@ -111,10 +155,29 @@ def test_torchrun_c10d_two_nodes(two_nodes, tmp_path):
     script = tmp_path / "allreduce.py"
     script.write_text(ALLREDUCE_TORCHRUN)
     port = two_nodes.next_port()
-    cmds = [(n, _torchrun(n, ["--rdzv-backend", "c10d", "--rdzv-endpoint", f"{n1.ip}:{port}",
-                              "--rdzv-id", "fixture-test", "--rdzv-conf", f"is_host={int(n is n1)}",
-                              "--local-addr", n.ip], script, tmp_path))
-            for n in (n1, n2)]
+    cmds = [
+        (
+            n,
+            _torchrun(
+                n,
+                [
+                    "--rdzv-backend",
+                    "c10d",
+                    "--rdzv-endpoint",
+                    f"{n1.ip}:{port}",
+                    "--rdzv-id",
+                    "fixture-test",
+                    "--rdzv-conf",
+                    f"is_host={int(n is n1)}",
+                    "--local-addr",
+                    n.ip,
+                ],
+                script,
+                tmp_path,
+            ),
+        )
+        for n in (n1, n2)
+    ]
     results = two_nodes.run_all(cmds, timeout=120, env=WORKER_ENV, log_dir=tmp_path / "logs")
     ranks = _check_ranks(tmp_path, 4, results)
     assert {r["master_addr"] for r in ranks} <= {n1.ip, n2.ip}
@@ -124,7 +187,8 @@ def test_slurm_two_node_allreduce(slurm, tmp_path):
     script = tmp_path / "allreduce.py"
     script.write_text(ALLREDUCE_SLURM)
     job_file = tmp_path / "job.sbatch"
-    job_file.write_text(textwrap.dedent(f"""\
+    job_file.write_text(
+        textwrap.dedent(f"""\
         #!/bin/bash
         #SBATCH --nodes=2
         #SBATCH --ntasks-per-node=1
@@ -135,7 +199,8 @@ def test_slurm_two_node_allreduce(slurm, tmp_path):
         export MASTER_PORT=$((20000 + SLURM_JOB_ID % 10000))
         echo "batch on $(hostname) nodes=$SLURM_JOB_NODELIST master=$MASTER_ADDR"
         srun --kill-on-bad-exit=1 {PY} {script}
-        """))
+        """)
+    )
     job = slurm.submit(job_file, cwd=tmp_path, env=WORKER_ENV)
     res = slurm.wait(job, timeout=90)
     out = (tmp_path / f"job-{job}.out").read_text()
@@ -157,7 +222,8 @@ def test_slurm_two_node_allreduce(slurm, tmp_path):
 
 def test_slurm_requeue_followed_to_completion(slurm, tmp_path):
     marker = tmp_path / "marker"
-    job = slurm.submit_text(textwrap.dedent(f"""\
+    job = slurm.submit_text(
+        textwrap.dedent(f"""\
         #!/bin/bash
         #SBATCH --nodes=1
         #SBATCH --requeue
@@ -172,7 +238,10 @@ def test_slurm_requeue_followed_to_completion(slurm, tmp_path):
             exit 3
         fi
         echo done > {marker}
-        """), cwd=tmp_path, name="requeue")
+        """),
+        cwd=tmp_path,
+        name="requeue",
+    )
     res = slurm.wait(job, timeout=60)
     out = (tmp_path / f"requeue-{job}.out").read_text()
     assert res.ok, f"{res}\n{out}\n{slurm.diagnostics(job)}"
@@ -184,7 +253,8 @@ def test_slurm_requeue_followed_to_completion(slurm, tmp_path):
 
 def test_slurm_signal_batch_step(slurm, tmp_path):
     ready, got = tmp_path / "ready", tmp_path / "got"
-    job = slurm.submit_text(textwrap.dedent(f"""\
+    job = slurm.submit_text(
+        textwrap.dedent(f"""\
         #!/bin/bash
         #SBATCH --nodes=1
         #SBATCH --time=00:02:00
@@ -193,7 +263,10 @@ def test_slurm_signal_batch_step(slurm, tmp_path):
         touch {ready}
         sleep 60 & wait
         exit 4
-        """), cwd=tmp_path, name="signal")
+        """),
+        cwd=tmp_path,
+        name="signal",
+    )
     deadline = time.monotonic() + 30
     while not ready.exists():
         assert time.monotonic() < deadline, slurm.diagnostics(job)

@@ -1,6 +1,7 @@
 """`ddpkit train` on two real "nodes" (network namespaces on a bridge, each with its own
 address), 2 processes each: world size 4 must give the model of a single-node 4-process run.
 ddpkit must find the right interface for gloo itself (no GLOO_SOCKET_IFNAME given)."""
+
 import json
 import sys
 
@@ -27,8 +28,12 @@ def _run_two_nodes(net, tmp_path, per_node_args):
     run_dir = tmp_path / "run"
     base = [sys.executable, "-m", "ddpkit", "train", "--nproc", "2", "--nnodes", "2", "--run-dir", str(run_dir), *TRAIN]
     n1, n2 = net.nodes[0], net.nodes[1]
-    results = net.run_all([(n1, base + per_node_args(n1, 0)), (n2, base + per_node_args(n2, 1))], timeout=150,
-                          env={"PYTHONPATH": str(REPO / "src")}, worker_env=False)
+    results = net.run_all(
+        [(n1, base + per_node_args(n1, 0)), (n2, base + per_node_args(n2, 1))],
+        timeout=150,
+        env={"PYTHONPATH": str(REPO / "src")},
+        worker_env=False,
+    )
     logs = "\n\n".join(f"--- {r.node.name} rc={r.returncode} timed_out={r.timed_out}\n{r.output}" for r in results)
     assert all(r.returncode == 0 for r in results), logs
     return run_dir, results, logs
@@ -37,8 +42,10 @@ def _run_two_nodes(net, tmp_path, per_node_args):
 def test_static_rendezvous_two_nodes_equal_one_node(two_nodes, tmp_path, single_node_reference):
     port = str(two_nodes.next_port())
     run_dir, results, logs = _run_two_nodes(
-        two_nodes, tmp_path,
-        lambda node, i: ["--master-addr", two_nodes.nodes[0].ip, "--master-port", port, "--node-rank", str(i)])
+        two_nodes,
+        tmp_path,
+        lambda node, i: ["--master-addr", two_nodes.nodes[0].ip, "--master-port", port, "--node-rank", str(i)],
+    )
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["world_size"] == 4 and summary["nnodes"] == 2, summary
     assert "world size   4 (2 nodes)" in results[0].output, logs  # rank 0 is on node 0 and prints
@@ -49,7 +56,8 @@ def test_static_rendezvous_two_nodes_equal_one_node(two_nodes, tmp_path, single_
 def test_c10d_rendezvous_two_nodes_equal_one_node(two_nodes, tmp_path, single_node_reference):
     endpoint = f"{two_nodes.nodes[0].ip}:{two_nodes.next_port()}"
     run_dir, results, logs = _run_two_nodes(
-        two_nodes, tmp_path, lambda node, i: ["--rdzv-endpoint", endpoint, "--rdzv-id", "mn-test"])
+        two_nodes, tmp_path, lambda node, i: ["--rdzv-endpoint", endpoint, "--rdzv-id", "mn-test"]
+    )
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["world_size"] == 4 and summary["nnodes"] == 2, summary
     assert_state_close(load_model(run_dir), single_node_reference, rtol=1e-6, atol=1e-7)
@@ -59,9 +67,26 @@ def test_c10d_rendezvous_two_nodes_equal_one_node(two_nodes, tmp_path, single_no
 
 def test_dry_run_on_node_1_shows_its_global_ranks(two_nodes):
     n2 = two_nodes.nodes[1]
-    out = n2.run([sys.executable, "-m", "ddpkit", "train", "--dry-run", "--nproc", "2", "--nnodes", "2",
-                  "--master-addr", two_nodes.nodes[0].ip, "--node-rank", "1"], timeout=60,
-                 env={"PYTHONPATH": str(REPO / "src"), "GLOO_SOCKET_IFNAME": ""}, check=True)
+    out = n2.run(
+        [
+            sys.executable,
+            "-m",
+            "ddpkit",
+            "train",
+            "--dry-run",
+            "--nproc",
+            "2",
+            "--nnodes",
+            "2",
+            "--master-addr",
+            two_nodes.nodes[0].ip,
+            "--node-rank",
+            "1",
+        ],
+        timeout=60,
+        env={"PYTHONPATH": str(REPO / "src"), "GLOO_SOCKET_IFNAME": ""},
+        check=True,
+    )
     text = out.stdout if hasattr(out, "stdout") else out
     assert "world size         4" in text
     assert "local rank 0 -> global rank 2" in text and "local rank 1 -> global rank 3" in text
@@ -69,18 +94,40 @@ def test_dry_run_on_node_1_shows_its_global_ranks(two_nodes):
 
 
 def _start_two_nodes(net, run_dir, extra):
-    base = [sys.executable, "-m", "ddpkit", "train", "--nproc", "2", "--run-dir", str(run_dir), "--epochs", "3000",
-            "--batch-size", "8", "--save-every", "20", "--timeout", "30", "--quiet", *extra]
+    base = [
+        sys.executable,
+        "-m",
+        "ddpkit",
+        "train",
+        "--nproc",
+        "2",
+        "--run-dir",
+        str(run_dir),
+        "--epochs",
+        "3000",
+        "--batch-size",
+        "8",
+        "--save-every",
+        "20",
+        "--timeout",
+        "30",
+        "--quiet",
+        *extra,
+    ]
     env = {"PYTHONPATH": str(REPO / "src")}
     import subprocess
+
     logs = [open(run_dir.parent / f"node{i}.log", "w+") for i in (1, 2)]
-    procs = [node.popen(base, env=env, stdout=log, stderr=subprocess.STDOUT, worker_env=False)
-             for node, log in zip(net.nodes, logs, strict=True)]
+    procs = [
+        node.popen(base, env=env, stdout=log, stderr=subprocess.STDOUT, worker_env=False)
+        for node, log in zip(net.nodes, logs, strict=True)
+    ]
     return procs, logs
 
 
 def _wait_metrics(run_dir, n, procs, timeout=90):
     import time
+
     deadline = time.monotonic() + timeout
     path = run_dir / "metrics.jsonl"
     while not (path.exists() and len(path.read_text().splitlines()) >= n):
@@ -93,6 +140,7 @@ def _kill_node_2(net, run_dir, procs, logs, timeout):
     """Once training is past the checkpoint at epoch 20, kill node 2 (its agent and workers,
     all at once); return node 1's exit code, its log, and how long it took to end."""
     import time
+
     try:
         _wait_metrics(run_dir, 25, procs)
         killed_at = time.monotonic()
@@ -109,6 +157,7 @@ def _kill_node_2(net, run_dir, procs, logs, timeout):
 
 def test_a_lost_node_stops_the_survivors_with_a_clear_message_and_leaves_nothing(two_nodes, tmp_path):
     import time
+
     run_dir = tmp_path / "run"
     endpoint = f"{two_nodes.nodes[0].ip}:{two_nodes.next_port()}"
     procs, logs = _start_two_nodes(two_nodes, run_dir, ["--nnodes", "2", "--rdzv-endpoint", endpoint])
@@ -126,10 +175,12 @@ def test_a_lost_node_stops_the_survivors_with_a_clear_message_and_leaves_nothing
 
 def test_an_elastic_job_continues_on_the_surviving_node(two_nodes, tmp_path):
     import json
+
     run_dir = tmp_path / "run"
     endpoint = f"{two_nodes.nodes[0].ip}:{two_nodes.next_port()}"
-    procs, logs = _start_two_nodes(two_nodes, run_dir, ["--nnodes", "1:2", "--rdzv-endpoint", endpoint,
-                                                        "--max-restarts", "2", "--epochs", "400"])
+    procs, logs = _start_two_nodes(
+        two_nodes, run_dir, ["--nnodes", "1:2", "--rdzv-endpoint", endpoint, "--max-restarts", "2", "--epochs", "400"]
+    )
     code, out, _ = _kill_node_2(two_nodes, run_dir, procs, logs, timeout=240)
     assert code == 0, out
     summary = json.loads((run_dir / "summary.json").read_text())

@@ -6,6 +6,7 @@ Bit for bit only where the arithmetic is the same: every run here pins `--thread
 matrix kernels may round differently at another thread count on some CPUs), and a local
 reference for a 2-node job sums gradients through gloo (`--grad-sync backend`), as the
 job does between its nodes."""
+
 import json
 import sys
 import time
@@ -40,8 +41,25 @@ def test_our_nodelist_parser_agrees_with_scontrol(slurm, nodelist):
 def test_generated_script_trains_on_two_nodes_like_one_node(slurm, tmp_path, reference_run):
     ref = _local_reference(reference_run)
     run_dir = tmp_path / "job"
-    proc = run_ddpkit("slurm", "--nodes", "2", "--job-name", "two-nodes", "--submit", "--wait", "--wait-timeout", "150",
-                      "--", *TRAIN, "--run-dir", str(run_dir), cwd=tmp_path, env=_slurm_env(slurm), timeout=200, check=False)
+    proc = run_ddpkit(
+        "slurm",
+        "--nodes",
+        "2",
+        "--job-name",
+        "two-nodes",
+        "--submit",
+        "--wait",
+        "--wait-timeout",
+        "150",
+        "--",
+        *TRAIN,
+        "--run-dir",
+        str(run_dir),
+        cwd=tmp_path,
+        env=_slurm_env(slurm),
+        timeout=200,
+        check=False,
+    )
     log = next(run_dir.glob("slurm-*.out"), None)
     assert proc.returncode == 0, proc.stdout + proc.stderr + (log.read_text() if log else "no log")
     assert "ddpkit: submitted job" in proc.stdout and str(run_dir / "slurm-") in proc.stdout
@@ -59,9 +77,29 @@ def test_two_tasks_on_one_node_sum_gradients_in_shared_memory(slurm, tmp_path, r
     # model equals a local 2-process gloo run bit for bit (2 ranks: x/2 + y/2 either way)
     ref = _local_reference(reference_run)
     run_dir = tmp_path / "job"
-    proc = run_ddpkit("slurm", "--nodes", "1", "--ntasks-per-node", "2", "--cpus-per-task", "1", "--job-name", "one-node",
-                      "--submit", "--wait", "--wait-timeout", "150", "--", *TRAIN, "--run-dir", str(run_dir),
-                      cwd=tmp_path, env=_slurm_env(slurm), timeout=200, check=False)
+    proc = run_ddpkit(
+        "slurm",
+        "--nodes",
+        "1",
+        "--ntasks-per-node",
+        "2",
+        "--cpus-per-task",
+        "1",
+        "--job-name",
+        "one-node",
+        "--submit",
+        "--wait",
+        "--wait-timeout",
+        "150",
+        "--",
+        *TRAIN,
+        "--run-dir",
+        str(run_dir),
+        cwd=tmp_path,
+        env=_slurm_env(slurm),
+        timeout=200,
+        check=False,
+    )
     log = next(run_dir.glob("slurm-*.out"), None)
     assert proc.returncode == 0, proc.stdout + proc.stderr + (log.read_text() if log else "no log")
     summary = json.loads((run_dir / "summary.json").read_text())
@@ -71,8 +109,10 @@ def test_two_tasks_on_one_node_sum_gradients_in_shared_memory(slurm, tmp_path, r
 
 def test_a_batch_script_without_srun_on_two_nodes_is_refused(slurm, tmp_path):
     script = tmp_path / "bare.sbatch"
-    script.write_text(f"#!/bin/bash\n#SBATCH --nodes=2\n#SBATCH --output={tmp_path}/bare-%j.out\n"
-                      f"{sys.executable} -m ddpkit train --epochs 1 --run-dir {tmp_path}/r\n")
+    script.write_text(
+        f"#!/bin/bash\n#SBATCH --nodes=2\n#SBATCH --output={tmp_path}/bare-%j.out\n"
+        f"{sys.executable} -m ddpkit train --epochs 1 --run-dir {tmp_path}/r\n"
+    )
     job = slurm.submit(script, cwd=tmp_path, env={"PYTHONPATH": str(REPO / "src")})
     result = slurm.wait(job, timeout=90)
     log = next(tmp_path.glob("bare-*.out")).read_text()
@@ -83,13 +123,48 @@ def test_a_batch_script_without_srun_on_two_nodes_is_refused(slurm, tmp_path):
 def test_warning_signal_checkpoints_requeues_and_the_job_resumes_to_the_same_model(slurm, tmp_path):
     # The reference does the job's arithmetic (gloo, 1 thread per rank), so any difference
     # would come from the stop, the requeue or the resume (data order, optimizer state, path)
-    train = ["--epochs", "120", "--batch-size", "16", "--seed", "9", "--save-every", "0", "--eval-every", "40",
-             *SAME_ARITHMETIC]
-    run_ddpkit("train", "--nproc", "2", "--quiet", "--run-dir", str(tmp_path / "ref"), "--grad-sync", "backend", *train,
-               timeout=300)
+    train = [
+        "--epochs",
+        "120",
+        "--batch-size",
+        "16",
+        "--seed",
+        "9",
+        "--save-every",
+        "0",
+        "--eval-every",
+        "40",
+        *SAME_ARITHMETIC,
+    ]
+    run_ddpkit(
+        "train",
+        "--nproc",
+        "2",
+        "--quiet",
+        "--run-dir",
+        str(tmp_path / "ref"),
+        "--grad-sync",
+        "backend",
+        *train,
+        timeout=300,
+    )
     run_dir = tmp_path / "job"
-    proc = run_ddpkit("slurm", "--nodes", "2", "--job-name", "requeue", "--submit", "--", "wine", *train,
-                      "--run-dir", str(run_dir), cwd=tmp_path, env=_slurm_env(slurm), timeout=60)
+    proc = run_ddpkit(
+        "slurm",
+        "--nodes",
+        "2",
+        "--job-name",
+        "requeue",
+        "--submit",
+        "--",
+        "wine",
+        *train,
+        "--run-dir",
+        str(run_dir),
+        cwd=tmp_path,
+        env=_slurm_env(slurm),
+        timeout=60,
+    )
     job = int(proc.stdout.split("submitted job ")[1].split(";")[0])
     metrics = run_dir / "metrics.jsonl"
     deadline = time.monotonic() + 120

@@ -1,4 +1,5 @@
 """The second built-in task: a small CNN on sklearn's bundled 8x8 digits, through the CLI."""
+
 import json
 from pathlib import Path
 
@@ -24,8 +25,24 @@ def test_digits_task_is_a_fixed_split_of_images_and_a_cnn():
 
 
 def test_digits_reaches_95_percent_on_2_processes(tmp_path):
-    proc = run_ddpkit("train", "digits", "--nproc", "2", "--batch-size", "32", "--epochs", "8", "--seed", "0",
-                      "--save-every", "0", "--threads", "1", "--run-dir", str(tmp_path / "two"))
+    proc = run_ddpkit(
+        "train",
+        "digits",
+        "--nproc",
+        "2",
+        "--batch-size",
+        "32",
+        "--epochs",
+        "8",
+        "--seed",
+        "0",
+        "--save-every",
+        "0",
+        "--threads",
+        "1",
+        "--run-dir",
+        str(tmp_path / "two"),
+    )
     assert "world size   2 (1 node), backend gloo" in proc.stdout
     summary = json.loads((tmp_path / "two" / "summary.json").read_text())
     assert summary["eval_accuracy"] >= 0.95, summary
@@ -40,8 +57,9 @@ def test_2_processes_train_the_model_1_process_trains_with_the_same_global_batch
     # twice or weighted wrongly would differ by far more than the tolerance
     common = ["--epochs", "8", "--seed", "3", "--save-every", "0", "--threads", "1", "--quiet"]
     for name, nproc, batch in (("two", "2", "32"), ("one", "1", "64")):
-        run_ddpkit("train", DIGITS_FLOAT64, "--nproc", nproc, "--batch-size", batch, "--run-dir", str(tmp_path / name),
-                   *common)
+        run_ddpkit(
+            "train", DIGITS_FLOAT64, "--nproc", nproc, "--batch-size", batch, "--run-dir", str(tmp_path / name), *common
+        )
     one, two = load_model(tmp_path / "one"), load_model(tmp_path / "two")
     assert one["0.weight"].dtype == torch.float64
     assert_state_close(two, one, rtol=0, atol=1e-10)

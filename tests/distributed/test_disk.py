@@ -1,4 +1,5 @@
 """A full disk and a read-only run directory, on real (tiny / read-only) tmpfs mounts."""
+
 import os
 import subprocess
 
@@ -30,8 +31,9 @@ def tmpfs(tmp_path):
 def test_disk_full_at_a_checkpoint_is_a_clear_error_and_the_previous_one_survives(tmpfs):
     disk = tmpfs(100)  # room for one Wine checkpoint (~48 kB) but not two
     run = disk / "run"
-    proc = run_ddpkit("train", "--nproc", "2", "--epochs", "20", "--save-every", "2", "--run-dir", str(run),
-                      "--quiet", check=False)
+    proc = run_ddpkit(
+        "train", "--nproc", "2", "--epochs", "20", "--save-every", "2", "--run-dir", str(run), "--quiet", check=False
+    )
     assert proc.returncode == 2
     assert "No space left on device" in proc.stderr and "previous checkpoint is intact" in proc.stderr
     assert "Traceback" not in proc.stderr

@@ -1,4 +1,5 @@
 """Bad input: one line that says what was wrong and what to do, exit code 2, no worker left."""
+
 import os
 import subprocess
 
@@ -24,16 +25,19 @@ def _no_process_mentions(marker: str) -> bool:
     return [p for p in out if int(p) != os.getpid()] == []
 
 
-@pytest.mark.parametrize("args, fragment", [
-    (["--nproc", "0"], "must be a positive integer"),
-    (["--nproc", "-2"], "must be a positive integer"),
-    (["--backend", "nccl"], "--backend nccl needs a CUDA GPU"),
-    (["--device", "cuda"], "--device cuda was asked for but no CUDA GPU"),
-    (["no_such_task"], "unknown task"),
-    (["no_such_module_q:build"], "not found"),
-    (["json:nope"], "has no function 'nope'"),
-    (["--resume"], "--resume needs --run-dir"),
-])
+@pytest.mark.parametrize(
+    "args, fragment",
+    [
+        (["--nproc", "0"], "must be a positive integer"),
+        (["--nproc", "-2"], "must be a positive integer"),
+        (["--backend", "nccl"], "--backend nccl needs a CUDA GPU"),
+        (["--device", "cuda"], "--device cuda was asked for but no CUDA GPU"),
+        (["no_such_task"], "unknown task"),
+        (["no_such_module_q:build"], "not found"),
+        (["json:nope"], "has no function 'nope'"),
+        (["--resume"], "--resume needs --run-dir"),
+    ],
+)
 def test_refused_before_any_worker_starts(tmp_path, args, fragment):
     proc = run_ddpkit("train", *args, "--epochs", "1", cwd=tmp_path, check=False, timeout=60)
     assert proc.returncode == 2
@@ -48,14 +52,25 @@ IMPORT_FAILURES = {  # file name -> text: a task file with a stray word, and a m
 }
 
 
-@pytest.mark.parametrize("spec, first_line, frames", [
-    ("broken.py:build", "task file 'broken.py' failed at import: NameError: name 'garbage' is not defined",
-     [("broken.py", 3, "<module>", "garbage")]),
-    ("broken_mod:build", "task module 'broken_mod' failed at import: ImportError: no compiled extension here",
-     [("broken_mod.py", 1, "<module>", "from broken_helper import extension"),
-      ("broken_helper.py", 5, "<module>", "extension = load()"),
-      ("broken_helper.py", 2, "load", "raise ImportError('no compiled extension here')")]),
-])
+@pytest.mark.parametrize(
+    "spec, first_line, frames",
+    [
+        (
+            "broken.py:build",
+            "task file 'broken.py' failed at import: NameError: name 'garbage' is not defined",
+            [("broken.py", 3, "<module>", "garbage")],
+        ),
+        (
+            "broken_mod:build",
+            "task module 'broken_mod' failed at import: ImportError: no compiled extension here",
+            [
+                ("broken_mod.py", 1, "<module>", "from broken_helper import extension"),
+                ("broken_helper.py", 5, "<module>", "extension = load()"),
+                ("broken_helper.py", 2, "load", "raise ImportError('no compiled extension here')"),
+            ],
+        ),
+    ],
+)
 def test_a_task_that_fails_at_import_is_one_line_and_the_users_own_frames(tmp_path, spec, first_line, frames):
     for name, text in IMPORT_FAILURES.items():
         (tmp_path / name).write_text(text)
@@ -70,17 +85,38 @@ def test_a_task_that_fails_at_import_is_one_line_and_the_users_own_frames(tmp_pa
     assert "Traceback" not in proc.stderr and str(REPO / "src") not in proc.stderr and "importlib" not in proc.stderr
 
 
-@pytest.mark.parametrize("task, extra, fragment", [
-    ("bad.py:wrong", [], "returned int"),
-    ("bad.py:other_model", ["--resume", "--run-dir", "prev"], "checkpoint is of a different model"),
-    ("wine", ["--resume", "--run-dir", "empty"], "no checkpoint in"),
-])
+@pytest.mark.parametrize(
+    "task, extra, fragment",
+    [
+        ("bad.py:wrong", [], "returned int"),
+        ("bad.py:other_model", ["--resume", "--run-dir", "prev"], "checkpoint is of a different model"),
+        ("wine", ["--resume", "--run-dir", "empty"], "no checkpoint in"),
+    ],
+)
 def test_errors_found_in_the_workers_are_one_clean_line(tmp_path, task, extra, fragment):
     (tmp_path / "bad.py").write_text(BAD_TASKS)
     if "prev" in extra:
         run_ddpkit("train", "--nproc", "1", "--epochs", "1", "--quiet", "--run-dir", "prev", cwd=tmp_path)
-    proc = run_ddpkit("train", task, "--nproc", "2", "--epochs", "1", "--seed", "0", *extra,
-                      "--timeout", "30", "--threads", "1", "--eval-every", "1", cwd=tmp_path, check=False, timeout=90)
+    proc = run_ddpkit(
+        "train",
+        task,
+        "--nproc",
+        "2",
+        "--epochs",
+        "1",
+        "--seed",
+        "0",
+        *extra,
+        "--timeout",
+        "30",
+        "--threads",
+        "1",
+        "--eval-every",
+        "1",
+        cwd=tmp_path,
+        check=False,
+        timeout=90,
+    )
     assert proc.returncode == 2, proc.stderr
     assert fragment in proc.stderr
     assert "Traceback" not in proc.stderr
@@ -90,8 +126,9 @@ def test_errors_found_in_the_workers_are_one_clean_line(tmp_path, task, extra, f
 def test_a_crash_in_user_code_names_the_rank_and_stops_every_worker(tmp_path):
     (tmp_path / "bad.py").write_text(BAD_TASKS)
     run_dir = tmp_path / f"crashrun{os.getpid()}"
-    proc = run_ddpkit("train", "bad.py:crashes", "--nproc", "2", "--run-dir", str(run_dir), cwd=tmp_path,
-                      check=False, timeout=90)
+    proc = run_ddpkit(
+        "train", "bad.py:crashes", "--nproc", "2", "--run-dir", str(run_dir), cwd=tmp_path, check=False, timeout=90
+    )
     assert proc.returncode == 2
     assert "bug in the user's task" in proc.stderr  # the failing rank's own traceback
     assert "ddpkit: error: worker rank" in proc.stderr

@@ -1,6 +1,7 @@
 """Faults injected for real (SIGKILL from outside, os._exit from inside, SIGINT, killed
 while saving, corrupt files, NaN): ddpkit recovers, or stops with a clear message, and loses
 nothing since the last checkpoint."""
+
 import json
 import os
 import signal
@@ -19,9 +20,15 @@ WINE = ["--epochs", "40", "--batch-size", "16", "--seed", "2", "--save-every", "
 
 
 def _start(*args, cwd=None, env=None):
-    return subprocess.Popen([sys.executable, "-m", "ddpkit", *args], cwd=cwd, start_new_session=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env={**os.environ, "PYTHONPATH": str(REPO / "src"), **(env or {})})
+    return subprocess.Popen(
+        [sys.executable, "-m", "ddpkit", *args],
+        cwd=cwd,
+        start_new_session=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(REPO / "src"), **(env or {})},
+    )
 
 
 def _children(pid):
@@ -60,8 +67,20 @@ def reference200(tmp_path_factory):
 
 def test_worker_killed_from_outside_is_restarted_and_the_run_ends_bit_identical(tmp_path, reference200):
     run = tmp_path / "run"
-    proc = _start("train", "--nproc", "2", "--max-restarts", "2", "--run-dir", str(run), *WINE, "--epochs", "200",
-                  "--save-every", "5")
+    proc = _start(
+        "train",
+        "--nproc",
+        "2",
+        "--max-restarts",
+        "2",
+        "--run-dir",
+        str(run),
+        *WINE,
+        "--epochs",
+        "200",
+        "--save-every",
+        "5",
+    )
     try:
         _wait_for_lines(run / "metrics.jsonl", 12, proc)
         workers = _children(proc.pid)
@@ -82,8 +101,20 @@ def test_worker_killed_from_outside_is_restarted_and_the_run_ends_bit_identical(
 def test_worker_exiting_from_inside_is_restarted_and_the_run_ends_bit_identical(tmp_path, reference, nproc):
     run = tmp_path / "run"
     env = {"FAULT_STEP": "52", "FAULT_RANK": str(nproc - 1)}  # the 52nd step: mid-epoch 11 (5 steps an epoch)
-    proc = run_ddpkit("train", f"{TASKS}:exits_midway", "--nproc", str(nproc), "--max-restarts", "1",
-                      "--run-dir", str(run), *WINE, "--batch-size", str(32 // nproc), env=env)
+    proc = run_ddpkit(
+        "train",
+        f"{TASKS}:exits_midway",
+        "--nproc",
+        str(nproc),
+        "--max-restarts",
+        "1",
+        "--run-dir",
+        str(run),
+        *WINE,
+        "--batch-size",
+        str(32 // nproc),
+        env=env,
+    )
     assert "resuming from" in proc.stdout
     if nproc == 2:
         assert_state_equal(load_model(run), load_model(reference))
@@ -94,20 +125,45 @@ def test_worker_exiting_from_inside_is_restarted_and_the_run_ends_bit_identical(
 
 
 def test_without_restarts_a_dying_worker_ends_the_job_and_names_the_rank(tmp_path):
-    proc = run_ddpkit("train", f"{TASKS}:exits_midway", "--nproc", "2", "--run-dir", str(tmp_path / "r"), *WINE,
-                      env={"FAULT_STEP": "7", "FAULT_RANK": "1"}, check=False)
+    proc = run_ddpkit(
+        "train",
+        f"{TASKS}:exits_midway",
+        "--nproc",
+        "2",
+        "--run-dir",
+        str(tmp_path / "r"),
+        *WINE,
+        env={"FAULT_STEP": "7", "FAULT_RANK": "1"},
+        check=False,
+    )
     assert proc.returncode == 2
     assert "ddpkit: error: worker rank 1 exited with code 3" in proc.stderr
 
 
-@pytest.mark.parametrize("grad_sync, fragment", [
-    ("auto", "rank 0 waited 3 s (--timeout) for rank 1 to reach the same all-reduce"),  # shared-memory barrier
-    ("backend", "timed out"),  # gloo's own timeout
-])
+@pytest.mark.parametrize(
+    "grad_sync, fragment",
+    [
+        ("auto", "rank 0 waited 3 s (--timeout) for rank 1 to reach the same all-reduce"),  # shared-memory barrier
+        ("backend", "timed out"),  # gloo's own timeout
+    ],
+)
 def test_a_hanging_worker_ends_the_job_after_the_timeout(tmp_path, grad_sync, fragment):
-    proc = run_ddpkit("train", f"{TASKS}:exits_midway", "--nproc", "2", "--run-dir", str(tmp_path / "r"), *WINE,
-                      "--timeout", "3", "--grad-sync", grad_sync, env={"FAULT_STEP": "7", "FAULT_RANK": "1", "FAULT_HANG": "1"},
-                      check=False, timeout=120)
+    proc = run_ddpkit(
+        "train",
+        f"{TASKS}:exits_midway",
+        "--nproc",
+        "2",
+        "--run-dir",
+        str(tmp_path / "r"),
+        *WINE,
+        "--timeout",
+        "3",
+        "--grad-sync",
+        grad_sync,
+        env={"FAULT_STEP": "7", "FAULT_RANK": "1", "FAULT_HANG": "1"},
+        check=False,
+        timeout=120,
+    )
     assert proc.returncode == 2, proc.stderr
     assert fragment in proc.stderr.lower() if fragment == "timed out" else fragment in proc.stderr, proc.stderr
 
@@ -134,8 +190,21 @@ def test_ctrl_c_with_save_on_signal_checkpoints_and_resume_ends_bit_identical(tm
 
 def test_killed_while_saving_leaves_the_previous_checkpoint_in_use(tmp_path):
     run = tmp_path / "run"
-    args = ["train", f"{TASKS}:big", "--nproc", "1", "--epochs", "50", "--batch-size", "64", "--save-every", "1",
-            "--run-dir", str(run), "--quiet"]
+    args = [
+        "train",
+        f"{TASKS}:big",
+        "--nproc",
+        "1",
+        "--epochs",
+        "50",
+        "--batch-size",
+        "64",
+        "--save-every",
+        "1",
+        "--run-dir",
+        str(run),
+        "--quiet",
+    ]
     proc = _start(*args)
     ckpts = run / "checkpoints"
     deadline = time.monotonic() + 120
@@ -165,7 +234,11 @@ def test_corrupt_newest_checkpoint_is_reported_and_the_newest_valid_one_used(tmp
     newest = run / "checkpoints" / "epoch-000020.pt"
     newest.write_bytes(newest.read_bytes()[:1000])  # truncated
     proc = run_ddpkit(*args, "--resume")
-    assert "skipping checkpoint" in proc.stdout and "epoch-000020.pt" in proc.stdout and "truncated or corrupt" in proc.stdout
+    assert (
+        "skipping checkpoint" in proc.stdout
+        and "epoch-000020.pt" in proc.stdout
+        and "truncated or corrupt" in proc.stdout
+    )
     assert "epoch-000015.pt" in proc.stdout
     assert_state_equal(load_model(run), load_model(reference))
 
@@ -180,8 +253,9 @@ def test_nan_loss_stops_with_epoch_and_step_and_no_nan_checkpoint(tmp_path):
 
 def test_nan_loss_with_skip_drops_those_steps_on_every_rank(tmp_path):
     run = tmp_path / "run"
-    run_ddpkit("train", f"{TASKS}:nan_sample", "--nproc", "2", "--run-dir", str(run), *WINE, "--on-nan", "skip",
-               "--quiet")
+    run_ddpkit(
+        "train", f"{TASKS}:nan_sample", "--nproc", "2", "--run-dir", str(run), *WINE, "--on-nan", "skip", "--quiet"
+    )
     lines = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
     assert all(r["skipped_steps"] == 1 for r in lines)  # the step holding the NaN sample, each epoch
     state = load_model(run)

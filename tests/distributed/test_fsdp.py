@@ -1,6 +1,7 @@
 """--strategy fsdp end to end through the real CLI (gloo on CPU): FSDP trains to DDP's
 parameters, its sharded checkpoints resume bit-identically, reshard from 4 ranks to 2, cross
 to and from DDP's one-file checkpoints, and the memory plan matches what the ranks hold."""
+
 import json
 import os
 import shutil
@@ -21,8 +22,10 @@ NATIVE_BF16 = cpu_has_bf16()  # what ddpkit itself asks before it accepts --prec
 # Where the CPU lacks it, --precision bf16 is refused (test_bf16_without_native_support_is_refused):
 # this CPU then checks the refusal for real instead of the training.
 needs_native_bf16 = pytest.mark.skipif(
-    not NATIVE_BF16, reason="needs a CPU with native bfloat16 (AVX512-BF16 or AMX); this one has neither, "
-                            "so ddpkit refuses --precision bf16 here (checked by test_bf16_without_native_support_is_refused)")
+    not NATIVE_BF16,
+    reason="needs a CPU with native bfloat16 (AVX512-BF16 or AMX); this one has neither, "
+    "so ddpkit refuses --precision bf16 here (checked by test_bf16_without_native_support_is_refused)",
+)
 
 
 def _summary(run):
@@ -35,8 +38,10 @@ def wine_runs(tmp_path_factory, reference_run):
     test compares with the same run) and under FSDP (2 processes each): {strategy: run dir}."""
     fsdp = tmp_path_factory.mktemp("wine") / "fsdp"
     run_ddpkit("train", "--strategy", "fsdp", "--nproc", "2", "--run-dir", str(fsdp), *WINE)
-    return {"ddp": reference_run("--nproc", "2", "--seed", "5", "--save-every", "2", "--epochs", "6", "--quiet"),
-            "fsdp": fsdp}
+    return {
+        "ddp": reference_run("--nproc", "2", "--seed", "5", "--save-every", "2", "--epochs", "6", "--quiet"),
+        "fsdp": fsdp,
+    }
 
 
 @pytest.fixture(scope="module")
@@ -46,8 +51,19 @@ def deep_runs(tmp_path_factory):
     root = tmp_path_factory.mktemp("deep")
     run_ddpkit("train", DEEP, "--strategy", "ddp", "--nproc", "2", "--run-dir", str(root / "ddp"), *DEEP_ARGS)
     # DDP needs 3.1 MiB of model state per rank, FSDP on 2 ranks 1.9 MiB: 3 MB fits only FSDP
-    proc = run_ddpkit("train", DEEP, "--strategy", "auto", "--device-memory", "3MB", "--nproc", "2",
-                      "--run-dir", str(root / "fsdp"), *DEEP_ARGS[:-1])
+    proc = run_ddpkit(
+        "train",
+        DEEP,
+        "--strategy",
+        "auto",
+        "--device-memory",
+        "3MB",
+        "--nproc",
+        "2",
+        "--run-dir",
+        str(root / "fsdp"),
+        *DEEP_ARGS[:-1],
+    )
     (root / "fsdp.out").write_text(proc.stdout)
     return root
 
@@ -64,7 +80,9 @@ def test_fsdp_trains_wine_to_ddps_parameters_and_keeps_the_run_contract(wine_run
     # sharded checkpoints: one directory per save, one shard file per rank
     ckpts = wine_runs["fsdp"] / "checkpoints"
     assert sorted(p.name for p in ckpts.iterdir()) == ["epoch-000002", "epoch-000004", "epoch-000006"]
-    assert {".metadata", "__0_0.distcp", "__1_0.distcp", "ddpkit.pt"} <= {p.name for p in (ckpts / "epoch-000006").iterdir()}
+    assert {".metadata", "__0_0.distcp", "__1_0.distcp", "ddpkit.pt"} <= {
+        p.name for p in (ckpts / "epoch-000006").iterdir()
+    }
     meta = torch.load(ckpts / "epoch-000006" / "ddpkit.pt", weights_only=True)
     assert meta["epoch"] == 6 and meta["world_size"] == 2 and len(meta["rng"]) == 2
 
@@ -81,18 +99,41 @@ def test_fsdp_resume_is_bit_identical_and_skips_incomplete_checkpoints(wine_runs
     proc = run_ddpkit("train", "--strategy", "fsdp", "--nproc", "2", "--resume", "--run-dir", str(split), *WINE[:-1])
     assert "skipping checkpoint" in proc.stdout and "epoch-000005: incomplete" in proc.stdout
     assert "resuming from" in proc.stdout and "epoch-000002 (epoch 2 done)" in proc.stdout
-    assert sorted(p.name for p in (split / "checkpoints").iterdir()) == ["epoch-000002", "epoch-000004", "epoch-000005", "epoch-000006"]
+    assert sorted(p.name for p in (split / "checkpoints").iterdir()) == [
+        "epoch-000002",
+        "epoch-000004",
+        "epoch-000005",
+        "epoch-000006",
+    ]
     assert_state_equal(load_model(split), load_model(wine_runs["fsdp"]))
     keep = ("epoch", "train_loss", "eval_loss")
-    rows = lambda run: [{k: r[k] for k in keep} for r in map(json.loads, (run / "metrics.jsonl").read_text().splitlines())]  # noqa: E731
+    rows = lambda run: [  # noqa: E731
+        {k: r[k] for k in keep} for r in map(json.loads, (run / "metrics.jsonl").read_text().splitlines())
+    ]
     assert rows(split) == rows(wine_runs["fsdp"])[2:]
 
 
 def test_save_on_4_ranks_resume_on_2(wine_runs, tmp_path):
     run = tmp_path / "run"
     # 4 x 16 and 2 x 32: the same global batch, so the same steps (ddpkit's global order)
-    run_ddpkit("train", "--strategy", "fsdp", "--nproc", "4", "--batch-size", "16", "--epochs", "3", "--seed", "5",
-               "--save-every", "3", "--quiet", "--run-dir", str(run))
+    run_ddpkit(
+        "train",
+        "--strategy",
+        "fsdp",
+        "--nproc",
+        "4",
+        "--batch-size",
+        "16",
+        "--epochs",
+        "3",
+        "--seed",
+        "5",
+        "--save-every",
+        "3",
+        "--quiet",
+        "--run-dir",
+        str(run),
+    )
     shards = {p.name for p in (run / "checkpoints" / "epoch-000003").iterdir()}
     assert {f"__{r}_0.distcp" for r in range(4)} <= shards
     proc = run_ddpkit("train", "--strategy", "fsdp", "--nproc", "2", "--resume", "--run-dir", str(run), *WINE)
@@ -100,10 +141,13 @@ def test_save_on_4_ranks_resume_on_2(wine_runs, tmp_path):
     assert_state_close(load_model(run), load_model(wine_runs["fsdp"]), rtol=1e-5, atol=1e-6)
 
 
-@pytest.mark.parametrize("saved, source, resumed", [
-    ("ddp", "epoch-000002.pt", "fsdp"),  # DDP's one-file checkpoint, sharded on load
-    ("fsdp", "epoch-000004", "ddp"),     # FSDP's sharded checkpoint, read whole by DDP
-])
+@pytest.mark.parametrize(
+    "saved, source, resumed",
+    [
+        ("ddp", "epoch-000002.pt", "fsdp"),  # DDP's one-file checkpoint, sharded on load
+        ("fsdp", "epoch-000004", "ddp"),  # FSDP's sharded checkpoint, read whole by DDP
+    ],
+)
 def test_checkpoints_cross_between_ddp_and_fsdp(wine_runs, tmp_path, saved, source, resumed):
     run = tmp_path / "run"
     src = wine_runs[saved] / "checkpoints" / source
@@ -141,19 +185,51 @@ def test_auto_picks_fsdp_when_ddp_does_not_fit(deep_runs):
 
 @needs_native_bf16
 def test_bf16_trains_under_fsdp_and_ddp_close_to_fp32(deep_runs, tmp_path):
-    run_ddpkit("train", DEEP, "--strategy", "fsdp", "--precision", "bf16", "--nproc", "2", "--run-dir", str(tmp_path / "fsdp"), *DEEP_ARGS)
-    run_ddpkit("train", DEEP, "--precision", "bf16", "--nproc", "1", "--run-dir", str(tmp_path / "ddp"),
-               *DEEP_ARGS[:4], "--batch-size", "48", "--save-every", "0", "--quiet")
+    run_ddpkit(
+        "train",
+        DEEP,
+        "--strategy",
+        "fsdp",
+        "--precision",
+        "bf16",
+        "--nproc",
+        "2",
+        "--run-dir",
+        str(tmp_path / "fsdp"),
+        *DEEP_ARGS,
+    )
+    run_ddpkit(
+        "train",
+        DEEP,
+        "--precision",
+        "bf16",
+        "--nproc",
+        "1",
+        "--run-dir",
+        str(tmp_path / "ddp"),
+        *DEEP_ARGS[:4],
+        "--batch-size",
+        "48",
+        "--save-every",
+        "0",
+        "--quiet",
+    )
     fp32 = load_model(deep_runs / "fsdp")
     for name in ("fsdp", "ddp"):
         s = _summary(tmp_path / name)
-        assert s["precision"] == "bf16" and s["eval_accuracy"] == pytest.approx(_summary(deep_runs / "fsdp")["eval_accuracy"], abs=0.05)
+        assert s["precision"] == "bf16" and s["eval_accuracy"] == pytest.approx(
+            _summary(deep_runs / "fsdp")["eval_accuracy"], abs=0.05
+        )
         assert_state_close(load_model(tmp_path / name), fp32, rtol=0, atol=0.05)  # bf16 rounding, same training
 
 
 def test_bad_combinations_are_one_clear_line(tmp_path):
-    proc = run_ddpkit("train", "--strategy", "fsdp", "--nproc", "1", "--epochs", "1", cwd=tmp_path, check=False, timeout=60)
-    assert proc.returncode == 2 and "--strategy fsdp shards the model across processes and needs at least 2" in proc.stderr
+    proc = run_ddpkit(
+        "train", "--strategy", "fsdp", "--nproc", "1", "--epochs", "1", cwd=tmp_path, check=False, timeout=60
+    )
+    assert (
+        proc.returncode == 2 and "--strategy fsdp shards the model across processes and needs at least 2" in proc.stderr
+    )
     proc = run_ddpkit("plan", "--device-memory", "lots", cwd=tmp_path, check=False, timeout=60)
     assert proc.returncode == 2 and "--device-memory must be a size such as 80GiB" in proc.stderr
 
@@ -164,13 +240,21 @@ def test_bf16_without_native_support_is_refused(tmp_path, strategy):
     process is told the CPU lacks both (what ddpkit asks torch), and must refuse the same way."""
     args = ["train", "--strategy", strategy, "--precision", "bf16", "--nproc", "2", "--epochs", "1", "--run-dir", "r"]
     if NATIVE_BF16:
-        no_bf16 = ("import sys, torch\n"
-                   "torch.cpu._is_avx512_bf16_supported = lambda: False\n"  # a CPU without native bfloat16
-                   "torch.cpu._is_amx_tile_supported = lambda: False\n"
-                   "from ddpkit.cli import main\n"
-                   "sys.exit(main(sys.argv[1:]))\n")
-        proc = subprocess.run([sys.executable, "-c", no_bf16, *args], cwd=tmp_path, capture_output=True, text=True,
-                              timeout=60, env={**os.environ, "PYTHONPATH": str(REPO / "src")})
+        no_bf16 = (
+            "import sys, torch\n"
+            "torch.cpu._is_avx512_bf16_supported = lambda: False\n"  # a CPU without native bfloat16
+            "torch.cpu._is_amx_tile_supported = lambda: False\n"
+            "from ddpkit.cli import main\n"
+            "sys.exit(main(sys.argv[1:]))\n"
+        )
+        proc = subprocess.run(
+            [sys.executable, "-c", no_bf16, *args],
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            env={**os.environ, "PYTHONPATH": str(REPO / "src")},
+        )
     else:
         proc = run_ddpkit(*args, cwd=tmp_path, check=False, timeout=60)
     assert proc.returncode == 2, proc.stderr
@@ -194,12 +278,35 @@ COUNTING = str(REPO / "tests" / "distributed" / "scripts" / "counting_deep_mlp.p
 def test_fsdp_accumulation_equals_ddps_and_reduce_scatters_once_per_optimizer_step(tmp_path):
     # 384 samples, global batch 2 x 24 x 2 = 96: 4 optimizer steps per epoch, each of 2 micro-batches
     args = ["--nproc", "2", "--epochs", "2", "--seed", "3", "--save-every", "0", "--quiet"]
-    run_ddpkit("train", COUNTING, "--strategy", "fsdp", "--batch-size", "24", "--accumulate", "2",
-               "--run-dir", str(tmp_path / "fsdp-acc"), *args)
-    run_ddpkit("train", COUNTING, "--strategy", "ddp", "--batch-size", "24", "--accumulate", "2",
-               "--run-dir", str(tmp_path / "ddp-acc"), *args)
-    run_ddpkit("train", COUNTING, "--strategy", "fsdp", "--batch-size", "48",
-               "--run-dir", str(tmp_path / "fsdp-48"), *args)
+    run_ddpkit(
+        "train",
+        COUNTING,
+        "--strategy",
+        "fsdp",
+        "--batch-size",
+        "24",
+        "--accumulate",
+        "2",
+        "--run-dir",
+        str(tmp_path / "fsdp-acc"),
+        *args,
+    )
+    run_ddpkit(
+        "train",
+        COUNTING,
+        "--strategy",
+        "ddp",
+        "--batch-size",
+        "24",
+        "--accumulate",
+        "2",
+        "--run-dir",
+        str(tmp_path / "ddp-acc"),
+        *args,
+    )
+    run_ddpkit(
+        "train", COUNTING, "--strategy", "fsdp", "--batch-size", "48", "--run-dir", str(tmp_path / "fsdp-48"), *args
+    )
     assert_state_close(load_model(tmp_path / "fsdp-acc"), load_model(tmp_path / "ddp-acc"), rtol=1e-5, atol=1e-5)
     assert_state_close(load_model(tmp_path / "fsdp-acc"), load_model(tmp_path / "fsdp-48"), rtol=1e-5, atol=1e-5)
     accumulated = json.loads((tmp_path / "fsdp-acc" / "reduce_scatters.json").read_text())
@@ -218,8 +325,12 @@ def test_a_2x2_device_mesh_shards_over_2_keeps_2_replicas_and_trains_to_ddps_par
     script = str(REPO / "tests" / "distributed" / "scripts" / "hsdp_parity.py")
     run_ddpkit("launch", "--nproc", "4", script, str(tmp_path / "out.pt"), cwd=tmp_path, timeout=240)
     out = torch.load(tmp_path / "out.pt", weights_only=False)
-    assert out["layout"] == {"mesh": (2, 2), "names": ("replicate", "shard"), "placements": ["Replicate", "Shard"],
-                             "local_rows": 8}  # 16 rows of the first layer: half on each rank of a replica
+    assert out["layout"] == {
+        "mesh": (2, 2),
+        "names": ("replicate", "shard"),
+        "placements": ["Replicate", "Shard"],
+        "local_rows": 8,
+    }  # 16 rows of the first layer: half on each rank of a replica
     assert all(n > 0.05 for n in out["ddp_norms"])  # every step was clipped: the norm over the shards matters
     assert out["hsdp_norms"] == pytest.approx(out["ddp_norms"], rel=1e-6)
     assert_state_close(out["hsdp"], out["ddp"], rtol=1e-6, atol=0)

@@ -1,6 +1,7 @@
 """--grad-sync: gradients all-reduced through shared memory (the default for CPU ranks on one
 machine) give the same model as gloo's all-reduce, leave nothing in /dev/shm, and are refused
 where they cannot apply."""
+
 import json
 import os
 
@@ -40,7 +41,9 @@ def test_shm_gives_the_model_gloo_gives(tmp_path, nproc):
 def test_shm_all_reduce_against_gloo_in_chunks(tmp_path, nproc):
     # chunks of 7 elements around sizes 1..1000, replicas bit-identical, float64 through the
     # backend, and a full /dev/shm: refused with `shm`, a fallback with a message with `auto`
-    proc = run_ddpkit("launch", "--nproc", str(nproc), str(REPO / "tests/distributed/scripts/shm_allreduce_check.py"), cwd=tmp_path)
+    proc = run_ddpkit(
+        "launch", "--nproc", str(nproc), str(REPO / "tests/distributed/scripts/shm_allreduce_check.py"), cwd=tmp_path
+    )
     assert f"SHM OK {nproc}" in proc.stdout
 
 
@@ -48,7 +51,19 @@ def test_shm_with_accumulation_and_resume(tmp_path):
     # no_sync micro-batches skip the hook; a resumed run builds a fresh mapping: same model as gloo
     flags = ["--nproc", "2", "--batch-size", "8", "--accumulate", "2", "--seed", "0", "--quiet", "--eval-every", "3"]
     gloo = tmp_path / "gloo"
-    run_ddpkit("train", *flags, "--epochs", "3", "--save-every", "0", "--grad-sync", "backend", "--run-dir", str(gloo), cwd=tmp_path)
+    run_ddpkit(
+        "train",
+        *flags,
+        "--epochs",
+        "3",
+        "--save-every",
+        "0",
+        "--grad-sync",
+        "backend",
+        "--run-dir",
+        str(gloo),
+        cwd=tmp_path,
+    )
     part = tmp_path / "part"
     run_ddpkit("train", *flags, "--epochs", "2", "--save-every", "1", "--run-dir", str(part), cwd=tmp_path)
     run_ddpkit("train", *flags, "--epochs", "3", "--save-every", "1", "--run-dir", str(part), "--resume", cwd=tmp_path)
@@ -56,13 +71,18 @@ def test_shm_with_accumulation_and_resume(tmp_path):
     assert_state_equal(load_model(part), load_model(gloo))
 
 
-@pytest.mark.parametrize("flags, fragment", [
-    (["--grad-sync", "shm", "--grad-compression", "bf16"], "cannot carry --grad-compression bf16"),
-    (["--grad-sync", "shm", "--strategy", "fsdp"], "--grad-sync shm: DDP options"),
-    (["--grad-sync", "tcp"], "invalid choice"),
-])
+@pytest.mark.parametrize(
+    "flags, fragment",
+    [
+        (["--grad-sync", "shm", "--grad-compression", "bf16"], "cannot carry --grad-compression bf16"),
+        (["--grad-sync", "shm", "--strategy", "fsdp"], "--grad-sync shm: DDP options"),
+        (["--grad-sync", "tcp"], "invalid choice"),
+    ],
+)
 def test_grad_sync_refusals(tmp_path, flags, fragment):
-    proc = run_ddpkit("train", "--nproc", "2", "--epochs", "1", "--run-dir", str(tmp_path / "r"), *flags, cwd=tmp_path, check=False)
+    proc = run_ddpkit(
+        "train", "--nproc", "2", "--epochs", "1", "--run-dir", str(tmp_path / "r"), *flags, cwd=tmp_path, check=False
+    )
     assert proc.returncode == 2, proc.stderr
     assert fragment in proc.stderr
     assert "Traceback" not in proc.stderr

@@ -1,6 +1,7 @@
 """Hangs injected for real: a rank that sleeps inside a step, one that skips an all-reduce,
 one stuck in __getitem__. Without a rerun, every rank leaves its stacks and collectives in
 RUN_DIR/hang and one summary names the rank, the collective and the line."""
+
 import json
 from pathlib import Path
 
@@ -19,16 +20,31 @@ def line_of(text: str) -> int:
 
 def hang(tmp_path, task, *flags, **env):
     run = tmp_path / "run"
-    proc = run_ddpkit("train", f"{TASKS}:{task}", *WINE, "--run-dir", str(run), *flags, check=False, timeout=120,
-                      env={"FAULT_STEP": "7", "FAULT_RANK": "1", **env})
+    proc = run_ddpkit(
+        "train",
+        f"{TASKS}:{task}",
+        *WINE,
+        "--run-dir",
+        str(run),
+        *flags,
+        check=False,
+        timeout=120,
+        env={"FAULT_STEP": "7", "FAULT_RANK": "1", **env},
+    )
     assert proc.returncode == 2, proc.stderr
     return proc.stderr, run / "hang"
 
 
-@pytest.mark.parametrize("flags, first", [
-    (WATCHDOG, "made no progress for"),  # caught by the watchdog
-    (["--timeout", "3", "--hang-timeout", "0"], "rank 0 waited 3 s (--timeout) for rank 1"),  # by the collective timeout
-])
+@pytest.mark.parametrize(
+    "flags, first",
+    [
+        (WATCHDOG, "made no progress for"),  # caught by the watchdog
+        (
+            ["--timeout", "3", "--hang-timeout", "0"],
+            "rank 0 waited 3 s (--timeout) for rank 1",
+        ),  # by the collective timeout
+    ],
+)
 def test_a_rank_sleeping_inside_a_step_is_named_with_its_line(tmp_path, flags, first):
     err, hang_dir = hang(tmp_path, "exits_midway", *flags, FAULT_HANG="1")
     sleep = f"scripts/fault_tasks.py:{line_of('time.sleep(600)')} in forward: time.sleep(600)"
@@ -74,10 +90,25 @@ def test_under_torchrun_rank_0_prints_the_summary_itself(tmp_path):
 
     run = tmp_path / "run"
     torchrun = Path(sys.executable).with_name("torchrun")
-    proc = subprocess.run([str(torchrun), "--nproc-per-node", "2", "-m", "ddpkit", "train", f"{TASKS}:exits_midway",
-                           "--run-dir", str(run), *WINE[2:], *WATCHDOG], capture_output=True, text=True, timeout=120,
-                          env={**os.environ, "PYTHONPATH": str(REPO / "src"), "FAULT_STEP": "7", "FAULT_RANK": "1",
-                               "FAULT_HANG": "1"})
+    proc = subprocess.run(
+        [
+            str(torchrun),
+            "--nproc-per-node",
+            "2",
+            "-m",
+            "ddpkit",
+            "train",
+            f"{TASKS}:exits_midway",
+            "--run-dir",
+            str(run),
+            *WINE[2:],
+            *WATCHDOG,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "PYTHONPATH": str(REPO / "src"), "FAULT_STEP": "7", "FAULT_RANK": "1", "FAULT_HANG": "1"},
+    )
     assert proc.returncode != 0
     assert proc.stderr.count("ddpkit: hang report") == 1, proc.stderr  # no ddpkit launcher: rank 0 prints it
     assert "rank(s) 1 never arrived" in proc.stderr and "made no progress for" in proc.stderr, proc.stderr

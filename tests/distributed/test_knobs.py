@@ -1,5 +1,6 @@
 """Performance knobs: each one trains, and its result equals plain DDP within the tolerance
 tuning.py documents for it. `ddpkit bench` prints a parseable table. Bad values are refused."""
+
 import json
 import subprocess
 import sys
@@ -36,10 +37,13 @@ def test_accumulate_k_micro_batches_equals_k_times_the_batch(tmp_path, plain):
     assert json.loads((run / "summary.json").read_text())["global_batch"] == 32
 
 
-@pytest.mark.parametrize("flags", [
-    ["--bucket-mb", "0.001", "--static-graph"],   # many tiny buckets: same sums
-    ["--fused-optimizer", "on"],                   # fused Adam: another rounding
-])
+@pytest.mark.parametrize(
+    "flags",
+    [
+        ["--bucket-mb", "0.001", "--static-graph"],  # many tiny buckets: same sums
+        ["--fused-optimizer", "on"],  # fused Adam: another rounding
+    ],
+)
 def test_exact_knobs_match_plain_ddp(tmp_path, plain, flags):
     run = _train(tmp_path, "--batch-size", "16", *flags)
     assert_state_close(load_model(run), load_model(plain), rtol=1e-5, atol=1e-6)
@@ -52,12 +56,15 @@ def test_gradient_compression_is_close_to_plain_ddp(tmp_path, plain, method, tol
     assert abs(_loss(run) - _loss(plain)) < 0.02 * _loss(plain) + tol
 
 
-@pytest.mark.parametrize("flags, fragment", [
-    (["--accumulate", "0"], "--accumulate must be a positive integer"),
-    (["--bucket-mb", "-1"], "--bucket-mb must be a positive number"),
-    (["--grad-compression", "zip"], "invalid choice"),
-    (["--fused-optimizer", "maybe"], "invalid choice"),
-])
+@pytest.mark.parametrize(
+    "flags, fragment",
+    [
+        (["--accumulate", "0"], "--accumulate must be a positive integer"),
+        (["--bucket-mb", "-1"], "--bucket-mb must be a positive number"),
+        (["--grad-compression", "zip"], "invalid choice"),
+        (["--fused-optimizer", "maybe"], "invalid choice"),
+    ],
+)
 def test_bad_knob_values_are_refused(tmp_path, flags, fragment):
     proc = run_ddpkit("train", *flags, "--epochs", "1", cwd=tmp_path, check=False, timeout=60)
     assert proc.returncode == 2
@@ -66,8 +73,20 @@ def test_bad_knob_values_are_refused(tmp_path, flags, fragment):
 
 
 def test_bench_prints_a_parseable_table(tmp_path):
-    out = run_ddpkit("bench", "--nproc", "1,2", "--sizes", "4,64K", "--iters", "3", "--steps", "3",
-                     "--json", str(tmp_path / "b.json"), cwd=tmp_path).stdout
+    out = run_ddpkit(
+        "bench",
+        "--nproc",
+        "1,2",
+        "--sizes",
+        "4,64K",
+        "--iters",
+        "3",
+        "--steps",
+        "3",
+        "--json",
+        str(tmp_path / "b.json"),
+        cwd=tmp_path,
+    ).stdout
     rows = [line.split() for line in out.splitlines() if line.strip() and not line.startswith("#")]
     allreduce = [r for r in rows if len(r) == 6]
     steps = [r for r in rows if len(r) == 12]
@@ -85,12 +104,15 @@ def test_bench_prints_a_parseable_table(tmp_path):
     assert [r["world_size"] for r in report["results"]] == [1, 2]
 
 
-@pytest.mark.parametrize("args, fragment", [
-    (["--nproc", "0"], "--nproc must be a comma-separated list"),
-    (["--sizes", "2"], "--sizes must be byte counts"),
-    (["--what", "everything"], "--what must be"),
-    (["no_such_task"], "unknown task"),
-])
+@pytest.mark.parametrize(
+    "args, fragment",
+    [
+        (["--nproc", "0"], "--nproc must be a comma-separated list"),
+        (["--sizes", "2"], "--sizes must be byte counts"),
+        (["--what", "everything"], "--what must be"),
+        (["no_such_task"], "unknown task"),
+    ],
+)
 def test_bench_bad_values_are_refused(tmp_path, args, fragment):
     proc = run_ddpkit("bench", *args, cwd=tmp_path, check=False, timeout=60)
     assert proc.returncode == 2
@@ -100,6 +122,7 @@ def test_bench_bad_values_are_refused(tmp_path, args, fragment):
 
 def test_help_and_cli_import_no_torch():
     code = "import sys, ddpkit.cli; ddpkit.cli.build_parser(); print('torch' in sys.modules)"
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
-                         env={"PYTHONPATH": str(REPO / "src")}).stdout
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, env={"PYTHONPATH": str(REPO / "src")}
+    ).stdout
     assert out.strip() == "False"

@@ -1,4 +1,5 @@
 """`ddpkit launch`: any script on N workers, with torchrun's environment; exact evaluation."""
+
 import json
 import subprocess
 import sys
@@ -18,8 +19,12 @@ def test_evaluation_counts_every_sample_once_at_any_world_size(tmp_path):
     for world in (1, 2, 3, 5):
         out = tmp_path / f"eval{world}.json"
         if world == 1:  # one process needs no launcher: run the same script in-process
-            subprocess.run([sys.executable, str(HERE / "eval_exact.py"), str(out)], check=True, timeout=120,
-                           env={**__import__("os").environ, "PYTHONPATH": str(REPO / "src")})
+            subprocess.run(
+                [sys.executable, str(HERE / "eval_exact.py"), str(out)],
+                check=True,
+                timeout=120,
+                env={**__import__("os").environ, "PYTHONPATH": str(REPO / "src")},
+            )
         else:
             run_ddpkit("launch", "--nproc", str(world), str(HERE / "eval_exact.py"), str(out))
         results[world] = json.loads(out.read_text())
@@ -35,8 +40,24 @@ def test_own_loop_script_runs_the_same_under_ddpkit_launch_and_plain_torchrun(tm
     proc = run_ddpkit("launch", "--nproc", "2", script, "--epochs", "3", "--out", str(tmp_path / "a"))
     assert "epoch 3: loss" in proc.stdout and "(world size 2)" in proc.stdout
     assert proc.stdout.count("epoch 3: loss") == 1  # rank 0 prints, rank 1 is silent
-    subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", script, "--epochs", "3", "--out", str(tmp_path / "b")],
-                   check=True, capture_output=True, timeout=120, env={**__import__("os").environ, "PYTHONPATH": str(REPO / "src")})
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--nproc-per-node",
+            "2",
+            script,
+            "--epochs",
+            "3",
+            "--out",
+            str(tmp_path / "b"),
+        ],
+        check=True,
+        capture_output=True,
+        timeout=120,
+        env={**__import__("os").environ, "PYTHONPATH": str(REPO / "src")},
+    )
     a = torch.load(tmp_path / "a" / "final.pt", weights_only=True)
     b = torch.load(tmp_path / "b" / "final.pt", weights_only=True)
     assert a["extra"] == {"epochs": 3}

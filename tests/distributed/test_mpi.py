@@ -1,5 +1,6 @@
 """The real mpirun (Debian's openmpi-bin): every MPI rank is one worker of one job, not N
 independent single-process runs (issue 15)."""
+
 import os
 import shutil
 import subprocess
@@ -20,15 +21,22 @@ def open_mpi():
 
         _apt_install(["openmpi-bin"], timeout=600)
     if shutil.which("mpirun") is None:
-        pytest.skip("needs Open MPI's mpirun (apt-get install openmpi-bin, as root); the variables it sets are "
-                    "tested without it in tests/unit/environments/test_mpi_kubeflow.py")
+        pytest.skip(
+            "needs Open MPI's mpirun (apt-get install openmpi-bin, as root); the variables it sets are "
+            "tested without it in tests/unit/environments/test_mpi_kubeflow.py"
+        )
 
 
 def mpirun(n: int, *argv: str, env: dict | None = None) -> subprocess.CompletedProcess:
     root = ["--allow-run-as-root"] if os.geteuid() == 0 else []
     cmd = ["mpirun", *root, "--oversubscribe", "-np", str(n), "-x", "PYTHONPATH", *argv]
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=180,
-                          env={**os.environ, "PYTHONPATH": str(REPO / "src"), **(env or {})})
+    return subprocess.run(
+        cmd,
+        capture_output=True,
+        text=True,
+        timeout=180,
+        env={**os.environ, "PYTHONPATH": str(REPO / "src"), **(env or {})},
+    )
 
 
 def test_own_loop_under_mpirun_is_one_job_equal_to_ddpkit_launch(tmp_path):
@@ -60,5 +68,7 @@ def test_ddpkit_train_under_mpirun_equals_its_own_two_processes(tmp_path):
     proc = mpirun(2, sys.executable, "-m", "ddpkit", "train", *flags, "--run-dir", str(tmp_path / "mpi"))
     assert proc.returncode == 0, proc.stdout + proc.stderr
     run_ddpkit("train", *flags, "--nproc", "2", "--run-dir", str(tmp_path / "own"))
-    assert_state_equal(torch.load(tmp_path / "mpi" / "model.pt", weights_only=True),
-                       torch.load(tmp_path / "own" / "model.pt", weights_only=True))
+    assert_state_equal(
+        torch.load(tmp_path / "mpi" / "model.pt", weights_only=True),
+        torch.load(tmp_path / "own" / "model.pt", weights_only=True),
+    )

@@ -1,5 +1,6 @@
 """A launch whose workers all exit without ever joining a process group (a script that checks
 for GPUs and quits) says so in one warning line; its exit code stays the script's."""
+
 from pathlib import Path
 
 import pytest

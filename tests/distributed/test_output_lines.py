@@ -1,6 +1,7 @@
 """What reaches the console under `ddpkit train`: whole lines only, a task's prints from rank 0
 alone unless --verbose (then every rank's, prefixed), and a run's length in the unit it was
 asked in (steps for --max-steps)."""
+
 import re
 from pathlib import Path
 
@@ -39,8 +40,21 @@ def test_verbose_shows_every_ranks_prints_as_whole_prefixed_lines(tmp_path):
 
 def test_a_run_by_steps_reports_steps(tmp_path):
     # Wine: 5 optimizer steps per epoch at a global batch of 32; 12 steps end in epoch 3
-    proc = run_ddpkit("train", "--nproc", "2", "--batch-size", "16", "--max-steps", "12", "--save-every", "0",
-                      "--progress", "lines", "--run-dir", str(tmp_path / "r"))
+    proc = run_ddpkit(
+        "train",
+        "--nproc",
+        "2",
+        "--batch-size",
+        "16",
+        "--max-steps",
+        "12",
+        "--save-every",
+        "0",
+        "--progress",
+        "lines",
+        "--run-dir",
+        str(tmp_path / "r"),
+    )
     assert "epoch 1/3  step  5/12  train_loss" in proc.stdout and "epoch 3/3  step 12/12  train_loss" in proc.stdout
     assert "global batch 32 (16 per process), steps 12/12, epoch 3\n" in proc.stdout
     assert "epochs 3/100" not in proc.stdout

@@ -1,4 +1,5 @@
 """What a user watches (progress on a terminal) and keeps (metrics.csv, TensorBoard, the hook)."""
+
 import fcntl
 import json
 import os
@@ -18,8 +19,13 @@ def run_on_a_terminal(*args, cwd, timeout=120):
     """`python -m ddpkit ARGS` with stdout on a pseudo-terminal of 120 columns, as in a shell."""
     master, slave = pty.openpty()
     fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 30, 120, 0, 0))
-    proc = subprocess.Popen([sys.executable, "-m", "ddpkit", *args], cwd=cwd, stdout=slave, stderr=subprocess.PIPE,
-                            env={**os.environ, "PYTHONPATH": str(REPO / "src")})
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "ddpkit", *args],
+        cwd=cwd,
+        stdout=slave,
+        stderr=subprocess.PIPE,
+        env={**os.environ, "PYTHONPATH": str(REPO / "src")},
+    )
     os.close(slave)
     chunks = []
     while True:
@@ -37,21 +43,23 @@ def run_on_a_terminal(*args, cwd, timeout=120):
 
 def test_on_a_terminal_rank_0_draws_a_bar_with_global_loss_samples_per_s_and_eta(tmp_path):
     pytest.importorskip("tqdm")  # an optional extra; without it the bar falls back to lines (unit-tested)
-    rc, out, err = run_on_a_terminal("train", "--nproc", "2", "--epochs", "4", "--save-every", "0",
-                                     "--run-dir", str(tmp_path / "run"), cwd=tmp_path)
+    rc, out, err = run_on_a_terminal(
+        "train", "--nproc", "2", "--epochs", "4", "--save-every", "0", "--run-dir", str(tmp_path / "run"), cwd=tmp_path
+    )
     assert rc == 0, err
-    assert "epochs: 100%" in out and "4/4" in out                       # the bar over epochs
-    assert "epoch 4/4: " in out and "sample/s" in out                   # the bar over this epoch's samples
-    assert "rank0_loss" in out                                          # labelled as rank 0's running loss
+    assert "epochs: 100%" in out and "4/4" in out  # the bar over epochs
+    assert "epoch 4/4: " in out and "sample/s" in out  # the bar over this epoch's samples
+    assert "rank0_loss" in out  # labelled as rank 0's running loss
     final = json.loads((tmp_path / "run" / "summary.json").read_text())
-    assert f"loss={final['train_loss']:.4f}" in out                     # the global mean on the epoch bar
-    assert out.count("epoch 1/4  train_loss") == 1                      # rank 1 is silent
+    assert f"loss={final['train_loss']:.4f}" in out  # the global mean on the epoch bar
+    assert out.count("epoch 1/4  train_loss") == 1  # rank 1 is silent
     assert "ddpkit: run finished" in out
 
 
 def test_csv_tensorboard_and_the_metric_hook_get_the_same_global_values(tmp_path):
     tb = pytest.importorskip("tensorboard.backend.event_processing.event_accumulator")
-    (tmp_path / "hooked.py").write_text(textwrap.dedent("""
+    (tmp_path / "hooked.py").write_text(
+        textwrap.dedent("""
         import json, os
         from ddpkit.tasks.wine import build as wine
 
@@ -62,10 +70,27 @@ def test_csv_tensorboard_and_the_metric_hook_get_the_same_global_values(tmp_path
                     f.write(json.dumps(record) + "\\n")
             task.on_metrics = on_metrics
             return task
-    """))
+    """)
+    )
     run = tmp_path / "run"
-    run_ddpkit("train", "hooked.py:build", "--nproc", "2", "--epochs", "4", "--eval-every", "2", "--save-every", "0",
-               "--csv", "--tensorboard", "--quiet", "--run-dir", str(run), cwd=tmp_path)
+    run_ddpkit(
+        "train",
+        "hooked.py:build",
+        "--nproc",
+        "2",
+        "--epochs",
+        "4",
+        "--eval-every",
+        "2",
+        "--save-every",
+        "0",
+        "--csv",
+        "--tensorboard",
+        "--quiet",
+        "--run-dir",
+        str(run),
+        cwd=tmp_path,
+    )
     records = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
     assert [r["epoch"] for r in records] == [1, 2, 3, 4] and "eval_accuracy" not in records[0]
     # the hook: rank 0 only, once per epoch, exactly the records of metrics.jsonl (reduced across ranks)

@@ -1,6 +1,7 @@
 """A run resumed mid-epoch at another world size (or batch, or --accumulate) continues at
 exactly the sample where the checkpoint was written: every sample once per epoch, counted by
 id. The position is kept in samples of the epoch's global order, never in steps of one world."""
+
 import json
 from pathlib import Path
 
@@ -13,7 +14,9 @@ N = 90  # not a multiple of any global batch below: the last steps are short
 
 
 def seen_ids(run: Path) -> list[int]:
-    return [int(i) for p in sorted(run.glob("ids-rank*.txt")) for line in p.read_text().split("\n") for i in line.split()]
+    return [
+        int(i) for p in sorted(run.glob("ids-rank*.txt")) for line in p.read_text().split("\n") for i in line.split()
+    ]
 
 
 def records(run: Path) -> list[dict]:
@@ -21,8 +24,22 @@ def records(run: Path) -> list[dict]:
 
 
 def train(run: Path, nproc: int, batch: int, accumulate: int, *args: str) -> None:
-    run_ddpkit("train", TASK, "--quiet", "--save-every", "0", "--nproc", str(nproc), "--batch-size", str(batch),
-               "--accumulate", str(accumulate), "--run-dir", str(run), *args)
+    run_ddpkit(
+        "train",
+        TASK,
+        "--quiet",
+        "--save-every",
+        "0",
+        "--nproc",
+        str(nproc),
+        "--batch-size",
+        str(batch),
+        "--accumulate",
+        str(accumulate),
+        "--run-dir",
+        str(run),
+        *args,
+    )
 
 
 # (first world, batch, accumulate) -> (resumed world, batch, accumulate), steps before the stop
@@ -99,8 +116,23 @@ def test_a_checkpoint_that_kept_its_place_in_steps_resumes_only_at_its_own_globa
     (path,) = (run / "checkpoints").glob("*.pt")
     _as_written_before_samples(path)
     before, written = seen_ids(run), path.read_bytes()
-    refused = run_ddpkit("train", TASK, "--quiet", "--save-every", "0", "--nproc", "1", "--batch-size", "4", "--epochs", "1",
-                         "--resume", "--run-dir", str(run), check=False)
+    refused = run_ddpkit(
+        "train",
+        TASK,
+        "--quiet",
+        "--save-every",
+        "0",
+        "--nproc",
+        "1",
+        "--batch-size",
+        "4",
+        "--epochs",
+        "1",
+        "--resume",
+        "--run-dir",
+        str(run),
+        check=False,
+    )
     assert refused.returncode == 2, refused.stderr
     message = refused.stderr.strip().splitlines()
     assert len(message) == 1 and "Traceback" not in refused.stderr, refused.stderr

@@ -1,6 +1,7 @@
 """--min-lr and --lr-schedule wsd through the real CLI: the learning rates in metrics.jsonl
 follow the formula, and a run resumed from a mid-epoch checkpoint continues the schedule
 exactly where the uninterrupted run was."""
+
 import json
 import math
 import shutil
@@ -10,8 +11,28 @@ import pytest
 from conftest import assert_state_equal, load_model, run_ddpkit
 
 # Wine: 142 samples at a global batch of 32 are 5 optimizer steps per epoch; 20 steps in all
-ARGS = ["--nproc", "2", "--batch-size", "16", "--lr", "0.01", "--min-lr", "0.001", "--warmup-steps", "2",
-        "--max-steps", "20", "--eval-every-steps", "2", "--save-every-steps", "7", "--save-every", "0", "--seed", "4"]
+ARGS = [
+    "--nproc",
+    "2",
+    "--batch-size",
+    "16",
+    "--lr",
+    "0.01",
+    "--min-lr",
+    "0.001",
+    "--warmup-steps",
+    "2",
+    "--max-steps",
+    "20",
+    "--eval-every-steps",
+    "2",
+    "--save-every-steps",
+    "7",
+    "--save-every",
+    "0",
+    "--seed",
+    "4",
+]
 
 
 def _lrs(run):
@@ -28,7 +49,9 @@ def test_a_resumed_run_continues_the_schedule_to_min_lr(tmp_path, shape):
     if shape[1] == "wsd":  # stable until step 10, then linear over the last 10 steps
         assert lrs[10] == pytest.approx(0.01) and lrs[16] == pytest.approx(0.001 + 0.009 * 4 / 10)
     else:
-        assert lrs[10] == pytest.approx(0.001 + 0.009 * 0.5 * (1 + math.cos(math.pi * 8 / 18)))  # 8 of 18 decaying steps
+        assert lrs[10] == pytest.approx(
+            0.001 + 0.009 * 0.5 * (1 + math.cos(math.pi * 8 / 18))
+        )  # 8 of 18 decaying steps
     # the same run interrupted after its step-7 checkpoint (inside epoch 2): drop what came later, resume
     shutil.copytree(full, split)
     (split / "model.pt").unlink()

@@ -1,6 +1,7 @@
 """Streaming data through the real CLI: every sample trained on by exactly one rank (and
 worker) once per pass, uneven ends that stop every rank at the same step, exact resume,
 --keep-last after a crash mid-save, and clear errors for bad streams."""
+
 import importlib.util
 import json
 import shutil
@@ -21,7 +22,12 @@ QUIET = ["--quiet", "--save-every", "0", "--seed", "1", "--batch-size", "4"]
 
 
 def seen_ids(run):
-    return [int(i) for p in sorted(Path(run).glob("ids-rank*.txt")) for line in p.read_text().split("\n") for i in line.split()]
+    return [
+        int(i)
+        for p in sorted(Path(run).glob("ids-rank*.txt"))
+        for line in p.read_text().split("\n")
+        for i in line.split()
+    ]
 
 
 @pytest.mark.parametrize("nproc, workers", [(1, 0), (1, 2), (2, 0), (2, 2), (3, 0), (3, 2)])
@@ -29,8 +35,21 @@ def test_every_sample_is_trained_on_once_per_pass(tmp_path, nproc, workers):
     # 6 shards of 10: every rank and worker gets whole shards, as many batches as the others
     shards = write_shards(tmp_path / "shards", 6, 10)
     run = tmp_path / "run"
-    run_ddpkit("train", TASK, "--task-arg", f"shards_dir={Path(shards[0]).parent}", "--nproc", str(nproc),
-               "--num-workers", str(workers), "--epochs", "2", "--run-dir", str(run), *QUIET)
+    run_ddpkit(
+        "train",
+        TASK,
+        "--task-arg",
+        f"shards_dir={Path(shards[0]).parent}",
+        "--nproc",
+        str(nproc),
+        "--num-workers",
+        str(workers),
+        "--epochs",
+        "2",
+        "--run-dir",
+        str(run),
+        *QUIET,
+    )
     ids = seen_ids(run)
     assert sorted(ids) == sorted(list(range(60)) * 2), (len(ids), sorted(set(range(60)) - set(ids)))
     assert (run / "model.pt").is_file()
@@ -38,8 +57,21 @@ def test_every_sample_is_trained_on_once_per_pass(tmp_path, nproc, workers):
 
 def test_a_plain_iterable_dataset_is_dealt_out_round_robin(tmp_path):
     run = tmp_path / "run"
-    run_ddpkit("train", TASK, "--task-arg", "plain=48", "--nproc", "2", "--num-workers", "2", "--epochs", "1",
-               "--run-dir", str(run), *QUIET)
+    run_ddpkit(
+        "train",
+        TASK,
+        "--task-arg",
+        "plain=48",
+        "--nproc",
+        "2",
+        "--num-workers",
+        "2",
+        "--epochs",
+        "1",
+        "--run-dir",
+        str(run),
+        *QUIET,
+    )
     assert sorted(seen_ids(run)) == list(range(48))
 
 
@@ -47,15 +79,30 @@ def test_ranks_that_run_out_at_different_steps_all_stop_at_the_same_step(tmp_pat
     # 7 shards of 10 on 2 ranks: rank 0 reads 4 (40 samples), rank 1 reads 3 (30)
     shards = write_shards(tmp_path / "shards", 7, 10)
     run = tmp_path / "run"
-    proc = run_ddpkit("train", TASK, "--task-arg", f"shards_dir={Path(shards[0]).parent}", "--nproc", "2",
-                      "--epochs", "2", "--run-dir", str(run), *QUIET, timeout=120)
+    proc = run_ddpkit(
+        "train",
+        TASK,
+        "--task-arg",
+        f"shards_dir={Path(shards[0]).parent}",
+        "--nproc",
+        "2",
+        "--epochs",
+        "2",
+        "--run-dir",
+        str(run),
+        *QUIET,
+        timeout=120,
+    )
     assert proc.returncode == 0
-    steps = {p.name: [[int(i) for i in line.split()] for line in p.read_text().splitlines()] for p in run.glob("ids-rank*.txt")}
+    steps = {
+        p.name: [[int(i) for i in line.split()] for line in p.read_text().splitlines()]
+        for p in run.glob("ids-rank*.txt")
+    }
     # rank 1's 30 samples make 8 batches (7 x 4 + 2); at step 9 it has none, so the pass ends on
     # both ranks after 8 steps, and the 8 samples rank 0 still had are dropped
     assert sorted(len(lines) for lines in steps.values()) == [16, 16]  # 8 steps per pass, 2 passes
     for p in (0, 1):
-        trained = [i for lines in steps.values() for line in lines[8 * p: 8 * p + 8] for i in line]
+        trained = [i for lines in steps.values() for line in lines[8 * p : 8 * p + 8] for i in line]
         assert len(trained) == 62 and len(set(trained)) == 62, (p, len(trained))
     assert (run / "model.pt").is_file()
 
@@ -63,8 +110,22 @@ def test_ranks_that_run_out_at_different_steps_all_stop_at_the_same_step(tmp_pat
 @pytest.mark.parametrize("workers", [0, 2])
 def test_a_stream_resumed_mid_pass_ends_bit_identical(tmp_path, workers):
     shards = write_shards(tmp_path / "shards", 6, [9, 11, 10, 7, 13, 10])
-    args = [TASK, "--task-arg", f"shards_dir={Path(shards[0]).parent}", "--nproc", "2", "--num-workers", str(workers),
-            "--quiet", "--seed", "1", "--batch-size", "4", "--save-every", "0"]
+    args = [
+        TASK,
+        "--task-arg",
+        f"shards_dir={Path(shards[0]).parent}",
+        "--nproc",
+        "2",
+        "--num-workers",
+        str(workers),
+        "--quiet",
+        "--seed",
+        "1",
+        "--batch-size",
+        "4",
+        "--save-every",
+        "0",
+    ]
     run_ddpkit("train", *args, "--epochs", "2", "--run-dir", str(tmp_path / "full"))
     part = tmp_path / "part"
     run_ddpkit("train", *args, "--max-steps", "5", "--save-every-steps", "5", "--run-dir", str(part))
@@ -88,17 +149,35 @@ def test_keep_last_holds_exactly_k_complete_checkpoints_after_a_crash_mid_save(t
     assert sorted(p.name for p in ckpts.glob("epoch-*.pt")) == ["epoch-000007.pt", "epoch-000008.pt"]
 
 
-@pytest.mark.parametrize("task_args, fragment", [
-    (["--task-arg", "shards_dir=/nonexistent/empty"], "the shard list is empty"),
-    (["bad=missing"], "cannot read shard"),
-    (["bad=strings"], "hold no tensor"),
-])
+@pytest.mark.parametrize(
+    "task_args, fragment",
+    [
+        (["--task-arg", "shards_dir=/nonexistent/empty"], "the shard list is empty"),
+        (["bad=missing"], "cannot read shard"),
+        (["bad=strings"], "hold no tensor"),
+    ],
+)
 def test_bad_streams_get_one_clear_line(tmp_path, task_args, fragment):
     shards = write_shards(tmp_path / "shards", 2, 5)
-    extra = task_args if task_args[0] == "--task-arg" else ["--task-arg", f"shards_dir={Path(shards[0]).parent}",
-                                                            "--task-arg", task_args[0]]
-    proc = run_ddpkit("train", TASK, *extra, "--nproc", "2", "--epochs", "1", "--run-dir", str(tmp_path / "r"),
-                      "--quiet", check=False, timeout=120)
+    extra = (
+        task_args
+        if task_args[0] == "--task-arg"
+        else ["--task-arg", f"shards_dir={Path(shards[0]).parent}", "--task-arg", task_args[0]]
+    )
+    proc = run_ddpkit(
+        "train",
+        TASK,
+        *extra,
+        "--nproc",
+        "2",
+        "--epochs",
+        "1",
+        "--run-dir",
+        str(tmp_path / "r"),
+        "--quiet",
+        check=False,
+        timeout=120,
+    )
     assert proc.returncode == 2, proc.stdout + proc.stderr
     assert fragment in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
 
@@ -134,9 +213,31 @@ def test_async_save_writes_the_blocking_saves_checkpoints_and_resumes_from_them(
 
 def test_keep_best_keeps_the_best_checkpoints_by_the_metric_and_the_newest(tmp_path):
     run = tmp_path / "run"
-    run_ddpkit("train", "--nproc", "2", "--epochs", "8", "--save-every", "1", "--keep-best", "2", "--keep-last", "1",
-               "--best-metric", "eval_loss", "--quiet", "--seed", "2", "--lr", "0.05", "--run-dir", str(run))
-    losses = {r["epoch"]: r["eval_loss"] for r in (json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines())}
+    run_ddpkit(
+        "train",
+        "--nproc",
+        "2",
+        "--epochs",
+        "8",
+        "--save-every",
+        "1",
+        "--keep-best",
+        "2",
+        "--keep-last",
+        "1",
+        "--best-metric",
+        "eval_loss",
+        "--quiet",
+        "--seed",
+        "2",
+        "--lr",
+        "0.05",
+        "--run-dir",
+        str(run),
+    )
+    losses = {
+        r["epoch"]: r["eval_loss"] for r in (json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines())
+    }
     best = sorted(losses, key=losses.get)[:2]
     expected = sorted({f"epoch-{e:06d}.pt" for e in best} | {"epoch-000008.pt"})
     assert sorted(p.name for p in (run / "checkpoints").glob("epoch-*.pt")) == expected, losses
@@ -144,12 +245,30 @@ def test_keep_best_keeps_the_best_checkpoints_by_the_metric_and_the_newest(tmp_p
     assert recorded["epoch-000003"] == pytest.approx(losses[3])
 
 
-@pytest.mark.skipif(importlib.util.find_spec("datasets") is None, reason="needs the datasets extra (pip install 'ddpkit[datasets]')")
+@pytest.mark.skipif(
+    importlib.util.find_spec("datasets") is None, reason="needs the datasets extra (pip install 'ddpkit[datasets]')"
+)
 @pytest.mark.parametrize("hf_shards", [6, 2])
 def test_a_hugging_face_streaming_set_is_read_by_its_shards_and_resumes(tmp_path, hf_shards):
     # 6 shards: each of the 2 ranks x 2 workers reads its own; 2 shards: fewer than readers, round-robin
-    args = [TASK, "--task-arg", "hf=48", "--task-arg", f"hf_shards={hf_shards}", "--nproc", "2", "--num-workers", "2",
-            "--quiet", "--seed", "1", "--batch-size", "4", "--save-every", "0"]
+    args = [
+        TASK,
+        "--task-arg",
+        "hf=48",
+        "--task-arg",
+        f"hf_shards={hf_shards}",
+        "--nproc",
+        "2",
+        "--num-workers",
+        "2",
+        "--quiet",
+        "--seed",
+        "1",
+        "--batch-size",
+        "4",
+        "--save-every",
+        "0",
+    ]
     run_ddpkit("train", *args, "--epochs", "2", "--run-dir", str(tmp_path / "full"))
     assert sorted(seen_ids(tmp_path / "full")) == sorted(list(range(48)) * 2)
     part = tmp_path / "part"
@@ -160,8 +279,18 @@ def test_a_hugging_face_streaming_set_is_read_by_its_shards_and_resumes(tmp_path
 
 def test_a_stream_resumed_at_another_world_size_repeats_no_sample(tmp_path):
     shards = write_shards(tmp_path / "shards", 6, 10)
-    args = [TASK, "--task-arg", f"shards_dir={Path(shards[0]).parent}", "--quiet", "--seed", "1", "--batch-size", "4",
-            "--save-every", "0"]
+    args = [
+        TASK,
+        "--task-arg",
+        f"shards_dir={Path(shards[0]).parent}",
+        "--quiet",
+        "--seed",
+        "1",
+        "--batch-size",
+        "4",
+        "--save-every",
+        "0",
+    ]
     run = tmp_path / "run"
     run_ddpkit("train", *args, "--nproc", "2", "--max-steps", "3", "--save-every-steps", "3", "--run-dir", str(run))
     first = seen_ids(run)
@@ -178,8 +307,24 @@ def test_a_stream_resumed_at_another_world_size_repeats_no_sample(tmp_path):
 
 def test_save_every_minutes_checkpoints_inside_passes(tmp_path):
     run = tmp_path / "run"
-    run_ddpkit("train", "--nproc", "2", "--epochs", "3", "--batch-size", "8", "--save-every", "0",
-               "--save-every-minutes", "1e-9", "--keep-last", "3", "--quiet", "--run-dir", str(run))
+    run_ddpkit(
+        "train",
+        "--nproc",
+        "2",
+        "--epochs",
+        "3",
+        "--batch-size",
+        "8",
+        "--save-every",
+        "0",
+        "--save-every-minutes",
+        "1e-9",
+        "--keep-last",
+        "3",
+        "--quiet",
+        "--run-dir",
+        str(run),
+    )
     names = sorted(p.name for p in (run / "checkpoints").glob("epoch-*.pt"))
     # due at every step boundary inside a pass (9 steps of 16); the 3 newest complete ones stay, named by the
     # run's optimizer step (the 6th to 8th steps of the third pass) and holding their place in samples

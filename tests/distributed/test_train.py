@@ -1,5 +1,6 @@
 """`ddpkit train` end to end through the real CLI: real worker processes started by torch's
 elastic agent, a real gloo process group. Each test asserts results, not that it ran."""
+
 import json
 import re
 
@@ -44,8 +45,12 @@ def test_n_ranks_equal_one_process_with_the_global_batch(tmp_path, nproc, per_ra
     """The scale-out promise: same seed, same global batch -> same model, whatever nproc.
     With 3 x 10 the last global batch (142 = 4 x 30 + 22) is uneven: 8/7/7 samples."""
     common = ["--epochs", "8", "--seed", "3", "--save-every", "0", "--quiet"]
-    run_ddpkit("train", "--nproc", "1", "--batch-size", str(nproc * per_rank), "--run-dir", str(tmp_path / "one"), *common)
-    run_ddpkit("train", "--nproc", str(nproc), "--batch-size", str(per_rank), "--run-dir", str(tmp_path / "many"), *common)
+    run_ddpkit(
+        "train", "--nproc", "1", "--batch-size", str(nproc * per_rank), "--run-dir", str(tmp_path / "one"), *common
+    )
+    run_ddpkit(
+        "train", "--nproc", str(nproc), "--batch-size", str(per_rank), "--run-dir", str(tmp_path / "many"), *common
+    )
     one, many = load_model(tmp_path / "one"), load_model(tmp_path / "many")
     assert_state_close(many, one, rtol=1e-5, atol=1e-6)
     assert not all(torch.equal(one[k], wine_model().state_dict()[k]) for k in one)  # it trained
@@ -53,8 +58,20 @@ def test_n_ranks_equal_one_process_with_the_global_batch(tmp_path, nproc, per_ra
 
 def test_different_seeds_give_different_models(tmp_path):
     for seed in (1, 2):
-        run_ddpkit("train", "--nproc", "1", "--epochs", "2", "--seed", str(seed), "--save-every", "0",
-                   "--quiet", "--run-dir", str(tmp_path / str(seed)))
+        run_ddpkit(
+            "train",
+            "--nproc",
+            "1",
+            "--epochs",
+            "2",
+            "--seed",
+            str(seed),
+            "--save-every",
+            "0",
+            "--quiet",
+            "--run-dir",
+            str(tmp_path / str(seed)),
+        )
     a, b = load_model(tmp_path / "1"), load_model(tmp_path / "2")
     assert not torch.equal(a["0.weight"], b["0.weight"])
 
@@ -63,7 +80,9 @@ def test_different_seeds_give_different_models(tmp_path):
 def test_resume_is_bit_identical_to_an_uninterrupted_run(tmp_path, nproc, reference_run):
     common = ["--nproc", str(nproc), "--seed", "5", "--save-every", "2"]
     full = reference_run(*common, "--epochs", "6", "--quiet")  # with 2 processes also test_fsdp's DDP run
-    run_ddpkit("train", *common, "--epochs", "3", "--quiet", "--run-dir", str(tmp_path / "split"))  # stops after epoch 3
+    run_ddpkit(
+        "train", *common, "--epochs", "3", "--quiet", "--run-dir", str(tmp_path / "split")
+    )  # stops after epoch 3
     proc = run_ddpkit("train", *common, "--epochs", "6", "--resume", "--run-dir", str(tmp_path / "split"))
     assert "resuming from" in proc.stdout and "epoch-000003.pt" in proc.stdout
     assert_state_equal(load_model(tmp_path / "split"), load_model(full))
@@ -88,8 +107,19 @@ def test_user_task_file_trains(tmp_path, repo=None):
     from conftest import REPO
 
     run = tmp_path / "run"
-    run_ddpkit("train", str(REPO / "examples" / "user_task.py") + ":build", "--nproc", "2", "--epochs", "10",
-               "--batch-size", "25", "--quiet", "--run-dir", str(run))
+    run_ddpkit(
+        "train",
+        str(REPO / "examples" / "user_task.py") + ":build",
+        "--nproc",
+        "2",
+        "--epochs",
+        "10",
+        "--batch-size",
+        "25",
+        "--quiet",
+        "--run-dir",
+        str(run),
+    )
     summary = json.loads((run / "summary.json").read_text())
     assert summary["world_size"] == 2 and summary["eval_accuracy"] >= 0.9
 
@@ -100,6 +130,7 @@ def test_module_function_task_trains(tmp_path):
         "def make():\n"
         "    m = torch.nn.Linear(3, 2)\n"
         "    ds = torch.utils.data.TensorDataset(torch.randn(20, 3), torch.randint(0, 2, (20,)))\n"
-        "    return ds, m, torch.optim.SGD(m.parameters(), lr=0.1)\n")
+        "    return ds, m, torch.optim.SGD(m.parameters(), lr=0.1)\n"
+    )
     run_ddpkit("train", "pkg_task_mod:make", "--nproc", "2", "--epochs", "2", "--quiet", "--run-dir", "r", cwd=tmp_path)
     assert set(load_model(tmp_path / "r")) == {"weight", "bias"}

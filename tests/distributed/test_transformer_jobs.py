@@ -5,6 +5,7 @@ batches. The same global batch gives the same model.pt at any world size, with o
 trains on the model's own .loss; bad inputs are one line and exit 2.
 
 The models are tiny (2 blocks, width 32, 56 training windows), so each run takes seconds."""
+
 import importlib.util
 import json
 import shutil
@@ -19,14 +20,29 @@ GPT = str(REPO / "examples" / "gpt.py") + ":build"
 HF_PLAIN = str(REPO / "examples" / "hf_transformers.py") + ":build"
 HF_EXACT = str(REPO / "examples" / "hf_transformers.py") + ":build_exact"
 # 56 training samples, global batch 16: 3 full steps and a short one of 8 per epoch
-TINY = ["--task-arg", "n_layer=2", "--task-arg", "n_head=2", "--task-arg", "n_embd=32", "--task-arg", "dropout=0.0",
-        "--task-arg", "max_samples=56"]
+TINY = [
+    "--task-arg",
+    "n_layer=2",
+    "--task-arg",
+    "n_head=2",
+    "--task-arg",
+    "n_embd=32",
+    "--task-arg",
+    "dropout=0.0",
+    "--task-arg",
+    "max_samples=56",
+]
 GPT_TINY = TINY + ["--task-arg", "block_size=32", "--task-arg", "warmup_steps=3"]
 HF_TINY = TINY + ["--task-arg", "max_length=32"]
 COMMON = ["--epochs", "2", "--seed", "7", "--clip-grad-norm", "1.0", "--threads", "1", "--quiet"]
 B = 8  # per process at 2 processes
 # name: (processes, batch per process, accumulate, strategy): the same global batch of 2B
-LAYOUTS = {"1x16": (1, 2 * B, 1, "ddp"), "2x8": (2, B, 1, "ddp"), "2x4x2": (2, B // 2, 2, "ddp"), "fsdp-2x8": (2, B, 1, "fsdp")}
+LAYOUTS = {
+    "1x16": (1, 2 * B, 1, "ddp"),
+    "2x8": (2, B, 1, "ddp"),
+    "2x4x2": (2, B // 2, 2, "ddp"),
+    "fsdp-2x8": (2, B, 1, "fsdp"),
+}
 
 
 RESUMED = {"2x8": "epoch-000001.pt", "fsdp-2x8": "epoch-000001"}  # layout: its checkpoint after epoch 1
@@ -34,8 +50,22 @@ RESUMED = {"2x8": "epoch-000001.pt", "fsdp-2x8": "epoch-000001"}  # layout: its 
 
 def _train(task, run_dir, layout, *extra):
     nproc, batch, accumulate, strategy = LAYOUTS[layout]
-    return run_ddpkit("train", task, "--nproc", str(nproc), "--batch-size", str(batch), "--accumulate", str(accumulate),
-                      "--strategy", strategy, "--run-dir", str(run_dir), *COMMON, *extra)
+    return run_ddpkit(
+        "train",
+        task,
+        "--nproc",
+        str(nproc),
+        "--batch-size",
+        str(batch),
+        "--accumulate",
+        str(accumulate),
+        "--strategy",
+        strategy,
+        "--run-dir",
+        str(run_dir),
+        *COMMON,
+        *extra,
+    )
 
 
 def _metrics(run):
@@ -108,7 +138,9 @@ def test_gpt_resume_with_scheduler_and_clipping_is_bit_identical(gpt_runs, tmp_p
     _train(GPT, split, layout, *GPT_TINY, "--save-every", "1", "--resume")
     assert_state_equal(load_model(split), load_model(gpt_runs / layout))
     keep = ("epoch", "train_loss", "eval_loss", "lr")  # epoch 2 only: the lr went on from the restored schedule
-    assert [{k: r[k] for k in keep} for r in _metrics(split)] == [{k: r[k] for k in keep} for r in _metrics(gpt_runs / layout)[1:]]
+    assert [{k: r[k] for k in keep} for r in _metrics(split)] == [
+        {k: r[k] for k in keep} for r in _metrics(gpt_runs / layout)[1:]
+    ]
 
 
 def test_gpt_model_pt_loads_into_the_example_model_and_generates(gpt_runs):
@@ -125,8 +157,25 @@ def test_gpt_model_pt_loads_into_the_example_model_and_generates(gpt_runs):
 def test_hf_model_trains_on_its_own_loss_and_model_pt_loads_into_a_fresh_gpt2(tmp_path):
     pytest.importorskip("transformers", reason="the hf extra (transformers) is not installed")
     run = tmp_path / "plain"
-    proc = run_ddpkit("train", HF_PLAIN, "--nproc", "2", "--batch-size", str(B), "--epochs", "3", "--seed", "7",
-                      "--run-dir", str(run), "--save-every", "0", "--threads", "1", *HF_TINY)
+    proc = run_ddpkit(
+        "train",
+        HF_PLAIN,
+        "--nproc",
+        "2",
+        "--batch-size",
+        str(B),
+        "--epochs",
+        "3",
+        "--seed",
+        "7",
+        "--run-dir",
+        str(run),
+        "--save-every",
+        "0",
+        "--threads",
+        "1",
+        *HF_TINY,
+    )
     rows = _metrics(run)
     assert rows[-1]["train_loss"] < rows[0]["train_loss"] - 0.3, rows
     assert rows[-1]["eval_loss"] < 4.0, rows
@@ -160,18 +209,34 @@ def build(config=None, kind="not_callable"):
 """
 
 
-@pytest.mark.parametrize("args, fragment", [
-    ([GPT, "--task-arg", "nope=1"], "nope"),
-    ([GPT, "--clip-grad-norm", "0"], "--clip-grad-norm"),
-    (["bad.py:build"], "scheduler"),
-    (["bad.py:build", "--task-arg", "kind=returns_text"], "scheduler"),
-    (["bad.py:build", "--task-arg", "kind=returns_the_optimizer"], "scheduler"),
-    ([GPT, "--precision", "fp16"], "fp16"),
-])
+@pytest.mark.parametrize(
+    "args, fragment",
+    [
+        ([GPT, "--task-arg", "nope=1"], "nope"),
+        ([GPT, "--clip-grad-norm", "0"], "--clip-grad-norm"),
+        (["bad.py:build"], "scheduler"),
+        (["bad.py:build", "--task-arg", "kind=returns_text"], "scheduler"),
+        (["bad.py:build", "--task-arg", "kind=returns_the_optimizer"], "scheduler"),
+        ([GPT, "--precision", "fp16"], "fp16"),
+    ],
+)
 def test_bad_inputs_are_one_line_and_exit_2(tmp_path, args, fragment):
     (tmp_path / "bad.py").write_text(BAD_TASKS.replace("EXAMPLES", repr(str(REPO / "examples"))))
-    proc = run_ddpkit("train", *args, "--nproc", "1", "--epochs", "1", "--threads", "1", "--timeout", "30",
-                      cwd=tmp_path, check=False, timeout=90)
+    proc = run_ddpkit(
+        "train",
+        *args,
+        "--nproc",
+        "1",
+        "--epochs",
+        "1",
+        "--threads",
+        "1",
+        "--timeout",
+        "30",
+        cwd=tmp_path,
+        check=False,
+        timeout=90,
+    )
     assert proc.returncode == 2, (proc.stdout, proc.stderr)
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("ddpkit: error: ") and fragment in lines[0], proc.stderr

@@ -12,6 +12,7 @@ How the guide is read (the markers are HTML comments on the line(s) just above a
 Commands run as written: the guide's epoch counts are small enough. Blocks depend on the
 ones before them (runs/ fills up), so select them with -k only together with those.
 """
+
 from __future__ import annotations
 
 import difflib
@@ -60,7 +61,7 @@ def parse_guide(text: str) -> list[Block]:
             indent, start, body = f.group(1), i + 1, []
             i += 1
             while not re.match(rf"{indent}```\s*$", lines[i]):
-                body.append(lines[i][len(indent):])
+                body.append(lines[i][len(indent) :])
                 i += 1
             blocks.append(Block(start, f.group(2), "\n".join(body) + "\n", markers))
             markers = {}
@@ -113,12 +114,24 @@ def test_every_code_block_of_the_guide_is_checked():
     """No ```python or ```diff block that nothing runs or compares; at least the path's commands."""
     for b in BLOCKS:
         if b.lang == "python":
-            assert "file" in b.markers, f"guide line {b.line}: a python block needs <!-- file: NAME --> and a command that runs it"
+            assert "file" in b.markers, (
+                f"guide line {b.line}: a python block needs <!-- file: NAME --> and a command that runs it"
+            )
         if b.lang == "diff":
             assert "diff" in b.markers, f"guide line {b.line}: a diff block needs <!-- diff: BEFORE AFTER -->"
     commands = "".join(b.text for b in BLOCKS if b.lang == "bash")
-    for needed in ("ddpkit env", "ddpkit train --nproc 1", "ddpkit train --nproc 2", "ddpkit plot", "--resume",
-                   "ddpkit launch", "torchrun", "ddpkit plan", "--strategy fsdp", "ddpkit slurm"):
+    for needed in (
+        "ddpkit env",
+        "ddpkit train --nproc 1",
+        "ddpkit train --nproc 2",
+        "ddpkit plot",
+        "--resume",
+        "ddpkit launch",
+        "torchrun",
+        "ddpkit plan",
+        "--strategy fsdp",
+        "ddpkit slurm",
+    ):
         assert needed in commands, needed
 
 
@@ -133,17 +146,31 @@ def test_guide_block(block, guide_dir):
         return
     if "diff" in block.markers:
         before, after = block.markers["diff"].split()
-        expected = difflib.unified_diff((REPO / before).read_text().splitlines(keepends=True),
-                                        (REPO / after).read_text().splitlines(keepends=True), before, after)
-        assert block.text == "".join(expected), f"the diff at guide line {block.line} is not the diff of {before} and {after}"
+        expected = difflib.unified_diff(
+            (REPO / before).read_text().splitlines(keepends=True),
+            (REPO / after).read_text().splitlines(keepends=True),
+            before,
+            after,
+        )
+        assert block.text == "".join(expected), (
+            f"the diff at guide line {block.line} is not the diff of {before} and {after}"
+        )
         return
     assert block.lang == "bash"
-    proc = subprocess.run(["bash", "-e", "-o", "pipefail", "-c", block.text], cwd=root, env=env,
-                          capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        ["bash", "-e", "-o", "pipefail", "-c", block.text],
+        cwd=root,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     output = proc.stdout + proc.stderr
     assert proc.returncode == 0, f"guide line {block.line} exited {proc.returncode}:\n{block.text}\n{output}"
     if "expect" in block.markers:
-        assert re.search(block.markers["expect"], output), f"guide line {block.line}: no {block.markers['expect']!r} in:\n{output}"
+        assert re.search(block.markers["expect"], output), (
+            f"guide line {block.line}: no {block.markers['expect']!r} in:\n{output}"
+        )
 
 
 def test_the_script_before_conversion_runs_as_the_guide_says(tmp_path, monkeypatch, capsys):
@@ -153,4 +180,7 @@ def test_the_script_before_conversion_runs_as_the_guide_says(tmp_path, monkeypat
     runpy.run_path(str(REPO / "examples" / "convert" / "train_single.py"), run_name="__main__")
     out = capsys.readouterr().out
     assert "Epoch 2, Loss:" in out
-    assert sorted(p.name for p in tmp_path.glob("model_*.pt")) == ["model_0.pt", "model_2.pt"]  # its habit: one at epoch 0
+    assert sorted(p.name for p in tmp_path.glob("model_*.pt")) == [
+        "model_0.pt",
+        "model_2.pt",
+    ]  # its habit: one at epoch 0

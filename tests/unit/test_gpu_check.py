@@ -1,6 +1,7 @@
 """scripts/gpu_check.sh (the one-shot check of the GPU path): valid bash; without a GPU and
 without --cpu it refuses at once, saying why and what to do, and starts nothing. The script
 itself (`bash scripts/gpu_check.sh --cpu`, a few minutes) is run by hand, not here."""
+
 import os
 import subprocess
 import sys
@@ -17,7 +18,9 @@ def test_gpu_check_is_valid_bash():
 
 def _run(tmp_path, *args):
     env = {**os.environ, "PYTHON": sys.executable, "OUT": str(tmp_path / "out"), "TMPDIR": str(tmp_path)}
-    return subprocess.run(["bash", str(SCRIPT), *args], env=env, capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    return subprocess.run(
+        ["bash", str(SCRIPT), *args], env=env, capture_output=True, text=True, timeout=120, cwd=tmp_path
+    )
 
 
 def test_gpu_check_refuses_without_a_gpu_and_names_the_dry_run(tmp_path):
@@ -29,7 +32,9 @@ def test_gpu_check_refuses_without_a_gpu_and_names_the_dry_run(tmp_path):
     assert proc.returncode == 2, proc.stdout + proc.stderr
     assert "no CUDA GPU is visible" in proc.stdout and f"torch {torch.__version__}" in proc.stdout
     assert "pass --cpu" in proc.stdout
-    assert "no CUDA GPU is visible" in (tmp_path / "out" / "gpu_check.log").read_text()  # what comes back from a GPU machine
+    assert (
+        "no CUDA GPU is visible" in (tmp_path / "out" / "gpu_check.log").read_text()
+    )  # what comes back from a GPU machine
     assert not list(tmp_path.glob("ddpkit-gpu-check.*"))  # no work folder: nothing was started
 
 

@@ -1,6 +1,7 @@
 """Imports run one way only: each layer of ddpkit imports the layers below it, never above,
 and no modules import each other in a cycle. Imports inside functions count too (a lazy
 import upward is still an upward dependency), so this reads every import statement."""
+
 import ast
 from pathlib import Path
 
@@ -8,7 +9,11 @@ SRC = Path(__file__).resolve().parents[2] / "src" / "ddpkit"
 
 # Lowest first. A module may import its own layer and those before it.
 LAYERS = [
-    ["errors", "envvars", "tree"],  # envvars: variable names both sides read; tree: the one walk over nested batches and states
+    [
+        "errors",
+        "envvars",
+        "tree",
+    ],  # envvars: variable names both sides read; tree: the one walk over nested batches and states
     ["config_values"],
     ["strategy_config"],  # the strategies' typed settings and rules, which config's validation calls
     ["config_groups"],  # each group's choices and checks, below RunConfig
@@ -107,7 +112,7 @@ def test_no_import_cycles():
             if t not in GRAPH or t == "ddpkit":
                 continue
             if state.get(t) == 1:
-                cycles.append(" -> ".join(stack[stack.index(t):] + [t]))
+                cycles.append(" -> ".join(stack[stack.index(t) :] + [t]))
             elif t not in state:
                 visit(t)
         stack.pop()
@@ -128,8 +133,16 @@ def test_the_checker_sees_function_level_and_relative_imports():
 
 def test_the_cli_and_config_import_no_torch():
     # `ddpkit --help` stays instant: the modules it loads must not import torch at module level
-    for name in ("ddpkit.cli", "ddpkit.cli.commands", "ddpkit.cli.flags", "ddpkit.config", "ddpkit.errors",
-                 "ddpkit.envvars", "ddpkit.config_groups", "ddpkit.strategy_config"):
+    for name in (
+        "ddpkit.cli",
+        "ddpkit.cli.commands",
+        "ddpkit.cli.flags",
+        "ddpkit.config",
+        "ddpkit.errors",
+        "ddpkit.envvars",
+        "ddpkit.config_groups",
+        "ddpkit.strategy_config",
+    ):
         tree = ast.parse(MODULES[name].read_text())
         top = [n for n in tree.body if isinstance(n, (ast.Import, ast.ImportFrom))]
         names = [a.name for n in top if isinstance(n, ast.Import) for a in n.names]

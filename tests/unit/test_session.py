@@ -1,5 +1,6 @@
 """The own-loop Session on one process: what rt.wrap / rt.save / rt.load refuse, and files that
 load without ddpkit (issue 15). Multi-process parity: tests/distributed/test_own_loop.py."""
+
 import pytest
 import torch
 from torch import nn
@@ -109,4 +110,6 @@ def test_the_session_holds_a_runtime_and_lends_the_trainings_clipping_and_loader
     assert norm() == pytest.approx(0.1, rel=1e-5)
     loader = rt.loader(TensorDataset(torch.arange(10.0)), batch_size=4, seed=3)
     loader.set_epoch(2)
-    assert torch.cat([b[0] for b in loader]).tolist() == global_order(10, 2, 3).float().tolist()  # the run's global order
+    assert (
+        torch.cat([b[0] for b in loader]).tolist() == global_order(10, 2, 3).float().tolist()
+    )  # the run's global order

@@ -1,5 +1,6 @@
 """The strategy's typed settings and its one rule book: the same refusals, spelled as flags for
 the CLI and as rt.wrap's keywords for an own loop, whoever asks (config, launcher, Session)."""
+
 import re
 
 import pytest
@@ -14,50 +15,91 @@ FSDP = StrategyConfig(name="fsdp")
 
 
 def test_run_config_builds_the_typed_strategy_settings_once():
-    cfg = RunConfig(strategy="ddp", precision="bf16", device_memory="2GiB", grad_sync="backend", grad_compression="fp16",
-                    bucket_mb=5, static_graph=True, fused_optimizer="on", compile=True, async_save=True)
-    assert cfg.strategy_config() == StrategyConfig(name="ddp", precision="bf16", device_memory=2 << 30, async_save=True,
-                                                   grad_sync="backend", grad_compression="fp16", bucket_mb=5,
-                                                   static_graph=True, fused_optimizer="on", compile=True)
+    cfg = RunConfig(
+        strategy="ddp",
+        precision="bf16",
+        device_memory="2GiB",
+        grad_sync="backend",
+        grad_compression="fp16",
+        bucket_mb=5,
+        static_graph=True,
+        fused_optimizer="on",
+        compile=True,
+        async_save=True,
+    )
+    assert cfg.strategy_config() == StrategyConfig(
+        name="ddp",
+        precision="bf16",
+        device_memory=2 << 30,
+        async_save=True,
+        grad_sync="backend",
+        grad_compression="fp16",
+        bucket_mb=5,
+        static_graph=True,
+        fused_optimizer="on",
+        compile=True,
+    )
     assert RunConfig().strategy_config() == StrategyConfig()  # the defaults agree
 
 
-@pytest.mark.parametrize("config, world, message", [
-    (StrategyConfig(name="zero3"), None, "--strategy must be one of ddp, fsdp, auto, got 'zero3'"),
-    (FSDP, 1, FSDP_NEEDS_TWO),
-    (StrategyConfig(name="fsdp", compile=True, bucket_mb=4.0), 2,
-     "--bucket-mb, --compile: DDP options, not available with --strategy fsdp; drop them or use --strategy ddp"),
-    (StrategyConfig(name="fsdp", grad_sync="shm"), None, "--grad-sync shm: DDP options"),
-    (StrategyConfig(name="fsdp", fused_optimizer="on"), 4, "--fused-optimizer on: DDP options"),
-    (StrategyConfig(name="fsdp", precision="fp16"), 2, "--precision fp16 needs a gradient scaler"),
-    (StrategyConfig(name="auto", async_save=True), 2, "--async-save writes DDP's one-file checkpoints"),
-    (StrategyConfig(name="fsdp", async_save=True), 2, "drop --async-save with --strategy fsdp/auto"),
-])
+@pytest.mark.parametrize(
+    "config, world, message",
+    [
+        (StrategyConfig(name="zero3"), None, "--strategy must be one of ddp, fsdp, auto, got 'zero3'"),
+        (FSDP, 1, FSDP_NEEDS_TWO),
+        (
+            StrategyConfig(name="fsdp", compile=True, bucket_mb=4.0),
+            2,
+            "--bucket-mb, --compile: DDP options, not available with --strategy fsdp; drop them or use --strategy ddp",
+        ),
+        (StrategyConfig(name="fsdp", grad_sync="shm"), None, "--grad-sync shm: DDP options"),
+        (StrategyConfig(name="fsdp", fused_optimizer="on"), 4, "--fused-optimizer on: DDP options"),
+        (StrategyConfig(name="fsdp", precision="fp16"), 2, "--precision fp16 needs a gradient scaler"),
+        (StrategyConfig(name="auto", async_save=True), 2, "--async-save writes DDP's one-file checkpoints"),
+        (StrategyConfig(name="fsdp", async_save=True), 2, "drop --async-save with --strategy fsdp/auto"),
+    ],
+)
 def test_check_refuses_with_the_flags_named(config, world, message):
     with pytest.raises(DdpkitError, match=re.escape(message)):
         check(config, world)
 
 
-@pytest.mark.parametrize("config, world", [
-    (StrategyConfig(), 1),  # DDP runs on one process as it is
-    (StrategyConfig(name="auto", compile=True, fused_optimizer="on"), 1),  # auto may pick DDP: checked again once it has
-    (FSDP, 2),
-    (FSDP, None),  # the number of processes is not known yet (--nproc auto): the launcher checks again
-    (StrategyConfig(name="fsdp", grad_sync="backend", fused_optimizer="auto", precision="bf16"), 8),
-])
+@pytest.mark.parametrize(
+    "config, world",
+    [
+        (StrategyConfig(), 1),  # DDP runs on one process as it is
+        (
+            StrategyConfig(name="auto", compile=True, fused_optimizer="on"),
+            1,
+        ),  # auto may pick DDP: checked again once it has
+        (FSDP, 2),
+        (FSDP, None),  # the number of processes is not known yet (--nproc auto): the launcher checks again
+        (StrategyConfig(name="fsdp", grad_sync="backend", fused_optimizer="auto", precision="bf16"), 8),
+    ],
+)
 def test_check_accepts(config, world):
     check(config, world)
 
 
-@pytest.mark.parametrize("config, world, message", [
-    (StrategyConfig(name="deepspeed"), 2, "rt.wrap(strategy=...) must be 'ddp' or 'fsdp', got 'deepspeed'"),
-    (StrategyConfig(name="auto"), 2, "rt.wrap(strategy=...) must be 'ddp' or 'fsdp', got 'auto'"),
-    (StrategyConfig(name="fsdp", grad_sync="shm", ddp_options={"find_unused_parameters": True}), 2,
-     "rt.wrap(strategy='fsdp'): find_unused_parameters, grad_sync are DDP options; drop them or use strategy='ddp'"),
-    (StrategyConfig(name="fsdp", precision="fp16"), 2, "precision='fp16' needs a gradient scaler, which ddpkit offers "
-                                                       "under DDP only; use 'bf16' with FSDP"),
-    (FSDP, 1, "needs at least 2 (start the script with 2 or more processes); with one process use strategy='ddp'"),
-])
+@pytest.mark.parametrize(
+    "config, world, message",
+    [
+        (StrategyConfig(name="deepspeed"), 2, "rt.wrap(strategy=...) must be 'ddp' or 'fsdp', got 'deepspeed'"),
+        (StrategyConfig(name="auto"), 2, "rt.wrap(strategy=...) must be 'ddp' or 'fsdp', got 'auto'"),
+        (
+            StrategyConfig(name="fsdp", grad_sync="shm", ddp_options={"find_unused_parameters": True}),
+            2,
+            "rt.wrap(strategy='fsdp'): find_unused_parameters, grad_sync are DDP options; "
+            "drop them or use strategy='ddp'",
+        ),
+        (
+            StrategyConfig(name="fsdp", precision="fp16"),
+            2,
+            "precision='fp16' needs a gradient scaler, which ddpkit offers under DDP only; use 'bf16' with FSDP",
+        ),
+        (FSDP, 1, "needs at least 2 (start the script with 2 or more processes); with one process use strategy='ddp'"),
+    ],
+)
 def test_the_own_loop_spelling_names_rt_wraps_keywords(config, world, message):
     with pytest.raises(DdpkitError, match=re.escape(message)):
         check(config, world, own_loop=True)
@@ -66,8 +108,9 @@ def test_the_own_loop_spelling_names_rt_wraps_keywords(config, world, message):
 def test_a_device_mesh_must_hold_every_process():
     check(FSDP, 4, mesh_shape=(2, 2))
     check(FSDP, 4, mesh_shape=(1, 4))  # the default: every rank one shard, no replica
-    with pytest.raises(DdpkitError, match=re.escape("a device mesh of 2 x 2 (replicate x shard) holds 4 processes, but "
-                                                    "the job has 6")):
+    with pytest.raises(
+        DdpkitError, match=re.escape("a device mesh of 2 x 2 (replicate x shard) holds 4 processes, but the job has 6")
+    ):
         check(FSDP, 6, mesh_shape=(2, 2))
     with pytest.raises(DdpkitError, match=re.escape("two positive sizes (replicate, shard), got (0, 4)")):
         check(FSDP, 4, mesh_shape=(0, 4))
@@ -81,7 +124,10 @@ def test_config_launcher_and_session_refuse_alike():
         _check_strategy(RunConfig(strategy="fsdp"), "cpu", 1)  # --nproc auto turned out to be one process
     with pytest.raises(DdpkitError, match=re.escape("--compile: DDP options")):
         RunConfig(strategy="fsdp", nproc=2, compile=True)
-    with Session(DistEnv(), device="cpu", threads=1) as rt, pytest.raises(DdpkitError, match="needs at least 2 \\(start"):
+    with (
+        Session(DistEnv(), device="cpu", threads=1) as rt,
+        pytest.raises(DdpkitError, match="needs at least 2 \\(start"),
+    ):
         rt.wrap(nn.Linear(2, 2), strategy="fsdp")
 
 

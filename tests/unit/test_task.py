@@ -26,23 +26,28 @@ def test_wine_task_is_the_guides_workload():
 
 def test_task_from_a_file_path(tmp_path):
     f = tmp_path / "mytask.py"
-    f.write_text(textwrap.dedent("""
+    f.write_text(
+        textwrap.dedent("""
         import torch
         def build():
             m = torch.nn.Linear(2, 2)
             ds = torch.utils.data.TensorDataset(torch.zeros(4, 2), torch.zeros(4, dtype=torch.long))
             return ds, m, torch.optim.SGD(m.parameters(), lr=0.1)
-    """))
+    """)
+    )
     task = build_task(f"{f}:build")
     assert isinstance(task, Task) and len(task.train_set) == 4
 
 
-@pytest.mark.parametrize("spec, fragment", [
-    ("nosuch", "unknown task"),
-    ("no_such_module_xyz:build", "not found"),
-    ("json:no_such_function", "has no function"),
-    ("/does/not/exist.py:build", "does not exist"),
-])
+@pytest.mark.parametrize(
+    "spec, fragment",
+    [
+        ("nosuch", "unknown task"),
+        ("no_such_module_xyz:build", "not found"),
+        ("json:no_such_function", "has no function"),
+        ("/does/not/exist.py:build", "does not exist"),
+    ],
+)
 def test_bad_task_names(spec, fragment):
     with pytest.raises(DdpkitError, match=fragment):
         load_task_function(spec)
@@ -65,15 +70,18 @@ def _parts():
     return m, TensorDataset(torch.zeros(4, 2), torch.zeros(4, dtype=torch.long))
 
 
-@pytest.mark.parametrize("make, fragment", [
-    (lambda m, ds: 42, "returned int"),
-    (lambda m, ds: {"model": m}, "without"),
-    (lambda m, ds: {"model": m, "train_set": ds, "optimizer": None, "bogus": 1}, "unknown keys"),
-    (lambda m, ds: {"model": "m", "train_set": ds, "optimizer": lambda p: None}, "must be a torch.nn.Module"),
-    (lambda m, ds: {"model": m, "train_set": 5, "optimizer": lambda p: None}, "map-style"),
-    (lambda m, ds: {"model": m, "train_set": [], "optimizer": lambda p: None}, "empty"),
-    (lambda m, ds: {"model": m, "train_set": ds, "optimizer": 3}, "optimizer must be"),
-])
+@pytest.mark.parametrize(
+    "make, fragment",
+    [
+        (lambda m, ds: 42, "returned int"),
+        (lambda m, ds: {"model": m}, "without"),
+        (lambda m, ds: {"model": m, "train_set": ds, "optimizer": None, "bogus": 1}, "unknown keys"),
+        (lambda m, ds: {"model": "m", "train_set": ds, "optimizer": lambda p: None}, "must be a torch.nn.Module"),
+        (lambda m, ds: {"model": m, "train_set": 5, "optimizer": lambda p: None}, "map-style"),
+        (lambda m, ds: {"model": m, "train_set": [], "optimizer": lambda p: None}, "empty"),
+        (lambda m, ds: {"model": m, "train_set": ds, "optimizer": 3}, "optimizer must be"),
+    ],
+)
 def test_wrong_return_values_are_explained(make, fragment):
     with pytest.raises(DdpkitError, match=fragment):
         as_task(make(*_parts()))

@@ -12,6 +12,7 @@ on a signal), which one a resume takes (the newest that is complete and fits), w
 (--keep-last, --keep-best) and whether one is written in the background (--async-save) are
 decided here and nowhere else.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -75,15 +76,30 @@ class Policy:
 
     @classmethod
     def of(cls, cfg: Any) -> Policy:
-        return cls(cfg.save_every, cfg.save_every_steps, cfg.save_every_minutes, cfg.keep_last, cfg.keep_best,
-                   cfg.best_metric, cfg.async_save)
+        return cls(
+            cfg.save_every,
+            cfg.save_every_steps,
+            cfg.save_every_minutes,
+            cfg.keep_last,
+            cfg.keep_best,
+            cfg.best_metric,
+            cfg.async_save,
+        )
 
 
 class Checkpointer:
     """A run's checkpoints: register the parts, then ask when one is due, save, resume."""
 
-    def __init__(self, run_dir: Path, rt: Any, strategy: ModelState, model: nn.Module, optimizer: torch.optim.Optimizer,
-                 policy: Policy, config: dict[str, Any]) -> None:
+    def __init__(
+        self,
+        run_dir: Path,
+        rt: Any,
+        strategy: ModelState,
+        model: nn.Module,
+        optimizer: torch.optim.Optimizer,
+        policy: Policy,
+        config: dict[str, Any],
+    ) -> None:
         self.run_dir, self.rt, self.strategy, self.model, self.optimizer = run_dir, rt, strategy, model, optimizer
         self.policy, self.config = policy, config
         self.parts: dict[str, Part] = {}
@@ -105,17 +121,25 @@ class Checkpointer:
 
     def due_after_pass(self, epochs_done: int, global_step: int, last: bool, stopping: bool) -> bool:
         every, steps = self.policy.every_epochs, self.policy.every_steps
-        return stopping or bool(steps) and global_step % steps == 0 or bool(every) and (epochs_done % every == 0 or last)
+        return (
+            stopping or bool(steps) and global_step % steps == 0 or bool(every) and (epochs_done % every == 0 or last)
+        )
 
     # -- writing --------------------------------------------------------------------
     def save(self, position: Position, record: dict[str, Any] | None = None) -> None:
         """Collective: every rank's RNG state and parts, then the strategy's kind of checkpoint;
         `record`: the metrics at this checkpoint (--keep-best ranks by one of them)."""
-        header = Header(position, {name: part.state() for name, part in self.parts.items()},
-                        self.rt.all_gather_object(rng_state()), self.rt.world_size, self.config)
+        header = Header(
+            position,
+            {name: part.state() for name, part in self.parts.items()},
+            self.rt.all_gather_object(rng_state()),
+            self.rt.world_size,
+            self.config,
+        )
         if not weights_finite(self.model, self.rt.collectives, self.rt.device):
-            raise DdpkitError(f"the weights hold NaN/inf at epoch {position.epoch + 1}; no checkpoint written, the last "
-                              "one is intact")
+            raise DdpkitError(
+                f"the weights hold NaN/inf at epoch {position.epoch + 1}; no checkpoint written, the last one is intact"
+            )
         name = ckpt_file.checkpoint_path(self.run_dir, position.epoch, position.name_step).stem
         value = (record or {}).get(self.policy.best_metric.split(":")[0])
         metric = (name, value) if value is not None else None
@@ -135,7 +159,11 @@ class Checkpointer:
         header.model_signature = ckpt_file.model_signature(unwrap(self.model).state_dict())
         header.optimizer_groups = [len(g["params"]) for g in self.optimizer.param_groups]
         header.parts = copy(header.parts)
-        state = {**header.to_dict(), "model": plain_state_dict(self.model), "optimizer": copy(self.optimizer.state_dict())}
+        state = {
+            **header.to_dict(),
+            "model": plain_state_dict(self.model),
+            "optimizer": copy(self.optimizer.state_dict()),
+        }
         path = ckpt_file.checkpoint_path(self.run_dir, header.position.epoch, header.position.name_step)
 
         def write() -> None:
@@ -214,7 +242,9 @@ class Checkpointer:
         self.prune()  # a crash between a save and its pruning left one too many
         pos = header.position
         if not quiet:
-            where = f"epoch {pos.epoch} done" + (f", {pos.samples} samples into epoch {pos.epoch + 1}" if pos.mid_epoch else "")
+            where = f"epoch {pos.epoch} done" + (
+                f", {pos.samples} samples into epoch {pos.epoch + 1}" if pos.mid_epoch else ""
+            )
             self.rt.print(f"ddpkit: resuming from {path} ({where})")
         return pos
 
@@ -223,8 +253,10 @@ class Checkpointer:
         restart or drop it (an LR schedule, a gradient scaler): refused."""
         for name in sorted((set(self.parts) ^ set(saved)) & set(KNOWN_PARTS)):
             has = "the checkpoint has" if name in saved else "this run has"
-            raise DdpkitError(f"--resume: {has} {KNOWN_PARTS[name]} and the other does not; resume with the settings of "
-                              "the run that wrote the checkpoint")
+            raise DdpkitError(
+                f"--resume: {has} {KNOWN_PARTS[name]} and the other does not; resume with the settings of "
+                "the run that wrote the checkpoint"
+            )
 
 
 KNOWN_PARTS = {

@@ -5,6 +5,7 @@ temporary file, fsync and rename: it is complete or absent. It holds the model (
 ``module.`` prefix), the optimizer, the number of finished epochs, every rank's RNG
 states and the config. Files load with ``weights_only=True``: a checkpoint cannot run code.
 """
+
 from __future__ import annotations
 
 import os
@@ -58,8 +59,10 @@ def save_or_explain(obj: Any, path: Path) -> None:
     try:
         atomic_save(obj, path)
     except OSError as e:
-        raise DdpkitError(f"cannot write {path}: {e.strerror or e}; nothing partial was left and the previous "
-                          "checkpoint is intact: free space (or fix the folder) and continue with --resume") from None
+        raise DdpkitError(
+            f"cannot write {path}: {e.strerror or e}; nothing partial was left and the previous "
+            "checkpoint is intact: free space (or fix the folder) and continue with --resume"
+        ) from None
 
 
 class BackgroundWriter:
@@ -147,12 +150,16 @@ def validate_checkpoint(ckpt: Any, path: Path, model: nn.Module, optimizer: torc
     if not isinstance(ckpt, dict) or ckpt.get("format") != FORMAT:
         raise DdpkitError(f"{path}: not a ddpkit checkpoint (a plain state_dict? load it with torch.load instead)")
     if ckpt.get("version") not in READABLE_VERSIONS:
-        raise DdpkitError(f"{path}: checkpoint version {ckpt.get('version')} is not supported (this ddpkit writes {VERSION})")
+        raise DdpkitError(
+            f"{path}: checkpoint version {ckpt.get('version')} is not supported (this ddpkit writes {VERSION})"
+        )
     check_signature(path, model_signature(model.state_dict()), ckpt["model"] and model_signature(ckpt["model"]))
     if optimizer is not None:
         saved_groups = ckpt["optimizer"].get("param_groups", [])
         if [len(g["params"]) for g in saved_groups] != [len(g["params"]) for g in optimizer.param_groups]:
-            raise DdpkitError(f"{path}: checkpoint's optimizer has different parameter groups than this task's optimizer")
+            raise DdpkitError(
+                f"{path}: checkpoint's optimizer has different parameter groups than this task's optimizer"
+            )
 
 
 def check_signature(path: Path, want: dict[str, list[int]], have: dict[str, list[int]]) -> None:
@@ -162,10 +169,14 @@ def check_signature(path: Path, want: dict[str, list[int]], have: dict[str, list
         extra = sorted(set(have) - set(want))[:3]
         shapes = [f"{k}: {have[k]} vs {want[k]}" for k in want if k in have and have[k] != want[k]][:3]
         detail = "; ".join(
-            s for s in (
+            s
+            for s in (
                 f"missing {missing}" if missing else "",
                 f"unexpected {extra}" if extra else "",
                 f"shape mismatch {shapes}" if shapes else "",
-            ) if s
+            )
+            if s
         )
-        raise DdpkitError(f"{path}: checkpoint is of a different model ({detail}); use another --run-dir or the matching task")
+        raise DdpkitError(
+            f"{path}: checkpoint is of a different model ({detail}); use another --run-dir or the matching task"
+        )

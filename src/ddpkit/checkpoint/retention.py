@@ -4,6 +4,7 @@ fewer than K; a crash between the rename and the deletion leaves K+1, pruned at 
 save or resume. Temporaries of an interrupted save (.tmp files, .partial folders) are never
 counted. --keep-best B also keeps the B checkpoints with the best --best-metric (recorded in
 checkpoints/metrics.json when each is written) and always the newest, to resume from."""
+
 from __future__ import annotations
 
 import json
@@ -40,7 +41,9 @@ def _metrics(run_dir: str | os.PathLike) -> dict[str, float]:
         return {}
 
 
-def prune(run_dir: str | os.PathLike, keep: int | None, keep_best: int | None = None, maximize: bool = False) -> list[Path]:
+def prune(
+    run_dir: str | os.PathLike, keep: int | None, keep_best: int | None = None, maximize: bool = False
+) -> list[Path]:
     """Delete the complete checkpoints that are neither among the `keep` newest nor the
     `keep_best` best by their recorded metric (the newest is always kept); returns them."""
     found = all_checkpoints(run_dir)

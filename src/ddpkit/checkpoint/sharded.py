@@ -15,6 +15,7 @@ Loading reshards: DCP reads each rank's part of every tensor from whichever file
 so a checkpoint written by 4 ranks loads on 2, or whole into a DDP run. The run directory
 must be one file system every rank sees (on several nodes: a shared one).
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -54,8 +55,11 @@ def list_sharded(run_dir: str | os.PathLike) -> list[tuple[tuple[int, int], Path
     folder = Path(run_dir) / ckpt_io.CKPT_DIR
     if not folder.is_dir():
         return []
-    found = [((int(m.group(1)), int(m.group(2) or 0)), p) for p in folder.iterdir()
-             if p.is_dir() and (m := _NAME.match(p.name))]
+    found = [
+        ((int(m.group(1)), int(m.group(2) or 0)), p)
+        for p in folder.iterdir()
+        if p.is_dir() and (m := _NAME.match(p.name))
+    ]
     return sorted(found, reverse=True)
 
 
@@ -68,12 +72,19 @@ def save_dcp(run_dir: Path, header: Header, model: nn.Module, optimizer: torch.o
         header.optimizer_groups = [len(g["params"]) for g in optimizer.param_groups]
         return header.to_dict(FORMAT)
 
-    return write_shards(final, model, optimizer, meta, rt, "and the previous checkpoint is intact: free space (or fix "
-                        "the folder) and continue with --resume")
+    return write_shards(
+        final,
+        model,
+        optimizer,
+        meta,
+        rt,
+        "and the previous checkpoint is intact: free space (or fix the folder) and continue with --resume",
+    )
 
 
-def write_shards(final: Path, model: nn.Module, optimizer: torch.optim.Optimizer | None, meta: Any, rt: Runtime,
-                 advice: str = "") -> Path:
+def write_shards(
+    final: Path, model: nn.Module, optimizer: torch.optim.Optimizer | None, meta: Any, rt: Runtime, advice: str = ""
+) -> Path:
     """Collective, atomic as a whole: every rank writes its shards into `.NAME.partial/` (DCP
     writes .metadata on rank 0 once all are on disk), rank 0 adds ddpkit.pt (`meta()`) and
     renames the folder to `final`. A failure leaves `final` as it was."""
@@ -96,8 +107,9 @@ def write_shards(final: Path, model: nn.Module, optimizer: torch.optim.Optimizer
             ckpt_io.atomic_save(meta(), tmp / META)
             _replace_dir(tmp, final)
     except (OSError, CheckpointException) as e:
-        raise DdpkitError(f"cannot write {final}: {_first_line(e)}; it was not renamed into place"
-                          + (f" {advice}" if advice else "")) from None
+        raise DdpkitError(
+            f"cannot write {final}: {_first_line(e)}; it was not renamed into place" + (f" {advice}" if advice else "")
+        ) from None
     rt.barrier()
     return final
 
@@ -123,7 +135,10 @@ def validate_sharded(path: Path, model: nn.Module, optimizer: torch.optim.Optimi
     if not isinstance(meta, dict) or meta.get("format") != FORMAT:
         raise DdpkitError(f"{path}: not a complete ddpkit sharded checkpoint (no {META})")
     if meta.get("version") not in ckpt_io.READABLE_VERSIONS:
-        raise DdpkitError(f"{path}: sharded checkpoint version {meta.get('version')} is not supported (this ddpkit writes {ckpt_io.VERSION})")
+        raise DdpkitError(
+            f"{path}: sharded checkpoint version {meta.get('version')} is not supported "
+            f"(this ddpkit writes {ckpt_io.VERSION})"
+        )
     try:
         metadata = FileSystemReader(str(path)).read_metadata()
     except Exception as e:
@@ -147,13 +162,16 @@ def load_dcp(path: Path, model: nn.Module, optimizer: torch.optim.Optimizer) -> 
     set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
 
 
-def find_any_resumable(run_dir: str | os.PathLike, model: nn.Module, optimizer: torch.optim.Optimizer | None
-                       ) -> tuple[str, dict[str, Any], Path, list[str]]:
+def find_any_resumable(
+    run_dir: str | os.PathLike, model: nn.Module, optimizer: torch.optim.Optimizer | None
+) -> tuple[str, dict[str, Any], Path, list[str]]:
     """The newest checkpoint that is complete and fits, of either kind: ("file", checkpoint,
     path, skipped) for a one-file (DDP) checkpoint, ("sharded", ddpkit.pt, path, skipped)
     for a directory (FSDP). At the same epoch a file comes first (it needs no collective read)."""
-    candidates = sorted([(e, 1, p) for e, p in ckpt_io.list_checkpoints(run_dir)]
-                        + [(e, 0, p) for e, p in list_sharded(run_dir)], reverse=True)
+    candidates = sorted(
+        [(e, 1, p) for e, p in ckpt_io.list_checkpoints(run_dir)] + [(e, 0, p) for e, p in list_sharded(run_dir)],
+        reverse=True,
+    )
     folder = Path(run_dir) / ckpt_io.CKPT_DIR
     if not candidates:
         raise DdpkitError(f"--resume: no checkpoint in {folder}; run without --resume to start fresh")
@@ -173,18 +191,32 @@ def find_any_resumable(run_dir: str | os.PathLike, model: nn.Module, optimizer: 
 STATE_FORMAT = "ddpkit-sharded-state"
 
 
-def save_state_dir(path: str | os.PathLike, model: nn.Module, optimizer: torch.optim.Optimizer | None,
-                   extra: dict[str, Any], rt: Runtime) -> Path:
+def save_state_dir(
+    path: str | os.PathLike,
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer | None,
+    extra: dict[str, Any],
+    rt: Runtime,
+) -> Path:
     """For own loops (rt.save(..., sharded=True)); collective: every rank writes its shard
     into `.NAME.partial/`, rank 0 adds ddpkit.pt (the extras) and renames it to `path`."""
+
     def meta() -> dict[str, Any]:
-        return {"format": STATE_FORMAT, "version": STATE_VERSION, "extra": extra, "world_size": rt.world_size,
-                "has_optimizer": optimizer is not None, "model_signature": ckpt_io.model_signature(unwrap(model).state_dict())}
+        return {
+            "format": STATE_FORMAT,
+            "version": STATE_VERSION,
+            "extra": extra,
+            "world_size": rt.world_size,
+            "has_optimizer": optimizer is not None,
+            "model_signature": ckpt_io.model_signature(unwrap(model).state_dict()),
+        }
 
     return write_shards(Path(path), model, optimizer, meta, rt)
 
 
-def load_state_dir(path: str | os.PathLike, model: nn.Module, optimizer: torch.optim.Optimizer | None) -> dict[str, Any]:
+def load_state_dir(
+    path: str | os.PathLike, model: nn.Module, optimizer: torch.optim.Optimizer | None
+) -> dict[str, Any]:
     """Collective: what save_state_dir wrote, into this model's layout (any world size,
     sharded or not); returns the extras."""
     from torch.distributed.checkpoint.state_dict import get_model_state_dict, set_model_state_dict

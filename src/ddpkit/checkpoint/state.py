@@ -1,5 +1,6 @@
 """The pieces of a checkpoint that any kind shares: the plain weights of a wrapped model
 (no `module.` prefix, whatever wraps it) and every random state of a process."""
+
 from __future__ import annotations
 
 import random
@@ -40,8 +41,14 @@ class Position:
 
     def fields(self) -> dict[str, Any]:
         """The position as a checkpoint stores it (both kinds write these keys)."""
-        return {"epoch": self.epoch, "samples": self.samples, "loss_sum": self.loss_sum, "count_sum": self.count_sum,
-                "global_step": self.global_step, "global_batch": self.global_batch}
+        return {
+            "epoch": self.epoch,
+            "samples": self.samples,
+            "loss_sum": self.loss_sum,
+            "count_sum": self.count_sum,
+            "global_step": self.global_step,
+            "global_batch": self.global_batch,
+        }
 
 
 def unwrap(model: nn.Module) -> nn.Module:
@@ -51,14 +58,18 @@ def unwrap(model: nn.Module) -> nn.Module:
     return model
 
 
-def optimizer_state_by_name(model: nn.Module, optimizer: torch.optim.Optimizer, saved: dict[str, Any]) -> dict[str, Any]:
+def optimizer_state_by_name(
+    model: nn.Module, optimizer: torch.optim.Optimizer, saved: dict[str, Any]
+) -> dict[str, Any]:
     """An optimizer state_dict numbered as torch numbers it (the i-th parameter of the groups
     in order) keyed by parameter names instead, as torch.distributed.checkpoint's
     set_state_dict takes it: how a whole state goes into a sharded model's optimizer."""
     names = {id(p): n for n, p in unwrap(model).named_parameters()}
     fqns = [names[id(p)] for g in optimizer.param_groups for p in g["params"]]
-    return {"state": {fqns[i]: s for i, s in saved["state"].items()},
-            "param_groups": [{**g, "params": [fqns[i] for i in g["params"]]} for g in saved["param_groups"]]}
+    return {
+        "state": {fqns[i]: s for i, s in saved["state"].items()},
+        "param_groups": [{**g, "params": [fqns[i] for i in g["params"]]} for g in saved["param_groups"]],
+    }
 
 
 def plain_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
@@ -72,8 +83,13 @@ def rng_state() -> dict[str, Any]:
     state: dict[str, Any] = {
         "torch": torch.get_rng_state(),
         "python": random.getstate(),
-        "numpy": {"name": np_state[0], "keys": torch.from_numpy(np_state[1].astype(np.int64)),
-                  "pos": int(np_state[2]), "has_gauss": int(np_state[3]), "gauss": float(np_state[4])},
+        "numpy": {
+            "name": np_state[0],
+            "keys": torch.from_numpy(np_state[1].astype(np.int64)),
+            "pos": int(np_state[2]),
+            "has_gauss": int(np_state[3]),
+            "gauss": float(np_state[4]),
+        },
     }
     if torch.cuda.is_available() and torch.cuda.is_initialized():
         state["cuda"] = torch.cuda.get_rng_state()

@@ -10,6 +10,7 @@ rank with torch.distributed.checkpoint (checkpoint/sharded.py), read back at any
 Without this, a model sharded by the user's own `fully_shard` saved rank 0's half of each
 parameter as DTensors, silently (issue 15).
 """
+
 from __future__ import annotations
 
 import os
@@ -39,8 +40,10 @@ def check_savable(model: nn.Module) -> None:
     """Refuse what cannot be written whole, before any rank starts a collective."""
     meta = [n for n, t in unwrap(model).state_dict().items() if isinstance(t, torch.Tensor) and t.is_meta]
     if meta:
-        raise DdpkitError(f"cannot save: {meta[0]} (and {len(meta) - 1} more) are on the meta device (shapes without data): "
-                          "materialise the model (to_empty + init) before saving")
+        raise DdpkitError(
+            f"cannot save: {meta[0]} (and {len(meta) - 1} more) are on the meta device (shapes without data): "
+            "materialise the model (to_empty + init) before saving"
+        )
 
 
 def whole_model_state(model: nn.Module) -> dict[str, torch.Tensor]:
@@ -78,8 +81,10 @@ def whole_optimizer_state(model: nn.Module, optimizer: torch.optim.Optimizer) ->
 def _plain(name: str, value: Any) -> Any:
     if isinstance(value, torch.Tensor):
         if type(value) is not torch.Tensor and not isinstance(value, nn.Parameter):
-            raise DdpkitError(f"cannot save {name} whole: it is still a {type(value).__name__} after gathering; "
-                              "save it sharded instead (rt.save(path, model, opt, sharded=True))")
+            raise DdpkitError(
+                f"cannot save {name} whole: it is still a {type(value).__name__} after gathering; "
+                "save it sharded instead (rt.save(path, model, opt, sharded=True))"
+            )
         return value.detach().to("cpu", copy=True)
     return value
 
@@ -87,12 +92,19 @@ def _plain(name: str, value: Any) -> Any:
 def check_optimizer_of(model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
     own = {id(p) for p in model.parameters()}
     if any(id(p) not in own for g in optimizer.param_groups for p in g["params"]):
-        raise DdpkitError("the optimizer holds parameters that are not this model's (built before rt.wrap sharded it?): "
-                          "pass it to rt.wrap(model, optimizer) or build it over the wrapped model's parameters")
+        raise DdpkitError(
+            "the optimizer holds parameters that are not this model's (built before rt.wrap sharded it?): "
+            "pass it to rt.wrap(model, optimizer) or build it over the wrapped model's parameters"
+        )
 
 
-def save_whole(path: str | os.PathLike, model: nn.Module, optimizer: torch.optim.Optimizer | None, extra: dict[str, Any],
-               is_main: bool) -> None:
+def save_whole(
+    path: str | os.PathLike,
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer | None,
+    extra: dict[str, Any],
+    is_main: bool,
+) -> None:
     """Collective when the model is sharded: every rank gathers, rank 0 writes atomically."""
     if not is_main and not is_sharded(model):
         check_savable(model)  # the same refusal on every rank

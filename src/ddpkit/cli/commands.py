@@ -1,4 +1,5 @@
 """Command line: argument parsing only; every command calls the Python API."""
+
 from __future__ import annotations
 
 import argparse
@@ -23,9 +24,18 @@ from .options import (
     agent_options,
 )
 
-ALL_GROUPS = (config.PROCESSES, config.NODES, config.TRAINING, config.FAULTS, config.OUTPUT, config.STRATEGY, config.PERFORMANCE)
+ALL_GROUPS = (
+    config.PROCESSES,
+    config.NODES,
+    config.TRAINING,
+    config.FAULTS,
+    config.OUTPUT,
+    config.STRATEGY,
+    config.PERFORMANCE,
+)
 
-TRAIN_HELP = """Train a task with DDP or FSDP (--strategy) over local worker processes (or as one worker, when started by
+TRAIN_HELP = """Train a task with DDP or FSDP (--strategy) over local worker processes (or as one worker, \
+when started by
 torchrun / srun). TASK is a built-in (wine, digits), MODULE:FUNCTION or path/to/file.py:FUNCTION;
 the function returns ddpkit.Task(model=, train_set=, optimizer=, [eval_set=, loss_fn=, metric=])."""
 
@@ -39,22 +49,30 @@ with several local workers every output line is whole and prefixed with its rank
 PLAN_HELP = """Print the memory plan of a task: per-rank bytes of parameters, gradients and optimizer
 state under DDP and under FSDP at --nproc processes, and which strategy fits the device memory."""
 
-ENV_HELP = ("Print versions (Python, torch, CUDA, NCCL, gloo), devices and memory, the launcher environment (torchrun / "
-            "SLURM / none) with the resolved ranks, the network interface and master address, what `ddpkit train` would "
-            "do here, and warnings for known traps. Starts no process group.")
+ENV_HELP = (
+    "Print versions (Python, torch, CUDA, NCCL, gloo), devices and memory, the launcher environment (torchrun / "
+    "SLURM / none) with the resolved ranks, the network interface and master address, what `ddpkit train` would "
+    "do here, and warnings for known traps. Starts no process group."
+)
 
-CHECK_HELP = ("Start the workers `ddpkit train` would start with the same flags (or run as one under srun / torchrun: srun "
-              "ddpkit check; every flag of train is accepted, the task and training flags are ignored) and check on every "
-              "rank: a real all-reduce (latency and bandwidth, all ranks and every node pair), the backend and interface "
-              "each rank chose, version parity (Python, torch, CUDA, NCCL, ddpkit), that the run directory is one shared "
-              "folder, clocks, TCP ports between nodes, free memory and /dev/shm, known NCCL traps. One table and a "
-              "verdict; exit 0 only when a job would run.")
+CHECK_HELP = (
+    "Start the workers `ddpkit train` would start with the same flags (or run as one under srun / torchrun: srun "
+    "ddpkit check; every flag of train is accepted, the task and training flags are ignored) and check on every "
+    "rank: a real all-reduce (latency and bandwidth, all ranks and every node pair), the backend and interface "
+    "each rank chose, version parity (Python, torch, CUDA, NCCL, ddpkit), that the run directory is one shared "
+    "folder, clocks, TCP ports between nodes, free memory and /dev/shm, known NCCL traps. One table and a "
+    "verdict; exit 0 only when a job would run."
+)
 
-PLOT_HELP = ("Plot the metrics.jsonl of one or more run directories into one PNG: loss, the eval metric and samples/s per "
-             "epoch, e.g. 1 vs 2 vs 4 processes.")
+PLOT_HELP = (
+    "Plot the metrics.jsonl of one or more run directories into one PNG: loss, the eval metric and samples/s per "
+    "epoch, e.g. 1 vs 2 vs 4 processes."
+)
 
-BENCH_HELP = ("Does DDP pay off here? All-reduce bus bandwidth and latency across message sizes (as nccl-tests reports "
-              "them) and the task's step split into data, compute and communication, at each process count.")
+BENCH_HELP = (
+    "Does DDP pay off here? All-reduce bus bandwidth and latency across message sizes (as nccl-tests reports "
+    "them) and the task's step split into data, compute and communication, at each process count."
+)
 
 
 SLURM_HELP = """Write an sbatch script that runs `ddpkit train` on every node of a SLURM allocation:
@@ -71,12 +89,16 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="ddpkit",
         description="Run a PyTorch training task on one process, every GPU of a node, or many nodes, with DDP or FSDP "
-                    "(HSDP is coming).",
+        "(HSDP is coming).",
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name, command in COMMANDS.items():
-        p = sub.add_parser(name, help=command.help, description=command.description,
-                           formatter_class=command.formatter or argparse.HelpFormatter)
+        p = sub.add_parser(
+            name,
+            help=command.help,
+            description=command.description,
+            formatter_class=command.formatter or argparse.HelpFormatter,
+        )
         if command.groups or command.names:
             add_config_flags(p, command.groups, names=command.names, defaults=command.defaults)
         if command.options is not None:
@@ -127,18 +149,41 @@ def cmd_slurm(ns: argparse.Namespace) -> int:
     try:
         train_ns = build_parser().parse_args(["train", *args])
     except SystemExit:
-        raise DdpkitError("the arguments after -- are not valid `ddpkit train` arguments (see the message above)") from None
-    for flag in ("--nproc", "--nproc-per-node", "--nnodes", "--node-rank", "--master-addr", "--rdzv-endpoint", "--master-port"):
+        raise DdpkitError(
+            "the arguments after -- are not valid `ddpkit train` arguments (see the message above)"
+        ) from None
+    for flag in (
+        "--nproc",
+        "--nproc-per-node",
+        "--nnodes",
+        "--node-rank",
+        "--master-addr",
+        "--rdzv-endpoint",
+        "--master-port",
+    ):
         if any(a == flag or a.startswith(flag + "=") for a in args):
-            raise DdpkitError(f"{flag} does not belong after --: SLURM starts the workers "
-                              "(use --nodes / --gpus-per-node / --ntasks-per-node of `ddpkit slurm`)")
+            raise DdpkitError(
+                f"{flag} does not belong after --: SLURM starts the workers "
+                "(use --nodes / --gpus-per-node / --ntasks-per-node of `ddpkit slurm`)"
+            )
     config_from(train_ns)  # validates values
     run_dir = Path(train_ns.run_dir or f"runs/{ns.job_name}-{time.strftime('%Y%m%d-%H%M%S')}").resolve()
     if not train_ns.run_dir:
         args += ["--run-dir", str(run_dir)]
-    job = slurm.SlurmJob(train_args=args, nodes=ns.nodes, gpus_per_node=ns.gpus_per_node, tasks_per_node=ns.ntasks_per_node,
-                         cpus_per_task=ns.cpus_per_task, time=ns.time, partition=ns.partition, account=ns.account,
-                         job_name=ns.job_name, output=ns.output, signal=ns.signal, run_dir=str(run_dir))
+    job = slurm.SlurmJob(
+        train_args=args,
+        nodes=ns.nodes,
+        gpus_per_node=ns.gpus_per_node,
+        tasks_per_node=ns.ntasks_per_node,
+        cpus_per_task=ns.cpus_per_task,
+        time=ns.time,
+        partition=ns.partition,
+        account=ns.account,
+        job_name=ns.job_name,
+        output=ns.output,
+        signal=ns.signal,
+        run_dir=str(run_dir),
+    )
     text = slurm.render_sbatch(job, "ddpkit " + " ".join(shlex.quote(a) for a in sys.argv[1:]))
     if ns.dry_run:
         print(text, end="")
@@ -183,11 +228,21 @@ def cmd_plot(ns: argparse.Namespace) -> int:
     print(f"wrote {plot_runs(ns.run_dirs, ns.out, ns.label, ns.title)}")
     return 0
 
+
 def cmd_plan(ns: argparse.Namespace) -> int:
     from ..api import memory_plan
 
-    print(memory_plan(ns.task, nproc=ns.nproc, strategy=ns.strategy, precision=ns.precision, device_memory=ns.device_memory,
-                      task_args=dict(ns.task_args or ())).format(ns.task, ns.strategy), flush=True)
+    print(
+        memory_plan(
+            ns.task,
+            nproc=ns.nproc,
+            strategy=ns.strategy,
+            precision=ns.precision,
+            device_memory=ns.device_memory,
+            task_args=dict(ns.task_args or ()),
+        ).format(ns.task, ns.strategy),
+        flush=True,
+    )
     return 0
 
 
@@ -213,24 +268,63 @@ class Command:
 
 
 COMMANDS = {
-    "train": Command(cmd_train, "train a task (default: the guide's Wine task)", TRAIN_HELP, ALL_GROUPS, ("task",),
-                     options=TrainOptions),
-    "plan": Command(cmd_plan, "memory per rank under DDP and FSDP, and which one fits", PLAN_HELP, (config.STRATEGY,),
-                    ("task", "nproc", "task_args"), defaults={"strategy": "auto"}),
-    "launch": Command(cmd_launch, "run any script on N local workers (like torchrun)", LAUNCH_HELP,
-                      (config.PROCESSES, config.NODES), options=LaunchOptions),
-    "slurm": Command(cmd_slurm, "write (and submit) an sbatch script that runs `ddpkit train` on N nodes", SLURM_HELP,
-                     options=SlurmOptions, formatter=argparse.RawDescriptionHelpFormatter),
-    "env": Command(cmd_env, "what a bug report needs: versions, devices, launcher, network, and known traps", ENV_HELP,
-                   names=("nproc",), options=EnvOptions),
+    "train": Command(
+        cmd_train,
+        "train a task (default: the guide's Wine task)",
+        TRAIN_HELP,
+        ALL_GROUPS,
+        ("task",),
+        options=TrainOptions,
+    ),
+    "plan": Command(
+        cmd_plan,
+        "memory per rank under DDP and FSDP, and which one fits",
+        PLAN_HELP,
+        (config.STRATEGY,),
+        ("task", "nproc", "task_args"),
+        defaults={"strategy": "auto"},
+    ),
+    "launch": Command(
+        cmd_launch,
+        "run any script on N local workers (like torchrun)",
+        LAUNCH_HELP,
+        (config.PROCESSES, config.NODES),
+        options=LaunchOptions,
+    ),
+    "slurm": Command(
+        cmd_slurm,
+        "write (and submit) an sbatch script that runs `ddpkit train` on N nodes",
+        SLURM_HELP,
+        options=SlurmOptions,
+        formatter=argparse.RawDescriptionHelpFormatter,
+    ),
+    "env": Command(
+        cmd_env,
+        "what a bug report needs: versions, devices, launcher, network, and known traps",
+        ENV_HELP,
+        names=("nproc",),
+        options=EnvOptions,
+    ),
     # the flags of train: paste a train command, say check
-    "check": Command(cmd_check, "pre-flight: would a job run on this node / allocation? (all-reduce, versions, shared run "
-                                "directory, clocks, ports, memory, NCCL traps)", CHECK_HELP, ALL_GROUPS, ("task",),
-                     options=CheckOptions),
-    "plot": Command(cmd_plot, "PNG curves of runs (loss, eval accuracy, samples/s), side by side", PLOT_HELP,
-                    options=PlotOptions),
-    "bench": Command(cmd_bench, "measure all-reduce bandwidth/latency and a task's step time at 1..N processes", BENCH_HELP,
-                     names=("batch_size", "threads", "backend", "grad_sync", "device", "timeout"), options=BenchOptions),
+    "check": Command(
+        cmd_check,
+        "pre-flight: would a job run on this node / allocation? (all-reduce, versions, shared run "
+        "directory, clocks, ports, memory, NCCL traps)",
+        CHECK_HELP,
+        ALL_GROUPS,
+        ("task",),
+        options=CheckOptions,
+    ),
+    "plot": Command(
+        cmd_plot, "PNG curves of runs (loss, eval accuracy, samples/s), side by side", PLOT_HELP, options=PlotOptions
+    ),
+    "bench": Command(
+        cmd_bench,
+        "measure all-reduce bandwidth/latency and a task's step time at 1..N processes",
+        BENCH_HELP,
+        names=("batch_size", "threads", "backend", "grad_sync", "device", "timeout"),
+        options=BenchOptions,
+    ),
 }
 
 

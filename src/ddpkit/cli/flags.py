@@ -1,6 +1,7 @@
 """Flags made from `setting(...)` fields: a flag's help, choices and default are written once,
 on the field (RunConfig in config.py, each command's own options in cli/options.py). Each
 command takes the RunConfig groups (or single fields) it needs, and its own options."""
+
 from __future__ import annotations
 
 import argparse
@@ -14,14 +15,20 @@ from ..environments.kubeflow import launcher_defaults
 _FIELDS = {f.name: f for f in dataclasses.fields(RunConfig)}
 
 
-def add_config_flags(parser: argparse.ArgumentParser, groups: Iterable[str] = (), names: Iterable[str] = (),
-                     defaults: dict[str, Any] | None = None) -> None:
+def add_config_flags(
+    parser: argparse.ArgumentParser,
+    groups: Iterable[str] = (),
+    names: Iterable[str] = (),
+    defaults: dict[str, Any] | None = None,
+) -> None:
     """Add the flags of every RunConfig field in `groups` and of the fields `names`, under
     their group's title; `defaults` overrides a field's default for this command."""
     wanted_groups, wanted_names = set(groups), set(names)
     # Kubeflow's PET_* variables are torchrun's flags (torchrun reads PET_<FLAG> as each default): so do we
     defaults = {**launcher_defaults(os.environ), **(defaults or {})}
-    fields = [f for f in dataclasses.fields(RunConfig) if f.name in wanted_names or f.metadata.get("group") in wanted_groups]
+    fields = [
+        f for f in dataclasses.fields(RunConfig) if f.name in wanted_names or f.metadata.get("group") in wanted_groups
+    ]
     add_flags(parser, fields, defaults)
 
 
@@ -30,7 +37,9 @@ def add_option_flags(parser: argparse.ArgumentParser, options: type) -> None:
     add_flags(parser, dataclasses.fields(options))
 
 
-def add_flags(parser: argparse.ArgumentParser, fields: Iterable[dataclasses.Field], defaults: dict[str, Any] | None = None) -> None:
+def add_flags(
+    parser: argparse.ArgumentParser, fields: Iterable[dataclasses.Field], defaults: dict[str, Any] | None = None
+) -> None:
     """One argparse argument per field: positionals first-class, the others under their group's
     title (a field without a group goes to the command's own "options")."""
     titles: dict[str, Any] = {}

@@ -2,6 +2,7 @@
 command, every field a `setting(...)` with its help, choices and default written once
 (cli/flags.py makes the flags). A field without a group is listed under the command's
 "options"; `positional` fields are its arguments."""
+
 from __future__ import annotations
 
 import argparse
@@ -29,28 +30,55 @@ class TrainOptions:
 class LaunchOptions:
     dry_run: bool = option(False, PLAN_ONLY)
     module: bool = option(False, "run SCRIPT as a module (python -m SCRIPT)", flag="-m", aliases=("--module",))
-    no_python: bool = option(False, "run SCRIPT as an executable itself, not through python (torchrun's --no-python)",
-                             aliases=("--no_python",))
-    run_path: bool = option(False, "run SCRIPT as a Python file path (torchrun's --run-path; what ddpkit does anyway)",
-                            aliases=("--run_path",))
+    no_python: bool = option(
+        False,
+        "run SCRIPT as an executable itself, not through python (torchrun's --no-python)",
+        aliases=("--no_python",),
+    )
+    run_path: bool = option(
+        False,
+        "run SCRIPT as a Python file path (torchrun's --run-path; what ddpkit does anyway)",
+        aliases=("--run_path",),
+    )
     # torchrun's flags for torch's elastic agent, passed on as they are (same spellings, types and
     # defaults as torch/distributed/run.py); None: torch's own default
     role: str | None = option(help="the workers' role name", group=AGENT)
-    event_log_handler: str | None = option(help="torch's event log handler", group=AGENT, aliases=("--event_log_handler",))
-    signals_to_handle: str | None = option(help="signals the agent forwards to the workers (torch's default SIGTERM,SIGINT,"
-                                           "SIGHUP,SIGQUIT)", group=AGENT, aliases=("--signals_to_handle",))
-    duplicate_stdout_filters: str | None = option(help="copy teed stdout lines matching any of these comma-separated filters "
-                                                  "to a file", group=AGENT, aliases=("--duplicate_stdout_filters",))
-    duplicate_stderr_filters: str | None = option(help="the same for stderr", group=AGENT, aliases=("--duplicate_stderr_filters",))
-    virtual_local_rank: bool = option(False, "every worker sees LOCAL_RANK=0 (and its own device)", group=AGENT,
-                                      aliases=("--virtual_local_rank",))
-    shutdown_timeout: int | None = option(help="seconds the workers get to stop before SIGKILL (torch's default 30)", type=int,
-                                          group=AGENT, aliases=("--shutdown_timeout",))
-    numa_binding: str | None = option(help="bind each worker to its GPU's NUMA node (torch's modes)", group=AGENT,
-                                      aliases=("--numa_binding",))
-    logs_specs: str | None = option(help="a torchrun.logs_specs entry point instead of torch's DefaultLogsSpecs", group=AGENT,
-                                    aliases=("--logs_specs",))
-    script: str | None = option(help="the script (or module with -m) to run in every worker", positional=True, nargs=None)
+    event_log_handler: str | None = option(
+        help="torch's event log handler", group=AGENT, aliases=("--event_log_handler",)
+    )
+    signals_to_handle: str | None = option(
+        help="signals the agent forwards to the workers (torch's default SIGTERM,SIGINT,SIGHUP,SIGQUIT)",
+        group=AGENT,
+        aliases=("--signals_to_handle",),
+    )
+    duplicate_stdout_filters: str | None = option(
+        help="copy teed stdout lines matching any of these comma-separated filters to a file",
+        group=AGENT,
+        aliases=("--duplicate_stdout_filters",),
+    )
+    duplicate_stderr_filters: str | None = option(
+        help="the same for stderr", group=AGENT, aliases=("--duplicate_stderr_filters",)
+    )
+    virtual_local_rank: bool = option(
+        False, "every worker sees LOCAL_RANK=0 (and its own device)", group=AGENT, aliases=("--virtual_local_rank",)
+    )
+    shutdown_timeout: int | None = option(
+        help="seconds the workers get to stop before SIGKILL (torch's default 30)",
+        type=int,
+        group=AGENT,
+        aliases=("--shutdown_timeout",),
+    )
+    numa_binding: str | None = option(
+        help="bind each worker to its GPU's NUMA node (torch's modes)", group=AGENT, aliases=("--numa_binding",)
+    )
+    logs_specs: str | None = option(
+        help="a torchrun.logs_specs entry point instead of torch's DefaultLogsSpecs",
+        group=AGENT,
+        aliases=("--logs_specs",),
+    )
+    script: str | None = option(
+        help="the script (or module with -m) to run in every worker", positional=True, nargs=None
+    )
     args: list[str] | None = option(help="arguments passed to the script", positional=True, nargs=argparse.REMAINDER)
 
 
@@ -63,22 +91,30 @@ def agent_options(options: type = LaunchOptions) -> tuple[str, ...]:
 class SlurmOptions:
     nodes: int = option(1, "nodes to ask for")
     gpus_per_node: int = option(0, "GPUs per node; one task (worker) per GPU", default_help="0: CPU nodes")
-    ntasks_per_node: int | None = option(help="workers per node on CPU nodes", type=int, default_help="GPUs per node, or 1")
+    ntasks_per_node: int | None = option(
+        help="workers per node on CPU nodes", type=int, default_help="GPUs per node, or 1"
+    )
     cpus_per_task: int | None = option(help="CPU cores per worker", type=int)
     time: str | None = option(help="time limit, e.g. 02:00:00")
     partition: str | None = option(help="the SLURM partition to run in")
     account: str | None = option(help="the SLURM account to charge")
     job_name: str = option("ddpkit", "the job's name, also of its run directory (runs/JOB_NAME-TIME) without --run-dir")
     output: str | None = option(help="log file pattern", default_help="RUN_DIR/slurm-%%j.out")
-    signal: str = option("USR2@90", "warning signal before the time limit: save, requeue, resume",
-                         default_help="USR2@90, not USR1, which NCCL and other libraries may handle; '' = none")
+    signal: str = option(
+        "USR2@90",
+        "warning signal before the time limit: save, requeue, resume",
+        default_help="USR2@90, not USR1, which NCCL and other libraries may handle; '' = none",
+    )
     script: str | None = option(help="where to write the script", default_help="RUN_DIR/job.sbatch")
     dry_run: bool = option(False, "print the script; write and submit nothing")
     submit: bool = option(False, "submit it with sbatch; print the job id and log path")
     wait: bool = option(False, "with --submit: follow the job (through requeues) to its end and exit with its status")
-    wait_timeout: float | None = option(help="give up waiting after this many seconds (the job keeps running)", type=float)
-    train_args: list[str] | None = option(help="-- then the arguments of `ddpkit train` (task and flags)", positional=True,
-                                          nargs=argparse.REMAINDER)
+    wait_timeout: float | None = option(
+        help="give up waiting after this many seconds (the job keeps running)", type=float
+    )
+    train_args: list[str] | None = option(
+        help="-- then the arguments of `ddpkit train` (task and flags)", positional=True, nargs=argparse.REMAINDER
+    )
 
 
 @dataclass(frozen=True)
@@ -93,11 +129,18 @@ class CheckOptions:
 
 @dataclass(frozen=True)
 class PlotOptions:
-    run_dirs: list[str] | None = option(help="run directories of `ddpkit train`", positional=True, nargs="+", metavar="RUN_DIR")
-    out: str | None = option(help="the PNG to write", flag="-o", aliases=("--out",),
-                             default_help="RUN_DIR/curves.png for one run, ./curves.png for several")
-    label: list[str] | None = option(help="a legend label per run, in order", append=True, type=str,
-                                     default_help="NAME (N processes)")
+    run_dirs: list[str] | None = option(
+        help="run directories of `ddpkit train`", positional=True, nargs="+", metavar="RUN_DIR"
+    )
+    out: str | None = option(
+        help="the PNG to write",
+        flag="-o",
+        aliases=("--out",),
+        default_help="RUN_DIR/curves.png for one run, ./curves.png for several",
+    )
+    label: list[str] | None = option(
+        help="a legend label per run, in order", append=True, type=str, default_help="NAME (N processes)"
+    )
     title: str | None = option(help="a title over the panels")
 
 

@@ -1,5 +1,6 @@
 """The one choice between a map-style set's loader and a stream's, made alike for
 `ddpkit train` and an own loop's rt.loader."""
+
 from __future__ import annotations
 
 from typing import Any
@@ -11,13 +12,23 @@ from .sharding import ShardedLoader
 from .streams import StreamLoader, is_stream
 
 
-def rank_loader(dataset: Any, batch_size: int, rt: Runtime, seed: int = 0, shuffle: bool = True,
-                **options: Any) -> ShardedLoader | StreamLoader:
+def rank_loader(
+    dataset: Any, batch_size: int, rt: Runtime, seed: int = 0, shuffle: bool = True, **options: Any
+) -> ShardedLoader | StreamLoader:
     """This rank's batches of `dataset` in ddpkit's global order. A stream's ranks agree where
     a pass ends through the job's collectives, on the device the backend moves (the GPU
     under NCCL, else the CPU). `options`: the loader's own (num_workers; drop_last for a map-style set)."""
     if is_stream(dataset):
         device = rt.device if rt.backend == "nccl" else torch.device("cpu")
-        return StreamLoader(dataset, batch_size, rt.rank, rt.world_size, seed=seed, shuffle=shuffle,
-                            agree=rt.collectives.all_reduce_, device=device, **options)
+        return StreamLoader(
+            dataset,
+            batch_size,
+            rt.rank,
+            rt.world_size,
+            seed=seed,
+            shuffle=shuffle,
+            agree=rt.collectives.all_reduce_,
+            device=device,
+            **options,
+        )
     return ShardedLoader(dataset, batch_size, rt.rank, rt.world_size, seed=seed, shuffle=shuffle, **options)

@@ -1,4 +1,5 @@
 """What a batch holds, whatever its structure: its first tensor and its number of samples."""
+
 from __future__ import annotations
 
 from typing import Any
@@ -34,6 +35,8 @@ def sample_count(batch: Any) -> int:
     """The batch's samples: its first tensor's length."""
     t = first_tensor(batch)
     if t is None or t.dim() == 0:
-        raise DdpkitError(f"a batch must hold at least one tensor with a batch dimension; got {type(batch).__name__} "
-                          "(items of a data set must be tensors, numbers, or a tuple/dict of them)")
+        raise DdpkitError(
+            f"a batch must hold at least one tensor with a batch dimension; got {type(batch).__name__} "
+            "(items of a data set must be tensors, numbers, or a tuple/dict of them)"
+        )
     return int(t.shape[0])

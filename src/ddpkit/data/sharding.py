@@ -15,6 +15,7 @@ Evaluation shards the eval set into contiguous, unpadded slices and sums counts 
 ranks, so every eval sample is counted exactly once (a DistributedSampler would pad by
 repeating samples).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -121,7 +122,9 @@ class ShardedLoader(RankBatches):
         self._resume_at = None
         self.taken = start
         steps = self.steps(start)
-        for step, batch in zip(steps, fetch_batches(self.dataset, [s.indices for s in steps], self.num_workers), strict=True):
+        for step, batch in zip(
+            steps, fetch_batches(self.dataset, [s.indices for s in steps], self.num_workers), strict=True
+        ):
             self.taken += step.global_count
             yield batch, len(step.indices), step.global_count
 
@@ -173,8 +176,9 @@ def shard_range(n: int, rank: int, world_size: int) -> range:
     return range(lo, hi)
 
 
-def eval_batches(dataset: Dataset, batch_size: int, rank: int, world_size: int, num_workers: int = 0,
-                 lockstep: bool = False) -> Iterator[Any]:
+def eval_batches(
+    dataset: Dataset, batch_size: int, rank: int, world_size: int, num_workers: int = 0, lockstep: bool = False
+) -> Iterator[Any]:
     """This rank's eval samples, each exactly once over all ranks, in batches. With
     `lockstep` every rank yields as many batches as the rank with the most, the missing ones
     empty (zero-length): a sharded (FSDP) model needs every rank in every forward."""

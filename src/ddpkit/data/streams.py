@@ -28,6 +28,7 @@ out anew; shards already read stay read and each partly read shard continues at 
 position, so no sample is repeated or skipped (for a plain IterableDataset: the pass
 continues after the last item any reader had taken, with a new round-robin).
 """
+
 from __future__ import annotations
 
 import json
@@ -58,7 +59,9 @@ def read_jsonl(path: str) -> Iterator[Any]:
                 try:
                     yield json.loads(line)
                 except json.JSONDecodeError as e:
-                    raise DdpkitError(f"{path}:{n}: not JSON ({e.msg}); a .jsonl shard holds one JSON value per line") from None
+                    raise DdpkitError(
+                        f"{path}:{n}: not JSON ({e.msg}); a .jsonl shard holds one JSON value per line"
+                    ) from None
 
 
 def read_tar(path: str) -> Iterator[dict[str, Any]]:
@@ -86,8 +89,12 @@ class ShardedStream(IterableDataset):
     `read(shard)` returns an iterator of samples; `decode(sample)` turns each into what the
     model takes (tensors, a tuple or a dict of tensors)."""
 
-    def __init__(self, shards: Sequence[Any], read: Callable[[Any], Iterable[Any]] | None = None,
-                 decode: Callable[[Any], Any] | None = None) -> None:
+    def __init__(
+        self,
+        shards: Sequence[Any],
+        read: Callable[[Any], Iterable[Any]] | None = None,
+        decode: Callable[[Any], Any] | None = None,
+    ) -> None:
         self.shards = list(shards)
         if not self.shards:
             raise DdpkitError("ShardedStream: the shard list is empty: give the files (or other shards) to read")
@@ -108,7 +115,9 @@ def _reader_for(shard: Any) -> Callable[[Any], Iterable[Any]]:
         return read_tar
     if name.endswith(".txt"):
         return read_lines
-    raise DdpkitError(f"ShardedStream: no reader for {name!r}: give read=... (read_lines, read_jsonl, read_tar or your own)")
+    raise DdpkitError(
+        f"ShardedStream: no reader for {name!r}: give read=... (read_lines, read_jsonl, read_tar or your own)"
+    )
 
 
 def is_stream(dataset: Any) -> bool:
@@ -174,8 +183,9 @@ def shard_order(n: int, seed: int, epoch: int, shuffle: bool) -> list[int]:
     return torch.randperm(n, generator=g).tolist()
 
 
-def my_shards(n: int, seed: int, epoch: int, shuffle: bool, reader: Reader, done: dict[int, int | None],
-              same_deal: bool) -> list[int]:
+def my_shards(
+    n: int, seed: int, epoch: int, shuffle: bool, reader: Reader, done: dict[int, int | None], same_deal: bool
+) -> list[int]:
     """The shards this reader reads in this pass, in order. `done`: shard -> samples already
     taken from it (None: finished), from a checkpoint. `same_deal` (the checkpoint's world
     size and workers are this run's): each reader keeps its shards, in the same order;
@@ -184,8 +194,11 @@ def my_shards(n: int, seed: int, epoch: int, shuffle: bool, reader: Reader, done
     if not same_deal and done:
         rest = [s for s in order if done.get(s, 0) is not None]
         order = [s for s in rest if done.get(s)] + [s for s in rest if not done.get(s)]
-    mine = [s for k, s in enumerate(order) if k % reader.world == reader.rank
-            and (k // reader.world) % reader.workers == reader.worker]
+    mine = [
+        s
+        for k, s in enumerate(order)
+        if k % reader.world == reader.rank and (k // reader.world) % reader.workers == reader.worker
+    ]
     return [s for s in mine if done.get(s, 0) is not None]
 
 
@@ -194,8 +207,18 @@ class StreamBatches(IterableDataset):
     with batch_size=None runs it in each worker process; the rank keeps the newest state of
     each worker, from the batches it has taken (not the ones prefetched)."""
 
-    def __init__(self, dataset: Any, batch_size: int, rank: int, world: int, seed: int, epoch: int, shuffle: bool,
-                 state: dict[str, Any], workers: int) -> None:
+    def __init__(
+        self,
+        dataset: Any,
+        batch_size: int,
+        rank: int,
+        world: int,
+        seed: int,
+        epoch: int,
+        shuffle: bool,
+        state: dict[str, Any],
+        workers: int,
+    ) -> None:
         self.dataset, self.batch_size, self.rank, self.world = dataset, batch_size, rank, world
         self.seed, self.epoch, self.shuffle, self.state, self.workers = seed, epoch, shuffle, state, workers
 
@@ -237,7 +260,9 @@ class StreamBatches(IterableDataset):
                     progress[shard] = taken
                     yield (ds.decode(sample) if ds.decode else sample), {"shards": dict(progress)}
             except OSError as e:
-                raise DdpkitError(f"cannot read shard {ds.shards[shard]!r}: {e.strerror or e}; check the shard list") from None
+                raise DdpkitError(
+                    f"cannot read shard {ds.shards[shard]!r}: {e.strerror or e}; check the shard list"
+                ) from None
             progress[shard] = None
 
     def _round_robin(self, reader: Reader, same_deal: bool) -> Iterator[tuple[Any, dict[str, Any]]]:
@@ -256,8 +281,10 @@ def _collate(samples: list[Any]) -> Any:
         return default_collate(samples)
     except (TypeError, RuntimeError) as e:
         kind = type(samples[0]).__name__
-        raise DdpkitError(f"the stream yielded {kind} items that cannot be batched ({str(e).splitlines()[0][:160]}); each item "
-                          "must be a sample: tensors, numbers, or a tuple/dict of them (decode raw records with decode=...)") from None
+        raise DdpkitError(
+            f"the stream yielded {kind} items that cannot be batched ({str(e).splitlines()[0][:160]}); each item "
+            "must be a sample: tensors, numbers, or a tuple/dict of them (decode raw records with decode=...)"
+        ) from None
 
 
 class StreamLoader(RankBatches):
@@ -266,9 +293,18 @@ class StreamLoader(RankBatches):
 
     n = None
 
-    def __init__(self, dataset: Any, batch_size: int, rank: int = 0, world_size: int = 1, seed: int = 0,
-                 shuffle: bool = True, num_workers: int = 0, agree: Callable[[torch.Tensor], Any] | None = None,
-                 device: torch.device | str = "cpu") -> None:
+    def __init__(
+        self,
+        dataset: Any,
+        batch_size: int,
+        rank: int = 0,
+        world_size: int = 1,
+        seed: int = 0,
+        shuffle: bool = True,
+        num_workers: int = 0,
+        agree: Callable[[torch.Tensor], Any] | None = None,
+        device: torch.device | str = "cpu",
+    ) -> None:
         if batch_size < 1:
             raise ValueError("batch_size must be positive")
         self.agree = agree  # an in-place sum over all ranks (the runtime's collectives)
@@ -286,15 +322,29 @@ class StreamLoader(RankBatches):
     def batches(self) -> Iterator[Any]:
         """This rank's batches of the current pass, from the resume state when there is one."""
         start = self.resume_state if self.resume_state.get("epoch") == self.epoch else {}
-        self.taken = {"shards": dict(start.get("shards", {})), "items": dict(start.get("items", {})),
-                      "next_worker": start.get("next_worker", 0) if start.get("workers") == self.num_workers else 0}
-        source = StreamBatches(self.dataset, self.batch_size, self.rank, self.world_size, self.seed, self.epoch,
-                               self.shuffle, start, self.num_workers)
+        self.taken = {
+            "shards": dict(start.get("shards", {})),
+            "items": dict(start.get("items", {})),
+            "next_worker": start.get("next_worker", 0) if start.get("workers") == self.num_workers else 0,
+        }
+        source = StreamBatches(
+            self.dataset,
+            self.batch_size,
+            self.rank,
+            self.world_size,
+            self.seed,
+            self.epoch,
+            self.shuffle,
+            start,
+            self.num_workers,
+        )
         loader = DataLoader(source, batch_size=None, num_workers=self.num_workers) if self.num_workers else source
         for batch, state in loader:
             if first_tensor(batch) is None:
-                raise DdpkitError(f"the stream yielded {type(batch).__name__} batches that hold no tensor: each item must be a "
-                                  "sample (tensors, numbers, or a tuple/dict of them); decode raw records with decode=...")
+                raise DdpkitError(
+                    f"the stream yielded {type(batch).__name__} batches that hold no tensor: each item must be a "
+                    "sample (tensors, numbers, or a tuple/dict of them); decode raw records with decode=..."
+                )
             self.taken["shards"].update(state.get("shards", {}))
             self.taken["items"].update(state.get("items", {}))
             self.taken["next_worker"] = (state["worker"] + 1) % max(1, self.num_workers)
@@ -323,9 +373,14 @@ class StreamLoader(RankBatches):
 
     def state(self) -> dict[str, Any]:
         """This rank's position in the pass (what it has taken, not what workers prefetched)."""
-        return {"epoch": self.epoch, "world": self.world_size, "workers": self.num_workers,
-                "shards": dict(self.taken.get("shards", {})), "items": dict(self.taken.get("items", {})),
-                "next_worker": self.taken.get("next_worker", 0)}
+        return {
+            "epoch": self.epoch,
+            "world": self.world_size,
+            "workers": self.num_workers,
+            "shards": dict(self.taken.get("shards", {})),
+            "items": dict(self.taken.get("items", {})),
+            "next_worker": self.taken.get("next_worker", 0),
+        }
 
     def load(self, states: list[dict[str, Any]]) -> None:
         """Every rank's saved state: together, what every reader had taken (and, at the same
@@ -340,5 +395,11 @@ class StreamLoader(RankBatches):
                 items[int(k)] = max(items.get(int(k), 0), v)
         first = states[0] if states else {}
         mine = states[self.rank] if len(states) == self.world_size else {}
-        self.resume_state = {"epoch": first.get("epoch", 0), "world": first.get("world"), "workers": first.get("workers"),
-                             "shards": shards, "items": items, "next_worker": mine.get("next_worker", 0)}
+        self.resume_state = {
+            "epoch": first.get("epoch", 0),
+            "world": first.get("world"),
+            "workers": first.get("workers"),
+            "shards": shards,
+            "items": items,
+            "next_worker": mine.get("next_worker", 0),
+        }

@@ -5,6 +5,7 @@ An environment is one kind of launcher: torch's elastic agent, SLURM's srun, mpi
 Kubeflow PyTorchJob, or none (ddpkit starts the workers). Each reads environment variables
 only: nothing here touches torch.distributed or another machine.
 """
+
 from __future__ import annotations
 
 from typing import Any, Mapping

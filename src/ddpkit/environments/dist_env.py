@@ -3,6 +3,7 @@
 Nothing here touches ``torch.distributed``: this module only reads environment variables,
 so it can run in the launcher, in a worker before the process group exists, and in tests.
 """
+
 from __future__ import annotations
 
 import os

@@ -11,6 +11,7 @@ A script that is started alone (`python train.py`) where these name a world of s
 processes would otherwise train N independent copies; `check_nothing_missing` refuses that.
 Reads variables only.
 """
+
 from __future__ import annotations
 
 from typing import Any, Mapping
@@ -19,11 +20,25 @@ from ..errors import DdpkitError
 from .base import Environ, Environment
 
 # RunConfig field <- torchrun's flag (PET_<FLAG>), as torchrun's argparse `env` action reads them.
-PET_FIELDS = {"nnodes": "NNODES", "nproc": "NPROC_PER_NODE", "node_rank": "NODE_RANK", "master_addr": "MASTER_ADDR",
-              "master_port": "MASTER_PORT", "rdzv_endpoint": "RDZV_ENDPOINT", "rdzv_id": "RDZV_ID",
-              "rdzv_backend": "RDZV_BACKEND", "rdzv_conf": "RDZV_CONF", "max_restarts": "MAX_RESTARTS",
-              "monitor_interval": "MONITOR_INTERVAL", "start_method": "START_METHOD", "log_dir": "LOG_DIR",
-              "redirects": "REDIRECTS", "tee": "TEE", "local_ranks_filter": "LOCAL_RANKS_FILTER", "local_addr": "LOCAL_ADDR"}
+PET_FIELDS = {
+    "nnodes": "NNODES",
+    "nproc": "NPROC_PER_NODE",
+    "node_rank": "NODE_RANK",
+    "master_addr": "MASTER_ADDR",
+    "master_port": "MASTER_PORT",
+    "rdzv_endpoint": "RDZV_ENDPOINT",
+    "rdzv_id": "RDZV_ID",
+    "rdzv_backend": "RDZV_BACKEND",
+    "rdzv_conf": "RDZV_CONF",
+    "max_restarts": "MAX_RESTARTS",
+    "monitor_interval": "MONITOR_INTERVAL",
+    "start_method": "START_METHOD",
+    "log_dir": "LOG_DIR",
+    "redirects": "REDIRECTS",
+    "tee": "TEE",
+    "local_ranks_filter": "LOCAL_RANKS_FILTER",
+    "local_addr": "LOCAL_ADDR",
+}
 
 
 class Kubeflow(Environment):
@@ -56,8 +71,11 @@ class Kubeflow(Environment):
     def report_lines(self, report: Mapping[str, Any]) -> list[str]:
         if not report.get("pet"):
             return []
-        return ["  kubeflow    " + " ".join(f"{k}={v}" for k, v in report["pet"].items())
-                + " (read by ddpkit launch / train as torchrun's flags)"]
+        return [
+            "  kubeflow    "
+            + " ".join(f"{k}={v}" for k, v in report["pet"].items())
+            + " (read by ddpkit launch / train as torchrun's flags)"
+        ]
 
 
 def launcher_defaults(e: Environ) -> dict[str, str]:
@@ -79,12 +97,21 @@ def pod_fields(e: Environ) -> dict[str, int | str]:
         raise DdpkitError(f"RANK={e['RANK']!r} / WORLD_SIZE={e['WORLD_SIZE']!r} are not integers") from None
     missing = [v for v in ("MASTER_ADDR", "MASTER_PORT") if not e.get(v)] if world > 1 else []
     if missing:
-        raise DdpkitError(f"RANK and WORLD_SIZE={world} are set but {', '.join(missing)} is not: the job's other "
-                          "processes cannot be reached; set both (a PyTorchJob sets them in every pod)")
+        raise DdpkitError(
+            f"RANK and WORLD_SIZE={world} are set but {', '.join(missing)} is not: the job's other "
+            "processes cannot be reached; set both (a PyTorchJob sets them in every pod)"
+        )
     if not 0 <= rank < world:
         raise DdpkitError(f"inconsistent environment: RANK={rank} WORLD_SIZE={world}")
-    return dict(rank=rank, local_rank=0, node_rank=rank, world_size=world, local_world_size=1,
-                master_addr=e.get("MASTER_ADDR", "127.0.0.1"), master_port=int(e.get("MASTER_PORT", "0") or 0))
+    return dict(
+        rank=rank,
+        local_rank=0,
+        node_rank=rank,
+        world_size=world,
+        local_world_size=1,
+        master_addr=e.get("MASTER_ADDR", "127.0.0.1"),
+        master_port=int(e.get("MASTER_PORT", "0") or 0),
+    )
 
 
 def check_nothing_missing(e: Environ) -> None:
@@ -93,12 +120,16 @@ def check_nothing_missing(e: Environ) -> None:
     nnodes = e.get("PET_NNODES", "1").split(":")[-1]
     world = e.get("WORLD_SIZE", "1")
     if _nproc(e) > 1 or (nnodes.isdigit() and int(nnodes) > 1):
-        raise DdpkitError(f"this pod is meant to run {e.get('PET_NNODES', '1')} node(s) x {e.get('PET_NPROC_PER_NODE', '1')} "
-                          "process(es) (PET_NNODES / PET_NPROC_PER_NODE), but the script was started alone: start it with "
-                          "`ddpkit launch SCRIPT.py` (or torchrun), which reads the PET_* variables")
+        raise DdpkitError(
+            f"this pod is meant to run {e.get('PET_NNODES', '1')} node(s) x {e.get('PET_NPROC_PER_NODE', '1')} "
+            "process(es) (PET_NNODES / PET_NPROC_PER_NODE), but the script was started alone: start it with "
+            "`ddpkit launch SCRIPT.py` (or torchrun), which reads the PET_* variables"
+        )
     if world.isdigit() and int(world) > 1:
-        raise DdpkitError(f"WORLD_SIZE={world} is set but not RANK: this process cannot know its place in the job; "
-                          "start it with `ddpkit launch` / torchrun, or set RANK, MASTER_ADDR and MASTER_PORT")
+        raise DdpkitError(
+            f"WORLD_SIZE={world} is set but not RANK: this process cannot know its place in the job; "
+            "start it with `ddpkit launch` / torchrun, or set RANK, MASTER_ADDR and MASTER_PORT"
+        )
 
 
 def _nproc(e: Environ) -> int:

@@ -1,6 +1,7 @@
 """No launcher placed this process: `ddpkit train` starts this node's workers itself (torch's
 elastic agent), and a script's ddpkit.init() is one process alone. Always detected, so it is
 the last entry of the registry."""
+
 from __future__ import annotations
 
 from typing import Any, Mapping

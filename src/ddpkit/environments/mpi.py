@@ -8,6 +8,7 @@ On one node the master is this host (127.0.0.1); across nodes the job must name 
 MASTER_PORT when set, else derived from the MPI job's id (the same on every rank, different
 for two jobs on one node), as SLURM's is. Reads variables only.
 """
+
 from __future__ import annotations
 
 import re
@@ -18,7 +19,12 @@ from ..errors import DdpkitError
 from .base import Environ, Environment
 
 FLAVOURS = {  # name: (rank, size, local rank, local size)
-    "openmpi": ("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_SIZE"),
+    "openmpi": (
+        "OMPI_COMM_WORLD_RANK",
+        "OMPI_COMM_WORLD_SIZE",
+        "OMPI_COMM_WORLD_LOCAL_RANK",
+        "OMPI_COMM_WORLD_LOCAL_SIZE",
+    ),
     "mpich": ("PMI_RANK", "PMI_SIZE", "MPI_LOCALRANKID", "MPI_LOCALNRANKS"),
 }
 
@@ -73,30 +79,45 @@ def mpi_fields(e: Environ) -> dict[str, int | str]:
     local_rank = _int(e, local_var, 0 if world == 1 else None)
     local_world = _int(e, local_size_var, 1 if world == 1 else None)
     if not (0 <= rank < world and 0 <= local_rank < local_world <= world):
-        raise DdpkitError(f"inconsistent MPI environment: {rank_var}={rank} {size_var}={world} "
-                          f"{local_var}={local_rank} {local_size_var}={local_world}")
+        raise DdpkitError(
+            f"inconsistent MPI environment: {rank_var}={rank} {size_var}={world} "
+            f"{local_var}={local_rank} {local_size_var}={local_world}"
+        )
     nodes = -(-world // local_world)
     addr = e.get("MASTER_ADDR")
     if not addr:
         if nodes > 1:
-            raise DdpkitError(f"started by mpirun on {nodes} nodes, but MASTER_ADDR is not set: name rank 0's host for "
-                              "the process group, e.g. `mpirun -x MASTER_ADDR=$(hostname) -x MASTER_PORT=29500 ...` "
-                              "(with rank 0 on that host)")
+            raise DdpkitError(
+                f"started by mpirun on {nodes} nodes, but MASTER_ADDR is not set: name rank 0's host for "
+                "the process group, e.g. `mpirun -x MASTER_ADDR=$(hostname) -x MASTER_PORT=29500 ...` "
+                "(with rank 0 on that host)"
+            )
         addr = "127.0.0.1"  # every rank is on this node
     port = int(e["MASTER_PORT"]) if e.get("MASTER_PORT") else port_for_job(e)
     if port is None:
-        raise DdpkitError("started by mpirun, but neither MASTER_PORT is set nor an MPI job id to derive a port from: "
-                          "pass one, e.g. `mpirun -x MASTER_PORT=29500 ...`")
-    return dict(rank=rank, local_rank=local_rank, node_rank=rank // local_world, world_size=world,
-                local_world_size=local_world, master_addr=addr, master_port=port)
+        raise DdpkitError(
+            "started by mpirun, but neither MASTER_PORT is set nor an MPI job id to derive a port from: "
+            "pass one, e.g. `mpirun -x MASTER_PORT=29500 ...`"
+        )
+    return dict(
+        rank=rank,
+        local_rank=local_rank,
+        node_rank=rank // local_world,
+        world_size=world,
+        local_world_size=local_world,
+        master_addr=addr,
+        master_port=port,
+    )
 
 
 def _int(e: Environ, name: str, default: int | None = None) -> int:
     raw = e.get(name)
     if raw is None:
         if default is None:
-            raise DdpkitError(f"started by mpirun, but {name} is not set (an MPI that ddpkit does not know?); "
-                              "start the script with `ddpkit launch` or torchrun instead")
+            raise DdpkitError(
+                f"started by mpirun, but {name} is not set (an MPI that ddpkit does not know?); "
+                "start the script with `ddpkit launch` or torchrun instead"
+            )
         return default
     try:
         return int(raw)

@@ -1,4 +1,5 @@
 """Addresses for multi-node runs: which local address reaches the master, on which interface."""
+
 from __future__ import annotations
 
 import fcntl
@@ -33,7 +34,9 @@ def source_address_for(ip: str) -> str:
         try:
             s.connect((ip, 9))
         except OSError as e:
-            raise DdpkitError(f"no route from this node to {ip} ({e.strerror}); check --master-addr / --rdzv-endpoint") from None
+            raise DdpkitError(
+                f"no route from this node to {ip} ({e.strerror}); check --master-addr / --rdzv-endpoint"
+            ) from None
         return s.getsockname()[0]
 
 

@@ -4,6 +4,7 @@ allocation is what started this process); Local, which always says yes, comes la
 
 A new launcher is one file here (a subclass of base.Environment), one line in this list, and
 its test (tests/unit/environments/)."""
+
 from __future__ import annotations
 
 from .base import Environment

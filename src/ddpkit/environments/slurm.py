@@ -3,6 +3,7 @@
 One srun task is one ddpkit worker (rank = SLURM_PROCID). This module only reads
 variables (and may ask `scontrol show hostnames`); it starts nothing.
 """
+
 from __future__ import annotations
 
 import re
@@ -58,9 +59,12 @@ class Slurm(Environment):
         s = report.get("slurm")
         if not s:
             return []
-        return [f"  slurm job   {s['job_id']}: {s['nodes']} node(s) {' '.join(s['hosts']) if s['hosts'] else s['nodelist']}, "
-                f"{s['ntasks']} task(s) ({s['tasks_per_node']} per node), "
-                + ("inside an srun step" if s["in_srun_step"] else "not inside an srun step")]
+        return [
+            f"  slurm job   {s['job_id']}: {s['nodes']} node(s) "
+            f"{' '.join(s['hosts']) if s['hosts'] else s['nodelist']}, "
+            f"{s['ntasks']} task(s) ({s['tasks_per_node']} per node), "
+            + ("inside an srun step" if s["in_srun_step"] else "not inside an srun step")
+        ]
 
     def allocated_nodes(self, e: Environ) -> int | None:
         return (_int_or_none(e.get("SLURM_JOB_NUM_NODES", e.get("SLURM_NNODES"))) or 1) if self.present(e) else None
@@ -137,7 +141,7 @@ def _expand_one(item: str) -> list[str]:
     m = _GROUP.search(item)
     if not m:
         return [item]
-    prefix, rest = item[: m.start()], item[m.end():]
+    prefix, rest = item[: m.start()], item[m.end() :]
     tails = _expand_one(rest)  # later bracket groups vary fastest
     out = []
     for value in _expand_ranges(m.group(1), item):
@@ -167,7 +171,9 @@ def hostnames(nodelist: str) -> list[str]:
     """`scontrol show hostnames` when it is there (SLURM's own parser), else ours."""
     if shutil.which("scontrol"):
         try:
-            out = subprocess.run(["scontrol", "show", "hostnames", nodelist], capture_output=True, text=True, timeout=10)
+            out = subprocess.run(
+                ["scontrol", "show", "hostnames", nodelist], capture_output=True, text=True, timeout=10
+            )
             if out.returncode == 0 and out.stdout.split():
                 return out.stdout.split()
         except (OSError, subprocess.TimeoutExpired):
@@ -198,8 +204,15 @@ def slurm_fields(e: Environ) -> dict[str, int | str]:
         raise DdpkitError("SLURM_JOB_NODELIST is not set: cannot find the master node")
     hosts = hostnames(nodelist)
     node_rank = int(e.get("SLURM_NODEID", "0"))
-    per_node = expand_tasks_per_node(e["SLURM_STEP_TASKS_PER_NODE"]) if "SLURM_STEP_TASKS_PER_NODE" in e else (
-        expand_tasks_per_node(e["SLURM_TASKS_PER_NODE"]) if "SLURM_TASKS_PER_NODE" in e else [int(e["SLURM_NTASKS"])])
+    per_node = (
+        expand_tasks_per_node(e["SLURM_STEP_TASKS_PER_NODE"])
+        if "SLURM_STEP_TASKS_PER_NODE" in e
+        else (
+            expand_tasks_per_node(e["SLURM_TASKS_PER_NODE"])
+            if "SLURM_TASKS_PER_NODE" in e
+            else [int(e["SLURM_NTASKS"])]
+        )
+    )
     local_world = per_node[node_rank] if node_rank < len(per_node) else per_node[0]
     port = int(e["MASTER_PORT"]) if e.get("MASTER_PORT") else port_for_job(e.get("SLURM_JOB_ID", "0"))
     return dict(
@@ -226,7 +239,8 @@ def check_started_by_srun(e: Environ) -> None:
         if nodes > 1:
             raise DdpkitError(
                 f"this SLURM job has {nodes} nodes but ddpkit runs in the batch script itself, i.e. on the first "
-                "node only: start it with `srun --kill-on-bad-exit=1 ddpkit train ...` (`ddpkit slurm` writes that script)"
+                "node only: start it with `srun --kill-on-bad-exit=1 ddpkit train ...` "
+                "(`ddpkit slurm` writes that script)"
             )
 
 

@@ -2,6 +2,7 @@
 
 Reads variables only: nothing here touches torch.distributed.
 """
+
 from __future__ import annotations
 
 from typing import Any, Mapping

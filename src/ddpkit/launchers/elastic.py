@@ -4,6 +4,7 @@ Rendezvous is c10d on a port the OS picks (never a fixed 12355), with the rendez
 kept apart from the workers' store (TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1): in torch 2.13
 that is the configuration in which restarts after a worker failure work.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -59,8 +60,15 @@ class LaunchPlan:
         return int(self.nnodes.split(":")[-1])
 
 
-def run_elastic(plan: LaunchPlan, entrypoint: Callable[..., Any] | str, args: list[Any], env: dict[str, str] | None = None,
-                verbose: bool = False, agent_options: dict[str, Any] | None = None, hang_dir: Path | None = None) -> dict[int, Any]:
+def run_elastic(
+    plan: LaunchPlan,
+    entrypoint: Callable[..., Any] | str,
+    args: list[Any],
+    env: dict[str, str] | None = None,
+    verbose: bool = False,
+    agent_options: dict[str, Any] | None = None,
+    hang_dir: Path | None = None,
+) -> dict[int, Any]:
     """Run `entrypoint(*args)` (a function, or an executable path) in nproc workers.
     Returns each local rank's return value. A worker's DdpkitError becomes ours; any other
     failure becomes a WorkerFailed that names the rank and exit code. Workers never outlive
@@ -86,7 +94,12 @@ AGENT_SETS = ("TORCHELASTIC_SIGNALS_TO_HANDLE",)
 
 def _launch_environ(plan: LaunchPlan, env: dict[str, str] | None, errors: Path) -> dict[str, str]:
     """The variables the agent (which reads them here) and its workers (which inherit them) need."""
-    out = {**plan.extra_env, **(env or {}), ERROR_DIR_VAR: str(errors), "OMP_NUM_THREADS": str(plan.threads_per_process)}
+    out = {
+        **plan.extra_env,
+        **(env or {}),
+        ERROR_DIR_VAR: str(errors),
+        "OMP_NUM_THREADS": str(plan.threads_per_process),
+    }
     if plan.rdzv_backend == "c10d":
         # Workers get a store of their own: with the shared one, restarted workers read stale
         # addresses (pytorch/pytorch#135712). Static rendezvous serves workers from its store.
@@ -142,13 +155,24 @@ def _agent_logs(verbose: bool) -> Iterator[None]:
             log.setLevel(level)
 
 
-def _launch(plan: LaunchPlan, entrypoint: Callable[..., Any] | str, args: list[Any], scratch: Path, errors: Path,
-            agent_options: dict[str, Any] | None, hang_dir: Path | None) -> dict[int, Any]:
+def _launch(
+    plan: LaunchPlan,
+    entrypoint: Callable[..., Any] | str,
+    args: list[Any],
+    scratch: Path,
+    errors: Path,
+    agent_options: dict[str, Any] | None,
+    hang_dir: Path | None,
+) -> dict[int, Any]:
     started = time.time()
     from torch.distributed import DistNetworkError, DistStoreError
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
-    from torch.distributed.elastic.rendezvous.api import RendezvousClosedError, RendezvousConnectionError, RendezvousTimeoutError
+    from torch.distributed.elastic.rendezvous.api import (
+        RendezvousClosedError,
+        RendezvousConnectionError,
+        RendezvousTimeoutError,
+    )
     from torch.distributed.launcher.api import elastic_launch
 
     config, endpoint, rdzv_store = _launch_config(plan, scratch, agent_options)  # the store lives until we return
@@ -168,12 +192,20 @@ def _launch(plan: LaunchPlan, entrypoint: Callable[..., Any] | str, args: list[A
         if user_error:  # a worker refused the user's input (ddpkit train): ddpkit's own exit 2
             raise DdpkitError(user_error) from None
         raise WorkerFailed(_failure_message(e, errors)) from None
-    except (RendezvousTimeoutError, RendezvousConnectionError, RendezvousClosedError, DistStoreError, DistNetworkError) as e:
+    except (
+        RendezvousTimeoutError,
+        RendezvousConnectionError,
+        RendezvousClosedError,
+        DistStoreError,
+        DistNetworkError,
+    ) as e:
         # the agent's own store (static rendezvous: node 0 serves it) never completing is a rendezvous failure too
         raise DdpkitError(_rendezvous_message(e, plan, endpoint)) from None
     except SignalException as e:
-        raise DdpkitError(f"stopped by {signal.Signals(e.sigval).name}; the workers were stopped (with --save-on-signal "
-                          "they saved a checkpoint first: continue with --resume)") from None
+        raise DdpkitError(
+            f"stopped by {signal.Signals(e.sigval).name}; the workers were stopped (with --save-on-signal "
+            "they saved a checkpoint first: continue with --resume)"
+        ) from None
     finally:
         if watch is not None:
             watch.stop()
@@ -208,8 +240,12 @@ def _launch_config(plan: LaunchPlan, scratch: Path, agent_options: dict[str, Any
         max_restarts=plan.max_restarts,
         monitor_interval=plan.monitor_interval,
         start_method=plan.start_method,
-        logs_specs=logs_specs_cls(log_dir=plan.log_dir or str(scratch / "logs"), redirects=Std.from_str(plan.redirects),
-                                    tee=Std.from_str(plan.tee or "0"), local_ranks_filter=_ranks(plan.local_ranks_filter)),
+        logs_specs=logs_specs_cls(
+            log_dir=plan.log_dir or str(scratch / "logs"),
+            redirects=Std.from_str(plan.redirects),
+            tee=Std.from_str(plan.tee or "0"),
+            local_ranks_filter=_ranks(plan.local_ranks_filter),
+        ),
         local_addr=plan.local_addr,
         # teed lines carry the global rank; torchrun's variable for the template is honoured
         log_line_prefix_template=os.environ.get("TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE", "[rank${rank}]:"),
@@ -253,8 +289,16 @@ def _host_rendezvous_store(endpoint: str, timeout: float) -> tuple[str, Any]:
             return endpoint, None
         raise
     real_port = sock.getsockname()[1]
-    store = dist.TCPStore(host, real_port, None, True, timedelta(seconds=timeout), wait_for_workers=False,
-                          multi_tenant=True, master_listen_fd=sock.detach())
+    store = dist.TCPStore(
+        host,
+        real_port,
+        None,
+        True,
+        timedelta(seconds=timeout),
+        wait_for_workers=False,
+        multi_tenant=True,
+        master_listen_fd=sock.detach(),
+    )
     return f"{host}:{real_port}", store
 
 
@@ -306,13 +350,20 @@ def _rendezvous_message(e: BaseException, plan: LaunchPlan, endpoint: str) -> st
     else:
         what = f"failed ({type(e).__name__}: {detail})"
     if plan.rdzv_backend == "static":
-        kind, same = "static rendezvous", (f"--nnodes {plan.nnodes}, the same --master-addr and --master-port, its own "
-                                           f"--node-rank; this is node {plan.node_rank}")
+        kind, same = (
+            "static rendezvous",
+            (
+                f"--nnodes {plan.nnodes}, the same --master-addr and --master-port, its own "
+                f"--node-rank; this is node {plan.node_rank}"
+            ),
+        )
     else:
         kind, same = "rendezvous", f"--nnodes {plan.nnodes}, the same --rdzv-endpoint and --rdzv-id {plan.rdzv_id}"
-    return (f"{kind} at {endpoint} {what}: {nodes} node(s) were expected within --timeout {plan.timeout:g} s. "
-            f"Check that every node runs the same command ({same}), that {endpoint} is reachable from every node "
-            "(firewall, address), and that the other launchers have started")
+    return (
+        f"{kind} at {endpoint} {what}: {nodes} node(s) were expected within --timeout {plan.timeout:g} s. "
+        f"Check that every node runs the same command ({same}), that {endpoint} is reachable from every node "
+        "(firewall, address), and that the other launchers have started"
+    )
 
 
 def _user_error(errors: Path) -> str | None:
@@ -326,9 +377,13 @@ def _failure_message(e: Any, errors: Path) -> str:
     peer_losses = {int(p.stem.split("-")[1]): p for p in errors.glob("peer-*.txt")}
     if rank in peer_losses:
         # the first failure was a lost connection: the rank that died first is elsewhere
-        return (peer_losses[rank].read_text().strip() + "; a process or node elsewhere in the job died "
-                "(see that node's log); this node's workers were stopped")
-    how = f"was killed by signal {-failure.exitcode}" if failure.exitcode < 0 else f"exited with code {failure.exitcode}"
+        return (
+            peer_losses[rank].read_text().strip() + "; a process or node elsewhere in the job died "
+            "(see that node's log); this node's workers were stopped"
+        )
+    how = (
+        f"was killed by signal {-failure.exitcode}" if failure.exitcode < 0 else f"exited with code {failure.exitcode}"
+    )
     return f"worker rank {rank} {how}; the other workers were stopped (see its output above)"
 
 
@@ -342,8 +397,14 @@ def start_method_for(requested: str, device_type: str, clean_parent: bool) -> st
     return "fork" if clean_parent and device_type == "cpu" and sys.platform == "linux" else "spawn"
 
 
-def tail_whole_lines(header: str, file: str, dst: Any, finished: Any, interval_sec: float,
-                     log_line_filter: Callable[[str], bool] | None = None) -> None:
+def tail_whole_lines(
+    header: str,
+    file: str,
+    dst: Any,
+    finished: Any,
+    interval_sec: float,
+    log_line_filter: Callable[[str], bool] | None = None,
+) -> None:
     """torch's tail of a worker's log file for --tee, but it writes whole lines only: torch's
     writes what readline() returns at the end of the file, so a line the worker is writing
     at that moment comes out in two pieces, each with its rank prefix (seen in 1 of 3 CI runs:

@@ -8,6 +8,7 @@ for a minute after it closes (TIME_WAIT). So: read MASTER_PORT from a worker's e
 while the workers run, and after they exit look for any connection on that port. Workers gone
 before their environment could be read lived too briefly to import torch, let alone join.
 Linux only; elsewhere (or when /proc cannot be read) nothing is said."""
+
 from __future__ import annotations
 
 import os
@@ -100,6 +101,8 @@ def _port_seen(port: int) -> bool:
     return False
 
 
-NEVER_JOINED = ("ddpkit: warning: the {n} workers all exited without ever joining a process group (none connected to "
-                "MASTER_ADDR:MASTER_PORT); likely the script checked for GPUs (or another requirement) and quit: "
-                "see its output above")
+NEVER_JOINED = (
+    "ddpkit: warning: the {n} workers all exited without ever joining a process group (none connected to "
+    "MASTER_ADDR:MASTER_PORT); likely the script checked for GPUs (or another requirement) and quit: "
+    "see its output above"
+)

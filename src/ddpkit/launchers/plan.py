@@ -4,6 +4,7 @@ Rules (torchrun's, without the guide's mistakes): world size = nnodes x nproc_pe
 global rank = node_rank x nproc_per_node + local_rank; on one node the rendezvous listens on
 loopback at a port the OS picks.
 """
+
 from __future__ import annotations
 
 import os
@@ -36,8 +37,9 @@ def make_launch_plan(cfg: RunConfig, nproc: int, device_type: str, clean_parent:
     )
     plan = _make_plan(cfg, common, lo, hi)
     for key, value in cfg.rdzv_settings().items():  # --rdzv-conf: the user's c10d settings win
-        plan.rdzv_configs[key] = value.lower() in ("1", "true", "yes") if key == "is_host" else (
-            int(value) if value.isdigit() else value)
+        plan.rdzv_configs[key] = (
+            value.lower() in ("1", "true", "yes") if key == "is_host" else (int(value) if value.isdigit() else value)
+        )
     return plan
 
 
@@ -49,8 +51,13 @@ def _make_plan(cfg: RunConfig, common: dict[str, Any], lo: int, hi: int) -> Laun
         where = cfg.rdzv_endpoint or f"{cfg.master_addr}:{cfg.master_port or DEFAULT_MASTER_PORT}"
         common["rdzv_id"] = "ddpkit-" + "".join(ch if ch.isalnum() else "-" for ch in where)
     if not cfg.multi_node and not cfg.rdzv_endpoint:
-        return LaunchPlan(**common, rdzv_backend="c10d", rdzv_endpoint="127.0.0.1:0", local_addr="127.0.0.1",
-                          rdzv_configs={"is_host": True})
+        return LaunchPlan(
+            **common,
+            rdzv_backend="c10d",
+            rdzv_endpoint="127.0.0.1:0",
+            local_addr="127.0.0.1",
+            rdzv_configs={"is_host": True},
+        )
     if cfg.rdzv_endpoint:
         host, _, port = cfg.rdzv_endpoint.rpartition(":")
         target = network.resolve(host.strip("[]"))
@@ -58,13 +65,25 @@ def _make_plan(cfg: RunConfig, common: dict[str, Any], lo: int, hi: int) -> Laun
         rdzv: dict[str, Any] = {"is_host": network.is_local_address(target)}
         if lo < hi:  # elastic: notice a lost node within ~6 s and go on without waiting long for more
             rdzv.update(keep_alive_interval=2, keep_alive_max_attempt=3, last_call_timeout=5)
-        return LaunchPlan(**common, rdzv_backend="c10d", rdzv_endpoint=f"{target}:{port}", local_addr=local,
-                          rdzv_configs=rdzv, extra_env=_gloo_env(local))
+        return LaunchPlan(
+            **common,
+            rdzv_backend="c10d",
+            rdzv_endpoint=f"{target}:{port}",
+            local_addr=local,
+            rdzv_configs=rdzv,
+            extra_env=_gloo_env(local),
+        )
     target = network.resolve(cfg.master_addr or "127.0.0.1")
     port = cfg.master_port or DEFAULT_MASTER_PORT
     local = cfg.local_addr or network.source_address_for(target)
-    return LaunchPlan(**common, rdzv_backend="static", rdzv_endpoint=f"{target}:{port}", node_rank=cfg.node_rank,
-                      local_addr=local, extra_env=_gloo_env(local))
+    return LaunchPlan(
+        **common,
+        rdzv_backend="static",
+        rdzv_endpoint=f"{target}:{port}",
+        node_rank=cfg.node_rank,
+        local_addr=local,
+        extra_env=_gloo_env(local),
+    )
 
 
 def _gloo_env(local_addr: str) -> dict[str, str]:
@@ -101,8 +120,10 @@ def describe(plan: LaunchPlan, backend: str, device_type: str) -> str:
     ]
     if plan.tee != "0" or plan.redirects != "0" or plan.log_dir:
         shown = f" (local ranks {plan.local_ranks_filter})" if plan.local_ranks_filter else ""
-        lines.append(f"  output             tee {plan.tee}{shown}, redirects {plan.redirects}, lines prefixed with the rank, "
-                     f"logs in {plan.log_dir or 'a temporary folder'}")
+        lines.append(
+            f"  output             tee {plan.tee}{shown}, redirects {plan.redirects}, lines prefixed with the rank, "
+            f"logs in {plan.log_dir or 'a temporary folder'}"
+        )
     for k, v in plan.extra_env.items():
         lines.append(f"  environment        {k}={v}")
     lines.append("  local processes:")
@@ -133,6 +154,8 @@ def resolve_nproc(nproc: int | None, device_type: str) -> int:
         if nproc is None:
             return ngpu
         if nproc > ngpu:
-            raise DdpkitError(f"--nproc {nproc} but only {ngpu} GPU(s) are visible: use at most one process per GPU (--nproc {ngpu})")
+            raise DdpkitError(
+                f"--nproc {nproc} but only {ngpu} GPU(s) are visible: use at most one process per GPU (--nproc {ngpu})"
+            )
         return nproc
     return 2 if nproc is None else nproc

@@ -7,6 +7,7 @@ nothing can expand on the wrong node, and ddpkit spawns nothing inside a task (w
 multiply processes). Restarts come from SLURM: the job requeues itself after the time-limit
 warning signal and resumes from its checkpoint (--auto-resume).
 """
+
 from __future__ import annotations
 
 import re
@@ -23,8 +24,19 @@ _TIME = re.compile(r"^(\d+-)?\d{1,2}(:\d{2}){0,2}$")
 _SIGNAL = re.compile(r"^(B:|R:)?(SIG)?[A-Z0-9]+(@\d+)?$")
 _SAFE_NAME = re.compile(r"^[A-Za-z0-9_.\-]+$")
 FINAL_OK = {"COMPLETED"}
-RUNNING = {"PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "REQUEUED", "REQUEUE_FED", "REQUEUE_HOLD",
-           "RESIZING", "SUSPENDED", "STAGE_OUT", "SIGNALING"}
+RUNNING = {
+    "PENDING",
+    "CONFIGURING",
+    "RUNNING",
+    "COMPLETING",
+    "REQUEUED",
+    "REQUEUE_FED",
+    "REQUEUE_HOLD",
+    "RESIZING",
+    "SUSPENDED",
+    "STAGE_OUT",
+    "SIGNALING",
+}
 
 
 @dataclass
@@ -62,7 +74,11 @@ class SlurmJob:
             raise DdpkitError(f"--time {self.time!r} is not a SLURM time (MM, HH:MM:SS or D-HH:MM:SS)")
         if self.signal and not _SIGNAL.match(self.signal.upper()):
             raise DdpkitError(f"--signal {self.signal!r} is not SIG[@SECONDS], e.g. USR2@90")
-        for flag, value in (("--job-name", self.job_name), ("--partition", self.partition), ("--account", self.account)):
+        for flag, value in (
+            ("--job-name", self.job_name),
+            ("--partition", self.partition),
+            ("--account", self.account),
+        ):
             if value is not None and not _SAFE_NAME.match(value):
                 raise DdpkitError(f"{flag} {value!r}: use letters, digits, '.', '_' and '-' only")
 
@@ -80,7 +96,10 @@ def render_sbatch(job: SlurmJob, command_line: str = "") -> str:
     to be a plain name), so a hostile value cannot become a command."""
     q = shlex.quote
     output = job.output or str(Path(job.run_dir) / "slurm-%j.out")
-    lines = ["#!/bin/bash", f"# written by ddpkit slurm{': ' + command_line if command_line else ''}".replace("\n", " ")]
+    lines = [
+        "#!/bin/bash",
+        f"# written by ddpkit slurm{': ' + command_line if command_line else ''}".replace("\n", " "),
+    ]
     directives = [
         f"--job-name={job.job_name}",
         f"--nodes={job.nodes}",
@@ -101,11 +120,19 @@ def render_sbatch(job: SlurmJob, command_line: str = "") -> str:
         directives.append(f"--signal={job.signal.upper()}")
     for d in directives:
         if any(ch.isspace() or ch in "'\"" for ch in d):
-            raise DdpkitError(f"sbatch directive {d!r} would hold a space or quote, which #SBATCH lines cannot carry "
-                              "safely: choose a --run-dir / --output path without spaces")
+            raise DdpkitError(
+                f"sbatch directive {d!r} would hold a space or quote, which #SBATCH lines cannot carry "
+                "safely: choose a --run-dir / --output path without spaces"
+            )
         lines.append(f"#SBATCH {d}")
     srun = [
-        "srun", "--kill-on-bad-exit=1", job.python, "-m", "ddpkit", "train", *job.train_args,
+        "srun",
+        "--kill-on-bad-exit=1",
+        job.python,
+        "-m",
+        "ddpkit",
+        "train",
+        *job.train_args,
         "--auto-resume",
     ]
     if job.signal:
@@ -163,5 +190,7 @@ def wait(job_id: str, timeout: float | None = None, poll: float = 1.0, report=pr
                 return 0
             return int(code) if code.isdigit() and int(code) else (128 + int(sig) if sig.isdigit() and int(sig) else 1)
         if deadline is not None and time.monotonic() > deadline:
-            raise DdpkitError(f"job {job_id} still {state} after {timeout:.0f} s; it keeps running (scancel {job_id} to stop it)")
+            raise DdpkitError(
+                f"job {job_id} still {state} after {timeout:.0f} s; it keeps running (scancel {job_id} to stop it)"
+            )
         time.sleep(poll)

@@ -1,6 +1,7 @@
 """Run log: every record goes to each metric sink the run asked for (reporting/sinks/:
 metrics.jsonl always, metrics.csv, TensorBoard), written by rank 0 only, with the same
 (already cross-rank) values."""
+
 from __future__ import annotations
 
 import json
@@ -18,9 +19,16 @@ class MetricsLog:
     for a caller that names them directly. `keep_until_epoch` / `keep_until_step` are where
     a resumed run continues: every sink drops what it holds after that point."""
 
-    def __init__(self, run_dir: str | os.PathLike, enabled: bool, keep_until_epoch: int = 0,
-                 csv: bool = False, tensorboard: bool = False, keep_until_step: int | None = None,
-                 settings: Mapping[str, Any] | None = None) -> None:
+    def __init__(
+        self,
+        run_dir: str | os.PathLike,
+        enabled: bool,
+        keep_until_epoch: int = 0,
+        csv: bool = False,
+        tensorboard: bool = False,
+        keep_until_step: int | None = None,
+        settings: Mapping[str, Any] | None = None,
+    ) -> None:
         self.enabled = enabled
         self.sinks: list[MetricSink] = []
         if not enabled:

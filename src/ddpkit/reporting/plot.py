@@ -6,6 +6,7 @@ metrics.jsonl. `plot_bars` draws the benchmark suite's comparison of variants (w
 samples/s per workload). Drawing uses matplotlib's Agg canvas without pyplot, so it needs
 no display and leaves the caller's (a notebook's) matplotlib backend alone.
 """
+
 from __future__ import annotations
 
 import json
@@ -37,9 +38,17 @@ def plot_curves(curves: Mapping[str, Records], out: str | os.PathLike, title: st
         median = f", median {speeds[len(speeds) // 2]:,.0f}/s" if speeds else ""
         _line(ax_speed, records, "samples_per_s", colour, label + median, "-")
     ax_loss.set(title="loss (global mean over all ranks)", xlabel="epoch", ylabel="loss")
-    if all(r.get(k, 1) > 0 for rs in curves.values() for r in rs for k in ("train_loss", "eval_loss") if r.get(k) is not None):
+    if all(
+        r.get(k, 1) > 0
+        for rs in curves.values()
+        for r in rs
+        for k in ("train_loss", "eval_loss")
+        if r.get(k) is not None
+    ):
         ax_loss.set_yscale("log")
-    ax_metric.set(title=f"eval {metric[5:]}" if metric else "eval metric", xlabel="epoch", ylabel=metric[5:] if metric else "")
+    ax_metric.set(
+        title=f"eval {metric[5:]}" if metric else "eval metric", xlabel="epoch", ylabel=metric[5:] if metric else ""
+    )
     if not metric:
         ax_metric.text(0.5, 0.5, "no evaluation in these runs", ha="center", va="center", transform=ax_metric.transAxes)
     ax_speed.set(title="training throughput", xlabel="epoch", ylabel="samples/s (all ranks)")
@@ -53,10 +62,14 @@ def plot_curves(curves: Mapping[str, Records], out: str | os.PathLike, title: st
     return _save(fig, out, dpi=100)
 
 
-def plot_bars(panels: Mapping[str, Sequence[Mapping[str, Any]]], out: str | os.PathLike,
-              xlabels: Mapping[str, str] | None = None, title: str | None = None,
-              part_label: str = "training loop",
-              rest_label: str = "outside training (imports, launch, setup, teardown)") -> Path:
+def plot_bars(
+    panels: Mapping[str, Sequence[Mapping[str, Any]]],
+    out: str | os.PathLike,
+    xlabels: Mapping[str, str] | None = None,
+    title: str | None = None,
+    part_label: str = "training loop",
+    rest_label: str = "outside training (imports, launch, setup, teardown)",
+) -> Path:
     """Horizontal bars comparing variants, one panel per workload. `panels` maps a panel
     title to bars {"name", "median", "min", "max"} (whiskers span min..max); a bar that also
     has "part" (e.g. the training time inside the wall time) is split into that part and
@@ -70,8 +83,10 @@ def plot_bars(panels: Mapping[str, Sequence[Mapping[str, Any]]], out: str | os.P
         bars = list(bars)[::-1]  # the first bar on top
         y = list(range(len(bars)))
         med = [b["median"] for b in bars]
-        whiskers = [[m - b["min"] for m, b in zip(med, bars, strict=True)],
-                    [b["max"] - m for m, b in zip(med, bars, strict=True)]]
+        whiskers = [
+            [m - b["min"] for m, b in zip(med, bars, strict=True)],
+            [b["max"] - m for m, b in zip(med, bars, strict=True)],
+        ]
         if any("part" in b for b in bars):
             part = [min(b.get("part", 0.0), m) for b, m in zip(bars, med, strict=True)]
             ax.barh(y, part, color="#d62728", label=part_label)
@@ -92,8 +107,12 @@ def plot_bars(panels: Mapping[str, Sequence[Mapping[str, Any]]], out: str | os.P
     return _save(fig, out, dpi=110)
 
 
-def plot_runs(run_dirs: Sequence[str | os.PathLike], out: str | os.PathLike | None = None,
-              labels: Sequence[str] | None = None, title: str | None = None) -> Path:
+def plot_runs(
+    run_dirs: Sequence[str | os.PathLike],
+    out: str | os.PathLike | None = None,
+    labels: Sequence[str] | None = None,
+    title: str | None = None,
+) -> Path:
     """Plot run directories (each with a metrics.jsonl). Default output: RUN_DIR/curves.png
     for one run, ./curves.png to compare several."""
     if labels is not None and len(labels) != len(run_dirs):

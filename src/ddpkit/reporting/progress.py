@@ -15,6 +15,7 @@ cross-rank value at every step would cost an all-reduce per step, just for the d
 On the step path this module does no tensor work unless a display is due (at most every
 0.5 s on a bar, every 30 s in lines), so it adds no device sync to training.
 """
+
 from __future__ import annotations
 
 import os
@@ -66,8 +67,15 @@ def format_eta(seconds: float) -> str:
 class Progress:
     """Called by the trainer at epoch and step boundaries; shows nothing in mode 'off'."""
 
-    def __init__(self, mode: str, epochs: int | None, start_epoch: int, samples_per_epoch: int | None,
-                 stream: TextIO | None = None, max_steps: int | None = None) -> None:
+    def __init__(
+        self,
+        mode: str,
+        epochs: int | None,
+        start_epoch: int,
+        samples_per_epoch: int | None,
+        stream: TextIO | None = None,
+        max_steps: int | None = None,
+    ) -> None:
         self.mode = mode
         self.epochs = epochs
         self.max_steps = max_steps  # a run by --max-steps: the epoch lines show the steps too
@@ -84,10 +92,20 @@ class Progress:
             from tqdm import tqdm
 
             self._tqdm = tqdm
-            self._epoch_bar = tqdm(total=epochs, initial=start_epoch, desc="epochs", unit="epoch", file=self.stream,
-                                   position=0, dynamic_ncols=True, leave=True)
+            self._epoch_bar = tqdm(
+                total=epochs,
+                initial=start_epoch,
+                desc="epochs",
+                unit="epoch",
+                file=self.stream,
+                position=0,
+                dynamic_ncols=True,
+                leave=True,
+            )
 
-    def start_epoch(self, epoch: int, skipped_samples: int = 0, loss_offset: float = 0.0, count_offset: float = 0.0) -> None:
+    def start_epoch(
+        self, epoch: int, skipped_samples: int = 0, loss_offset: float = 0.0, count_offset: float = 0.0
+    ) -> None:
         """`skipped_samples`: done before a mid-epoch stop this run resumes from; `loss_offset`,
         `count_offset`: what the trainer's sums already hold for them (not rank 0's own)."""
         if self.mode == "off":
@@ -104,9 +122,17 @@ class Progress:
         if self.mode == "bar":
             self._last_shown -= BAR_REFRESH_S  # the bar shows rank0_loss from the first step on
             desc = f"epoch {epoch + 1}" + (f"/{self.epochs}" if self.epochs else "")
-            self._step_bar = self._tqdm(total=self.samples_per_epoch, initial=skipped_samples, desc=desc,
-                                        unit="sample", unit_scale=True, file=self.stream, position=1,
-                                        dynamic_ncols=True, leave=False)
+            self._step_bar = self._tqdm(
+                total=self.samples_per_epoch,
+                initial=skipped_samples,
+                desc=desc,
+                unit="sample",
+                unit_scale=True,
+                file=self.stream,
+                position=1,
+                dynamic_ncols=True,
+                leave=False,
+            )
 
     def step(self, n_local: int, n_global: int, local_loss_sum: torch.Tensor) -> None:
         """After each optimizer step. `local_loss_sum`: this rank's summed loss so far this
@@ -129,14 +155,18 @@ class Progress:
                 parts = [f"epoch {self._epoch + 1}", f"{self._seen_global:,} samples"]
                 if self._seen_local:
                     parts.append(f"rank0_loss {self._rank0_loss(local_loss_sum):.4f}")
-                parts.append(f"samples/s {(self._seen_global - self._skipped) / elapsed:,.0f}" if elapsed > 0 else "samples/s -")
+                parts.append(
+                    f"samples/s {(self._seen_global - self._skipped) / elapsed:,.0f}" if elapsed > 0 else "samples/s -"
+                )
                 print("  ".join(parts), file=self.stream, flush=True)
                 return
             fraction = self._seen_global / self.samples_per_epoch
             parts = [f"epoch {self._epoch + 1}/{self.epochs}", f"{fraction:.0%} of the epoch"]
             if self._seen_local:
                 parts.append(f"rank0_loss {self._rank0_loss(local_loss_sum):.4f}")
-            parts.append(f"samples/s {(self._seen_global - self._skipped) / elapsed:,.0f}" if elapsed > 0 else "samples/s -")
+            parts.append(
+                f"samples/s {(self._seen_global - self._skipped) / elapsed:,.0f}" if elapsed > 0 else "samples/s -"
+            )
             here = (self._seen_global - self._skipped) / self.samples_per_epoch  # this session's part of the epoch
             parts.append(f"eta {format_eta(self._eta(fraction, elapsed / here if here > 0 else 0.0))}")
             print("  ".join(parts), file=self.stream, flush=True)

@@ -6,6 +6,7 @@ Why: N processes writing one console through their own buffers interleave wherev
 buffer happens to be flushed, so two ranks' `print`s came out as one cut line
 (`number of parameters: 0.10Mnumber of parameters: 0.10M`). Only Python's `sys.stdout` is
 covered; stderr (warnings, tracebacks) is left alone, so a failing rank is always heard."""
+
 from __future__ import annotations
 
 import contextlib
@@ -55,7 +56,7 @@ class WholeLines(io.TextIOBase):
 
     def _write_all(self, data: bytes) -> None:
         while data:
-            data = data[os.write(self._fd, data):]
+            data = data[os.write(self._fd, data) :]
 
 
 @contextlib.contextmanager

@@ -1,4 +1,5 @@
 """The run's closing lines on rank 0 (summary.json holds the same figures)."""
+
 from __future__ import annotations
 
 from typing import Any
@@ -12,19 +13,31 @@ def format_summary(s: dict[str, Any]) -> str:
 
     metric_key = next((k for k in s if k.startswith("eval_") and k != "eval_loss" and s[k] is not None), None)
     lines = [
-        "ddpkit: run finished" if not s.get("stopped_early") else "ddpkit: run stopped early (checkpoint saved; continue with --resume)",
-        f"  world size   {s['world_size']} ({s['nnodes']} node{'s' if s['nnodes'] != 1 else ''}), backend {s['backend']}, device {s['device']}"
+        "ddpkit: run finished"
+        if not s.get("stopped_early")
+        else "ddpkit: run stopped early (checkpoint saved; continue with --resume)",
+        f"  world size   {s['world_size']} ({s['nnodes']} node{'s' if s['nnodes'] != 1 else ''}), "
+        f"backend {s['backend']}, device {s['device']}"
         + (" (gradients summed in shared memory)" if s.get("grad_sync") == "shm" else ""),
         f"  global batch {s['global_batch']} ({s['batch_size']} per process"
-        + (f" x {s['accumulate']} accumulated" if s.get("accumulate", 1) > 1 else "") + f"), {run_length(s)}",
+        + (f" x {s['accumulate']} accumulated" if s.get("accumulate", 1) > 1 else "")
+        + f"), {run_length(s)}",
         f"  train loss   {num(s['train_loss'], '.4f')}",
     ]
     if s.get("eval_loss") is not None:
-        lines.append(f"  eval loss    {num(s['eval_loss'], '.4f')}" + (f", {metric_key[5:]} {num(s[metric_key], '.4f')}" if metric_key else ""))
+        lines.append(
+            f"  eval loss    {num(s['eval_loss'], '.4f')}"
+            + (f", {metric_key[5:]} {num(s[metric_key], '.4f')}" if metric_key else "")
+        )
     if "peak_memory_bytes" in s:
-        lines.append(f"  strategy     {s['strategy']}, {s['precision']}; model state {format_bytes(s['state_bytes_per_rank']['total'])} per rank")
+        lines.append(
+            f"  strategy     {s['strategy']}, {s['precision']}; "
+            f"model state {format_bytes(s['state_bytes_per_rank']['total'])} per rank"
+        )
         peaks = s["peak_memory_bytes"]
-        lines.append(f"  peak memory  {format_bytes(max(peaks))} per rank, the most of {len(peaks)} ({s['peak_memory_kind']})")
+        lines.append(
+            f"  peak memory  {format_bytes(max(peaks))} per rank, the most of {len(peaks)} ({s['peak_memory_kind']})"
+        )
     wall = f", wall {s['wall_s']:.2f} s)" if "wall_s" in s else ")"
     lines.append(f"  samples/s    {num(s['samples_per_s'], ',.0f')} (training {s['train_s']:.2f} s{wall}")
     lines.append(f"  written to   {s['run_dir']}")

@@ -5,6 +5,7 @@ mapping to the Runtime's Collectives; from then on the loop's small all-reduces 
 NaN/stop flags, evaluation counts) go through it (~1 us instead of gloo's ~0.3 ms). Every
 rank of a job decides alike: the mapping exists on all ranks or on none.
 """
+
 from __future__ import annotations
 
 from typing import Any
@@ -38,7 +39,9 @@ class Collectives:
         shm = self.shm
         name = "all_reduce" if op == "sum" else f"all_reduce({op})"
         mapping = shm is not None and shm.group is dist.group.WORLD
-        with self.record.track(name, t, "shm" if mapping else "backend") as entry:  # what a hang report shows (record.py)
+        with self.record.track(
+            name, t, "shm" if mapping else "backend"
+        ) as entry:  # what a hang report shows (record.py)
             if mapping and shm.all_reduce_small(t, op):
                 return t
             entry.path = "backend"

@@ -1,5 +1,6 @@
 """Which device, backend and thread count this process uses: decided before the process
 group exists, so the launcher can refuse a bad request before any worker starts."""
+
 from __future__ import annotations
 
 import os
@@ -62,6 +63,7 @@ def select_gpu(env: DistEnv) -> torch.device:
     try:
         torch.cuda.set_device(device)
     except RuntimeError as e:  # e.g. a driver too old for this torch's CUDA (the NVML check counted the GPU)
-        raise DdpkitError(f"cannot use {device}: {str(e).splitlines()[0]}; see `ddpkit env` and nvidia-smi, "
-                          "or use --device cpu") from None
+        raise DdpkitError(
+            f"cannot use {device}: {str(e).splitlines()[0]}; see `ddpkit env` and nvidia-smi, or use --device cpu"
+        ) from None
     return device

@@ -3,6 +3,7 @@
 Everything a worker needs between "I know my rank" (environments) and "train" (training).
 What a user's own loop gets on top of it (wrap, loader, save, load) is in session.py.
 """
+
 from __future__ import annotations
 
 import gc

@@ -17,6 +17,7 @@ per collective (the calling frame, one or two frames up; the user's line of the 
 rank is stuck in is read from its live stack when a report is written), next to gloo's ~300 us
 and the shared-memory path's ~1 us.
 """
+
 from __future__ import annotations
 
 import os
@@ -53,19 +54,26 @@ class Entry:
     def as_dict(self) -> dict[str, Any]:
         """Plain data, sites as FILE:LINE in FUNCTION (formatted only when a report is written)."""
         d = {f.name: getattr(self, f.name) for f in fields(self)}
-        d.update(shape=list(self.shape), dtype=str(self.dtype).replace("torch.", ""), caller=where(self.caller),
-                 user=where(self.user) if isinstance(self.user, tuple) else (self.user or ""))
+        d.update(
+            shape=list(self.shape),
+            dtype=str(self.dtype).replace("torch.", ""),
+            caller=where(self.caller),
+            user=where(self.user) if isinstance(self.user, tuple) else (self.user or ""),
+        )
         return d
 
     def describe(self) -> str:
         what = f", {self.what}" if self.what else ""
-        return f"{self.op} #{self.seq} (shape {list(self.shape)}, {str(self.dtype).replace('torch.', '')}, {self.path}{what})"
+        return (
+            f"{self.op} #{self.seq} (shape {list(self.shape)}, "
+            f"{str(self.dtype).replace('torch.', '')}, {self.path}{what})"
+        )
 
 
 def short(filename: str) -> str:
     """A path as a user reads it: relative to ddpkit's package, or the file's last 2 parts."""
     if filename.startswith(_PKG + os.sep):
-        return "ddpkit/" + filename[len(_PKG) + 1:]
+        return "ddpkit/" + filename[len(_PKG) + 1 :]
     parts = filename.split(os.sep)
     return os.sep.join(parts[-2:]) if len(parts) > 2 else filename
 
@@ -144,7 +152,9 @@ class _Tracked:
         op, tensor, path, what = self.args
         rec = self.record
         rec.seq += 1  # only the main thread records; the watchdog thread only reads
-        self.entry = Entry(rec.seq, op, tensor.shape, tensor.dtype, path, what, caller_of(sys._getframe(1)), time.time())
+        self.entry = Entry(
+            rec.seq, op, tensor.shape, tensor.dtype, path, what, caller_of(sys._getframe(1)), time.time()
+        )
         rec.entries.append(self.entry)  # deque.append is atomic under the GIL
         return self.entry
 

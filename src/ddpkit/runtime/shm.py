@@ -39,6 +39,7 @@ Correct by construction:
   * A communication hook the user registers later on the same model replaces this one
     (DDP accepts one hook per model; install() routes the user's registration here).
 """
+
 from __future__ import annotations
 
 import mmap
@@ -88,8 +89,17 @@ class ShmAllReduce:
     Build it on every rank at once (it is collective): `ShmAllReduce.create(numel, group)`.
     """
 
-    def __init__(self, buf: torch.Tensor, world: int, rank: int, chunk: int, group: Any, path: str,
-                 ctl: memoryview | None = None, timeout: float = DEFAULT_TIMEOUT_S) -> None:
+    def __init__(
+        self,
+        buf: torch.Tensor,
+        world: int,
+        rank: int,
+        chunk: int,
+        group: Any,
+        path: str,
+        ctl: memoryview | None = None,
+        timeout: float = DEFAULT_TIMEOUT_S,
+    ) -> None:
         self.ctl = ctl  # int64 flags, one per rank every _CTL_STRIDE words: barriers passed (None: use dist.barrier)
         self.small: torch.Tensor | None = None  # [2 sets, world, SMALL_MAX] float64 (x86 only)
         self.small_calls = 0
@@ -105,8 +115,9 @@ class ShmAllReduce:
         self.record = CollectiveRecord()  # the job's record once a Collectives serves through this mapping
 
     @classmethod
-    def create(cls, numel: int, group: Any = None, chunk_elems: int = DEFAULT_CHUNK_ELEMS,
-               timeout: float = DEFAULT_TIMEOUT_S) -> ShmAllReduce:
+    def create(
+        cls, numel: int, group: Any = None, chunk_elems: int = DEFAULT_CHUNK_ELEMS, timeout: float = DEFAULT_TIMEOUT_S
+    ) -> ShmAllReduce:
         """Collective: rank 0 creates the mapping, every rank opens it, rank 0 unlinks it.
 
         numel is the number of gradient elements DDP will reduce; a slot holds
@@ -125,8 +136,10 @@ class ShmAllReduce:
         if rank == 0:
             free = shutil.disk_usage(SHM_DIR).free
             if nbytes > _FREE_SHARE * free:
-                error = (f"needs {nbytes / 2**20:.0f} MiB of {SHM_DIR}, only {free / 2**20:.0f} MiB free; "
-                         f"use --grad-sync backend or give the container a larger {SHM_DIR}")
+                error = (
+                    f"needs {nbytes / 2**20:.0f} MiB of {SHM_DIR}, only {free / 2**20:.0f} MiB free; "
+                    f"use --grad-sync backend or give the container a larger {SHM_DIR}"
+                )
             else:
                 path = os.path.join(SHM_DIR, f"ddpkit-grad-{os.getpid()}-{secrets.token_hex(6)}")
                 try:
@@ -148,8 +161,9 @@ class ShmAllReduce:
                 buf._ddpkit_mmap = mm  # type: ignore[attr-defined]  (the mapping lives as long as the tensor)
                 if SPIN_BARRIER:
                     ctl = memoryview(mm)[:flags_bytes].cast("q")
-                    small = torch.frombuffer(mm, dtype=torch.float64, offset=flags_bytes,
-                                             count=2 * world * SMALL_MAX).view(2, world, SMALL_MAX)
+                    small = torch.frombuffer(
+                        mm, dtype=torch.float64, offset=flags_bytes, count=2 * world * SMALL_MAX
+                    ).view(2, world, SMALL_MAX)
             except OSError as e:
                 error = f"rank {rank} cannot map {path}: {e.strerror}"
         # every rank must see the same memory (not, say, a private /dev/shm per container)
@@ -159,14 +173,22 @@ class ShmAllReduce:
         check = torch.tensor([float(token.item() % (1 << 24)) if token is not None else 0.0], dtype=torch.float64)
         dist.broadcast(check, src=0, group=group)
         if not error and float(buf[0, 0, 0]) != check.item():  # type: ignore[index]
-            error = f"rank {rank} does not see rank 0's {SHM_DIR} (a shared-memory all-reduce needs one machine's memory)"
+            error = (
+                f"rank {rank} does not see rank 0's {SHM_DIR} (a shared-memory all-reduce needs one machine's memory)"
+            )
         failed = torch.tensor([1.0 if error else 0.0], dtype=torch.float64)
         dist.all_reduce(failed, group=group)
         if rank == 0 and path:
             os.unlink(path)  # every rank has mapped it (or failed): nothing is left behind
         if failed.item() > 0:
-            raise DdpkitError("--grad-sync shm: " + (error or "another rank could not use the shared gradient buffer "
-                                                     f"(ranks must share one machine's {SHM_DIR})"))
+            raise DdpkitError(
+                "--grad-sync shm: "
+                + (
+                    error
+                    or "another rank could not use the shared gradient buffer "
+                    f"(ranks must share one machine's {SHM_DIR})"
+                )
+            )
         assert buf is not None
         state = cls(buf, world, rank, chunk, group, path, ctl, timeout)
         state.small = small
@@ -196,7 +218,7 @@ class ShmAllReduce:
         flat = grad.view(-1)
         world = self.world
         for start in range(0, flat.numel(), self.chunk):
-            part = flat[start:start + self.chunk]
+            part = flat[start : start + self.chunk]
             n = part.numel()
             slots = self.buf[self.calls % self.buf.shape[0]]
             self.calls += 1
@@ -260,8 +282,10 @@ class ShmAllReduce:
                 if spins == _SPIN_FAST:
                     deadline = time.monotonic() + self.timeout
                 elif time.monotonic() > deadline:
-                    raise DdpkitError(f"rank {self.rank} waited {self.timeout:g} s (--timeout) for rank {peer} to reach the "
-                                      "same all-reduce (gradients or loss sums): it hangs, or it runs other collectives")
+                    raise DdpkitError(
+                        f"rank {self.rank} waited {self.timeout:g} s (--timeout) for rank {peer} to reach the "
+                        "same all-reduce (gradients or loss sums): it hangs, or it runs other collectives"
+                    )
                 if spins < _SPIN_YIELD:
                     os.sched_yield()
                 else:

@@ -1,4 +1,5 @@
 """The workers' key-value store (rank 0 serves it on the master address only)."""
+
 from __future__ import annotations
 
 import os
@@ -37,6 +38,8 @@ def bound_listener(host: str, port: int) -> socket.socket:
         sock.listen(1024)
     except OSError as e:
         sock.close()
-        raise DdpkitError(f"cannot listen on the master address {host}:{port} ({e.strerror}); "
-                          "is the port in use, or is the address not this node's?") from None
+        raise DdpkitError(
+            f"cannot listen on the master address {host}:{port} ({e.strerror}); "
+            "is the port in use, or is the address not this node's?"
+        ) from None
     return sock

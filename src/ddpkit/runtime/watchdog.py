@@ -21,6 +21,7 @@ The thread only reads and writes files; it never runs a collective (the group ma
 thing that is stuck). Ranks on other nodes see the request only when RUN_DIR is one shared
 folder; otherwise each node's ranks report for themselves.
 """
+
 from __future__ import annotations
 
 import faulthandler
@@ -51,14 +52,25 @@ def fresh_hang_dir(hang_dir: Path) -> None:
     """Rank 0, at the start of a run: a report left by an earlier attempt moves aside (hang-TIME/)."""
     if hang_dir.exists():
         try:
-            hang_dir.rename(hang_dir.with_name(f"hang-{time.strftime('%Y%m%d-%H%M%S', time.localtime(hang_dir.stat().st_mtime))}"))
+            hang_dir.rename(
+                hang_dir.with_name(f"hang-{time.strftime('%Y%m%d-%H%M%S', time.localtime(hang_dir.stat().st_mtime))}")
+            )
         except OSError:
             pass
 
 
 class HangWatchdog:
-    def __init__(self, hang_dir: Path | str, rank: int, world_size: int, hang_timeout: float | None,
-                 error_dir: str | None = None, launcher_prints: bool = False, *, record: CollectiveRecord) -> None:
+    def __init__(
+        self,
+        hang_dir: Path | str,
+        rank: int,
+        world_size: int,
+        hang_timeout: float | None,
+        error_dir: str | None = None,
+        launcher_prints: bool = False,
+        *,
+        record: CollectiveRecord,
+    ) -> None:
         """`record`: the Runtime's record of this rank's collectives (rt.record), read, never written."""
         self.dir = Path(hang_dir)
         self.record = record
@@ -93,8 +105,10 @@ class HangWatchdog:
     def on_error(self, error: BaseException) -> None:
         """This rank failed with `error` (a collective timeout, a lost peer): report where
         everyone is, and wait for the report to be complete, before the job is torn down."""
-        self._report(f"rank {self.rank}: {type(error).__name__}: {str(error).splitlines()[0][:300] if str(error) else ''}",
-                     error=error)
+        self._report(
+            f"rank {self.rank}: {type(error).__name__}: {str(error).splitlines()[0][:300] if str(error) else ''}",
+            error=error,
+        )
 
     # -- the watchdog thread ----------------------------------------------------------------
     def _run(self) -> None:
@@ -113,8 +127,10 @@ class HangWatchdog:
             if self.hang_timeout and self.last_beat:
                 idle = time.time() - max(self.last_beat, self.record.last_done)
                 if idle > self.hang_timeout:
-                    reason = (f"rank {self.rank} made no progress for {idle:.0f} s (--hang-timeout {self.hang_timeout:g})"
-                              + self._where_now())
+                    reason = (
+                        f"rank {self.rank} made no progress for {idle:.0f} s (--hang-timeout {self.hang_timeout:g})"
+                        + self._where_now()
+                    )
                     self._report(reason)
                     self._end_job(reason)
                     return
@@ -192,8 +208,14 @@ def innermost_user_frame(frames: list[dict[str, Any]], user_only: bool = False) 
     return f"{short(pick['file'])}:{pick['line']} in {pick['function']}{code}"
 
 
-def write_report(hang_dir: Path, rank: int, reason: str, main_ident: int | None, record: CollectiveRecord,
-                 error: BaseException | None = None) -> None:
+def write_report(
+    hang_dir: Path,
+    rank: int,
+    reason: str,
+    main_ident: int | None,
+    record: CollectiveRecord,
+    error: BaseException | None = None,
+) -> None:
     """rank-R.txt (stacks of every thread, the last collectives), rank-R.json, fr-rank-R.json."""
     if error is not None and error.__traceback__ is not None:
         main = _frames(traceback.extract_tb(error.__traceback__))  # where the error was raised: the collective
@@ -204,22 +226,36 @@ def write_report(hang_dir: Path, rank: int, reason: str, main_ident: int | None,
     if entries and entries[-1]["state"] != "done" and not entries[-1]["user"]:
         entries[-1]["user"] = innermost_user_frame(main, user_only=True)  # the user's line of the collective it is in
     fr = flight_recorder()
-    report = {"rank": rank, "host": socket.gethostname(), "pid": os.getpid(), "time": time.time(), "reason": reason,
-              "main_stack": main, "collectives": entries, "flight_recorder": _fr_status(fr)}
+    report = {
+        "rank": rank,
+        "host": socket.gethostname(),
+        "pid": os.getpid(),
+        "time": time.time(),
+        "reason": reason,
+        "main_stack": main,
+        "collectives": entries,
+        "flight_recorder": _fr_status(fr),
+    }
     if fr is not None:
         (hang_dir / f"fr-rank-{rank}.json").write_text(json.dumps(fr, indent=1) + "\n")
     with open(hang_dir / f"rank-{rank}.txt", "w") as f:
-        f.write(f"ddpkit hang report: rank {rank}, host {report['host']}, pid {report['pid']}, "
-                f"{time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(report['time']))}\n")
+        f.write(
+            f"ddpkit hang report: rank {rank}, host {report['host']}, pid {report['pid']}, "
+            f"{time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(report['time']))}\n"
+        )
         f.write(f"reason: {reason}\n\nlast collectives issued by this rank (runtime/record.py), oldest first:\n")
         for e in entries[-16:]:
-            f.write(f"  #{e['seq']:<5} {e['op']:<16} {str(e['shape']):<12} {e['dtype']:<8} {e['path']:<7} "
-                    f"{e['state'][:60]:<10} {e['what'] or e['caller']}\n")
+            f.write(
+                f"  #{e['seq']:<5} {e['op']:<16} {str(e['shape']):<12} {e['dtype']:<8} {e['path']:<7} "
+                f"{e['state'][:60]:<10} {e['what'] or e['caller']}\n"
+            )
         if not entries:
             f.write("  none\n")
         if error is not None:
-            f.write("\nthe error of this rank:\n" + "".join(traceback.format_exception(type(error), error,
-                                                                                       error.__traceback__)))
+            f.write(
+                "\nthe error of this rank:\n"
+                + "".join(traceback.format_exception(type(error), error, error.__traceback__))
+            )
         f.write("\nPython stacks of every thread (faulthandler, most recent call first):\n")
         f.flush()
         faulthandler.dump_traceback(f, all_threads=True)
@@ -248,11 +284,21 @@ def _fr_status(fr: dict[str, Any] | None) -> dict[str, Any] | None:
     entries = fr.get("entries", [])
     for pg, st in (fr.get("pg_status") or {}).items():
         enq, done = int(st.get("last_enqueued_collective", -1)), int(st.get("last_completed_collective", -1))
-        pending = next((e for e in reversed(entries) if str(e.get("pg_id")) == str(pg)
-                        and int(e.get("collective_seq_id", -2)) == enq), None)
-        status[pg] = {"last_enqueued": enq, "last_completed": done,
-                      "pending": None if enq <= done or pending is None else
-                      {"op": pending.get("profiling_name"), "sizes": pending.get("input_sizes"), "seq": enq}}
+        pending = next(
+            (
+                e
+                for e in reversed(entries)
+                if str(e.get("pg_id")) == str(pg) and int(e.get("collective_seq_id", -2)) == enq
+            ),
+            None,
+        )
+        status[pg] = {
+            "last_enqueued": enq,
+            "last_completed": done,
+            "pending": None
+            if enq <= done or pending is None
+            else {"op": pending.get("profiling_name"), "sizes": pending.get("input_sizes"), "seq": enq},
+        }
     return status
 
 
@@ -289,11 +335,22 @@ def format_summary(hang_dir: Path | str, world_size: int | None = None) -> str:
         entries = r.get("collectives") or []
         last = entries[-1] if entries else None
         fr_line = _fr_line(r.get("flight_recorder"))
-        fr_pending = next((st["pending"] for st in (r.get("flight_recorder") or {}).values() if st.get("pending")), None)
+        fr_pending = next(
+            (st["pending"] for st in (r.get("flight_recorder") or {}).values() if st.get("pending")), None
+        )
         if (last is None or last["state"] == "done") and fr_pending:  # inside a collective only torch saw (DDP's own)
-            last = {"seq": fr_pending["seq"], "op": fr_pending["op"], "shape": (fr_pending["sizes"] or [[]])[0],
-                    "dtype": "?", "path": "backend, seen by the flight recorder", "what": "", "state": "waiting",
-                    "started": r["time"], "user": innermost_user_frame(r.get("main_stack") or []), "caller": ""}
+            last = {
+                "seq": fr_pending["seq"],
+                "op": fr_pending["op"],
+                "shape": (fr_pending["sizes"] or [[]])[0],
+                "dtype": "?",
+                "path": "backend, seen by the flight recorder",
+                "what": "",
+                "state": "waiting",
+                "started": r["time"],
+                "user": innermost_user_frame(r.get("main_stack") or []),
+                "caller": "",
+            }
             waiting[rank] = last
             lines.append(f"  rank {rank:<3} {host}waiting in {_describe(last)}, at {last['user']}{fr_line}")
         elif last is not None and last["state"] != "done":
@@ -323,7 +380,10 @@ def _fr_line(status: dict[str, Any] | None) -> str:
     for pg, st in status.items():
         p = st.get("pending")
         if p:
-            parts.append(f"pg {pg}: {p['op']} #{p['seq']} sizes {p['sizes']} not completed (last completed #{st['last_completed']})")
+            parts.append(
+                f"pg {pg}: {p['op']} #{p['seq']} sizes {p['sizes']} not completed "
+                f"(last completed #{st['last_completed']})"
+            )
         else:
             parts.append(f"pg {pg}: all {st['last_completed']} completed")
     return "; flight recorder " + ", ".join(parts)
@@ -332,28 +392,43 @@ def _fr_line(status: dict[str, Any] | None) -> str:
 def _verdict(waiting: dict[int, dict[str, Any]], outside: dict[int, str], world: int, reports: dict[int, Any]) -> str:
     missing = [r for r in range(world) if r not in reports]
     if missing:
-        return (f"rank(s) {', '.join(map(str, missing))} did not report: look at their node's log (a dead process, or a "
-                "run directory that is not shared)")
+        return (
+            f"rank(s) {', '.join(map(str, missing))} did not report: look at their node's log (a dead process, or a "
+            "run directory that is not shared)"
+        )
     if waiting and outside:
         keys = {(e["seq"], e["op"]) for e in waiting.values()}
         target = ", ".join(sorted({_describe(e) for e in waiting.values()}))
         never = "; ".join(f"rank {r} at {w}" for r, w in sorted(outside.items()))
-        return (f"rank(s) {', '.join(map(str, sorted(outside)))} never arrived at {target} that rank(s) "
-                f"{', '.join(map(str, sorted(waiting)))} wait in: {never}" + (" (ranks also disagree on the collective)"
-                                                                              if len(keys) > 1 else ""))
+        return (
+            f"rank(s) {', '.join(map(str, sorted(outside)))} never arrived at {target} that rank(s) "
+            f"{', '.join(map(str, sorted(waiting)))} wait in: {never}"
+            + (" (ranks also disagree on the collective)" if len(keys) > 1 else "")
+        )
     if waiting:
         by_key: dict[tuple[Any, ...], list[int]] = {}
         for rank, e in waiting.items():
             by_key.setdefault((e["seq"], e["op"], tuple(e["shape"]), e["path"]), []).append(rank)
         if len(by_key) == 1:
-            return ("every rank waits in the same collective: the process group itself is stuck (network, a node "
-                    "that froze); see the flight recorder files")
+            return (
+                "every rank waits in the same collective: the process group itself is stuck (network, a node "
+                "that froze); see the flight recorder files"
+            )
         groups = sorted(by_key.items(), key=lambda kv: kv[1])
-        desc = "; ".join(f"rank(s) {', '.join(map(str, ranks))} in {_describe(waiting[ranks[0]])} at "
-                         f"{waiting[ranks[0]]['user'] or waiting[ranks[0]]['caller']}" for _, ranks in groups)
+        desc = "; ".join(
+            f"rank(s) {', '.join(map(str, ranks))} in {_describe(waiting[ranks[0]])} at "
+            f"{waiting[ranks[0]]['user'] or waiting[ranks[0]]['caller']}"
+            for _, ranks in groups
+        )
         seqs = sorted({k[0] for k in by_key})
-        how = ("the same sequence number, different collectives: one rank skipped or added a collective before it"
-               if len(seqs) == 1 else f"different sequence numbers ({', '.join(f'#{s}' for s in seqs)}): a rank "
-               "skipped or added a collective")
+        how = (
+            "the same sequence number, different collectives: one rank skipped or added a collective before it"
+            if len(seqs) == 1
+            else f"different sequence numbers ({', '.join(f'#{s}' for s in seqs)}): a rank "
+            "skipped or added a collective"
+        )
         return f"ranks are in different collectives: {desc}: {how}"
-    return "no rank is in a collective: every rank is stuck outside collectives (data loading, I/O, a lock): see the stacks"
+    return (
+        "no rank is in a collective: every rank is stuck outside collectives "
+        "(data loading, I/O, a lock): see the stacks"
+    )

@@ -5,6 +5,7 @@ The loop sees a Strategy (base.py) only; make_strategy picks the one --strategy 
 settings a strategy reads and the rules it refuses by are in ddpkit/strategy_config.py,
 below config.py, so that the config, the launcher and the own-loop Session check alike.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -21,8 +22,18 @@ from .ddp import DdpStrategy, grad_sync_used, wrap_model
 from .memory import detect_device_memory, make_plan
 from .precision import check_precision
 
-__all__ = ["DdpStrategy", "Strategy", "StrategyConfig", "check", "check_precision", "choose_strategy", "grad_sync_used",
-           "make_strategy", "strategy_for", "wrap_model"]
+__all__ = [
+    "DdpStrategy",
+    "Strategy",
+    "StrategyConfig",
+    "check",
+    "check_precision",
+    "choose_strategy",
+    "grad_sync_used",
+    "make_strategy",
+    "strategy_for",
+    "wrap_model",
+]
 
 
 def make_strategy(cfg: RunConfig, rt: Runtime, task: Task) -> Strategy:
@@ -54,9 +65,12 @@ def choose_strategy(config: StrategyConfig, rt: Runtime, task: Task, quiet: bool
         budget, name = detect_device_memory(rt.device.type, rt.env.local_world_size)
         if rt.distributed:  # the smallest device decides, the same on every rank: -max(-budget)
             device = rt.device if rt.backend == "nccl" else torch.device("cpu")
-            budget = -int(rt.collectives.all_reduce_(torch.tensor([-budget], dtype=torch.int64, device=device), "max").item())
-    plan = make_plan(task.model, task.optimizer, rt.world_size, config.precision, budget, name,
-                     task.fsdp_blocks or default_blocks)
+            budget = -int(
+                rt.collectives.all_reduce_(torch.tensor([-budget], dtype=torch.int64, device=device), "max").item()
+            )
+    plan = make_plan(
+        task.model, task.optimizer, rt.world_size, config.precision, budget, name, task.fsdp_blocks or default_blocks
+    )
     choice = plan.choose()
     if not quiet:
         rt.print(f"ddpkit: --strategy auto: {plan.reason()}")

@@ -12,6 +12,7 @@ The training loop calls these and never asks which strategy it has:
   load_full        a one-file checkpoint into this run's model (whole, or this rank's shards)
   full_state_dict  the plain weights (model.pt), gathered when sharded
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -91,7 +92,9 @@ class Strategy:
     def eval_batches(self, dataset: Any, batch_size: int, num_workers: int = 0) -> Iterator[Any]:
         """Contiguous unpadded slices: every sample counted once; with `eval_lockstep`,
         empty batches pad the ranks that have fewer, so every rank runs as many forwards."""
-        return eval_batches(dataset, batch_size, self.rt.rank, self.rt.world_size, num_workers, lockstep=self.eval_lockstep)
+        return eval_batches(
+            dataset, batch_size, self.rt.rank, self.rt.world_size, num_workers, lockstep=self.eval_lockstep
+        )
 
     # -- checkpoints (the checkpointer, checkpoint/checkpointer.py, owns them) ---------
     def load_full(self, model: nn.Module, optimizer: torch.optim.Optimizer, ckpt: dict[str, Any]) -> None:

@@ -1,6 +1,7 @@
 """DDP: every rank holds the whole model and optimizer state; gradients are averaged once
 per optimizer step (in shared memory for CPU ranks of one machine, else by the backend).
 Rank 0 writes checkpoints as one file (checkpoint/file.py)."""
+
 from __future__ import annotations
 
 from typing import Any, ContextManager
@@ -34,7 +35,9 @@ def wrap_model(model: nn.Module, rt: Runtime, grad_sync: str = "auto", **ddp_opt
     if rt.device.type == "cuda":
         options.setdefault("device_ids", [rt.device.index])
     ddp = DDP(model, **options)
-    mapping = install(ddp, grad_sync, rt.env.local_world_size, rt.backend, rt.device.type, say=rt.print, timeout=rt.timeout)
+    mapping = install(
+        ddp, grad_sync, rt.env.local_world_size, rt.backend, rt.device.type, say=rt.print, timeout=rt.timeout
+    )
     if mapping is not None:
         rt.collectives.use_shared_memory(mapping)  # the loop's small all-reduces take the same path
     ddp._ddpkit_grad_sync = "shm" if mapping is not None else rt.backend  # type: ignore[assignment]  (for summaries)

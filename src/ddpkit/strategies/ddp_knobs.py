@@ -17,6 +17,7 @@ What each one changes in the result (tests/distributed/test_knobs.py checks thes
                                   approximation that converges differently
   --compile                       inductor kernels: another rounding (close)
 """
+
 from __future__ import annotations
 
 from typing import Any
@@ -61,8 +62,9 @@ def register_compression(ddp_model: nn.Module, compression: str) -> None:
     elif compression == "fp16":
         ddp_model.register_comm_hook(None, default_hooks.fp16_compress_hook)
     elif compression == "powersgd":
-        state = powerSGD_hook.PowerSGDState(process_group=None, matrix_approximation_rank=4,
-                                            start_powerSGD_iter=2, min_compression_rate=2)
+        state = powerSGD_hook.PowerSGDState(
+            process_group=None, matrix_approximation_rank=4, start_powerSGD_iter=2, min_compression_rate=2
+        )
         ddp_model.register_comm_hook(state, powerSGD_hook.powerSGD_hook)
     else:
         raise DdpkitError(f"--grad-compression must be one of {', '.join(COMPRESSIONS)}, got {compression!r}")

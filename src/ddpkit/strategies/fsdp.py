@@ -7,6 +7,7 @@ freed after, its gradients reduce-scattered after backward. Every rank keeps 1/N
 parameter (dim 0), its gradient and its optimizer state. Works with NCCL on GPUs and with
 gloo on CPUs.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -60,8 +61,14 @@ class FsdpStrategy(Strategy):
     eval_lockstep = True  # a forward all-gathers: every rank must call it as often as the others
     checkpoint_kind = "sharded"
 
-    def __init__(self, rt: Runtime, config: StrategyConfig | None = None, *, blocks: BlocksHook | None = None,
-                 mesh_shape: tuple[int, int] | None = None) -> None:
+    def __init__(
+        self,
+        rt: Runtime,
+        config: StrategyConfig | None = None,
+        *,
+        blocks: BlocksHook | None = None,
+        mesh_shape: tuple[int, int] | None = None,
+    ) -> None:
         """`mesh_shape`: (replicate, shard), their product the world size. (1, N), the default,
         shards every parameter over all N ranks; (R, S) shards over S ranks and keeps R
         replicas of the shards, whose gradients are all-reduced (HSDP)."""
@@ -82,7 +89,9 @@ class FsdpStrategy(Strategy):
             if replicate == 1:
                 self._mesh = init_device_mesh(self.rt.device.type, (shard,))
             else:
-                self._mesh = init_device_mesh(self.rt.device.type, (replicate, shard), mesh_dim_names=("replicate", "shard"))
+                self._mesh = init_device_mesh(
+                    self.rt.device.type, (replicate, shard), mesh_dim_names=("replicate", "shard")
+                )
         return self._mesh
 
     def setup_module(self, model: nn.Module) -> nn.Module:
@@ -93,11 +102,15 @@ class FsdpStrategy(Strategy):
         mp = root_mp = MixedPrecisionPolicy()
         if self.dtype is not None:  # compute in bf16, keep fp32 master weights, reduce in fp32, return fp32
             mp = MixedPrecisionPolicy(param_dtype=self.dtype, reduce_dtype=torch.float32)
-            root_mp = MixedPrecisionPolicy(param_dtype=self.dtype, reduce_dtype=torch.float32, output_dtype=torch.float32)
+            root_mp = MixedPrecisionPolicy(
+                param_dtype=self.dtype, reduce_dtype=torch.float32, output_dtype=torch.float32
+            )
         blocks = list(self.blocks(model))
         own = {id(m) for m in model.modules()}
         if any(b is model or id(b) not in own for b in blocks):
-            raise DdpkitError("the task's fsdp_blocks(model) must return submodules of the model (not the model itself)")
+            raise DdpkitError(
+                "the task's fsdp_blocks(model) must return submodules of the model (not the model itself)"
+            )
         for block in blocks:
             fully_shard(block, mesh=mesh, mp_policy=mp)
         fully_shard(model, mesh=mesh, mp_policy=root_mp)
@@ -131,9 +144,11 @@ class FsdpStrategy(Strategy):
         from torch.utils._pytree import tree_leaves
 
         if not any(isinstance(leaf, torch.Tensor) and leaf.requires_grad for leaf in tree_leaves(output)):
-            raise DdpkitError(f"--strategy fsdp: the model returned a {type(output).__name__} whose tensors FSDP cannot see, "
-                              "so its gradients would never be synced; return a tensor, a tuple, list or dict of tensors, or a "
-                              "dataclass registered with torch.utils._pytree (Hugging Face ModelOutput is)")
+            raise DdpkitError(
+                f"--strategy fsdp: the model returned a {type(output).__name__} whose tensors FSDP cannot see, "
+                "so its gradients would never be synced; return a tensor, a tuple, list or dict of tensors, or a "
+                "dataclass registered with torch.utils._pytree (Hugging Face ModelOutput is)"
+            )
 
     def full_state_dict(self, model: nn.Module) -> dict[str, torch.Tensor] | None:
         """Collective: every rank sends its shards, rank 0 gets the plain tensors on its CPU."""
@@ -142,9 +157,13 @@ class FsdpStrategy(Strategy):
 
     def load_full(self, model: nn.Module, optimizer: torch.optim.Optimizer, ckpt: dict[str, Any]) -> None:
         """A one-file (DDP) checkpoint into the sharded model: every rank keeps its part."""
-        set_state_dict(model, optimizer, model_state_dict=ckpt["model"],
-                       optim_state_dict=optimizer_state_by_name(model, optimizer, ckpt["optimizer"]),
-                       options=StateDictOptions(full_state_dict=True))
+        set_state_dict(
+            model,
+            optimizer,
+            model_state_dict=ckpt["model"],
+            optim_state_dict=optimizer_state_by_name(model, optimizer, ckpt["optimizer"]),
+            options=StateDictOptions(full_state_dict=True),
+        )
 
 
 @contextlib.contextmanager
@@ -159,13 +178,17 @@ def _gradient_sync(model: nn.Module, enabled: bool) -> Iterator[None]:
         model.set_requires_gradient_sync(True)
 
 
-def rebuild_sharded_optimizer(opt: torch.optim.Optimizer, model: nn.Module, names: dict[int, str]) -> torch.optim.Optimizer:
+def rebuild_sharded_optimizer(
+    opt: torch.optim.Optimizer, model: nn.Module, names: dict[int, str]
+) -> torch.optim.Optimizer:
     """The same optimizer class, with the same param groups and settings, over the sharded
     parameters (its state, if it had any, starts fresh)."""
     params = dict(model.named_parameters())
     if any(id(p) not in names for g in opt.param_groups for p in g["params"]):
-        raise DdpkitError("the task's optimizer holds parameters that are not the model's; "
-                          "give the optimizer as a function of the parameters: optimizer=lambda params: ...")
+        raise DdpkitError(
+            "the task's optimizer holds parameters that are not the model's; "
+            "give the optimizer as a function of the parameters: optimizer=lambda params: ..."
+        )
     try:
         return rebuild_optimizer(opt, lambda p: params[names[id(p)]])
     except DdpkitError as e:

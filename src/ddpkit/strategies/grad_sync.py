@@ -4,6 +4,7 @@
 A DDP communication hook; a hook the user registers later on the same model takes over
 (DDP allows one per model, so install() routes the user's registration here).
 """
+
 from __future__ import annotations
 
 from typing import Any
@@ -48,18 +49,29 @@ def _route_user_hooks(ddp_model: Any, state: ShmAllReduce, backend: str) -> None
         ddp_model._ddpkit_grad_sync = backend
 
     def register_builtin_comm_hook(comm_hook_type: Any) -> None:
-        builtin = {dist.BuiltinCommHookType.ALLREDUCE: default_hooks.allreduce_hook,
-                   dist.BuiltinCommHookType.FP16_COMPRESS: default_hooks.fp16_compress_hook}
+        builtin = {
+            dist.BuiltinCommHookType.ALLREDUCE: default_hooks.allreduce_hook,
+            dist.BuiltinCommHookType.FP16_COMPRESS: default_hooks.fp16_compress_hook,
+        }
         if comm_hook_type not in builtin:
-            raise DdpkitError(f"built-in comm hook {comm_hook_type} unknown to ddpkit; wrap the model with grad_sync='backend'")
+            raise DdpkitError(
+                f"built-in comm hook {comm_hook_type} unknown to ddpkit; wrap the model with grad_sync='backend'"
+            )
         register_comm_hook(None, builtin[comm_hook_type])
 
     ddp_model.register_comm_hook = register_comm_hook
     ddp_model._register_builtin_comm_hook = register_builtin_comm_hook
 
 
-def install(ddp_model: Any, mode: str, local_world_size: int, backend: str, device_type: str,
-            say: Any = None, timeout: float = DEFAULT_TIMEOUT_S) -> ShmAllReduce | None:
+def install(
+    ddp_model: Any,
+    mode: str,
+    local_world_size: int,
+    backend: str,
+    device_type: str,
+    say: Any = None,
+    timeout: float = DEFAULT_TIMEOUT_S,
+) -> ShmAllReduce | None:
     """Register the shared-memory hook on a DDP model for --grad-sync auto|shm (None: not used).
 
     `auto` uses it where it can (one machine, CPU, gloo) and quietly keeps the backend
@@ -80,7 +92,9 @@ def install(ddp_model: Any, mode: str, local_world_size: int, backend: str, devi
         return None
     numel = sum(p.numel() for p in ddp_model.module.parameters() if p.requires_grad)
     try:
-        state = ShmAllReduce.create(numel, timeout=timeout)  # collective: every rank gets the mapping, or every rank raises
+        state = ShmAllReduce.create(
+            numel, timeout=timeout
+        )  # collective: every rank gets the mapping, or every rank raises
     except DdpkitError as e:
         if mode == "shm":
             raise

@@ -16,6 +16,7 @@ once on a small probe tensor (Adam: 8 bytes, SGD with momentum: 4, plain SGD: 0)
 Activations and the batch are not counted: a strategy "fits" when the plan's total is at
 most FIT_FRACTION of the device's memory, leaving the rest for them.
 """
+
 from __future__ import annotations
 
 import math
@@ -59,8 +60,12 @@ def optimizer_state_per_param(spec: Any) -> tuple[str, float, bool]:
         name = type(opt).__name__
         probe.grad = torch.full_like(probe, 1e-3)
         opt.step()
-        size = sum(t.numel() * t.element_size() for s in opt.state.values() for t in s.values()
-                   if torch.is_tensor(t) and t.numel() == probe.numel())
+        size = sum(
+            t.numel() * t.element_size()
+            for s in opt.state.values()
+            for t in s.values()
+            if torch.is_tensor(t) and t.numel() == probe.numel()
+        )
         return name, size / probe.numel(), True
     except Exception:
         return name, ASSUMED_OPTIMIZER_BYTES, False
@@ -110,16 +115,26 @@ class MemoryPlan:
 
     def reason(self) -> str:
         need = lambda s: format_bytes(getattr(self, s).total)  # noqa: E731
-        budget = f"{format_bytes(FIT_FRACTION * self.device_memory)} ({FIT_FRACTION:.0%} of {format_bytes(self.device_memory)})"
+        budget = (
+            f"{format_bytes(FIT_FRACTION * self.device_memory)} "
+            f"({FIT_FRACTION:.0%} of {format_bytes(self.device_memory)})"
+        )
         if self.fits("ddp"):
             return f"ddp: DDP needs {need('ddp')} per rank, within {budget}; it is the fastest"
         if self.world_size < 2:
-            return (f"ddp, but DDP needs {need('ddp')}, more than {budget}: expect out-of-memory; "
-                    "run on several processes with --strategy fsdp")
+            return (
+                f"ddp, but DDP needs {need('ddp')}, more than {budget}: expect out-of-memory; "
+                "run on several processes with --strategy fsdp"
+            )
         if self.fits("fsdp"):
-            return f"fsdp: DDP needs {need('ddp')} per rank, more than {budget}; FSDP over {self.world_size} ranks needs {need('fsdp')}"
-        return (f"fsdp, but even FSDP over {self.world_size} ranks needs {need('fsdp')} per rank, more than {budget}: "
-                "expect out-of-memory; use more processes or a smaller batch")
+            return (
+                f"fsdp: DDP needs {need('ddp')} per rank, more than {budget}; "
+                f"FSDP over {self.world_size} ranks needs {need('fsdp')}"
+            )
+        return (
+            f"fsdp, but even FSDP over {self.world_size} ranks needs {need('fsdp')} per rank, more than {budget}: "
+            "expect out-of-memory; use more processes or a smaller batch"
+        )
 
     def verdict(self, strategy: str) -> str:
         """The last line of the plan: what `strategy` would do here."""
@@ -135,12 +150,19 @@ class MemoryPlan:
     def format(self, title: str, strategy: str = "auto") -> str:
         n = self.world_size
         opt = f"{self.optimizer}, {self.optimizer_bytes_per_param:g} bytes of state per parameter" + (
-            "" if self.optimizer_measured else " (assumed: it could not be probed)")
-        rows = [("parameters", "params"), ("gradients", "grads"), ("optimizer state", "optimizer"), ("model state", "state")]
+            "" if self.optimizer_measured else " (assumed: it could not be probed)"
+        )
+        rows = [
+            ("parameters", "params"),
+            ("gradients", "grads"),
+            ("optimizer state", "optimizer"),
+            ("model state", "state"),
+        ]
         fsdp_head = f"FSDP x{n}" if n > 1 else "FSDP (needs 2+)"
         lines = [
             f"memory plan: {title}, {n} process{'es' if n != 1 else ''}, {self.precision}",
-            f"  model            {self.n_params:,} parameters, {self.units} FSDP units (largest block {self.largest_block:,})",
+            f"  model            {self.n_params:,} parameters, "
+            f"{self.units} FSDP units (largest block {self.largest_block:,})",
             f"  optimizer        {opt}",
             f"  per rank         {'DDP':>11}  {fsdp_head:>15}",
         ]
@@ -148,19 +170,30 @@ class MemoryPlan:
             d, f = getattr(self.ddp, attr), getattr(self.fsdp, attr)
             ratio = f"   (FSDP/DDP {f / d:.2f})" if attr == "state" and d else ""
             lines.append(f"  {label:<16} {format_bytes(d):>11}  {format_bytes(f):>15}{ratio}")
-        lines.append(f"  {'in flight':<16} {format_bytes(self.ddp.transient) if self.ddp.transient else '-':>11}  "
-                     f"{format_bytes(self.fsdp.transient):>15}   (FSDP: gathered units; DDP bf16: autocast's weight copies)")
+        lines.append(
+            f"  {'in flight':<16} {format_bytes(self.ddp.transient) if self.ddp.transient else '-':>11}  "
+            f"{format_bytes(self.fsdp.transient):>15}   (FSDP: gathered units; DDP bf16: autocast's weight copies)"
+        )
         lines.append(f"  {'total':<16} {format_bytes(self.ddp.total):>11}  {format_bytes(self.fsdp.total):>15}")
         yes = lambda s: "yes" if self.fits(s) else "no"  # noqa: E731
         lines.append(f"  device           {format_bytes(self.device_memory)} per rank ({self.device})")
-        lines.append(f"  fits in {FIT_FRACTION:.0%}      DDP {yes('ddp')}, FSDP {yes('fsdp')} "
-                     f"(the other {1 - FIT_FRACTION:.0%} is for activations and the batch)")
+        lines.append(
+            f"  fits in {FIT_FRACTION:.0%}      DDP {yes('ddp')}, FSDP {yes('fsdp')} "
+            f"(the other {1 - FIT_FRACTION:.0%} is for activations and the batch)"
+        )
         lines.append(f"  --strategy {strategy:<5} {self.verdict(strategy)}")
         return "\n".join(lines)
 
 
-def make_plan(model: nn.Module, optimizer: Any, world_size: int, precision: str, device_memory: int, device: str,
-              blocks: Callable[[nn.Module], Iterable[nn.Module]] | None = None) -> MemoryPlan:
+def make_plan(
+    model: nn.Module,
+    optimizer: Any,
+    world_size: int,
+    precision: str,
+    device_memory: int,
+    device: str,
+    blocks: Callable[[nn.Module], Iterable[nn.Module]] | None = None,
+) -> MemoryPlan:
     """Per-rank bytes of the model's state under DDP and FSDP at this world size. `blocks`
     names FSDP's units (ddpkit.fsdp.default_blocks, or the task's hook); None: the root only."""
     params = list(model.parameters())
@@ -176,8 +209,20 @@ def make_plan(model: nn.Module, optimizer: Any, world_size: int, precision: str,
     in_flight = (root + min(2, len(block_sizes)) * largest) * compute_bytes + largest * 4
     ddp = Footprint(full, full, int(n_params * per_param), n_params * 2 if precision == "bf16" else 0)
     fsdp = Footprint(shard, shard, int(shard_numel * per_param), in_flight)
-    return MemoryPlan(n_params, world_size, precision, name, per_param, measured, len(block_sizes) + 1, largest,
-                      ddp, fsdp, device_memory, device)
+    return MemoryPlan(
+        n_params,
+        world_size,
+        precision,
+        name,
+        per_param,
+        measured,
+        len(block_sizes) + 1,
+        largest,
+        ddp,
+        fsdp,
+        device_memory,
+        device,
+    )
 
 
 def _shard_numel(p: torch.Tensor, world_size: int) -> int:
@@ -191,8 +236,12 @@ def local_state_bytes(model: nn.Module, optimizer: torch.optim.Optimizer) -> dic
     """What this rank really holds of the model's state (its shards under FSDP). Gradients
     have the parameters' shapes, so they count as much as the parameters."""
     params = sum(_local(p).numel() * p.element_size() for p in model.parameters())
-    optim = sum(_local(t).numel() * t.element_size() for s in optimizer.state.values() for t in s.values()
-                if torch.is_tensor(t) and t.dim() > 0)
+    optim = sum(
+        _local(t).numel() * t.element_size()
+        for s in optimizer.state.values()
+        for t in s.values()
+        if torch.is_tensor(t) and t.dim() > 0
+    )
     return {"params": params, "grads": params, "optimizer": optim, "total": 2 * params + optim}
 
 

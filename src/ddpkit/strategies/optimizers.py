@@ -5,6 +5,7 @@ build a new optimizer of the same class with the same settings. `opt.defaults` c
 passed back as it is: torch 2.13's AdamW lists `decoupled_weight_decay`, which its
 constructor does not take. Only the constructor's own keywords are passed.
 """
+
 from __future__ import annotations
 
 import inspect
@@ -42,21 +43,29 @@ def constructor_keywords(cls: type) -> set[str] | None:
     params = inspect.signature(cls.__init__).parameters.values()
     if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params):
         return None
-    return {p.name for p in params if p.kind in (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)}
+    return {
+        p.name for p in params if p.kind in (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+    }
 
 
-def rebuild_optimizer(opt: torch.optim.Optimizer, swap: Callable[[torch.Tensor], torch.Tensor] = lambda p: p,
-                      **overrides: Any) -> torch.optim.Optimizer:
+def rebuild_optimizer(
+    opt: torch.optim.Optimizer, swap: Callable[[torch.Tensor], torch.Tensor] = lambda p: p, **overrides: Any
+) -> torch.optim.Optimizer:
     """A fresh optimizer of `opt`'s class: the same param groups (each parameter replaced by
     `swap(p)`) and settings, with `overrides` applied to every group. Its state starts empty."""
     cls = type(opt)
     accepted = constructor_keywords(cls)
-    defaults = {k: v for k, v in {**opt.defaults, **overrides}.items()
-                if k != "params" and (accepted is None or k in accepted)}
-    groups = [{**{k: v for k, v in g.items() if k != "params"}, **overrides, "params": [swap(p) for p in g["params"]]}
-              for g in opt.param_groups]
+    defaults = {
+        k: v for k, v in {**opt.defaults, **overrides}.items() if k != "params" and (accepted is None or k in accepted)
+    }
+    groups = [
+        {**{k: v for k, v in g.items() if k != "params"}, **overrides, "params": [swap(p) for p in g["params"]]}
+        for g in opt.param_groups
+    ]
     try:
         return cls(groups, **defaults)
     except Exception as e:
-        raise DdpkitError(f"could not rebuild the task's {cls.__name__} ({e}); give the optimizer as a function of the "
-                          "parameters: optimizer=lambda params: ...") from None
+        raise DdpkitError(
+            f"could not rebuild the task's {cls.__name__} ({e}); give the optimizer as a function of the "
+            "parameters: optimizer=lambda params: ..."
+        ) from None

@@ -10,6 +10,7 @@ No dropout and no batch norm on purpose: dropout draws per-rank random masks and
 uses per-rank batch statistics, so either would make 2 processes train a different model
 than 1 process with the same global batch.
 """
+
 from __future__ import annotations
 
 from typing import Any
@@ -28,19 +29,30 @@ def digits_tensors() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Te
 
     data = load_digits()
     x_train, x_test, y_train, y_test = train_test_split(
-        data.images, data.target, test_size=0.2, random_state=42, stratify=data.target)
+        data.images, data.target, test_size=0.2, random_state=42, stratify=data.target
+    )
 
     def images(x: Any) -> torch.Tensor:
         return torch.tensor(x / 16.0, dtype=torch.float32).unsqueeze(1)
 
-    return images(x_train), torch.tensor(y_train, dtype=torch.int64), images(x_test), torch.tensor(y_test, dtype=torch.int64)
+    return (
+        images(x_train),
+        torch.tensor(y_train, dtype=torch.int64),
+        images(x_test),
+        torch.tensor(y_test, dtype=torch.int64),
+    )
 
 
 def digits_model() -> nn.Module:
     return nn.Sequential(
-        nn.Conv2d(1, 16, kernel_size=3, padding=1), nn.ReLU(), nn.MaxPool2d(2),   # 16 x 4 x 4
-        nn.Conv2d(16, 32, kernel_size=3, padding=1), nn.ReLU(), nn.MaxPool2d(2),  # 32 x 2 x 2
-        nn.Flatten(), nn.Linear(32 * 2 * 2, 10),
+        nn.Conv2d(1, 16, kernel_size=3, padding=1),
+        nn.ReLU(),
+        nn.MaxPool2d(2),  # 16 x 4 x 4
+        nn.Conv2d(16, 32, kernel_size=3, padding=1),
+        nn.ReLU(),
+        nn.MaxPool2d(2),  # 32 x 2 x 2
+        nn.Flatten(),
+        nn.Linear(32 * 2 * 2, 10),
     )
 
 

@@ -5,6 +5,7 @@ StandardScaler fit on the training split only, Linear(13,64)-ReLU-Linear(64,3), 
 1e-3, cross-entropy. Every rank computes the same split and scaling (no randomness but the
 fixed random_state), so nothing has to be broadcast.
 """
+
 from __future__ import annotations
 
 from typing import Any
@@ -25,8 +26,12 @@ def wine_tensors() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tens
     if arrays is None:
         arrays = wine_arrays_sklearn()
     x_train, y_train, x_test, y_test = arrays
-    return (torch.tensor(x_train, dtype=torch.float32), torch.tensor(y_train, dtype=torch.int64),
-            torch.tensor(x_test, dtype=torch.float32), torch.tensor(y_test, dtype=torch.int64))
+    return (
+        torch.tensor(x_train, dtype=torch.float32),
+        torch.tensor(y_train, dtype=torch.int64),
+        torch.tensor(x_test, dtype=torch.float32),
+        torch.tensor(y_test, dtype=torch.int64),
+    )
 
 
 def wine_arrays_sklearn() -> tuple[Any, Any, Any, Any]:

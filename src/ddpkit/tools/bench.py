@@ -11,6 +11,7 @@ Two measurements, each at every requested process count:
              part of the all-reduce that backward does not hide). All three are timed, none
              estimated. Scaling efficiency = samples/s at n / (n x samples/s at 1).
 """
+
 from __future__ import annotations
 
 import json
@@ -45,8 +46,12 @@ def bench_worker(spec: dict[str, Any]) -> dict[str, Any]:
 
     env = DistEnv.detect()
     with Runtime(env, spec["device"], spec["backend"], spec["timeout"], spec["threads"]) as rt:
-        out: dict[str, Any] = {"world_size": rt.world_size, "backend": rt.backend if env.distributed else "none",
-                               "device": str(rt.device), "threads": _threads()}
+        out: dict[str, Any] = {
+            "world_size": rt.world_size,
+            "backend": rt.backend if env.distributed else "none",
+            "device": str(rt.device),
+            "threads": _threads(),
+        }
         if "allreduce" in spec["what"] and rt.world_size > 1:
             out["allreduce"] = _allreduce(rt, spec["sizes"], spec["iters"])
             if _shm_applies(rt, spec):
@@ -72,8 +77,10 @@ def _sync(device: Any) -> None:
 def _shm_applies(rt: Any, spec: dict[str, Any]) -> bool:
     from ..runtime.shm import why_not_shm
 
-    return spec.get("grad_sync", "auto") != "backend" and why_not_shm(
-        rt.world_size, rt.env.local_world_size, rt.backend, rt.device.type) is None
+    return (
+        spec.get("grad_sync", "auto") != "backend"
+        and why_not_shm(rt.world_size, rt.env.local_world_size, rt.backend, rt.device.type) is None
+    )
 
 
 def _allreduce(rt: Any, sizes: list[int], iters: int, shm: bool = False) -> list[dict[str, float]]:
@@ -93,7 +100,9 @@ def _allreduce(rt: Any, sizes: list[int], iters: int, shm: bool = False) -> list
     for size in sizes:
         count = max(1, size // 4)
         t = torch.ones(count, dtype=torch.float32, device=rt.device)
-        reduce = (lambda t=t: shm_state.all_reduce_mean_(t)) if shm_state is not None else (lambda t=t: dist.all_reduce(t))
+        reduce = (
+            (lambda t=t: shm_state.all_reduce_mean_(t)) if shm_state is not None else (lambda t=t: dist.all_reduce(t))
+        )
         for _ in range(3):
             reduce()
         # as nccl-tests: `iters` operations back to back after one barrier, the mean per
@@ -109,8 +118,15 @@ def _allreduce(rt: Any, sizes: list[int], iters: int, shm: bool = False) -> list
         dist.all_reduce(worst, op=dist.ReduceOp.MAX)
         sec = worst.item()
         algbw = count * 4 / sec / 1e9
-        rows.append({"size": count * 4, "count": count, "time_us": sec * 1e6, "algbw_gbs": algbw,
-                     "busbw_gbs": algbw * 2 * (n - 1) / n})
+        rows.append(
+            {
+                "size": count * 4,
+                "count": count,
+                "time_us": sec * 1e6,
+                "algbw_gbs": algbw,
+                "busbw_gbs": algbw * 2 * (n - 1) / n,
+            }
+        )
     return rows
 
 
@@ -189,7 +205,9 @@ def _step(rt: Any, spec: dict[str, Any]) -> dict[str, float]:
         result["nosync"] = result["sync"]
     med = {}
     for key, values in result.items():
-        v = torch.tensor(values, dtype=torch.float64, device=rt.device if rt.backend == "nccl" else "cpu")  # NCCL: CUDA only
+        v = torch.tensor(
+            values, dtype=torch.float64, device=rt.device if rt.backend == "nccl" else "cpu"
+        )  # NCCL: CUDA only
         if rt.world_size > 1:
             dist.all_reduce(v, op=dist.ReduceOp.MAX)  # the slowest rank sets the pace
         med[key] = statistics.median(v.tolist())
@@ -198,10 +216,19 @@ def _step(rt: Any, spec: dict[str, Any]) -> dict[str, float]:
     compute = min(med["nosync"], med["sync"])  # on a busy machine the sync median can come out lower: no comm then
     comm = med["sync"] - compute  # so data + compute + comm is the step, always
     step = data + med["sync"]
-    return {"grad_sync": used, "batch_size": spec["batch_size"], "global_batch": spec["batch_size"] * rt.world_size,
-            "step_ms": step * 1e3, "data_ms": data * 1e3, "compute_ms": compute * 1e3, "comm_ms": comm * 1e3,
-            "samples_per_s": spec["batch_size"] * rt.world_size / step,
-            "data_share": data / step, "compute_share": compute / step, "comm_share": comm / step}
+    return {
+        "grad_sync": used,
+        "batch_size": spec["batch_size"],
+        "global_batch": spec["batch_size"] * rt.world_size,
+        "step_ms": step * 1e3,
+        "data_ms": data * 1e3,
+        "compute_ms": compute * 1e3,
+        "comm_ms": comm * 1e3,
+        "samples_per_s": spec["batch_size"] * rt.world_size / step,
+        "data_share": data / step,
+        "compute_share": compute / step,
+        "comm_share": comm / step,
+    }
 
 
 def run_bench(spec: dict[str, Any], nprocs: list[int], clean_parent: bool = True) -> list[dict[str, Any]]:
@@ -213,8 +240,12 @@ def run_bench(spec: dict[str, Any], nprocs: list[int], clean_parent: bool = True
     results = []
     for n in nprocs:
         threads = spec["threads"] or default_threads(n)
-        plan = LaunchPlan(nproc_per_node=n, start_method=start_method_for("auto", device_type, clean_parent),
-                          timeout=spec["timeout"], threads_per_process=threads)
+        plan = LaunchPlan(
+            nproc_per_node=n,
+            start_method=start_method_for("auto", device_type, clean_parent),
+            timeout=spec["timeout"],
+            threads_per_process=threads,
+        )
         out = run_elastic(plan, bench_worker, [{**spec, "threads": threads}])
         results.append(out.get(0) if isinstance(out, dict) else out[0])
     return results
@@ -224,38 +255,56 @@ def format_report(results: list[dict[str, Any]], spec: dict[str, Any]) -> str:
     lines = []
     ar = [r for r in results if r.get("allreduce")]
     for r in ar:
-        for key, what in (("allreduce", f"backend {r['backend']}"),
-                          ("allreduce_shm", "ddpkit's shared memory (mean; the gradient path of CPU ranks on one machine)")):
+        for key, what in (
+            ("allreduce", f"backend {r['backend']}"),
+            ("allreduce_shm", "ddpkit's shared memory (mean; the gradient path of CPU ranks on one machine)"),
+        ):
             if not r.get(key):
                 continue
-            lines += [f"# all-reduce (float32): {r['world_size']} processes, {what}, device {r['device']}, "
-                      f"mean of {spec['iters']} back to back (slowest rank)",
-                      f"# {'nproc':>5} {'size_B':>12} {'count':>10} {'time_us':>10} {'algbw_GB/s':>11} {'busbw_GB/s':>11}"]
+            lines += [
+                f"# all-reduce (float32): {r['world_size']} processes, {what}, device {r['device']}, "
+                f"mean of {spec['iters']} back to back (slowest rank)",
+                f"# {'nproc':>5} {'size_B':>12} {'count':>10} {'time_us':>10} {'algbw_GB/s':>11} {'busbw_GB/s':>11}",
+            ]
             for row in r[key]:
-                lines.append(f"  {r['world_size']:>5} {row['size']:>12} {row['count']:>10} {row['time_us']:>10.1f} "
-                             f"{row['algbw_gbs']:>11.4g} {row['busbw_gbs']:>11.4g}")
-            lines.append(f"# latency (smallest message): {r[key][0]['time_us']:.1f} us; "
-                         f"peak busbw {max(x['busbw_gbs'] for x in r[key]):.3g} GB/s")
+                lines.append(
+                    f"  {r['world_size']:>5} {row['size']:>12} {row['count']:>10} {row['time_us']:>10.1f} "
+                    f"{row['algbw_gbs']:>11.4g} {row['busbw_gbs']:>11.4g}"
+                )
+            lines.append(
+                f"# latency (smallest message): {r[key][0]['time_us']:.1f} us; "
+                f"peak busbw {max(x['busbw_gbs'] for x in r[key]):.3g} GB/s"
+            )
             lines.append("")
     if not ar and "allreduce" in spec["what"]:
         lines += ["# all-reduce: needs at least 2 processes (--nproc 1,2)", ""]
     st = [r for r in results if r.get("step")]
     if st:
         base = next((r["step"]["samples_per_s"] for r in st if r["world_size"] == 1), None)
-        lines += [f"# step time: task {spec['task']}, batch {spec['batch_size']} per process, median of {spec['steps']} steps "
-                  "(slowest rank); compute = step with no_sync, comm = sync step - compute, data = batch fetch",
-                  f"# {'nproc':>5} {'threads':>7} {'sync':>5} {'samples/s':>10} {'step_ms':>9} {'data_ms':>8} {'compute_ms':>10} "
-                  f"{'comm_ms':>8} {'data%':>6} {'compute%':>8} {'comm%':>6} {'efficiency':>10}"]
+        lines += [
+            f"# step time: task {spec['task']}, batch {spec['batch_size']} per process, "
+            f"median of {spec['steps']} steps "
+            "(slowest rank); compute = step with no_sync, comm = sync step - compute, data = batch fetch",
+            f"# {'nproc':>5} {'threads':>7} {'sync':>5} {'samples/s':>10} "
+            f"{'step_ms':>9} {'data_ms':>8} {'compute_ms':>10} "
+            f"{'comm_ms':>8} {'data%':>6} {'compute%':>8} {'comm%':>6} {'efficiency':>10}",
+        ]
         for r in st:
             s = r["step"]
             eff = f"{s['samples_per_s'] / (r['world_size'] * base):.2f}" if base else "-"
-            lines.append(f"  {r['world_size']:>5} {r['threads']:>7} {s.get('grad_sync', '-'):>5} {s['samples_per_s']:>10.1f} {s['step_ms']:>9.3f} "
-                         f"{s['data_ms']:>8.3f} {s['compute_ms']:>10.3f} {s['comm_ms']:>8.3f} {100 * s['data_share']:>6.1f} "
-                         f"{100 * s['compute_share']:>8.1f} {100 * s['comm_share']:>6.1f} {eff:>10}")
+            lines.append(
+                f"  {r['world_size']:>5} {r['threads']:>7} {s.get('grad_sync', '-'):>5} "
+                f"{s['samples_per_s']:>10.1f} {s['step_ms']:>9.3f} "
+                f"{s['data_ms']:>8.3f} {s['compute_ms']:>10.3f} {s['comm_ms']:>8.3f} {100 * s['data_share']:>6.1f} "
+                f"{100 * s['compute_share']:>8.1f} {100 * s['comm_share']:>6.1f} {eff:>10}"
+            )
         if base:
             best = max(st, key=lambda r: r["step"]["samples_per_s"])
-            verdict = ("DDP pays off" if best["world_size"] > 1 else "one process is fastest here: DDP does not pay off")
-            lines.append(f"# fastest: {best['world_size']} process(es), {best['step']['samples_per_s']:.0f} samples/s ({verdict})")
+            verdict = "DDP pays off" if best["world_size"] > 1 else "one process is fastest here: DDP does not pay off"
+            lines.append(
+                f"# fastest: {best['world_size']} process(es), "
+                f"{best['step']['samples_per_s']:.0f} samples/s ({verdict})"
+            )
     return "\n".join(lines)
 
 
@@ -265,7 +314,9 @@ def main_bench(ns: Any) -> int:
     try:
         nprocs = parse_nprocs(ns.nproc)
     except ValueError:
-        raise DdpkitError(f"--nproc must be a comma-separated list of positive integers, e.g. 1,2; got {ns.nproc!r}") from None
+        raise DdpkitError(
+            f"--nproc must be a comma-separated list of positive integers, e.g. 1,2; got {ns.nproc!r}"
+        ) from None
     try:
         sizes = sorted({parse_size(s) for s in ns.sizes.split(",") if s.strip()})
     except (ValueError, IndexError):
@@ -282,9 +333,19 @@ def main_bench(ns: Any) -> int:
         from ..task import load_task_function
 
         load_task_function(ns.task)  # a clear error now, not in every worker
-    spec = {"what": what, "sizes": sizes, "iters": ns.iters, "steps": ns.steps, "task": ns.task,
-            "batch_size": ns.batch_size, "device": ns.device, "backend": ns.backend, "timeout": ns.timeout,
-            "threads": ns.threads, "grad_sync": ns.grad_sync}
+    spec = {
+        "what": what,
+        "sizes": sizes,
+        "iters": ns.iters,
+        "steps": ns.steps,
+        "task": ns.task,
+        "batch_size": ns.batch_size,
+        "device": ns.device,
+        "backend": ns.backend,
+        "timeout": ns.timeout,
+        "threads": ns.threads,
+        "grad_sync": ns.grad_sync,
+    }
     results = run_bench(spec, nprocs)
     print(format_report(results, spec), flush=True)
     if ns.json:

@@ -16,6 +16,7 @@ Rank 0 prints one table and a verdict line; the exit status is 0 only when a job
 Warnings (a clock offset, little /dev/shm) do not fail it; mismatched versions, a run
 directory that is not shared, a closed port or a failed all-reduce do.
 """
+
 from __future__ import annotations
 
 import json
@@ -48,17 +49,27 @@ def local_facts(rank: int, local_rank: int, node_rank: int, backend: str, master
         except Exception:  # noqa: BLE001 - a report must not fail on a half-working CUDA install
             nccl = "built in"
     try:
-        iface = os.environ.get("NCCL_SOCKET_IFNAME" if backend == "nccl" else "GLOO_SOCKET_IFNAME") \
-            or network.interface_of(network.source_address_for(network.resolve(master_addr)))
+        iface = os.environ.get(
+            "NCCL_SOCKET_IFNAME" if backend == "nccl" else "GLOO_SOCKET_IFNAME"
+        ) or network.interface_of(network.source_address_for(network.resolve(master_addr)))
     except OSError:
         iface = None
     shm = shutil.disk_usage("/dev/shm").free if os.path.isdir("/dev/shm") else None
     report = collect()
     return {
-        "rank": rank, "local_rank": local_rank, "node_rank": node_rank, "host": socket.gethostname(),
-        "versions": {"python": platform.python_version(), "torch": torch.__version__, "cuda": torch.version.cuda,
-                     "nccl": nccl, "ddpkit": __version__},
-        "backend": backend, "interface": iface,
+        "rank": rank,
+        "local_rank": local_rank,
+        "node_rank": node_rank,
+        "host": socket.gethostname(),
+        "versions": {
+            "python": platform.python_version(),
+            "torch": torch.__version__,
+            "cuda": torch.version.cuda,
+            "nccl": nccl,
+            "ddpkit": __version__,
+        },
+        "backend": backend,
+        "interface": iface,
         "memory_available_gib": report["devices"]["memory_available_gib"],
         "shm_free_mib": None if shm is None else shm // 2**20,
         "gpus": len(report["devices"]["gpus"]),
@@ -74,18 +85,24 @@ def gpu_traps(backend: str, gpus: int, environ: dict[str, str] | None = None) ->
         return []
     out = []
     if e.get("NCCL_P2P_DISABLE") == "1":
-        out.append("NCCL_P2P_DISABLE=1: GPU-to-GPU copies go through host memory (slow); unset it unless P2P hangs here")
+        out.append(
+            "NCCL_P2P_DISABLE=1: GPU-to-GPU copies go through host memory (slow); unset it unless P2P hangs here"
+        )
     try:
         iommu = bool(os.listdir("/sys/class/iommu"))
     except OSError:
         iommu = False
     cmdline = Path("/proc/cmdline").read_text() if os.path.exists("/proc/cmdline") else ""
     if iommu and "iommu=pt" not in cmdline:
-        out.append("the IOMMU is on without iommu=pt: NCCL peer-to-peer traffic can hang or crawl (ACS/IOMMU); "
-                   "try NCCL_P2P_DISABLE=1 to confirm, then boot with iommu=pt or disable ACS on the PCIe switches")
+        out.append(
+            "the IOMMU is on without iommu=pt: NCCL peer-to-peer traffic can hang or crawl (ACS/IOMMU); "
+            "try NCCL_P2P_DISABLE=1 to confirm, then boot with iommu=pt or disable ACS on the PCIe switches"
+        )
     if backend == "nccl" and not e.get("NCCL_SOCKET_IFNAME"):
-        out.append("NCCL_SOCKET_IFNAME is not set: NCCL picks an interface itself (docker0 or a management network "
-                   "can make it hang between nodes); set it to the fast network's interface")
+        out.append(
+            "NCCL_SOCKET_IFNAME is not set: NCCL picks an interface itself (docker0 or a management network "
+            "can make it hang between nodes); set it to the fast network's interface"
+        )
     return out
 
 
@@ -132,8 +149,14 @@ def check_worker(spec: dict[str, Any]) -> dict[str, Any]:
     barrier(store, f"{key}/done", rank, world)
     leave(store, f"{key}/left", rank, world)
     shutil.rmtree(run_dir / f".ddpkit-check-{key}", ignore_errors=True)  # every rank: its node may see another folder
-    report = {"facts": everyone, "run_dir": dirs, "clocks": clocks, "ports": ports, "allreduce": allreduce,
-              "run_dir_path": str(run_dir.resolve())}
+    report = {
+        "facts": everyone,
+        "run_dir": dirs,
+        "clocks": clocks,
+        "ports": ports,
+        "allreduce": allreduce,
+        "run_dir_path": str(run_dir.resolve()),
+    }
     rows, ok = judge(report)
     report.update(rows=rows, ok=ok)
     del torch
@@ -211,8 +234,9 @@ def port_probe(store: Any, key: str, rank: int, world: int, nodes: list[int], ma
                 with socket.create_connection((addr, port), timeout=3):
                     results.append({"from": rank, "to": peer, "address": f"{addr}:{port}", "ok": True})
             except OSError as e:
-                results.append({"from": rank, "to": peer, "address": f"{addr}:{port}", "ok": False,
-                                "error": e.strerror or str(e)})
+                results.append(
+                    {"from": rank, "to": peer, "address": f"{addr}:{port}", "ok": False, "error": e.strerror or str(e)}
+                )
     everyone = exchange(store, f"{key}/ports", rank, world, results)
     if listener is not None:
         listener.close()
@@ -239,7 +263,7 @@ def measure_allreduce(rt: Any, nodes: list[int], iters: int) -> dict[str, Any]:
     if 1 < len(nodes) <= PAIR_LIMIT:
         pairs = []
         for i, a in enumerate(nodes):
-            for b in nodes[i + 1:]:
+            for b in nodes[i + 1 :]:
                 group = dist.new_group([a, b])  # collective: every rank creates every group
                 if rt.rank in (a, b):
                     pairs.append({"ranks": [a, b], **_time_allreduce(rt, group, iters)})
@@ -301,12 +325,16 @@ def judge(report: dict[str, Any]) -> tuple[list[tuple[str, str, str]], bool]:
             differ.append(f"{k} " + " vs ".join(f"{v} on {_ranks(rs, facts)}" for v, rs in values.items()))
     v0 = facts[0]["versions"]
     same = ", ".join(f"{k} {v0[k]}" for k in keys if v0[k])
-    rows.append(("versions", "FAIL" if differ else "OK", "; ".join(differ) if differ else f"same on all {world} ranks: {same}"))
+    rows.append(
+        ("versions", "FAIL" if differ else "OK", "; ".join(differ) if differ else f"same on all {world} ranks: {same}")
+    )
     # backend and interface
     chosen = {(f["backend"], f["interface"]) for f in facts}
     backends = {f["backend"] for f in facts}
-    detail = "; ".join(f"{b} via {i or '?'} on {_ranks([f['rank'] for f in facts if (f['backend'], f['interface']) == (b, i)], facts)}"
-                       for b, i in sorted(chosen, key=str))
+    detail = "; ".join(
+        f"{b} via {i or '?'} on {_ranks([f['rank'] for f in facts if (f['backend'], f['interface']) == (b, i)], facts)}"
+        for b, i in sorted(chosen, key=str)
+    )
     rows.append(("backend", "FAIL" if len(backends) > 1 else "OK", detail))
     # run directory
     path = report.get("run_dir_path", "RUN_DIR")
@@ -316,41 +344,80 @@ def judge(report: dict[str, Any]) -> tuple[list[tuple[str, str, str]], bool]:
         groups: dict[tuple[int, ...], list[int]] = {}
         for r, d in enumerate(report["run_dir"]):
             groups.setdefault(tuple(d["sees"]), []).append(r)
-        parts = [f"{_ranks(rs, facts)} see{'s' if len(rs) == 1 else ''} the files of rank(s) {_span(list(seen))}"
-                 for seen, rs in groups.items()]
+        parts = [
+            f"{_ranks(rs, facts)} see{'s' if len(rs) == 1 else ''} the files of rank(s) {_span(list(seen))}"
+            for seen, rs in groups.items()
+        ]
         other = sorted({node(r) for r in blind if 0 not in report["run_dir"][r]["sees"]})
-        rows.append(("run directory", "FAIL", f"{path} is not one shared folder: " + "; ".join(errors + parts)
-                     + (f" (a different folder on {', '.join(other)}: mount the shared file system there, or pass "
-                        "--run-dir on it)" if other else "")))
+        rows.append(
+            (
+                "run directory",
+                "FAIL",
+                f"{path} is not one shared folder: "
+                + "; ".join(errors + parts)
+                + (
+                    f" (a different folder on {', '.join(other)}: mount the shared file system there, or pass "
+                    "--run-dir on it)"
+                    if other
+                    else ""
+                ),
+            )
+        )
     else:
         rows.append(("run directory", "OK", f"{path}: every rank wrote a file there and read every other rank's"))
     # clocks
     times = [c["time"] for c in report["clocks"]]
     skew = max(times) - min(times) if times else 0.0
-    rows.append(("clocks", "WARN" if skew > CLOCK_WARN_S else "OK",
-                 f"spread {skew * 1e3:.0f} ms across ranks after a barrier" + (" (sync them: NTP/chrony; logs and "
-                                                                                 "time limits disagree)" if skew > CLOCK_WARN_S else "")))
+    rows.append(
+        (
+            "clocks",
+            "WARN" if skew > CLOCK_WARN_S else "OK",
+            f"spread {skew * 1e3:.0f} ms across ranks after a barrier"
+            + (" (sync them: NTP/chrony; logs and time limits disagree)" if skew > CLOCK_WARN_S else ""),
+        )
+    )
     # ports between nodes
     ports = report.get("ports") or []
     closed = [p for p in ports if not p["ok"]]
     if not ports:
         rows.append(("ports", "OK", "one node: nothing crosses a network"))
     else:
-        rows.append(("ports", "FAIL" if closed else "OK",
-                     "; ".join(f"{node(p['from'])} cannot connect to {p['address']} on {node(p['to'])}: {p.get('error')}"
-                               for p in closed) if closed else f"every node reached a fresh TCP port on every other ({len(ports)} connections)"))
+        rows.append(
+            (
+                "ports",
+                "FAIL" if closed else "OK",
+                "; ".join(
+                    f"{node(p['from'])} cannot connect to {p['address']} on {node(p['to'])}: {p.get('error')}"
+                    for p in closed
+                )
+                if closed
+                else f"every node reached a fresh TCP port on every other ({len(ports)} connections)",
+            )
+        )
     # all-reduce
     ar = report.get("allreduce") or {}
     if ar.get("skipped") or ar.get("error"):
         rows.append(("all-reduce", "FAIL", ar.get("error") or f"not run: {ar['skipped']}"))
     elif ar:
         a = ar["all"]
-        rows.append(("all-reduce", "OK", f"all {world} ranks: latency {a['latency_us']:.0f} us (4 B), bus bandwidth "
-                                         f"{a['busbw_gbps']:.2f} GB/s (16 MiB)"))
+        rows.append(
+            (
+                "all-reduce",
+                "OK",
+                f"all {world} ranks: latency {a['latency_us']:.0f} us (4 B), bus bandwidth "
+                f"{a['busbw_gbps']:.2f} GB/s (16 MiB)",
+            )
+        )
         for p in ar.get("pairs", []):
             a, b = p["ranks"]
-            rows.append(("  node pair", "OK", f"{node(a)} <-> {node(b)}: latency {p['latency_us']:.0f} us, "
-                                              f"bus bandwidth {p['busbw_gbps']:.2f} GB/s"))
+            rows.append(
+                (
+                    "  node pair",
+                    "OK",
+                    f"{node(a)} <-> {node(b)}: latency {p['latency_us']:.0f} us, "
+                    f"bus bandwidth {p['busbw_gbps']:.2f} GB/s",
+                )
+            )
     else:
         rows.append(("all-reduce", "OK", "one process: nothing to all-reduce"))
     # memory, /dev/shm, traps, ddpkit env's warnings: per node
@@ -366,7 +433,13 @@ def judge(report: dict[str, Any]) -> tuple[list[tuple[str, str, str]], bool]:
         mem.append(f"{name}: {f['memory_available_gib']} GiB free, /dev/shm {shm} MiB free")
     rows.append(("memory", "WARN" if warn_mem else "OK", "; ".join(mem)))
     hints = sorted({f"{name}: {t}" for name, f in by_node.items() for t in f["traps"] + f["warnings"]})
-    rows.append(("traps", "WARN" if hints else "OK", "; ".join(hints) if hints else "none known (ddpkit env's checks, NCCL hints on GPU nodes)"))
+    rows.append(
+        (
+            "traps",
+            "WARN" if hints else "OK",
+            "; ".join(hints) if hints else "none known (ddpkit env's checks, NCCL hints on GPU nodes)",
+        )
+    )
     ok = not any(status == "FAIL" for _, status, _ in rows)
     return rows, ok
 
@@ -414,12 +487,21 @@ def main_check(cfg: Any, as_json: bool = False) -> int:
     run_dir = cfg.run_dir or "runs"
     env = DistEnv.detect()
     if env.outside_launcher:  # a worker of srun / torchrun: a key that every rank derives alike
-        key = (os.environ.get("SLURM_JOB_ID") or os.environ.get("TORCHELASTIC_RUN_ID")
-               or f"{env.master_addr}-{env.master_port}")
+        key = (
+            os.environ.get("SLURM_JOB_ID")
+            or os.environ.get("TORCHELASTIC_RUN_ID")
+            or f"{env.master_addr}-{env.master_port}"
+        )
     else:  # ddpkit starts the workers: one key for all of them (multi-node: the rendezvous id, below)
         key = cfg.rdzv_id or uuid.uuid4().hex[:12]
-    spec = {"device": cfg.device, "backend": cfg.backend, "timeout": cfg.timeout, "threads": cfg.threads,
-            "run_dir": run_dir, "key": "".join(c if c.isalnum() or c in "-_." else "-" for c in key)}
+    spec = {
+        "device": cfg.device,
+        "backend": cfg.backend,
+        "timeout": cfg.timeout,
+        "threads": cfg.threads,
+        "run_dir": run_dir,
+        "key": "".join(c if c.isalnum() or c in "-_." else "-" for c in key),
+    }
     if env.outside_launcher:
         result = check_worker(spec)
     else:
@@ -434,8 +516,15 @@ def main_check(cfg: Any, as_json: bool = False) -> int:
     if "facts" not in result:  # not rank 0: rank 0 (or its node's launcher) prints the table
         if env.outside_launcher:
             return 0 if result["ok"] else 1
-        print(f"ddpkit check: rank {result['rank']}: " + ("a job would run (rank 0 prints the table)" if result["ok"]
-                                                          else "a job would NOT run (rank 0 prints why)"), flush=True)
+        print(
+            f"ddpkit check: rank {result['rank']}: "
+            + (
+                "a job would run (rank 0 prints the table)"
+                if result["ok"]
+                else "a job would NOT run (rank 0 prints why)"
+            ),
+            flush=True,
+        )
         return 0 if result["ok"] else 1
     print(json.dumps(result, indent=1) if as_json else format_check(result), flush=True)
     sys.stdout.flush()

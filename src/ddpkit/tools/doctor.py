@@ -4,6 +4,7 @@ Reads versions, devices, the launcher's environment variables and the network se
 starts no process group, touches no other machine (name lookups have a 2 s limit) and only
 reads. `collect()` returns plain data (for --json and tests); `format_report()` prints it.
 """
+
 from __future__ import annotations
 
 import glob
@@ -154,8 +155,14 @@ def _plan(report: Mapping[str, Any], nproc: int | None) -> dict[str, Any]:
         world = procs
         how = f"start {procs} worker process{'es' if procs != 1 else ''} on this machine (torch's elastic agent)"
     backend = "nccl" if device == "cuda" else "gloo"
-    return {"how": how, "processes_per_node": procs, "device": device, "backend": backend,
-            "threads_per_process": default_threads(procs), **_grad_sync(world, procs, backend, device)}
+    return {
+        "how": how,
+        "processes_per_node": procs,
+        "device": device,
+        "backend": backend,
+        "threads_per_process": default_threads(procs),
+        **_grad_sync(world, procs, backend, device),
+    }
 
 
 def _grad_sync(world: int, local: int, backend: str, device: str) -> dict[str, Any]:
@@ -166,8 +173,11 @@ def _grad_sync(world: int, local: int, backend: str, device: str) -> dict[str, A
 
     reason = why_not_shm(world, local, backend, device)
     free = shutil.disk_usage(SHM_DIR).free if os.path.isdir(SHM_DIR) else None
-    return {"grad_sync": "shm" if reason is None else backend, "grad_sync_why": reason,
-            "shm_free_mib": None if free is None else round(free / 2**20)}
+    return {
+        "grad_sync": "shm" if reason is None else backend,
+        "grad_sync_why": reason,
+        "shm_free_mib": None if free is None else round(free / 2**20),
+    }
 
 
 def _warnings(e: Mapping[str, str], r: Mapping[str, Any]) -> list[str]:
@@ -178,8 +188,10 @@ def _warnings(e: Mapping[str, str], r: Mapping[str, Any]) -> list[str]:
     visible = e.get("CUDA_VISIBLE_DEVICES")
     physical, seen = dev["gpu_device_files"], len(dev["gpus"])
     if visible is not None and physical and seen < physical:
-        w.append(f"CUDA_VISIBLE_DEVICES={visible!r} hides {physical - seen} of this machine's {physical} GPUs "
-                 "(unset it, or check the job's GPU request)")
+        w.append(
+            f"CUDA_VISIBLE_DEVICES={visible!r} hides {physical - seen} of this machine's {physical} GPUs "
+            "(unset it, or check the job's GPU request)"
+        )
     elif visible is not None and visible.strip() in ("", "-1", "NoDevFiles"):
         w.append(f"CUDA_VISIBLE_DEVICES={visible!r} hides every GPU: training runs on the CPU")
     if physical and not seen and visible is None and not r["versions"]["cuda"]:
@@ -188,26 +200,38 @@ def _warnings(e: Mapping[str, str], r: Mapping[str, Any]) -> list[str]:
     cores = dev["cpu_cores_usable"]
     omp = _int_or_none(e.get("OMP_NUM_THREADS"))
     if omp and omp * procs > cores:
-        w.append(f"OMP_NUM_THREADS={omp} x {procs} processes > {cores} usable cores: a script that takes its threads "
-                 "from it oversubscribes the CPU (DDP gets several times slower); ddpkit train and ddpkit.init() "
-                 f"use {max(1, cores // procs)} per process instead (--threads)")
+        w.append(
+            f"OMP_NUM_THREADS={omp} x {procs} processes > {cores} usable cores: a script that takes its threads "
+            "from it oversubscribes the CPU (DDP gets several times slower); ddpkit train and ddpkit.init() "
+            f"use {max(1, cores // procs)} per process instead (--threads)"
+        )
     for environment in registry.ENVIRONMENTS:
         w += environment.warnings(launcher, cores)
     plan = r["plan"]
     if plan.get("grad_sync") == "shm" and plan.get("shm_free_mib") is not None and plan["shm_free_mib"] < 256:
-        w.append(f"/dev/shm has {plan['shm_free_mib']} MiB free: ddpkit's shared-memory gradient sum needs up to 128 MiB "
-                 "for 2 processes (more for more), else it falls back to gloo (slower); in Docker: --shm-size=1g")
+        w.append(
+            f"/dev/shm has {plan['shm_free_mib']} MiB free: ddpkit's shared-memory gradient sum needs up to 128 MiB "
+            "for 2 processes (more for more), else it falls back to gloo (slower); in Docker: --shm-size=1g"
+        )
     load = dev["load_average_1min"]
     if load is not None and load > cores:
         w.append(f"load average {load} on {cores} cores: other processes compete for the CPUs; timings will be slow")
     multi_node = (launcher.get("nnodes") or 1) > 1
     if multi_node and net["master_addr"] in LOOPBACK_NAMES:
-        w.append(f"master address {net['master_addr']} on a multi-node job: the other nodes cannot reach it; "
-                 "use the first node's hostname or IP")
-    if multi_node and _is_loopback(net["hostname_resolves_to"]) and not (e.get("GLOO_SOCKET_IFNAME") or e.get("NCCL_SOCKET_IFNAME")):
-        w.append(f"hostname {net['hostname']} resolves to {net['hostname_resolves_to']}: under torchrun or srun gloo would "
-                 "listen on loopback and the other nodes fail with 'connectFullMesh failed'; set GLOO_SOCKET_IFNAME to "
-                 "this node's interface (ddpkit train --nnodes sets it itself)")
+        w.append(
+            f"master address {net['master_addr']} on a multi-node job: the other nodes cannot reach it; "
+            "use the first node's hostname or IP"
+        )
+    if (
+        multi_node
+        and _is_loopback(net["hostname_resolves_to"])
+        and not (e.get("GLOO_SOCKET_IFNAME") or e.get("NCCL_SOCKET_IFNAME"))
+    ):
+        w.append(
+            f"hostname {net['hostname']} resolves to {net['hostname_resolves_to']}: under torchrun or srun gloo would "
+            "listen on loopback and the other nodes fail with 'connectFullMesh failed'; set GLOO_SOCKET_IFNAME to "
+            "this node's interface (ddpkit train --nnodes sets it itself)"
+        )
     return w
 
 
@@ -215,13 +239,27 @@ def format_report(r: Mapping[str, Any]) -> str:
     v, d, la, net, plan = r["versions"], r["devices"], r["launcher"], r["network"], r["plan"]
     lines = ["versions"]
     lines += [f"  {k:<12}{v[k]}" for k in ("ddpkit", "python", "torch")]
-    lines.append(f"  cuda        {v['cuda']} (the CUDA torch was built for)" if v["cuda"] else "  cuda        none (a CPU build of torch)")
+    lines.append(
+        f"  cuda        {v['cuda']} (the CUDA torch was built for)"
+        if v["cuda"]
+        else "  cuda        none (a CPU build of torch)"
+    )
     lines += [f"  cudnn       {v['cudnn']}"] if v["cudnn"] else []
-    lines += [f"  nccl        {v['nccl'] or 'not available'}",
-              f"  gloo        {'available' if v['gloo'] else 'not available'}"
-              + ("; mpi available" if v["mpi"] else ""), f"  platform    {v['platform']}", "devices"]
-    mem = f", memory {d['memory_total_gib']} GiB ({d['memory_available_gib']} GiB available)" if d["memory_total_gib"] else ""
-    lines.append(f"  cpu         {d['cpu_cores_usable']} usable cores (of {d['cpu_cores_total']}), load {d['load_average_1min']}{mem}")
+    lines += [
+        f"  nccl        {v['nccl'] or 'not available'}",
+        f"  gloo        {'available' if v['gloo'] else 'not available'}" + ("; mpi available" if v["mpi"] else ""),
+        f"  platform    {v['platform']}",
+        "devices",
+    ]
+    mem = (
+        f", memory {d['memory_total_gib']} GiB ({d['memory_available_gib']} GiB available)"
+        if d["memory_total_gib"]
+        else ""
+    )
+    lines.append(
+        f"  cpu         {d['cpu_cores_usable']} usable cores (of {d['cpu_cores_total']}), "
+        f"load {d['load_average_1min']}{mem}"
+    )
     for g in d["gpus"]:
         lines.append(f"  cuda:{g['index']:<7}{g['name']}, {g['memory_gib']} GiB")
     if not d["gpus"]:
@@ -236,22 +274,34 @@ def format_report(r: Mapping[str, Any]) -> str:
         lines += environment.report_lines(la)
     if "resolved" in la:
         x = la["resolved"]
-        lines.append(f"  this rank   rank {x.get('rank')}, local rank {x.get('local_rank')}, node rank {x.get('node_rank')}, "
-                     f"world size {x.get('world_size')}")
+        lines.append(
+            f"  this rank   rank {x.get('rank')}, local rank {x.get('local_rank')}, node rank {x.get('node_rank')}, "
+            f"world size {x.get('world_size')}"
+        )
     port = f":{net['master_port']}" if net["master_port"] else ""
-    lines += ["network", f"  hostname    {net['hostname']} -> {net['hostname_resolves_to'] or 'does not resolve'}",
-              f"  interfaces  {', '.join(f'{k} {ip}' for k, ip in net['interfaces'].items()) or 'unknown'}",
-              f"  master      {net['master_addr']}{port} ({net['master_source']}) -> {net['master_resolves_to'] or 'does not resolve'}"
-              + (f", reached through {net['interface_to_master']}" if net["interface_to_master"] else "")]
+    lines += [
+        "network",
+        f"  hostname    {net['hostname']} -> {net['hostname_resolves_to'] or 'does not resolve'}",
+        f"  interfaces  {', '.join(f'{k} {ip}' for k, ip in net['interfaces'].items()) or 'unknown'}",
+        f"  master      {net['master_addr']}{port} ({net['master_source']}) "
+        f"-> {net['master_resolves_to'] or 'does not resolve'}"
+        + (f", reached through {net['interface_to_master']}" if net["interface_to_master"] else ""),
+    ]
     for k in ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME"):
         if net[k]:
             lines.append(f"  {k}={net[k]}")
     lines.append("ddpkit train would")
     if "error" in plan:
-        lines.append("  refuse to start (see the first warning)" if plan["error"] in r["warnings"] else f"  refuse: {plan['error']}")
+        lines.append(
+            "  refuse to start (see the first warning)"
+            if plan["error"] in r["warnings"]
+            else f"  refuse: {plan['error']}"
+        )
     else:
-        lines.append(f"  {plan['how']}: device {plan['device']}, backend {plan['backend']}, "
-                     f"{plan['threads_per_process']} thread(s) per process")
+        lines.append(
+            f"  {plan['how']}: device {plan['device']}, backend {plan['backend']}, "
+            f"{plan['threads_per_process']} thread(s) per process"
+        )
         if plan["grad_sync"] == "shm":
             lines.append(f"  sum gradients in shared memory ({plan['shm_free_mib']} MiB free in /dev/shm)")
         elif plan.get("grad_sync_why") and plan["processes_per_node"] > 1:

@@ -15,6 +15,7 @@ Hugging Face and nanoGPT models return); cross-entropy of `(inputs..., target)` 
 A `step` that returns `(loss_sum, count)` makes the loss exact over tokens: ddpkit divides
 by the count over every micro-batch and rank, so padding cannot make world sizes differ.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -73,8 +74,9 @@ def split(batch: Any, sizes: list[int]) -> list[Any]:
     return [batch] * len(sizes)  # a non-tensor value (a flag, a string) goes to every micro-batch
 
 
-def compute_loss(model: nn.Module, batch: Any, n: int, loss_fn: Callable | None, step: Callable | None,
-                 device: torch.device) -> Loss:
+def compute_loss(
+    model: nn.Module, batch: Any, n: int, loss_fn: Callable | None, step: Callable | None, device: torch.device
+) -> Loss:
     """Forward one micro-batch of `n` samples and take its loss (see the module docstring)."""
     if step is not None:
         result = step(model, batch)
@@ -82,8 +84,12 @@ def compute_loss(model: nn.Module, batch: Any, n: int, loss_fn: Callable | None,
             if len(result) != 2:
                 raise DdpkitError("the task's step(model, batch) must return the loss, or (loss_sum, count)")
             total, count = result
-            return Loss(_scalar(total, "step(model, batch)'s loss_sum") if n else None,
-                        torch.as_tensor(count, dtype=torch.float64, device=device).reshape(()), True, total)
+            return Loss(
+                _scalar(total, "step(model, batch)'s loss_sum") if n else None,
+                torch.as_tensor(count, dtype=torch.float64, device=device).reshape(()),
+                True,
+                total,
+            )
         return Loss(_scalar(result, "step(model, batch)") if n else None, _count(n, device), False, result)
     if isinstance(batch, dict):
         out = model(**batch)
@@ -91,8 +97,10 @@ def compute_loss(model: nn.Module, batch: Any, n: int, loss_fn: Callable | None,
             return Loss(loss_fn(out, batch) if n else None, _count(n, device), False, out)
         return Loss(own_loss(out, "a dict batch") if n else None, _count(n, device), False, out)
     if not isinstance(batch, (list, tuple)) or len(batch) < 2:
-        raise DdpkitError("each item of the training set must be a dict (passed to the model as keyword arguments) "
-                          f"or (inputs..., target); got {type(batch).__name__}")
+        raise DdpkitError(
+            "each item of the training set must be a dict (passed to the model as keyword arguments) "
+            f"or (inputs..., target); got {type(batch).__name__}"
+        )
     *inputs, target = batch
     out = model(*inputs)
     if loss_fn is not None:
@@ -116,8 +124,10 @@ def carried_loss(out: Any) -> torch.Tensor | None:
 def own_loss(out: Any, what: str) -> torch.Tensor:
     loss = carried_loss(out)
     if loss is None:
-        raise DdpkitError(f"the model's output for {what} carries no loss (an attribute or key 'loss', or (logits, loss)); "
-                          "give the task a loss_fn(output, batch) or a step(model, batch) that returns the loss")
+        raise DdpkitError(
+            f"the model's output for {what} carries no loss (an attribute or key 'loss', or (logits, loss)); "
+            "give the task a loss_fn(output, batch) or a step(model, batch) that returns the loss"
+        )
     return loss
 
 

@@ -6,6 +6,7 @@ StepPlan is the run in optimizer steps from where it starts, at this world size 
 (a resume may change both): how many epochs, the planned total (the LR schedule's length),
 whether --max-steps ends it.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -39,8 +40,9 @@ class StepPlan:
                 self.total_steps = cfg.max_steps
         self.passes = self.epochs if self.epochs < 1 << 30 else None  # for the progress display
         if not self.total_steps and loader.n is None and (cfg.lr_schedule != "constant" or cfg.warmup_steps):
-            raise DdpkitError("--lr-schedule/--warmup-steps over a stream without a length need --max-steps "
-                              "(the schedule's length)")
+            raise DdpkitError(
+                "--lr-schedule/--warmup-steps over a stream without a length need --max-steps (the schedule's length)"
+            )
 
     def inside(self, samples_done: int) -> bool:
         """Is this step boundary inside the pass (a stream's end is known only once reached)?"""
@@ -74,8 +76,15 @@ class Cadence:
     epochs, every --eval-every-steps steps, at the end), a checkpoint (the checkpointer's
     rules: epochs, steps, minutes, a signal), the end (the last epoch, --max-steps, a signal)."""
 
-    def __init__(self, plan: StepPlan, start: Position, eval_every: int, eval_every_steps: int | None, checkpointer: Any,
-                 stop_requested: Callable[[], bool]) -> None:
+    def __init__(
+        self,
+        plan: StepPlan,
+        start: Position,
+        eval_every: int,
+        eval_every_steps: int | None,
+        checkpointer: Any,
+        stop_requested: Callable[[], bool],
+    ) -> None:
         self.plan, self.start = plan, start
         self.eval_every, self.eval_every_steps = eval_every, eval_every_steps
         self.checkpointer, self.stop_requested = checkpointer, stop_requested
@@ -112,6 +121,11 @@ class Cadence:
         at, epochs_done = self.global_step, epoch_run.epoch + 1
         done = epochs_done == self.plan.epochs or self.plan.last(at)
         stopping = not done and self.stop_requested()
-        evaluate = epochs_done % self.eval_every == 0 or done or bool(self.eval_every_steps) and at % self.eval_every_steps == 0
+        evaluate = (
+            epochs_done % self.eval_every == 0
+            or done
+            or bool(self.eval_every_steps)
+            and at % self.eval_every_steps == 0
+        )
         save = self.checkpointer.due_after_pass(epochs_done, at, done, stopping)
         return Moment(epoch_run, at, pass_end=True, evaluate=evaluate, save=save, stop=done or stopping, finished=done)

@@ -1,4 +1,5 @@
 """One pass over the training data (EpochRun) and what the run's summary counts (RunTotals)."""
+
 from __future__ import annotations
 
 import math
@@ -23,7 +24,9 @@ class EpochRun:
         self.steps_done = 0
         self.complete = False  # the pass ran to its end
         self.sums = torch.zeros(2, dtype=torch.float64, device=rt.device)  # loss sum, count (samples or tokens)
-        carried = (start.loss_sum, start.count_sum or float(start.samples)) if start.mid_epoch and rt.is_main else (0.0, 0.0)
+        carried = (
+            (start.loss_sum, start.count_sum or float(start.samples)) if start.mid_epoch and rt.is_main else (0.0, 0.0)
+        )
         if start.mid_epoch and rt.is_main:
             self.sums += torch.tensor(carried, dtype=torch.float64, device=rt.device)
         self.samples = start.samples  # global samples of this pass's order trained so far (before a resume too)
@@ -78,8 +81,10 @@ class EpochRun:
         train_loss = loss / count if count else float("nan")
         self.epoch_s = self.elapsed()
         if not math.isfinite(train_loss):
-            raise DdpkitError(f"the training loss is {train_loss} in epoch {self.epoch + 1}; no checkpoint of these weights "
-                              "was written (lower --lr?)")
+            raise DdpkitError(
+                f"the training loss is {train_loss} in epoch {self.epoch + 1}; no checkpoint of these weights "
+                "was written (lower --lr?)"
+            )
         record: dict[str, Any] = {"epoch": self.epoch + 1, "step": global_step, "train_loss": train_loss}
         if self.skipped:
             record["skipped_steps"] = self.skipped

@@ -2,6 +2,7 @@
 (contiguous unpadded slices per rank, sums across ranks: no DistributedSampler padding).
 The loss comes from the same place as in training (batches.compute_loss): a step hook's
 (loss_sum, count) gives the exact mean over tokens; a mean loss is weighted by samples."""
+
 from __future__ import annotations
 
 from typing import Any, Callable
@@ -14,9 +15,18 @@ from ..task import accuracy_sum
 from .batches import compute_loss, sample_count, to_device
 
 
-def evaluate(model: torch.nn.Module, dataset: Any, loss_fn: Callable | None, metric: Callable | None, metric_name: str,
-             rt: Runtime, strategy: Strategy, batch_size: int, num_workers: int = 0,
-             step: Callable | None = None) -> dict[str, float]:
+def evaluate(
+    model: torch.nn.Module,
+    dataset: Any,
+    loss_fn: Callable | None,
+    metric: Callable | None,
+    metric_name: str,
+    rt: Runtime,
+    strategy: Strategy,
+    batch_size: int,
+    num_workers: int = 0,
+    step: Callable | None = None,
+) -> dict[str, float]:
     """{'eval_loss': ..., 'eval_<metric_name>': ...}: global means, the same on every rank.
     With no metric, classification outputs of (inputs..., target) items get accuracy."""
     module = strategy.eval_module(model)

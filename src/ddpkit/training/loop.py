@@ -5,6 +5,7 @@ moment the cadence names (cadence.py), evaluate, report, checkpoint; the run end
 cadence says. A step is step.py, a pass epoch.py, checkpoints the checkpointer's
 (checkpoint/checkpointer.py); everything that depends on DDP vs FSDP is behind the Strategy.
 """
+
 from __future__ import annotations
 
 import sys
@@ -63,27 +64,62 @@ class Run:
         self.model = self.strategy.setup_module(task.model)
         self.optimizer = self.strategy.setup_optimizer(task.optimizer, self.model, cfg.lr)
         self.loader = make_loader(task.train_set, cfg, rt)  # a global order over a map-style set, or a stream's readers
-        self.checkpointer = Checkpointer(run_dir, rt, self.strategy, self.model, self.optimizer, Policy.of(cfg), cfg.as_dict())
-        scheduler = make_scheduler(task.scheduler, cfg.lr_schedule, cfg.warmup_steps, self.optimizer,
-                                   StepPlan(cfg, self.loader, Position()).total_steps, cfg.min_lr, cfg.decay_fraction)
-        self.steps = StepRunner(rt, self.strategy, self.model, self.optimizer, loss_fn=task.loss_fn, accumulate=cfg.accumulate,
-                                on_nan=cfg.on_nan, stop=stop, step_fn=task.step, clip_grad_norm=cfg.clip_grad_norm,
-                                scheduler=scheduler, scaler=self.strategy.grad_scaler(), timed_save=self.checkpointer.clock_due)
+        self.checkpointer = Checkpointer(
+            run_dir, rt, self.strategy, self.model, self.optimizer, Policy.of(cfg), cfg.as_dict()
+        )
+        scheduler = make_scheduler(
+            task.scheduler,
+            cfg.lr_schedule,
+            cfg.warmup_steps,
+            self.optimizer,
+            StepPlan(cfg, self.loader, Position()).total_steps,
+            cfg.min_lr,
+            cfg.decay_fraction,
+        )
+        self.steps = StepRunner(
+            rt,
+            self.strategy,
+            self.model,
+            self.optimizer,
+            loss_fn=task.loss_fn,
+            accumulate=cfg.accumulate,
+            on_nan=cfg.on_nan,
+            stop=stop,
+            step_fn=task.step,
+            clip_grad_norm=cfg.clip_grad_norm,
+            scheduler=scheduler,
+            scaler=self.strategy.grad_scaler(),
+            timed_save=self.checkpointer.clock_due,
+        )
         self.planned = PlannedSteps()
-        for name, part in (("scheduler", scheduler and Stateful(scheduler)), ("scaler", self.steps.scaler and Stateful(self.steps.scaler)),
-                           ("stream", StreamPosition(self.loader, rt) if isinstance(self.loader, StreamLoader) else None),
-                           ("planned_steps", self.planned)):
+        for name, part in (
+            ("scheduler", scheduler and Stateful(scheduler)),
+            ("scaler", self.steps.scaler and Stateful(self.steps.scaler)),
+            ("stream", StreamPosition(self.loader, rt) if isinstance(self.loader, StreamLoader) else None),
+            ("planned_steps", self.planned),
+        ):
             if part is not None:
                 self.checkpointer.register(name, part)
         start = self.resume()
         self.plan = self.planned.plan = StepPlan(cfg, self.loader, start)  # the steps left at this world size and batch
         replan(scheduler, self.plan.total_steps, self.planned.saved, rt.print)
-        self.cadence = Cadence(self.plan, start, cfg.eval_every, cfg.eval_every_steps, self.checkpointer,
-                               self.steps.stop_requested)
-        self.log = MetricsLog(run_dir, enabled=rt.is_main, keep_until_epoch=start.epoch, keep_until_step=start.global_step,
-                              settings=cfg.as_dict())  # each sink decides from the settings whether it is wanted
-        self.progress = Progress(choose_mode(cfg.progress, cfg.quiet, rt.is_main, sys.stdout), self.plan.passes, start.epoch,
-                                 self.loader.n, max_steps=cfg.max_steps)
+        self.cadence = Cadence(
+            self.plan, start, cfg.eval_every, cfg.eval_every_steps, self.checkpointer, self.steps.stop_requested
+        )
+        self.log = MetricsLog(
+            run_dir,
+            enabled=rt.is_main,
+            keep_until_epoch=start.epoch,
+            keep_until_step=start.global_step,
+            settings=cfg.as_dict(),
+        )  # each sink decides from the settings whether it is wanted
+        self.progress = Progress(
+            choose_mode(cfg.progress, cfg.quiet, rt.is_main, sys.stdout),
+            self.plan.passes,
+            start.epoch,
+            self.loader.n,
+            max_steps=cfg.max_steps,
+        )
         self.totals = RunTotals(resumed_from=start.epoch)
 
     def resume(self) -> Position:
@@ -93,7 +129,9 @@ class Run:
             return Position()
         pos = self.checkpointer.resume(cfg.resume, self.loader.n, self.loader.global_batch_size, quiet=cfg.quiet)
         if pos.mid_epoch and isinstance(self.loader, ShardedLoader):
-            self.loader.load({"epoch": pos.epoch, "samples": pos.samples})  # that sample of the global order, at any world size
+            self.loader.load(
+                {"epoch": pos.epoch, "samples": pos.samples}
+            )  # that sample of the global order, at any world size
         return pos
 
     def start_pass(self, epoch: int, start: Position) -> EpochRun:
@@ -112,8 +150,18 @@ class Run:
         task, cfg = self.task, self.cfg
         if task.eval_set is None:
             return {}
-        return evaluate(self.model, task.eval_set, task.loss_fn, task.metric, task.metric_name, self.rt, self.strategy,
-                        cfg.batch_size, cfg.num_workers, task.step)
+        return evaluate(
+            self.model,
+            task.eval_set,
+            task.loss_fn,
+            task.metric,
+            task.metric_name,
+            self.rt,
+            self.strategy,
+            cfg.batch_size,
+            cfg.num_workers,
+            task.step,
+        )
 
     def report(self, record: dict[str, Any], moment: Moment) -> None:
         """metrics.jsonl (+ csv, TensorBoard), the task's on_metrics hook on rank 0, the epoch
@@ -135,16 +183,25 @@ class Run:
         self.progress.close()
         self.log.close()
         if moment is not None and moment.stop and not moment.finished:
-            self.totals.stop(0.0 if moment.pass_end else moment.epoch_run.elapsed(),
-                             self.stop.received if self.stop is not None else None)
+            self.totals.stop(
+                0.0 if moment.pass_end else moment.epoch_run.elapsed(),
+                self.stop.received if self.stop is not None else None,
+            )
         else:
-            final = self.strategy.full_state_dict(self.model)  # gathered from the shards under FSDP: every rank takes part
+            final = self.strategy.full_state_dict(
+                self.model
+            )  # gathered from the shards under FSDP: every rank takes part
             if self.rt.is_main:
                 ckpt_file.save_or_explain(final, self.run_dir / "model.pt")
-        return self.totals.summary(self.task.metric_name) | {"grad_sync": self.strategy.grad_sync(self.model),
-                                                             "steps_done": self.cadence.global_step,
-                                                             "steps_planned": self.plan.total_steps} \
+        return (
+            self.totals.summary(self.task.metric_name)
+            | {
+                "grad_sync": self.strategy.grad_sync(self.model),
+                "steps_done": self.cadence.global_step,
+                "steps_planned": self.plan.total_steps,
+            }
             | memory_stats(self.rt, self.strategy, self.model, self.optimizer)
+        )
 
 
 class PlannedSteps:

@@ -1,5 +1,6 @@
 """Stop requests from signals (SLURM's time-limit warning, preemption, SIGTERM): the handler
 only sets a flag; the trainer asks all ranks at the next step boundary, saves, and stops."""
+
 from __future__ import annotations
 
 import signal

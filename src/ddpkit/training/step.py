@@ -17,6 +17,7 @@ Why each piece is here:
     scheduler's step.
   * An empty share (more ranks than samples left) still joins the gradient sync, with zeros.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -82,8 +83,10 @@ class StepRunner:
                 if loss.value is not None:
                     kinds.add(loss.summed)
                     if len(kinds) > 1:
-                        raise DdpkitError("the task's step(model, batch) returned a loss for some micro-batches and "
-                                          "(loss_sum, count) for others: return the same kind every time")
+                        raise DdpkitError(
+                            "the task's step(model, batch) returned a loss for some micro-batches and "
+                            "(loss_sum, count) for others: return the same kind every time"
+                        )
                 if last:
                     local_count = totals[1] + (loss.count if loss.value is not None else 0.0)
                     bad, stop_now, global_count, save_now = self.flags(loss.value, pending, local_count)
@@ -104,7 +107,9 @@ class StepRunner:
             if self.on_nan == "stop":
                 raise DdpkitError(
                     f"the training loss is not finite in {where} (on {bad} of {world} rank(s)); stopped before the "
-                    "optimizer step, so the last checkpoint holds finite weights (lower --lr, check the data, or --on-nan skip)")
+                    "optimizer step, so the last checkpoint holds finite weights "
+                    "(lower --lr, check the data, or --on-nan skip)"
+                )
             return StepResult(None, False)  # --on-nan skip: every rank drops this step
         if True in kinds and global_count:
             self._scale_grads(world / global_count)  # summed losses: the mean over every rank's count
@@ -119,8 +124,10 @@ class StepRunner:
             return zero_loss(loss.output)
         value = loss.output[0] if isinstance(loss.output, (tuple, list)) else loss.output
         if not (isinstance(value, torch.Tensor) and torch.isfinite(value).all()):
-            raise DdpkitError("the task's step(model, batch) gave a non-finite loss for a rank's empty share of a short last "
-                              "batch (a mean over no sample); return (loss_sum, count) from step, which is 0 for no sample")
+            raise DdpkitError(
+                "the task's step(model, batch) gave a non-finite loss for a rank's empty share of a short last "
+                "batch (a mean over no sample); return (loss_sum, count) from step, which is 0 for no sample"
+            )
         return value.sum() * 0.0
 
     def _scale_grads(self, factor: float) -> None:
@@ -147,8 +154,9 @@ class StepRunner:
         """For the epoch's record: the last step's gradient norm before clipping."""
         return {"grad_norm": self.last_grad_norm} if self.last_grad_norm is not None else {}
 
-    def flags(self, loss: torch.Tensor | None, pending: torch.Tensor | None = None,
-              count: torch.Tensor | float = 0.0) -> tuple[int, bool, float, bool]:
+    def flags(
+        self, loss: torch.Tensor | None, pending: torch.Tensor | None = None, count: torch.Tensor | float = 0.0
+    ) -> tuple[int, bool, float, bool]:
         """(ranks whose loss is not finite, whether any rank asked to stop, the global count,
         whether rank 0's clock says a timed checkpoint is due): the same on every rank.
         `pending`: non-finite losses of earlier micro-batches of this step on this rank;
@@ -181,8 +189,10 @@ def micro_batches(batch: Any, n_local: int, k: int) -> list[tuple[Any, int]]:
     base, extra = divmod(n_local, k)
     sizes = [base + (1 if i < extra else 0) for i in range(k)]
     if n_local and sample_count(batch) != n_local:
-        raise DdpkitError(f"--accumulate: a batch of {n_local} samples holds a tensor of {sample_count(batch)} rows first; "
-                          "every tensor of a batch needs the samples along its first dimension")
+        raise DdpkitError(
+            f"--accumulate: a batch of {n_local} samples holds a tensor of {sample_count(batch)} rows first; "
+            "every tensor of a batch needs the samples along its first dimension"
+        )
     return list(zip(split(batch, sizes), sizes, strict=True))
 
 

@@ -16,6 +16,7 @@ with ddpkit.init() as rt:
     model = wine_model()
     _, _, x_test, y_test = wine_tensors()
     ds = torch.utils.data.TensorDataset(x_test, y_test)
-    res = evaluate(model, ds, torch.nn.functional.cross_entropy, accuracy_sum, "accuracy", rt, DdpStrategy(rt), batch_size=4)
+    res = evaluate(model, ds, torch.nn.functional.cross_entropy, accuracy_sum, "accuracy", rt, DdpStrategy(rt),
+                   batch_size=4)
     if rt.is_main:
         json.dump(res, open(sys.argv[1], "w"))

@@ -21,8 +21,8 @@ def build(config=None):
     x = torch.randn(256, 8, generator=g)
     y = (x[:, :4].sum(dim=1) > x[:, 4:].sum(dim=1)).long()
     model = nn.Sequential(nn.Linear(8, 32), nn.ReLU(), nn.Linear(32, 32), nn.ReLU(), nn.Linear(32, 2))
-    return ddpkit.Task(model=model, train_set=TensorDataset(x, y), optimizer=torch.optim.Adam(model.parameters(), lr=1e-2),
-                       loss_fn=nn.CrossEntropyLoss())
+    return ddpkit.Task(model=model, train_set=TensorDataset(x, y),
+                       optimizer=torch.optim.Adam(model.parameters(), lr=1e-2), loss_fn=nn.CrossEntropyLoss())
 
 
 def seed_all(seed):

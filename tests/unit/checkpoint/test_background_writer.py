@@ -1,6 +1,7 @@
 """--async-save's writer (checkpoint/file.py: BackgroundWriter): training goes on while a
 checkpoint is written, one write at a time, and a failed write is raised in the training
 thread at the next wait (the next save, the end of the run, any error path)."""
+
 import threading
 
 import pytest

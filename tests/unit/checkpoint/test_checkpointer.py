@@ -1,6 +1,7 @@
 """The checkpointer on one process: what a checkpoint holds, when one is due, which stay,
 and that a resume puts model, optimizer, parts and position back (several ranks and both
 kinds: tests/distributed/)."""
+
 import pytest
 import torch
 from torch import nn
@@ -41,8 +42,14 @@ def test_a_checkpoint_holds_position_parts_and_state_and_a_resume_puts_them_back
     saver.register("scheduler", Stateful(sched))
     saver.save(Position(2, samples=3, loss_sum=0.75, count_sum=3.0, global_step=25, global_batch=3))
     ckpt = load_file(tmp_path / "checkpoints" / "epoch-000002-step-000025.pt")  # named by the run's optimizer step
-    assert (ckpt["epoch"], ckpt["samples"], ckpt["loss_sum"], ckpt["global_step"], ckpt["global_batch"], len(ckpt["rng"])) \
-        == (2, 3, 0.75, 25, 3, 1)
+    assert (
+        ckpt["epoch"],
+        ckpt["samples"],
+        ckpt["loss_sum"],
+        ckpt["global_step"],
+        ckpt["global_batch"],
+        len(ckpt["rng"]),
+    ) == (2, 3, 0.75, 25, 3, 1)
     assert ckpt["extra"]["scheduler"]["last_epoch"] == 1
 
     fresh, fresh_opt = _trained(seed=1)
@@ -53,8 +60,10 @@ def test_a_checkpoint_holds_position_parts_and_state_and_a_resume_puts_them_back
     assert pos == Position(2, 3, 0.75, 3.0, 25, 3)
     assert all(torch.equal(a, b) for a, b in zip(fresh.state_dict().values(), model.state_dict().values(), strict=True))
     assert fresh_opt.state_dict()["param_groups"] == opt.state_dict()["param_groups"] and fresh_sched.last_epoch == 1
-    assert all(fresh_opt.state[p]["momentum_buffer"].equal(opt.state[q]["momentum_buffer"])
-               for p, q in zip(fresh.parameters(), model.parameters(), strict=True))
+    assert all(
+        fresh_opt.state[p]["momentum_buffer"].equal(opt.state[q]["momentum_buffer"])
+        for p, q in zip(fresh.parameters(), model.parameters(), strict=True)
+    )
 
 
 def test_non_finite_weights_are_never_checkpointed(rt, tmp_path):
@@ -111,12 +120,21 @@ def test_async_saves_are_on_disk_when_writing_is_left_and_equal_blocking_ones(rt
 
 
 def test_a_place_kept_in_steps_becomes_samples_only_at_its_own_global_batch():
-    old = {"epoch": 1, "step": 5, "loss_sum": 2.0, "count_sum": 40.0, "world_size": 2,
-           "config": {"batch_size": 4, "accumulate": 1}}
+    old = {
+        "epoch": 1,
+        "step": 5,
+        "loss_sum": 2.0,
+        "count_sum": 40.0,
+        "world_size": 2,
+        "config": {"batch_size": 4, "accumulate": 1},
+    }
     assert position_of(old, "p", data_size=90, global_batch=8) == Position(1, 40, 2.0, 40.0, 12 + 5, 8)
     assert position_of(old, "p", data_size=None, global_batch=3).samples == 40  # a stream: its shards say where
-    with pytest.raises(DdpkitError, match=r"global batch of 8 \(2 processes x --batch-size 4 x --accumulate 1\); this "
-                                          r"run's global batch is 4.*resume once with 2 processes"):
+    with pytest.raises(
+        DdpkitError,
+        match=r"global batch of 8 \(2 processes x --batch-size 4 x --accumulate 1\); this "
+        r"run's global batch is 4.*resume once with 2 processes",
+    ):
         position_of(old, "p", data_size=90, global_batch=4)
     at_boundary = {**old, "step": 0}
     assert position_of(at_boundary, "p", data_size=90, global_batch=4) == Position(1, 0, 2.0, 40.0, 12, 8)

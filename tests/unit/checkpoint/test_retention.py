@@ -1,5 +1,6 @@
 """--keep-last and --keep-best (checkpoint/retention.py: prune) over a run's checkpoints of
 both kinds: which stay, which go, and that temporaries of an interrupted save are not counted."""
+
 import pytest
 
 from ddpkit.checkpoint.retention import prune, record_metric
@@ -23,8 +24,9 @@ def _left(folder):
 
 
 def test_keep_last_keeps_the_newest_of_both_kinds_by_position_not_by_name(tmp_path):
-    folder = _checkpoints(tmp_path, "epoch-000001.pt", "epoch-000002.pt", "epoch-000002-step-000005.pt", "epoch-000003",
-                          "epoch-000004.pt")
+    folder = _checkpoints(
+        tmp_path, "epoch-000001.pt", "epoch-000002.pt", "epoch-000002-step-000005.pt", "epoch-000003", "epoch-000004.pt"
+    )
     gone = prune(tmp_path, keep=3)
     assert sorted(p.name for p in gone) == ["epoch-000001.pt", "epoch-000002.pt"]
     assert _left(folder) == ["epoch-000002-step-000005.pt", "epoch-000003", "epoch-000004.pt"]
@@ -32,8 +34,9 @@ def test_keep_last_keeps_the_newest_of_both_kinds_by_position_not_by_name(tmp_pa
 
 
 def test_temporaries_of_an_interrupted_save_are_neither_counted_nor_deleted(tmp_path):
-    folder = _checkpoints(tmp_path, "epoch-000001.pt", "epoch-000002.pt",
-                          ".epoch-000003.pt.tmp", ".epoch-000003.partial")
+    folder = _checkpoints(
+        tmp_path, "epoch-000001.pt", "epoch-000002.pt", ".epoch-000003.pt.tmp", ".epoch-000003.partial"
+    )
     assert [p.name for p in prune(tmp_path, keep=1)] == ["epoch-000001.pt"]
     assert _left(folder) == [".epoch-000003.partial", ".epoch-000003.pt.tmp", "epoch-000002.pt"]
 
@@ -46,8 +49,9 @@ def test_without_keep_last_or_keep_best_nothing_is_deleted(tmp_path):
 
 @pytest.mark.parametrize("maximize, best", [(False, "epoch-000002.pt"), (True, "epoch-000003")])
 def test_keep_best_keeps_the_best_by_the_recorded_metric_and_always_the_newest(tmp_path, maximize, best):
-    folder = _checkpoints(tmp_path, "epoch-000001.pt", "epoch-000002.pt", "epoch-000003", "epoch-000004.pt",
-                          "epoch-000005.pt")
+    folder = _checkpoints(
+        tmp_path, "epoch-000001.pt", "epoch-000002.pt", "epoch-000003", "epoch-000004.pt", "epoch-000005.pt"
+    )
     for name, value in [("epoch-000001", 0.5), ("epoch-000002", 0.1), ("epoch-000003", 0.9), ("epoch-000004", 0.4)]:
         record_metric(tmp_path, name, value)  # the newest has none recorded: it stays anyway, to resume from
     prune(tmp_path, keep=None, keep_best=1, maximize=maximize)

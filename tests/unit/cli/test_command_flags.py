@@ -1,6 +1,7 @@
 """Every flag of every command is generated: from a RunConfig setting the command takes, or
 from its own options dataclass (cli/options.py), with the help, choices and default written
 there once. A hand-written flag would fail here."""
+
 import argparse
 import dataclasses
 
@@ -21,9 +22,14 @@ def _subparsers():
 
 def _declared(command):
     """The fields a command's flags come from: RunConfig's it takes, then its own options."""
-    taken = [f for f in dataclasses.fields(RunConfig) if f.metadata.get("cli", True)
-             and (f.name in command.names or f.metadata["group"] in command.groups)]
-    return {f.name: f for f in taken}, {f.name: f for f in (dataclasses.fields(command.options) if command.options else ())}
+    taken = [
+        f
+        for f in dataclasses.fields(RunConfig)
+        if f.metadata.get("cli", True) and (f.name in command.names or f.metadata["group"] in command.groups)
+    ]
+    return {f.name: f for f in taken}, {
+        f.name: f for f in (dataclasses.fields(command.options) if command.options else ())
+    }
 
 
 @pytest.mark.parametrize("name", list(COMMANDS))
@@ -53,8 +59,24 @@ def test_left_out_each_option_is_its_declared_default(name):
 
 
 def test_the_slurm_bench_and_plot_flags_parse_to_their_types():
-    ns = build_parser().parse_args(["slurm", "--nodes", "2", "--gpus-per-node", "8", "--wait-timeout", "1.5",
-                                    "--signal", "", "--submit", "--", "wine", "--epochs", "3"])
+    ns = build_parser().parse_args(
+        [
+            "slurm",
+            "--nodes",
+            "2",
+            "--gpus-per-node",
+            "8",
+            "--wait-timeout",
+            "1.5",
+            "--signal",
+            "",
+            "--submit",
+            "--",
+            "wine",
+            "--epochs",
+            "3",
+        ]
+    )
     assert (ns.nodes, ns.gpus_per_node, ns.wait_timeout, ns.signal, ns.submit) == (2, 8, 1.5, "", True)
     assert ns.train_args == ["--", "wine", "--epochs", "3"]
     ns = build_parser().parse_args(["bench", "digits", "--nproc", "1,4", "--iters", "7", "--json", "out.json"])
@@ -64,7 +86,15 @@ def test_the_slurm_bench_and_plot_flags_parse_to_their_types():
 
 
 def test_agent_options_are_the_torchrun_agent_group():
-    assert agent_options() == ("role", "event_log_handler", "signals_to_handle", "duplicate_stdout_filters",
-                               "duplicate_stderr_filters", "virtual_local_rank", "shutdown_timeout", "numa_binding",
-                               "logs_specs")
+    assert agent_options() == (
+        "role",
+        "event_log_handler",
+        "signals_to_handle",
+        "duplicate_stdout_filters",
+        "duplicate_stderr_filters",
+        "virtual_local_rank",
+        "shutdown_timeout",
+        "numa_binding",
+        "logs_specs",
+    )
     assert all(f.name in agent_options() or f.metadata["group"] == "" for f in dataclasses.fields(LaunchOptions))

@@ -1,5 +1,6 @@
 """The CLI's flags are made from RunConfig's fields: every field a command takes has one flag
 with the field's default and choices, and what the flags parse to is a RunConfig."""
+
 import dataclasses
 
 import pytest
@@ -36,16 +37,54 @@ def test_defaults_parse_to_the_default_config():
 
 
 def test_flags_reach_the_config():
-    ns = build_parser().parse_args(["train", "digits", "--nproc", "3", "--no-shuffle", "--epochs", "7", "--lr", "0.5",
-                                    "--grad-sync", "backend", "--device-memory", "2GiB", "--nproc-per-node", "4"])
+    ns = build_parser().parse_args(
+        [
+            "train",
+            "digits",
+            "--nproc",
+            "3",
+            "--no-shuffle",
+            "--epochs",
+            "7",
+            "--lr",
+            "0.5",
+            "--grad-sync",
+            "backend",
+            "--device-memory",
+            "2GiB",
+            "--nproc-per-node",
+            "4",
+        ]
+    )
     cfg = config_from(ns)
-    assert (cfg.task, cfg.nproc, cfg.shuffle, cfg.epochs, cfg.lr, cfg.grad_sync) == ("digits", 4, False, 7, 0.5, "backend")
+    assert (cfg.task, cfg.nproc, cfg.shuffle, cfg.epochs, cfg.lr, cfg.grad_sync) == (
+        "digits",
+        4,
+        False,
+        7,
+        0.5,
+        "backend",
+    )
     assert cfg.device_memory == 2 * 2**30
 
 
 def test_task_args_are_repeated_key_value_pairs_of_python_literals():
-    ns = build_parser().parse_args(["train", "x.py:build", "--task-arg", "n_layer=4", "--task-arg", "lr=3e-4",
-                                    "--task-arg", "name=tiny", "--task-arg", "flags=[1, 2]", "--task-arg", "on=True"])
+    ns = build_parser().parse_args(
+        [
+            "train",
+            "x.py:build",
+            "--task-arg",
+            "n_layer=4",
+            "--task-arg",
+            "lr=3e-4",
+            "--task-arg",
+            "name=tiny",
+            "--task-arg",
+            "flags=[1, 2]",
+            "--task-arg",
+            "on=True",
+        ]
+    )
     assert config_from(ns).task_args == {"n_layer": 4, "lr": 3e-4, "name": "tiny", "flags": [1, 2], "on": True}
 
 
@@ -57,13 +96,16 @@ def test_the_help_names_each_default_once():
     assert help_text["epochs"].count("default") == 1
 
 
-@pytest.mark.parametrize("argv, fragment", [
-    (["train", "--nproc", "0"], "must be a positive integer or 'auto', got '0'"),
-    (["train", "--grad-sync", "nope"], "invalid choice: 'nope'"),
-    (["train", "--epochs", "many"], "invalid int value: 'many'"),
-    (["train", "--task-arg", "n layer=4"], "must be KEY=VALUE with KEY a Python name"),
-    (["train", "--lr-schedule", "step"], "invalid choice: 'step'"),
-])
+@pytest.mark.parametrize(
+    "argv, fragment",
+    [
+        (["train", "--nproc", "0"], "must be a positive integer or 'auto', got '0'"),
+        (["train", "--grad-sync", "nope"], "invalid choice: 'nope'"),
+        (["train", "--epochs", "many"], "invalid int value: 'many'"),
+        (["train", "--task-arg", "n layer=4"], "must be KEY=VALUE with KEY a Python name"),
+        (["train", "--lr-schedule", "step"], "invalid choice: 'step'"),
+    ],
+)
 def test_bad_flags_exit_2_with_the_reason(argv, fragment, capsys):
     with pytest.raises(SystemExit) as e:
         build_parser().parse_args(argv)

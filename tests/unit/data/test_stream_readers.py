@@ -1,5 +1,6 @@
 """Streams on one process: the readers provided (tar, jsonl, lines), the deal of shards, and
 the progress display without a length."""
+
 import io
 import tarfile
 
@@ -20,8 +21,10 @@ def test_a_webdataset_tar_groups_files_by_key_into_samples(tmp_path):
                 info.size = len(data)
                 tar.addfile(info, io.BytesIO(data))
     samples = list(read_tar(str(path)))
-    assert samples == [{"__key__": "000001", "txt": b"sample 000001", "cls": b"3"},
-                       {"__key__": "000002", "txt": b"sample 000002", "cls": b"7"}]
+    assert samples == [
+        {"__key__": "000001", "txt": b"sample 000001", "cls": b"3"},
+        {"__key__": "000002", "txt": b"sample 000002", "cls": b"7"},
+    ]
     stream = ShardedStream([str(path)], decode=lambda s: (torch.tensor(int(s["cls"])),))
     assert [t[0].item() for t in stream] == [3, 7]
 
@@ -42,8 +45,12 @@ def test_jsonl_and_text_shards_and_a_broken_line_named(tmp_path):
 
 def test_every_shard_goes_to_one_reader_and_a_resume_at_another_world_size_skips_finished_ones():
     for world, workers in ((1, 1), (2, 1), (3, 2), (4, 3)):
-        got = sorted(s for r in range(world) for w in range(workers)
-                     for s in my_shards(10, 3, 1, True, Reader(r, world, w, workers), {}, True))
+        got = sorted(
+            s
+            for r in range(world)
+            for w in range(workers)
+            for s in my_shards(10, 3, 1, True, Reader(r, world, w, workers), {}, True)
+        )
         assert got == list(range(10)), (world, workers)
     done = {0: None, 4: None, 7: 5}  # two shards finished, one half read
     got = [s for r in range(3) for s in my_shards(10, 3, 1, True, Reader(r, 3), done, same_deal=False)]
@@ -57,7 +64,9 @@ def test_a_stream_loader_alone_takes_every_sample_once():
 
     loader = StreamLoader(Numbers(), batch_size=3)
     steps = list(loader.iter_steps())
-    assert [n for _, n, _ in steps] == [3, 3, 3, 1] and torch.cat([b for b, _, _ in steps]).flatten().tolist() == list(range(10))
+    assert [n for _, n, _ in steps] == [3, 3, 3, 1] and torch.cat([b for b, _, _ in steps]).flatten().tolist() == list(
+        range(10)
+    )
     assert loader.state()["items"] == {0: 10}
 
 

@@ -1,28 +1,63 @@
 """Where am I under MPI (Open MPI, MPICH / Intel MPI's Hydra) and in Kubeflow jobs, from the
 exact variables each documents (Open MPI's as the real mpirun 4.1 sets them, see
 tests/distributed/test_mpi.py), and the refusal of a world ddpkit cannot complete (issue 15)."""
+
 import pytest
 
 from ddpkit import DdpkitError, DistEnv
 from ddpkit.tools.doctor import collect, format_report
 
 # one rank of `mpirun -np 4` on one host (Open MPI 4.1.4, copied from a real run)
-OPENMPI = {"OMPI_COMM_WORLD_RANK": "3", "OMPI_COMM_WORLD_SIZE": "4", "OMPI_COMM_WORLD_LOCAL_RANK": "3",
-           "OMPI_COMM_WORLD_LOCAL_SIZE": "4", "OMPI_COMM_WORLD_NODE_RANK": "3", "OMPI_MCA_ess_base_jobid": "1971322881",
-           "OMPI_MCA_orte_hnp_uri": "1971322880.0;tcp://192.0.2.2:56229", "PMIX_NAMESPACE": "1971322881", "PMIX_RANK": "3"}
+OPENMPI = {
+    "OMPI_COMM_WORLD_RANK": "3",
+    "OMPI_COMM_WORLD_SIZE": "4",
+    "OMPI_COMM_WORLD_LOCAL_RANK": "3",
+    "OMPI_COMM_WORLD_LOCAL_SIZE": "4",
+    "OMPI_COMM_WORLD_NODE_RANK": "3",
+    "OMPI_MCA_ess_base_jobid": "1971322881",
+    "OMPI_MCA_orte_hnp_uri": "1971322880.0;tcp://192.0.2.2:56229",
+    "PMIX_NAMESPACE": "1971322881",
+    "PMIX_RANK": "3",
+}
 # MPICH / Intel MPI (Hydra): PMI_RANK, PMI_SIZE, MPI_LOCALRANKID, MPI_LOCALNRANKS
-MPICH = {"PMI_RANK": "5", "PMI_SIZE": "8", "MPI_LOCALRANKID": "1", "MPI_LOCALNRANKS": "4", "PMI_FD": "6",
-         "MASTER_ADDR": "10.1.0.7", "MASTER_PORT": "29500"}
+MPICH = {
+    "PMI_RANK": "5",
+    "PMI_SIZE": "8",
+    "MPI_LOCALRANKID": "1",
+    "MPI_LOCALNRANKS": "4",
+    "PMI_FD": "6",
+    "MASTER_ADDR": "10.1.0.7",
+    "MASTER_PORT": "29500",
+}
 # a PyTorchJob (Kubeflow training-operator) worker pod, one process per pod
-PYTORCHJOB = {"MASTER_ADDR": "mnist-master-0", "MASTER_PORT": "23456", "WORLD_SIZE": "3", "RANK": "2", "PYTHONUNBUFFERED": "0"}
+PYTORCHJOB = {
+    "MASTER_ADDR": "mnist-master-0",
+    "MASTER_PORT": "23456",
+    "WORLD_SIZE": "3",
+    "RANK": "2",
+    "PYTHONUNBUFFERED": "0",
+}
 # Kubeflow Trainer's torch runtime: variables for torchrun in the pod
-TRAINER = {"PET_NNODES": "2", "PET_NPROC_PER_NODE": "2", "PET_NODE_RANK": "0", "PET_MASTER_ADDR": "job-node-0-0.job",
-           "PET_MASTER_PORT": "29400", "JOB_COMPLETION_INDEX": "0"}
+TRAINER = {
+    "PET_NNODES": "2",
+    "PET_NPROC_PER_NODE": "2",
+    "PET_NODE_RANK": "0",
+    "PET_MASTER_ADDR": "job-node-0-0.job",
+    "PET_MASTER_PORT": "29400",
+    "JOB_COMPLETION_INDEX": "0",
+}
 
 
 def test_open_mpi_on_one_host_meets_on_loopback_at_a_port_of_the_job():
     env = DistEnv.detect(OPENMPI)
-    assert (env.launcher, env.rank, env.local_rank, env.world_size, env.local_world_size, env.node_rank) == ("mpi", 3, 3, 4, 4, 0)
+    assert (env.launcher, env.rank, env.local_rank, env.world_size, env.local_world_size, env.node_rank) == (
+        "mpi",
+        3,
+        3,
+        4,
+        4,
+        0,
+    )
     assert env.master_addr == "127.0.0.1"
     other_rank = DistEnv.detect({**OPENMPI, "OMPI_COMM_WORLD_RANK": "0", "OMPI_COMM_WORLD_LOCAL_RANK": "0"})
     assert 15000 <= env.master_port < 35000 and other_rank.master_port == env.master_port
@@ -33,8 +68,15 @@ def test_open_mpi_on_one_host_meets_on_loopback_at_a_port_of_the_job():
 
 def test_mpich_and_intel_mpi_across_nodes_with_the_master_named():
     env = DistEnv.detect(MPICH)
-    assert (env.launcher, env.rank, env.local_rank, env.world_size, env.local_world_size, env.node_rank, env.nnodes) == (
-        "mpi", 5, 1, 8, 4, 1, 2)
+    assert (
+        env.launcher,
+        env.rank,
+        env.local_rank,
+        env.world_size,
+        env.local_world_size,
+        env.node_rank,
+        env.nnodes,
+    ) == ("mpi", 5, 1, 8, 4, 1, 2)
     assert (env.master_addr, env.master_port) == ("10.1.0.7", 29500)
 
 
@@ -67,10 +109,15 @@ def test_a_world_ddpkit_cannot_complete_is_refused_not_run_alone():
     assert DistEnv.detect(TRAINER).launcher == "single"  # the launcher in the pod itself reads PET_* as its flags
 
 
-@pytest.mark.parametrize("environ, shown", [
-    (OPENMPI, "MPI (openmpi"), (MPICH, "MPI (mpich"), (PYTORCHJOB, "Kubeflow PyTorchJob pod"),
-    (TRAINER, "PET_NNODES=2 PET_NODE_RANK=0"),
-])
+@pytest.mark.parametrize(
+    "environ, shown",
+    [
+        (OPENMPI, "MPI (openmpi"),
+        (MPICH, "MPI (mpich"),
+        (PYTORCHJOB, "Kubeflow PyTorchJob pod"),
+        (TRAINER, "PET_NNODES=2 PET_NODE_RANK=0"),
+    ],
+)
 def test_ddpkit_env_says_which_it_found(environ, shown):
     text = format_report(collect(environ))
     assert shown in text

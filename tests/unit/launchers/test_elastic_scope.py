@@ -1,6 +1,7 @@
 """What the launcher changes in its own process for a launch (the workers' environment, torch's
 log tail) holds for the launch only: put back after it, also when it fails, and without undoing
 what others changed meanwhile."""
+
 import os
 import sys
 
@@ -35,8 +36,13 @@ def test_torchs_tail_is_back_after_the_launch_even_when_it_fails():
 def test_a_launch_refused_before_it_starts_leaves_the_process_as_it_was():
     before, torch_tail = dict(os.environ), tail_log.tail_logfile
     with pytest.raises(DdpkitError, match="--logs-specs"):
-        run_elastic(LaunchPlan(nproc_per_node=2), sys.executable, ["-c", "pass"], env={"DDPKIT_T_WORKER": "1"},
-                    agent_options={"logs_specs": "no-such-logs-specs"})
+        run_elastic(
+            LaunchPlan(nproc_per_node=2),
+            sys.executable,
+            ["-c", "pass"],
+            env={"DDPKIT_T_WORKER": "1"},
+            agent_options={"logs_specs": "no-such-logs-specs"},
+        )
     assert dict(os.environ) == before and tail_log.tail_logfile is torch_tail
 
 
@@ -44,6 +50,8 @@ def test_a_launch_leaves_the_process_as_it_was(tmp_path):
     before, torch_tail = dict(os.environ), tail_log.tail_logfile
     out = tmp_path / "seen"
     code = f"import os; open(r'{out}' + os.environ['LOCAL_RANK'], 'w').write(os.environ['DDPKIT_T_WORKER'])"
-    run_elastic(LaunchPlan(nproc_per_node=2, timeout=60), sys.executable, ["-c", code], env={"DDPKIT_T_WORKER": "given"})
+    run_elastic(
+        LaunchPlan(nproc_per_node=2, timeout=60), sys.executable, ["-c", code], env={"DDPKIT_T_WORKER": "given"}
+    )
     assert [(tmp_path / f"seen{r}").read_text() for r in (0, 1)] == ["given", "given"]  # the workers had it
     assert dict(os.environ) == before and tail_log.tail_logfile is torch_tail  # this process has it no more

@@ -1,5 +1,6 @@
 """JoinWatch on real child processes and real TCP connections: a child's MASTER_PORT is read
 while it runs, and a connection on that port, even closed, counts as having joined."""
+
 import os
 import socket
 import subprocess
@@ -15,7 +16,9 @@ def _free_port():
 
 
 def _child(port, code):
-    return subprocess.run([sys.executable, "-c", code], env={**os.environ, "MASTER_PORT": str(port)}, timeout=60, check=True)
+    return subprocess.run(
+        [sys.executable, "-c", code], env={**os.environ, "MASTER_PORT": str(port)}, timeout=60, check=True
+    )
 
 
 def test_a_child_that_never_connects_never_joined():

@@ -1,4 +1,5 @@
 """From a RunConfig to a LaunchPlan (launchers/plan.py): the pieces that need no network."""
+
 import pytest
 
 from ddpkit import DdpkitError, RunConfig
@@ -7,7 +8,12 @@ from ddpkit.launchers.plan import describe, make_launch_plan, resolve_nproc
 
 def test_one_node_rendezvous_on_loopback_at_a_port_the_os_picks():
     plan = make_launch_plan(RunConfig(nproc=3, max_restarts=2, timeout=12), 3, "cpu", True, 1)
-    assert (plan.nproc_per_node, plan.rdzv_backend, plan.rdzv_endpoint, plan.local_addr) == (3, "c10d", "127.0.0.1:0", "127.0.0.1")
+    assert (plan.nproc_per_node, plan.rdzv_backend, plan.rdzv_endpoint, plan.local_addr) == (
+        3,
+        "c10d",
+        "127.0.0.1:0",
+        "127.0.0.1",
+    )
     assert (plan.max_restarts, plan.timeout, plan.start_method) == (2, 12, "fork")
     text = describe(plan, "gloo", "cpu")
     assert "world size         3" in text and "127.0.0.1:<free port>" in text

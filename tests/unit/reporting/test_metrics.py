@@ -1,4 +1,5 @@
 """metrics.py: metrics.csv and TensorBoard follow metrics.jsonl, also across a resume."""
+
 import pytest
 
 from ddpkit.reporting.metrics import MetricsLog, read_metrics
@@ -20,7 +21,11 @@ def test_on_resume_csv_and_tensorboard_drop_the_epochs_the_checkpoint_does_not_h
     log.close()
     assert [r["train_loss"] for r in read_metrics(tmp_path)] == [1.0, 0.5, 0.25]
     assert (tmp_path / "metrics.csv").read_text().splitlines() == [
-        "epoch,train_loss,lr", "1,1.0,0.1", "2,0.5,0.1", "3,0.25,0.1"]
+        "epoch,train_loss,lr",
+        "1,1.0,0.1",
+        "2,0.5,0.1",
+        "3,0.25,0.1",
+    ]
     acc = tb.EventAccumulator(str(tmp_path / "tensorboard"))
     acc.Reload()
     assert [(e.step, e.value) for e in acc.Scalars("loss/train")] == [(1, 1.0), (2, 0.5), (3, 0.25)]
@@ -50,4 +55,6 @@ def test_a_metric_hook_that_is_not_a_function_is_refused():
     m = torch.nn.Linear(2, 2)
     ds = torch.utils.data.TensorDataset(torch.zeros(4, 2), torch.zeros(4, dtype=torch.long))
     with pytest.raises(DdpkitError, match="on_metrics must be a function"):
-        as_task({"model": m, "train_set": ds, "optimizer": torch.optim.SGD(m.parameters(), lr=0.1), "on_metrics": "wandb"})
+        as_task(
+            {"model": m, "train_set": ds, "optimizer": torch.optim.SGD(m.parameters(), lr=0.1), "on_metrics": "wandb"}
+        )

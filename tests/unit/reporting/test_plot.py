@@ -1,4 +1,5 @@
 """ddpkit plot: one PNG comparing runs (loss, eval accuracy, samples/s)."""
+
 import json
 
 import pytest
@@ -84,10 +85,18 @@ def test_the_benchmark_chart_is_drawn_by_ddpkit_plot(tmp_path, monkeypatch):
     spec.loader.exec_module(harness)
     drawn = []
     real = ddpkit.reporting.plot.plot_bars
-    monkeypatch.setattr(ddpkit.reporting.plot, "plot_bars", lambda panels, out, **kw: drawn.append(panels) or real(panels, out, **kw))
-    runs = [{"name": n, "workload": wl, "ok": True, "wall_s": w, "train_s": t, "samples_per_s": s}
-            for n, wl, w, t, s in [("a", "wine", 10.0, 2.0, 100.0), ("a", "wine", 12.0, 2.0, 90.0),
-                                   ("b", "wine", 6.0, 1.0, 200.0), ("a", "mlp", 1.0, 1.0, 900.0)]]
+    monkeypatch.setattr(
+        ddpkit.reporting.plot, "plot_bars", lambda panels, out, **kw: drawn.append(panels) or real(panels, out, **kw)
+    )
+    runs = [
+        {"name": n, "workload": wl, "ok": True, "wall_s": w, "train_s": t, "samples_per_s": s}
+        for n, wl, w, t, s in [
+            ("a", "wine", 10.0, 2.0, 100.0),
+            ("a", "wine", 12.0, 2.0, 90.0),
+            ("b", "wine", 6.0, 1.0, 200.0),
+            ("a", "mlp", 1.0, 1.0, 900.0),
+        ]
+    ]
     out = harness.plot(runs, str(tmp_path / "bench.png"), metrics={"mlp": "samples_per_s"}, title="t")
     assert drawn[0]["wine"][0] == {"name": "a", "median": 11.0, "min": 10.0, "max": 12.0, "part": 2.0}
     assert drawn[0]["mlp"] == [{"name": "a", "median": 900.0, "min": 900.0, "max": 900.0}]

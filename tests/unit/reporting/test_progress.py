@@ -1,4 +1,5 @@
 """progress.py: which mode, what the lines say, no cross-rank work."""
+
 import io
 
 import torch
@@ -29,8 +30,15 @@ def test_without_tqdm_a_terminal_gets_plain_lines(monkeypatch):
 
 
 def record(epoch):
-    return {"epoch": epoch, "train_loss": 1.0 / epoch, "eval_loss": 0.5, "eval_accuracy": 0.75,
-            "epoch_s": 0.1, "samples_per_s": 1234.5, "lr": 0.001}
+    return {
+        "epoch": epoch,
+        "train_loss": 1.0 / epoch,
+        "eval_loss": 0.5,
+        "eval_accuracy": 0.75,
+        "epoch_s": 0.1,
+        "samples_per_s": 1234.5,
+        "lr": 0.001,
+    }
 
 
 def test_epoch_line_keeps_the_parsed_format():
@@ -52,7 +60,9 @@ def test_plain_lines_one_per_epoch_plus_in_epoch_lines_when_epochs_are_long(monk
     p.close()
     lines = out.getvalue().splitlines()
     assert lines[0].startswith("epoch 1/2  50% of the epoch  rank0_loss 0.5000  samples/s ")
-    assert lines[2].startswith("epoch 1/2  train_loss 1.0000  eval_loss 0.5000  eval_accuracy 0.7500  samples/s 1,234  eta ")
+    assert lines[2].startswith(
+        "epoch 1/2  train_loss 1.0000  eval_loss 0.5000  eval_accuracy 0.7500  samples/s 1,234  eta "
+    )
     assert lines[5].startswith("epoch 2/2  train_loss 0.5000") and "eta" not in lines[5]  # nothing left to wait for
     assert len(lines) == 6
 

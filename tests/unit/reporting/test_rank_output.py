@@ -1,4 +1,5 @@
 """rank_output.py: whole prefixed lines through a real pipe, silence off rank 0, sys.stdout back after."""
+
 import io
 import os
 import sys

@@ -1,4 +1,5 @@
 """metrics.csv: a column for every key seen, and on resume the table of the records kept."""
+
 from ddpkit.reporting.sinks import CsvSink, JsonlSink, ResumePoint
 
 FRESH = ResumePoint()  # a run that resumes from nothing
@@ -17,8 +18,14 @@ def _run(run_dir, records, resume=FRESH):
 
 
 def test_a_new_key_rewrites_the_table_with_its_column(tmp_path):
-    rows = _run(tmp_path, [{"epoch": 1, "train_loss": 0.5}, {"epoch": 2, "train_loss": 0.25, "eval_loss": 0.3},
-                           {"epoch": 3, "train_loss": 0.125}])
+    rows = _run(
+        tmp_path,
+        [
+            {"epoch": 1, "train_loss": 0.5},
+            {"epoch": 2, "train_loss": 0.25, "eval_loss": 0.3},
+            {"epoch": 3, "train_loss": 0.125},
+        ],
+    )
     assert rows == ["epoch,train_loss,eval_loss", "1,0.5,", "2,0.25,0.3", "3,0.125,"]
 
 

@@ -1,4 +1,5 @@
 """metrics.jsonl: every record one line, and on resume only the records the checkpoint holds."""
+
 import json
 
 from ddpkit.reporting.sinks import JsonlSink, ResumePoint
@@ -19,7 +20,10 @@ def _lines(run_dir):
 
 
 def test_each_record_is_one_json_line_in_order(tmp_path):
-    records = [{"epoch": 1, "step": 4, "train_loss": 0.5}, {"epoch": 2, "step": 8, "train_loss": 0.25, "eval_loss": 0.3}]
+    records = [
+        {"epoch": 1, "step": 4, "train_loss": 0.5},
+        {"epoch": 2, "step": 8, "train_loss": 0.25, "eval_loss": 0.3},
+    ]
     _write(tmp_path, records)
     assert _lines(tmp_path) == records
 
@@ -27,12 +31,18 @@ def test_each_record_is_one_json_line_in_order(tmp_path):
 def test_a_resume_drops_the_epochs_after_the_checkpoint(tmp_path):
     _write(tmp_path, [{"epoch": e, "step": 4 * e} for e in (1, 2, 3)])
     _write(tmp_path, [{"epoch": 3, "step": 12, "redone": True}], ResumePoint(epoch=2))
-    assert _lines(tmp_path) == [{"epoch": 1, "step": 4}, {"epoch": 2, "step": 8}, {"epoch": 3, "step": 12, "redone": True}]
+    assert _lines(tmp_path) == [
+        {"epoch": 1, "step": 4},
+        {"epoch": 2, "step": 8},
+        {"epoch": 3, "step": 12, "redone": True},
+    ]
 
 
 def test_a_resume_inside_an_epoch_keeps_the_evaluations_up_to_its_step(tmp_path):
     # epoch 3 evaluated at steps 10 and 11 (--eval-every-steps), then the run died; the checkpoint holds step 10
-    _write(tmp_path, [{"epoch": 1, "step": 4}, {"epoch": 2, "step": 8}, {"epoch": 3, "step": 10}, {"epoch": 3, "step": 11}])
+    _write(
+        tmp_path, [{"epoch": 1, "step": 4}, {"epoch": 2, "step": 8}, {"epoch": 3, "step": 10}, {"epoch": 3, "step": 11}]
+    )
     _write(tmp_path, [], ResumePoint(epoch=2, step=10))
     assert [r["step"] for r in _lines(tmp_path)] == [4, 8, 10]
 

@@ -1,4 +1,5 @@
 """TensorBoard: the records' numbers as scalars at step = epoch; on resume the redone epochs are purged."""
+
 import pytest
 
 from ddpkit.reporting.sinks import ResumePoint, TensorBoardSink
@@ -20,8 +21,13 @@ def _write(run_dir, records, resume=FRESH):
 
 
 def test_each_number_is_a_tagged_scalar_at_its_epoch(tmp_path):
-    acc = _write(tmp_path, [{"epoch": 1, "step": 5, "train_loss": 0.5, "lr": 0.1, "note": "text", "stopped": True},
-                            {"epoch": 2, "step": 10, "train_loss": 0.25, "eval_loss": 0.3, "eval_accuracy": 0.75}])
+    acc = _write(
+        tmp_path,
+        [
+            {"epoch": 1, "step": 5, "train_loss": 0.5, "lr": 0.1, "note": "text", "stopped": True},
+            {"epoch": 2, "step": 10, "train_loss": 0.25, "eval_loss": 0.3, "eval_accuracy": 0.75},
+        ],
+    )
     assert set(acc.Tags()["scalars"]) == {"loss/train", "optim/lr", "run/step", "loss/eval", "eval/accuracy"}
     assert [(e.step, e.value) for e in acc.Scalars("loss/train")] == [(1, 0.5), (2, 0.25)]
     assert [(e.step, e.value) for e in acc.Scalars("eval/accuracy")] == [(2, 0.75)]

@@ -1,5 +1,6 @@
 """The sinks are one protocol: MetricsLog opens the ones a run's settings ask for, in SINKS's
 order, hands each record with its global step, and closes them; a new sink is one class."""
+
 from pathlib import Path
 
 import pytest
@@ -41,7 +42,12 @@ def test_a_new_sink_is_one_class_in_the_list(tmp_path, monkeypatch):
     log.write({"epoch": 3, "step": 30, "train_loss": 0.5})
     log.write({"epoch": 4, "train_loss": 0.25})  # a record without a step
     log.close()
-    assert Recorder.events == [("open", tmp_path, 7, ResumePoint(2, 20)), ("write", 3, 30), ("write", 4, None), ("close",)]
+    assert Recorder.events == [
+        ("open", tmp_path, 7, ResumePoint(2, 20)),
+        ("write", 3, 30),
+        ("write", 4, None),
+        ("close",),
+    ]
     assert len((tmp_path / "metrics.jsonl").read_text().splitlines()) == 2
 
 

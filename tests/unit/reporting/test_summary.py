@@ -1,14 +1,33 @@
 """The summary's run length: steps for a run by --max-steps, epochs for a run by epochs, both
 where both matter."""
+
 from ddpkit.reporting.progress import epoch_line
 from ddpkit.reporting.summary import format_summary
 
 
 def summary(**changes):
-    s = {"world_size": 2, "nnodes": 1, "backend": "gloo", "device": "cpu", "batch_size": 16, "global_batch": 32,
-         "accumulate": 1, "epochs": 100, "max_steps": None, "eval_every_steps": None, "save_every_steps": None,
-         "epochs_done": 100, "steps_done": 500, "steps_planned": 500, "train_loss": 0.1, "eval_loss": None,
-         "train_s": 1.0, "samples_per_s": 100.0, "stopped_early": False, "run_dir": "runs/x"}
+    s = {
+        "world_size": 2,
+        "nnodes": 1,
+        "backend": "gloo",
+        "device": "cpu",
+        "batch_size": 16,
+        "global_batch": 32,
+        "accumulate": 1,
+        "epochs": 100,
+        "max_steps": None,
+        "eval_every_steps": None,
+        "save_every_steps": None,
+        "epochs_done": 100,
+        "steps_done": 500,
+        "steps_planned": 500,
+        "train_loss": 0.1,
+        "eval_loss": None,
+        "train_s": 1.0,
+        "samples_per_s": 100.0,
+        "stopped_early": False,
+        "run_dir": "runs/x",
+    }
     return format_summary({**s, **changes})
 
 
@@ -22,7 +41,9 @@ def test_a_run_by_steps_shows_its_steps_not_the_overridden_epochs():
 
 
 def test_a_run_by_steps_over_several_passes_also_names_the_epoch_it_ended_in():
-    assert batch_line(summary(max_steps=12, epochs_done=3, steps_done=12, steps_planned=12)).endswith("steps 12/12, epoch 3")
+    assert batch_line(summary(max_steps=12, epochs_done=3, steps_done=12, steps_planned=12)).endswith(
+        "steps 12/12, epoch 3"
+    )
 
 
 def test_a_run_by_epochs_shows_epochs_and_steps_only_where_they_matter():
@@ -34,12 +55,25 @@ def test_a_run_by_epochs_shows_epochs_and_steps_only_where_they_matter():
 
 def test_a_stream_without_a_length_counts_steps_without_a_total():
     assert batch_line(summary(save_every_steps=5, epochs_done=1, epochs=1, steps_done=20, steps_planned=0)).endswith(
-        "epochs 1/1, steps 20")
+        "epochs 1/1, steps 20"
+    )
 
 
 def test_an_older_summary_without_step_counts_still_formats():
-    s = {"world_size": 1, "nnodes": 1, "backend": "none", "device": "cpu", "batch_size": 32, "global_batch": 32,
-         "epochs": 100, "epochs_done": 100, "train_loss": 0.1, "train_s": 1.0, "samples_per_s": 1.0, "run_dir": "r"}
+    s = {
+        "world_size": 1,
+        "nnodes": 1,
+        "backend": "none",
+        "device": "cpu",
+        "batch_size": 32,
+        "global_batch": 32,
+        "epochs": 100,
+        "epochs_done": 100,
+        "train_loss": 0.1,
+        "train_s": 1.0,
+        "samples_per_s": 1.0,
+        "run_dir": "r",
+    }
     assert batch_line(format_summary(s)).endswith("(32 per process), epochs 100/100")
 
 

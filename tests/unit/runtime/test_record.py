@@ -1,4 +1,5 @@
 """ddpkit's record of the collectives a rank issued: numbered, with the line that called them."""
+
 import sys
 
 import torch
@@ -14,7 +15,9 @@ def test_entries_are_numbered_and_name_the_calling_line():
     assert [e.seq for e in record] == [2, 3, 4]  # a ring of the last 3
     last = list(record)[-1]
     assert last.state == "done" and last.as_dict()["shape"] == [2, 3] and last.as_dict()["dtype"] == "float32"
-    assert last.as_dict()["caller"].endswith(f"test_record.py:{line - 1} in test_entries_are_numbered_and_name_the_calling_line")
+    assert last.as_dict()["caller"].endswith(
+        f"test_record.py:{line - 1} in test_entries_are_numbered_and_name_the_calling_line"
+    )
     assert record.pending() is None
 
 

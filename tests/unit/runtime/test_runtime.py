@@ -1,5 +1,6 @@
 """runtime/: device, backend and thread choices, the store's listener, the Runtime of one
 process, and the one place that chooses how small all-reduces travel (Collectives)."""
+
 import os
 
 import pytest
@@ -113,8 +114,12 @@ def test_every_collective_of_a_runtime_lands_in_its_own_record(tmp_path):
     for rank in (0, 1):
         total, plain, after, calls, entries, kept = out[rank]
         assert (total, plain, after, calls) == (3.0, 3.0, 2.0, 1)
-        assert entries == [(1, "all_reduce", [2], "backend", "done"), (2, "all_reduce", [1], "backend", "done"),
-                           (3, "all_reduce(max)", [1], "shm", "done"), (4, "all_reduce", [1], "backend", "done")]
+        assert entries == [
+            (1, "all_reduce", [2], "backend", "done"),
+            (2, "all_reduce", [1], "backend", "done"),
+            (3, "all_reduce(max)", [1], "shm", "done"),
+            (4, "all_reduce", [1], "backend", "done"),
+        ]
         assert kept == 4  # the record outlives the group: closing it records nothing more
 
 

@@ -1,21 +1,51 @@
 """The hang summary, from reports written by hand (no processes): who waits where, who never arrived."""
+
 import json
 import time
 
 from ddpkit.runtime.watchdog import format_summary, is_timeout
 
 
-def entry(seq, op="all_reduce", shape=(4,), path="shm", state="waiting", user="", caller="ddpkit/training/step.py:183 in flags"):
-    return {"seq": seq, "op": op, "shape": list(shape), "dtype": "float64", "path": path, "what": "", "caller": caller,
-            "user": user, "started": time.time() - 3, "state": state, "seconds": None}
+def entry(
+    seq,
+    op="all_reduce",
+    shape=(4,),
+    path="shm",
+    state="waiting",
+    user="",
+    caller="ddpkit/training/step.py:183 in flags",
+):
+    return {
+        "seq": seq,
+        "op": op,
+        "shape": list(shape),
+        "dtype": "float64",
+        "path": path,
+        "what": "",
+        "caller": caller,
+        "user": user,
+        "started": time.time() - 3,
+        "state": state,
+        "seconds": None,
+    }
 
 
 def write(d, rank, collectives, stack=()):
     d.mkdir(exist_ok=True)
-    (d / f"rank-{rank}.json").write_text(json.dumps({
-        "rank": rank, "host": "n1", "pid": 1, "time": time.time(), "reason": f"rank {rank} made no progress",
-        "main_stack": [{"file": f, "line": n, "function": fn, "code": c} for f, n, fn, c in stack],
-        "collectives": collectives, "flight_recorder": None}))
+    (d / f"rank-{rank}.json").write_text(
+        json.dumps(
+            {
+                "rank": rank,
+                "host": "n1",
+                "pid": 1,
+                "time": time.time(),
+                "reason": f"rank {rank} made no progress",
+                "main_stack": [{"file": f, "line": n, "function": fn, "code": c} for f, n, fn, c in stack],
+                "collectives": collectives,
+                "flight_recorder": None,
+            }
+        )
+    )
 
 
 def test_a_rank_outside_any_collective_never_arrived(tmp_path):
@@ -44,8 +74,13 @@ def test_timeouts_are_told_from_other_errors():
 def test_a_collective_only_the_flight_recorder_saw_counts_as_waiting(tmp_path):
     write(tmp_path, 0, [entry(11, state="done")], [("/x/train.py", 12, "step", "loss.backward()")])
     report = json.loads((tmp_path / "rank-0.json").read_text())
-    report["flight_recorder"] = {"0": {"last_enqueued": 20, "last_completed": 19,
-                                       "pending": {"op": "gloo:all_reduce", "sizes": [[1091]], "seq": 20}}}
+    report["flight_recorder"] = {
+        "0": {
+            "last_enqueued": 20,
+            "last_completed": 19,
+            "pending": {"op": "gloo:all_reduce", "sizes": [[1091]], "seq": 20},
+        }
+    }
     (tmp_path / "rank-0.json").write_text(json.dumps(report))
     write(tmp_path, 1, [entry(11, state="done")], [("/x/data.py", 7, "__getitem__", "read()")])
     text = format_summary(tmp_path, 2)

@@ -42,7 +42,10 @@ def test_powersgd_on_gloo_uses_one_bucket():
 
     assert ddp_options(StrategyConfig(grad_compression="powersgd"), "gloo")["bucket_cap_mb"] >= 1 << 20
     assert "bucket_cap_mb" not in ddp_options(StrategyConfig(grad_compression="powersgd"), "nccl")
-    assert ddp_options(StrategyConfig(bucket_mb=5, static_graph=True), "gloo") == {"bucket_cap_mb": 5.0, "static_graph": True}
+    assert ddp_options(StrategyConfig(bucket_mb=5, static_graph=True), "gloo") == {
+        "bucket_cap_mb": 5.0,
+        "static_graph": True,
+    }
 
 
 def test_shared_memory_all_reduce_applies_only_to_cpu_ranks_of_one_machine():
@@ -55,11 +58,14 @@ def test_shared_memory_all_reduce_applies_only_to_cpu_ranks_of_one_machine():
     assert "backend's own all-reduce" in why_not_shm(2, 2, "nccl", "cuda")
 
 
-@pytest.mark.parametrize("kw, fragment", [
-    (dict(grad_sync="shm", grad_compression="fp16"), "cannot carry --grad-compression fp16"),
-    (dict(grad_sync="tcp"), "--grad-sync must be one of"),
-    (dict(grad_sync="shm", strategy="fsdp", nproc=2), "--grad-sync shm: DDP options"),
-])
+@pytest.mark.parametrize(
+    "kw, fragment",
+    [
+        (dict(grad_sync="shm", grad_compression="fp16"), "cannot carry --grad-compression fp16"),
+        (dict(grad_sync="tcp"), "--grad-sync must be one of"),
+        (dict(grad_sync="shm", strategy="fsdp", nproc=2), "--grad-sync shm: DDP options"),
+    ],
+)
 def test_grad_sync_config_refusals(kw, fragment):
     from ddpkit.config import RunConfig
     from ddpkit.errors import DdpkitError

@@ -1,5 +1,6 @@
 """The memory plan, FSDP's default block policy, lockstep evaluation, precision checks and
 sharded-checkpoint discovery: the parts of --strategy fsdp that need no process group."""
+
 import pytest
 import torch
 from torch import nn
@@ -14,8 +15,17 @@ from ddpkit.strategies.memory import make_plan, optimizer_state_per_param
 from ddpkit.strategies.precision import check_precision
 
 
-@pytest.mark.parametrize("text, size", [("80GB", 80 * 10**9), ("24GiB", 24 * 2**30), ("512mb", 512 * 10**6),
-                                        ("1.5 GiB", int(1.5 * 2**30)), ("4096", 4096), (None, None)])
+@pytest.mark.parametrize(
+    "text, size",
+    [
+        ("80GB", 80 * 10**9),
+        ("24GiB", 24 * 2**30),
+        ("512mb", 512 * 10**6),
+        ("1.5 GiB", int(1.5 * 2**30)),
+        ("4096", 4096),
+        (None, None),
+    ],
+)
 def test_device_memory_sizes(text, size):
     assert parse_memory(text) == size
 
@@ -37,11 +47,14 @@ def test_run_config_takes_strategy_precision_and_a_memory_size():
         RunConfig(precision="int8")
 
 
-@pytest.mark.parametrize("make, expected", [
-    (lambda: torch.optim.Adam([nn.Parameter(torch.zeros(1))]), 8.0),
-    (lambda params: torch.optim.SGD(params, lr=0.1, momentum=0.9), 4.0),
-    (lambda params: torch.optim.SGD(params, lr=0.1), 0.0),
-])
+@pytest.mark.parametrize(
+    "make, expected",
+    [
+        (lambda: torch.optim.Adam([nn.Parameter(torch.zeros(1))]), 8.0),
+        (lambda params: torch.optim.SGD(params, lr=0.1, momentum=0.9), 4.0),
+        (lambda params: torch.optim.SGD(params, lr=0.1), 0.0),
+    ],
+)
 def test_optimizer_state_is_measured_by_a_probe_step(make, expected):
     spec = make() if make.__code__.co_argcount == 0 else make
     assert optimizer_state_per_param(spec)[1:] == (expected, True)
@@ -71,7 +84,9 @@ class _Net(nn.Module):
     def __init__(self):
         super().__init__()
         self.embed = nn.Linear(4, 8)
-        self.layers = nn.ModuleList([nn.Sequential(nn.Linear(8, 8), nn.ModuleList([nn.Linear(8, 8)])) for _ in range(3)])
+        self.layers = nn.ModuleList(
+            [nn.Sequential(nn.Linear(8, 8), nn.ModuleList([nn.Linear(8, 8)])) for _ in range(3)]
+        )
         self.head = nn.Linear(8, 2)
 
 

@@ -1,6 +1,7 @@
 """Rebuilding a task's optimizer over new parameters (FSDP's shards) or with fused kernels:
 same class, same groups and settings, for every torch optimizer (torch 2.13's AdamW lists
 `decoupled_weight_decay` in its defaults, which its constructor does not take)."""
+
 import pytest
 import torch
 from torch import nn

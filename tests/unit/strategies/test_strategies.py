@@ -1,4 +1,5 @@
 """The Strategy face the loop uses, on one process (several ranks: tests/distributed/test_fsdp.py)."""
+
 import pytest
 import torch
 from torch import nn

@@ -1,23 +1,43 @@
 """ddpkit check's verdict from facts written by hand: each broken thing is named, and fails the check."""
+
 import copy
 
 from ddpkit.tools.check import format_check, gpu_traps, judge
 
 
 def fact(rank, host, node, torch="2.13.0+cpu"):
-    return {"rank": rank, "local_rank": rank % 2, "node_rank": node, "host": host, "backend": "gloo", "interface": "veth0",
-            "versions": {"python": "3.11.7", "torch": torch, "cuda": None, "nccl": None, "ddpkit": "0.1.0"},
-            "memory_available_gib": 20.0, "shm_free_mib": 4096, "gpus": 0, "traps": [], "warnings": []}
+    return {
+        "rank": rank,
+        "local_rank": rank % 2,
+        "node_rank": node,
+        "host": host,
+        "backend": "gloo",
+        "interface": "veth0",
+        "versions": {"python": "3.11.7", "torch": torch, "cuda": None, "nccl": None, "ddpkit": "0.1.0"},
+        "memory_available_gib": 20.0,
+        "shm_free_mib": 4096,
+        "gpus": 0,
+        "traps": [],
+        "warnings": [],
+    }
 
 
 def healthy():
     facts = [fact(0, "n0", 0), fact(1, "n0", 0), fact(2, "n1", 1), fact(3, "n1", 1)]
-    return {"facts": facts, "run_dir_path": "/shared/run", "run_dir": [{"error": None, "sees": [0, 1, 2, 3]}] * 4,
-            "clocks": [{"time": 100.0}, {"time": 100.001}, {"time": 100.002}, {"time": 100.0}],
-            "ports": [{"from": 0, "to": 2, "address": "10.0.0.2:4000", "ok": True},
-                      {"from": 2, "to": 0, "address": "10.0.0.1:4001", "ok": True}],
-            "allreduce": {"all": {"latency_us": 300.0, "busbw_gbps": 1.2},
-                          "pairs": [{"ranks": [0, 2], "latency_us": 200.0, "busbw_gbps": 1.5}]}}
+    return {
+        "facts": facts,
+        "run_dir_path": "/shared/run",
+        "run_dir": [{"error": None, "sees": [0, 1, 2, 3]}] * 4,
+        "clocks": [{"time": 100.0}, {"time": 100.001}, {"time": 100.002}, {"time": 100.0}],
+        "ports": [
+            {"from": 0, "to": 2, "address": "10.0.0.2:4000", "ok": True},
+            {"from": 2, "to": 0, "address": "10.0.0.1:4001", "ok": True},
+        ],
+        "allreduce": {
+            "all": {"latency_us": 300.0, "busbw_gbps": 1.2},
+            "pairs": [{"ranks": [0, 2], "latency_us": 200.0, "busbw_gbps": 1.5}],
+        },
+    }
 
 
 def status(rows, name):
@@ -59,7 +79,9 @@ def test_closed_ports_fail_clock_spread_warns():
     r["ports"][1] = {"from": 2, "to": 0, "address": "10.0.0.1:4001", "ok": False, "error": "Connection refused"}
     r["clocks"][3] = {"time": 105.0}
     rows, ok = judge(copy.deepcopy(r))
-    assert not ok and status(rows, "ports")[0] == "FAIL" and "cannot connect to 10.0.0.1:4001" in status(rows, "ports")[1]
+    assert (
+        not ok and status(rows, "ports")[0] == "FAIL" and "cannot connect to 10.0.0.1:4001" in status(rows, "ports")[1]
+    )
     assert status(rows, "clocks")[0] == "WARN"
 
 
@@ -75,8 +97,10 @@ def test_warnings_do_not_fail_the_verdict_and_are_listed_in_it():
     r["facts"][0]["traps"] = ["load average 3.27 on 2 cores"]
     rows, ok = judge(r)
     assert ok
-    assert status(rows, "memory") == ("WARN", "n0 (node 0): 20.0 GiB free, /dev/shm 4096 MiB free; "
-                                              "n1 (node 1): 20.0 GiB free, /dev/shm 64 MiB free")
+    assert status(rows, "memory") == (
+        "WARN",
+        "n0 (node 0): 20.0 GiB free, /dev/shm 4096 MiB free; n1 (node 1): 20.0 GiB free, /dev/shm 64 MiB free",
+    )
     assert status(rows, "traps") == ("WARN", "n0 (node 0): load average 3.27 on 2 cores")
     verdict = format_check({**r, "rows": rows}).splitlines()[-1]
     assert verdict == "verdict: a job would run here (warnings: memory, traps)"
@@ -91,12 +115,19 @@ def test_mixed_backends_and_a_failed_all_reduce_fail_and_every_failure_is_in_the
     assert status(rows, "backend") == ("FAIL", "gloo via veth0 on ranks 0-2 (n0, n1); nccl via veth0 on rank 3 (n1)")
     assert status(rows, "all-reduce") == ("FAIL", "timed out after 60 s")
     assert format_check({**r, "rows": rows}).splitlines()[-1] == (
-        "verdict: a job would NOT run here: backend, all-reduce failed (see above)")
+        "verdict: a job would NOT run here: backend, all-reduce failed (see above)"
+    )
 
 
 def test_one_process_on_one_node_has_nothing_to_cross_and_passes():
-    one = {"facts": [fact(0, "n0", 0)], "run_dir_path": "/r", "run_dir": [{"error": None, "sees": [0]}],
-           "clocks": [{"time": 1.0}], "ports": [], "allreduce": {}}
+    one = {
+        "facts": [fact(0, "n0", 0)],
+        "run_dir_path": "/r",
+        "run_dir": [{"error": None, "sees": [0]}],
+        "clocks": [{"time": 1.0}],
+        "ports": [],
+        "allreduce": {},
+    }
     rows, ok = judge(one)
     assert ok and [s for _, s, _ in rows] == ["OK"] * len(rows)
     assert status(rows, "ports") == ("OK", "one node: nothing crosses a network")

@@ -1,4 +1,5 @@
 """`ddpkit env`: the launcher it detects, the ranks it resolves, the traps it warns about."""
+
 import json
 import os
 import socket
@@ -9,9 +10,17 @@ import pytest
 from conftest import run_ddpkit
 from ddpkit.tools import doctor
 
-SLURM_2_NODES = {"SLURM_JOB_ID": "42", "SLURM_JOB_NUM_NODES": "2", "SLURM_JOB_NODELIST": "node[1-2]",
-                 "SLURM_NTASKS": "2", "SLURM_NTASKS_PER_NODE": "1", "SLURM_TASKS_PER_NODE": "1(x2)", "SLURM_PROCID": "0", "SLURM_LOCALID": "0",
-                 "SLURM_NODEID": "0"}
+SLURM_2_NODES = {
+    "SLURM_JOB_ID": "42",
+    "SLURM_JOB_NUM_NODES": "2",
+    "SLURM_JOB_NODELIST": "node[1-2]",
+    "SLURM_NTASKS": "2",
+    "SLURM_NTASKS_PER_NODE": "1",
+    "SLURM_TASKS_PER_NODE": "1(x2)",
+    "SLURM_PROCID": "0",
+    "SLURM_LOCALID": "0",
+    "SLURM_NODEID": "0",
+}
 
 
 @pytest.fixture
@@ -36,12 +45,23 @@ def test_no_launcher_means_ddpkit_starts_the_workers():
 
 
 def test_a_torchrun_job_is_resolved_from_its_variables():
-    env = {"LOCAL_RANK": "1", "RANK": "3", "WORLD_SIZE": "4", "LOCAL_WORLD_SIZE": "2", "GROUP_RANK": "1",
-           "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500"}
+    env = {
+        "LOCAL_RANK": "1",
+        "RANK": "3",
+        "WORLD_SIZE": "4",
+        "LOCAL_WORLD_SIZE": "2",
+        "GROUP_RANK": "1",
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": "29500",
+    }
     r = doctor.collect(env)
     assert r["launcher"]["name"] == "torchrun" and r["launcher"]["nnodes"] == 2
-    assert {k: r["launcher"]["resolved"][k] for k in ("rank", "local_rank", "node_rank", "world_size")} == \
-        {"rank": 3, "local_rank": 1, "node_rank": 1, "world_size": 4}
+    assert {k: r["launcher"]["resolved"][k] for k in ("rank", "local_rank", "node_rank", "world_size")} == {
+        "rank": 3,
+        "local_rank": 1,
+        "node_rank": 1,
+        "world_size": 4,
+    }
     assert r["network"]["master_addr"] == "127.0.0.1" and r["network"]["master_port"] == "29500"
     assert "rank 3 of 4" in r["plan"]["how"]
     assert r["plan"]["grad_sync"] == "gloo" and "several machines" in r["plan"]["grad_sync_why"]
@@ -104,8 +124,14 @@ def test_ddpkit_env_inside_a_job_reports_its_rank_without_meeting_the_other_rank
     with socket.socket() as master:
         master.bind(("127.0.0.1", 0))
         master.listen(8)
-        env = {"RANK": "1", "LOCAL_RANK": "1", "WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2",
-               "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(master.getsockname()[1])}
+        env = {
+            "RANK": "1",
+            "LOCAL_RANK": "1",
+            "WORLD_SIZE": "2",
+            "LOCAL_WORLD_SIZE": "2",
+            "MASTER_ADDR": "127.0.0.1",
+            "MASTER_PORT": str(master.getsockname()[1]),
+        }
         proc = run_ddpkit("env", "--json", env=env, timeout=60)
         master.setblocking(False)
         with pytest.raises(BlockingIOError):  # nothing in the accept queue: nobody connected

@@ -1,5 +1,6 @@
 """The run's plan and cadence as pure logic: how many epochs and steps from where a run starts
 (a resume at another global batch included), and which moments evaluate, save and stop."""
+
 from types import SimpleNamespace
 
 import pytest
@@ -47,7 +48,7 @@ def test_a_plan_from_a_resume_counts_the_steps_left_at_the_new_global_batch():
 
 def test_a_stream_plan_ends_with_the_stream_and_needs_max_steps_for_a_schedule():
     plan = StepPlan(_cfg(), _Stream(), Position())
-    assert (plan.epochs, plan.total_steps, plan.inside(10 ** 9)) == (3, 0, True)
+    assert (plan.epochs, plan.total_steps, plan.inside(10**9)) == (3, 0, True)
     assert StepPlan(_cfg(max_steps=7), _Stream(), Position()).passes is None
     with pytest.raises(DdpkitError, match="need --max-steps"):
         StepPlan(_cfg(lr_schedule="cosine"), _Stream(), Position())
@@ -83,8 +84,10 @@ def _moments(rt, tmp_path, cfg, policy, start=None, stop_at=None, stop_between=F
     checkpointer = Checkpointer(tmp_path, rt, None, None, None, policy, {})
     log = []
     cadence = Cadence(plan, start, cfg.eval_every, cfg.eval_every_steps, checkpointer, lambda: stop_between)
-    moments = [(m.epoch_run.epoch, m.global_step, m.pass_end, m.evaluate, m.save, m.stop, m.finished)
-               for m in cadence.moments(lambda e, s: _Pass(e, s, 3, 8, log, stop_at))]
+    moments = [
+        (m.epoch_run.epoch, m.global_step, m.pass_end, m.evaluate, m.save, m.stop, m.finished)
+        for m in cadence.moments(lambda e, s: _Pass(e, s, 3, 8, log, stop_at))
+    ]
     return moments, log
 
 
@@ -105,11 +108,15 @@ def test_max_steps_ends_the_run_at_the_end_of_its_pass_and_a_signal_ends_it_at_o
     moments, log = _moments(rt, tmp_path, cfg, Policy(every_epochs=0))
     assert moments == [(0, 3, True, False, False, False, False), (1, 4, True, True, False, True, True)]
     assert len(log) == 4  # no fifth step, and no batch taken for it
-    moments, log = _moments(rt, tmp_path, _cfg(epochs=5, eval_every=1, eval_every_steps=None), Policy(every_epochs=1),
-                            stop_at=2)
-    assert moments == [(0, 2, False, False, True, True, False)] and len(log) == 2  # saved where it stopped, not finished
-    moments, _ = _moments(rt, tmp_path, _cfg(epochs=5, eval_every=1, eval_every_steps=None), Policy(every_epochs=0),
-                          stop_between=True)
+    moments, log = _moments(
+        rt, tmp_path, _cfg(epochs=5, eval_every=1, eval_every_steps=None), Policy(every_epochs=1), stop_at=2
+    )
+    assert (
+        moments == [(0, 2, False, False, True, True, False)] and len(log) == 2
+    )  # saved where it stopped, not finished
+    moments, _ = _moments(
+        rt, tmp_path, _cfg(epochs=5, eval_every=1, eval_every_steps=None), Policy(every_epochs=0), stop_between=True
+    )
     assert moments == [(0, 3, True, True, True, True, False)]  # a signal between passes: saved at the pass's end
 
 

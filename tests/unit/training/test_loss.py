@@ -1,6 +1,7 @@
 """The loss of one micro-batch (training/batches.py: compute_loss) for every batch shape and
 loss source a task can have, in their order: step hook, loss_fn, the loss the output
 carries, cross-entropy."""
+
 from types import SimpleNamespace
 
 import pytest
@@ -68,6 +69,7 @@ def test_a_step_hook_returning_a_sum_and_a_count_is_summed_over_that_count():
 
     def step(m, batch):
         return nn.functional.cross_entropy(m(batch[0]), batch[1], reduction="sum"), 12  # e.g. 12 real tokens
+
     loss = compute_loss(model, (x, y), 5, nn.MSELoss(), step, CPU)  # the hook wins over loss_fn
     assert loss.summed and loss.count.dtype == torch.float64 and loss.count.item() == 12
     assert torch.allclose(loss.value, nn.functional.cross_entropy(model(x), y) * 5)
@@ -81,12 +83,25 @@ def test_an_empty_micro_batch_has_no_loss_and_counts_nothing():
     assert loss.value is None and loss.count.item() == 0 and loss.output.shape == (0, 2)  # the output joins the sync
 
 
-@pytest.mark.parametrize("batch, loss_fn, step, fragment", [
-    (torch.zeros(4, 3), None, None, "must be a dict .* or \\(inputs..., target\\); got Tensor"),
-    ({"x": torch.zeros(4, 3)}, None, None, "carries no loss"),
-    ((torch.zeros(4, 3), torch.zeros(4, dtype=torch.long)), None, lambda m, b: (1, 2, 3), "must return the loss, or"),
-    ((torch.zeros(4, 3), torch.zeros(4, dtype=torch.long)), None, lambda m, b: m(b[0]), "must return a scalar tensor"),
-])
+@pytest.mark.parametrize(
+    "batch, loss_fn, step, fragment",
+    [
+        (torch.zeros(4, 3), None, None, "must be a dict .* or \\(inputs..., target\\); got Tensor"),
+        ({"x": torch.zeros(4, 3)}, None, None, "carries no loss"),
+        (
+            (torch.zeros(4, 3), torch.zeros(4, dtype=torch.long)),
+            None,
+            lambda m, b: (1, 2, 3),
+            "must return the loss, or",
+        ),
+        (
+            (torch.zeros(4, 3), torch.zeros(4, dtype=torch.long)),
+            None,
+            lambda m, b: m(b[0]),
+            "must return a scalar tensor",
+        ),
+    ],
+)
 def test_what_cannot_be_a_loss_is_explained(batch, loss_fn, step, fragment):
     model = _model() if not isinstance(batch, dict) else (lambda x: x * 2)
     with pytest.raises(DdpkitError, match=fragment):

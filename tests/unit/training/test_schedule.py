@@ -1,5 +1,6 @@
 """The learning rate over a run (training/schedule.py): warm-up, then constant, linear or
 cosine to 0 at the run's last step, and what a task's own scheduler may not be."""
+
 import math
 
 import pytest
@@ -24,11 +25,14 @@ def _lrs(scheduler, optimizer, steps):
     return out
 
 
-@pytest.mark.parametrize("shape, middle, last", [
-    ("constant", 1.0, 1.0),
-    ("linear", 0.5, 1 / 8),                                        # steps 2..9 go linearly from 1 to 1/8 (0 at step 10)
-    ("cosine", 0.5, 0.5 * (1 + math.cos(math.pi * 7 / 8))),
-])
+@pytest.mark.parametrize(
+    "shape, middle, last",
+    [
+        ("constant", 1.0, 1.0),
+        ("linear", 0.5, 1 / 8),  # steps 2..9 go linearly from 1 to 1/8 (0 at step 10)
+        ("cosine", 0.5, 0.5 * (1 + math.cos(math.pi * 7 / 8))),
+    ],
+)
 def test_warm_up_then_the_shape_at_the_first_middle_and_last_step(shape, middle, last):
     opt = _optimizer(lr=0.1)
     lrs = _lrs(make_scheduler(None, shape, 2, opt, total_steps=10), opt, 10)
@@ -73,16 +77,21 @@ def test_a_tasks_own_scheduler_gets_the_runs_length_when_it_asks_for_it():
     opt = _optimizer(lr=0.1)
     scheduler = make_scheduler(with_total, "constant", 0, opt, 40)
     assert seen == [40] and _lrs(scheduler, opt, 21)[20] == pytest.approx(0.05)
-    assert isinstance(make_scheduler(lambda o: torch.optim.lr_scheduler.StepLR(o, 5), "constant", 0, opt, 40),
-                      torch.optim.lr_scheduler.StepLR)
+    assert isinstance(
+        make_scheduler(lambda o: torch.optim.lr_scheduler.StepLR(o, 5), "constant", 0, opt, 40),
+        torch.optim.lr_scheduler.StepLR,
+    )
 
 
-@pytest.mark.parametrize("scheduler, shape, warmup, fragment", [
-    (lambda o: torch.optim.lr_scheduler.StepLR(o, 5), "cosine", 0, "drop one of them"),
-    (lambda o: torch.optim.lr_scheduler.StepLR(o, 5), "constant", 3, "drop one of them"),
-    (lambda o: torch.optim.lr_scheduler.ReduceLROnPlateau(o), "constant", 0, "steps on a metric"),
-    (lambda o: 0.5, "constant", 0, "must return a torch LR scheduler"),
-])
+@pytest.mark.parametrize(
+    "scheduler, shape, warmup, fragment",
+    [
+        (lambda o: torch.optim.lr_scheduler.StepLR(o, 5), "cosine", 0, "drop one of them"),
+        (lambda o: torch.optim.lr_scheduler.StepLR(o, 5), "constant", 3, "drop one of them"),
+        (lambda o: torch.optim.lr_scheduler.ReduceLROnPlateau(o), "constant", 0, "steps on a metric"),
+        (lambda o: 0.5, "constant", 0, "must return a torch LR scheduler"),
+    ],
+)
 def test_what_a_tasks_scheduler_may_not_be(scheduler, shape, warmup, fragment):
     with pytest.raises(DdpkitError, match=fragment):
         make_scheduler(scheduler, shape, warmup, _optimizer(), 40)

@@ -1,6 +1,7 @@
 """--lr-schedule, --warmup-steps, --min-lr and --decay-fraction: the learning rate the optimizer
 holds after each optimizer step equals the written-out formula at the first, middle and last
 steps, and an old checkpoint's scheduler state (before the floor existed) still loads."""
+
 import math
 
 import pytest
@@ -92,14 +93,17 @@ def test_a_scheduler_state_from_before_the_floor_loads_and_keeps_decaying_to_zer
     assert opt2.param_groups[0]["lr"] == pytest.approx(0.0, abs=1e-12)
 
 
-@pytest.mark.parametrize("kwargs, fragment", [
-    ({"min_lr": 0.01}, "--min-lr is where --lr-schedule linear, cosine or wsd ends"),
-    ({"min_lr": -1.0, "lr_schedule": "cosine"}, "--min-lr must be 0 or a positive"),
-    ({"min_lr": 0.5, "lr": 0.1, "lr_schedule": "cosine"}, "--min-lr 0.5 must be below --lr 0.1"),
-    ({"decay_fraction": 0.3, "lr_schedule": "cosine"}, "--decay-fraction sets the decay of --lr-schedule wsd"),
-    ({"decay_fraction": 0.0, "lr_schedule": "wsd"}, "--decay-fraction must be in (0, 1]"),
-    ({"decay_fraction": 1.5, "lr_schedule": "wsd"}, "--decay-fraction must be in (0, 1]"),
-])
+@pytest.mark.parametrize(
+    "kwargs, fragment",
+    [
+        ({"min_lr": 0.01}, "--min-lr is where --lr-schedule linear, cosine or wsd ends"),
+        ({"min_lr": -1.0, "lr_schedule": "cosine"}, "--min-lr must be 0 or a positive"),
+        ({"min_lr": 0.5, "lr": 0.1, "lr_schedule": "cosine"}, "--min-lr 0.5 must be below --lr 0.1"),
+        ({"decay_fraction": 0.3, "lr_schedule": "cosine"}, "--decay-fraction sets the decay of --lr-schedule wsd"),
+        ({"decay_fraction": 0.0, "lr_schedule": "wsd"}, "--decay-fraction must be in (0, 1]"),
+        ({"decay_fraction": 1.5, "lr_schedule": "wsd"}, "--decay-fraction must be in (0, 1]"),
+    ],
+)
 def test_bad_schedule_settings_are_refused(kwargs, fragment):
     with pytest.raises(DdpkitError, match=fragment.replace("(", r"\(").replace(")", r"\)")):
         RunConfig(**kwargs)

@@ -1,5 +1,6 @@
 """One optimizer step (training/step.py) on one process: micro-batches weighted to equal the
 whole batch, the NaN policy, and the batch-shape error."""
+
 import pytest
 import torch
 from torch import nn
@@ -65,5 +66,7 @@ def test_on_nan_skip_drops_the_step_and_its_gradients(rt):
 
 
 def test_an_item_that_is_not_inputs_and_target_is_named(rt):
-    with pytest.raises(DdpkitError, match=r"must be a dict \(passed to the model as keyword arguments\) or \(inputs..., target\)"):
+    with pytest.raises(
+        DdpkitError, match=r"must be a dict \(passed to the model as keyword arguments\) or \(inputs..., target\)"
+    ):
         _runner(rt).run(torch.randn(4, 3), 4, 4, "epoch 1, step 1")

@@ -1,6 +1,7 @@
 """Where a run's metrics go: one MetricSink class per place, listed in SINKS. A new sink (a
 tracker such as MLflow or W&B) is a file here with its class, one entry below, a RunConfig
 setting named like the sink that turns it on, and its test in tests/unit/reporting/."""
+
 from __future__ import annotations
 
 from typing import Any, Mapping
@@ -19,4 +20,13 @@ def wanted_sinks(settings: Mapping[str, Any]) -> list[type[MetricSink]]:
     return [cls for cls in SINKS if cls.wanted(settings)]
 
 
-__all__ = ["SINKS", "CsvSink", "JsonlSink", "MetricSink", "ResumePoint", "TensorBoardSink", "read_jsonl", "wanted_sinks"]
+__all__ = [
+    "SINKS",
+    "CsvSink",
+    "JsonlSink",
+    "MetricSink",
+    "ResumePoint",
+    "TensorBoardSink",
+    "read_jsonl",
+    "wanted_sinks",
+]

@@ -1,6 +1,7 @@
 """What every metric sink is: opened once per run with the run's settings and the point it
 resumes from, handed each record (already reduced across ranks) with its global step, closed
 at the end. Only rank 0 opens sinks; MetricsLog (reporting/metrics.py) drives them."""
+
 from __future__ import annotations
 
 import abc

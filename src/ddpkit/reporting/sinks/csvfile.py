@@ -1,5 +1,6 @@
 """metrics.csv (--csv): one row per record. Columns are the keys seen so far; when a new one
 appears (the first eval after --eval-every epochs) the file is rewritten with it."""
+
 from __future__ import annotations
 
 import csv

@@ -1,5 +1,6 @@
 """metrics.jsonl: one JSON object per record, always written; the run's own log that plots,
 retention (--keep-best) and the other sinks read back."""
+
 from __future__ import annotations
 
 import json

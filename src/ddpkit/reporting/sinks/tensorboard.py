@@ -1,6 +1,7 @@
 """TensorBoard event files (--tensorboard) in RUN_DIR/tensorboard: scalars at step = epoch,
 loss/train, loss/eval, eval/<metric>, perf/... . On resume, events after the checkpoint's
 epoch from the interrupted run are purged."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -11,8 +12,13 @@ from .base import MetricSink, ResumePoint
 
 class TensorBoardSink(MetricSink):
     name = "tensorboard"
-    TAGS = {"train_loss": "loss/train", "eval_loss": "loss/eval", "samples_per_s": "perf/samples_per_s",
-            "epoch_s": "perf/epoch_s", "lr": "optim/lr"}
+    TAGS = {
+        "train_loss": "loss/train",
+        "eval_loss": "loss/eval",
+        "samples_per_s": "perf/samples_per_s",
+        "epoch_s": "perf/epoch_s",
+        "lr": "optim/lr",
+    }
 
     def open(self, run_dir: Path, settings: Mapping[str, Any], resume: ResumePoint) -> None:
         from torch.utils.tensorboard import SummaryWriter  # only when asked for: tensorboard is an extra
