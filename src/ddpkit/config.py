@@ -30,7 +30,6 @@ from .config_groups import (  # noqa: F401  (re-exported: the choices and rules 
     VALIDATIONS,
 )
 from .config_values import format_bytes, parse_memory, parse_nproc, parse_task_arg  # noqa: F401  (re-exported)
-from .envvars import ERROR_DIR_VAR, LAUNCH_TIME_VAR  # noqa: F401  (re-exported: launchers/elastic.py imports them here)
 from .errors import DdpkitError
 from .strategy_config import FSDP_NEEDS_TWO, STRATEGIES, StrategyConfig  # noqa: F401  (re-exported)
 
