@@ -4,7 +4,6 @@
 
 docs/guide.md shows the diff to train_ddp.py, the same script distributed with ddpkit.
 """
-
 import argparse
 
 import torch
