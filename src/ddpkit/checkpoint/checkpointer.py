@@ -135,36 +135,35 @@ class Checkpointer:
             self.rt.all_gather_object(rng_state()),
             self.rt.world_size,
             self.config,
+            ckpt_file.model_signature(unwrap(self.model).state_dict()),
+            [len(g["params"]) for g in self.optimizer.param_groups],
         )
         if not weights_finite(self.model, self.rt.collectives, self.rt.device):
             raise DdpkitError(
                 f"the weights hold NaN/inf at epoch {position.epoch + 1}; no checkpoint written, the last one is intact"
             )
-        name = ckpt_file.checkpoint_path(self.run_dir, position.epoch, position.name_step).stem
+        path = ckpt_file.checkpoint_path(self.run_dir, position.epoch, position.name_step)
         value = (record or {}).get(self.policy.best_metric.split(":")[0])
-        metric = (name, value) if value is not None else None
+        metric = (path.stem, value) if value is not None else None
         if self.strategy.checkpoint_kind == "sharded":
             from .sharded import save_dcp  # torch.distributed.checkpoint: ~0.5 s to import
 
             save_dcp(self.run_dir, header, self.model, self.optimizer, self.rt)
             self.prune(metric)
         elif self.rt.is_main:
-            self._write_file(header, metric)
+            self._write_file(header, path, metric)
         self.last_save = time.monotonic()
 
-    def _write_file(self, header: Header, metric: tuple[str, float] | None) -> None:
+    def _write_file(self, header: Header, path: Path, metric: tuple[str, float] | None) -> None:
         """Rank 0: one file, atomically; in a thread with --async-save (on CPU copies)."""
         background = self.writer is not None
         copy = ckpt_file.cpu_copy if background else (lambda x: x)
-        header.model_signature = ckpt_file.model_signature(unwrap(self.model).state_dict())
-        header.optimizer_groups = [len(g["params"]) for g in self.optimizer.param_groups]
         header.parts = copy(header.parts)
         state = {
             **header.to_dict(),
             "model": plain_state_dict(self.model),
             "optimizer": copy(self.optimizer.state_dict()),
         }
-        path = ckpt_file.checkpoint_path(self.run_dir, header.position.epoch, header.position.name_step)
 
         def write() -> None:
             ckpt_file.save_or_explain(state, path)

@@ -66,17 +66,11 @@ def list_sharded(run_dir: str | os.PathLike) -> list[tuple[tuple[int, int], Path
 def save_dcp(run_dir: Path, header: Header, model: nn.Module, optimizer: torch.optim.Optimizer, rt: Runtime) -> Path:
     """Collective: every rank writes its shard; rank 0 completes and renames the directory."""
     final = checkpoint_dir(run_dir, header.position.epoch, header.position.name_step)
-
-    def meta() -> dict[str, Any]:
-        header.model_signature = ckpt_io.model_signature(unwrap(model).state_dict())
-        header.optimizer_groups = [len(g["params"]) for g in optimizer.param_groups]
-        return header.to_dict(FORMAT)
-
     return write_shards(
         final,
         model,
         optimizer,
-        meta,
+        lambda: header.to_dict(FORMAT),
         rt,
         "and the previous checkpoint is intact: free space (or fix the folder) and continue with --resume",
     )
