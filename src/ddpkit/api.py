@@ -128,8 +128,9 @@ def prepare_local_run(cfg: RunConfig) -> RunConfig:
 
 
 def _check_strategy(cfg: RunConfig, device_type: str, nproc: int) -> None:
-    """Refuse before any worker starts what the workers would refuse."""
+    """Refuse before any worker starts what the workers would refuse (`nproc`: the largest world)."""
     check(cfg.strategy_config(), nproc)
+    cfg.batch_plan(nproc)
     if device_type == "cpu":  # (asking a GPU here would initialise CUDA in the launcher)
         from .strategies.precision import check_precision
 

@@ -29,7 +29,7 @@ from .config_groups import (  # noqa: F401  (re-exported: the choices and rules 
     TRAINING,
     VALIDATIONS,
 )
-from .config_values import format_bytes, parse_memory, parse_nproc, parse_task_arg  # noqa: F401  (re-exported)
+from .config_values import BatchPlan, format_bytes, parse_memory, parse_nproc, parse_task_arg  # noqa: F401
 from .errors import DdpkitError
 from .strategy_config import FSDP_NEEDS_TWO, STRATEGIES, StrategyConfig  # noqa: F401  (re-exported)
 
@@ -245,7 +245,20 @@ class RunConfig:
     )
     # training
     epochs: int = setting(100, "epochs to train")
-    batch_size: int = setting(32, "batch size PER PROCESS, as in the guide; the global batch is nproc x this")
+    batch_size: int = setting(
+        32,
+        "batch size PER PROCESS, as in the guide; the global batch is nproc x this (with --global-batch-size: "
+        "the largest micro-batch)",
+    )
+    global_batch_size: int | None = setting(
+        None,
+        "samples per optimizer step at ANY world size: each process's share of G is cut into micro-batches of at "
+        "most --batch-size, accumulated (recomputed at every start), so a resume on fewer or more processes "
+        "continues the same sequence of global batches",
+        type=int,
+        metavar="G",
+        default_help="nproc x --batch-size x --accumulate",
+    )
     lr: float | None = setting(None, "learning rate", type=float, default_help="the task's own; Wine: 1e-3")
     seed: int = setting(0, "seed for the model and the sample order; same seed = same result at any --nproc")
     shuffle: bool = setting(True, "train in data-set order", flag="--no-shuffle")
@@ -482,6 +495,10 @@ class RunConfig:
     @property
     def multi_node(self) -> bool:
         return self.node_range[1] > 1
+
+    def batch_plan(self, world_size: int) -> BatchPlan:
+        """The global batch and accumulation at `world_size` (refused when G < world_size)."""
+        return BatchPlan(self.batch_size, self.accumulate, self.global_batch_size, world_size)
 
     def strategy_config(self) -> StrategyConfig:
         """The strategy's settings, typed: what make_strategy and the strategies read."""

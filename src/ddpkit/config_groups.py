@@ -107,6 +107,15 @@ def validate_training(cfg: Any) -> None:
         )
     _positive("--epochs", cfg.epochs)
     _positive("--batch-size", cfg.batch_size)
+    if cfg.global_batch_size is not None:
+        _positive("--global-batch-size", cfg.global_batch_size)
+        if cfg.accumulate != 1:
+            raise DdpkitError(
+                "--global-batch-size sets the accumulation itself (each share in micro-batches of at most "
+                "--batch-size): drop --accumulate"
+            )
+        if cfg.nproc is not None and not cfg.multi_node:
+            cfg.batch_plan(cfg.nproc)  # G smaller than the processes: refused before launch
     _positive("--eval-every", cfg.eval_every)
     for flag, value in (("--max-steps", cfg.max_steps), ("--eval-every-steps", cfg.eval_every_steps)):
         if value is not None:

@@ -74,3 +74,41 @@ def format_bytes(n: float) -> str:
         if n >= size:
             return f"{n / size:.1f} {unit}"
     return f"{int(n)} B"
+
+
+class BatchPlan:
+    """How one optimizer step's global batch is cut at a world size: `global_batch` samples,
+    rank r's share the r-th of an even split (shares differ by at most one), each share cut
+    into `accumulate` micro-batches of at most `micro` samples.
+
+    Without a fixed global batch it is world x --batch-size x --accumulate (the guide's rule:
+    it grows with the world). With --global-batch-size G it is G at every world size and the
+    accumulation is what a share of ceil(G / world) needs in micro-batches of at most
+    --batch-size: recomputed at every (re)start, so a run that changes world size keeps its
+    sequence of global batches."""
+
+    def __init__(self, batch_size: int, accumulate: int, global_batch_size: int | None, world_size: int) -> None:
+        self.world_size = world_size
+        self.micro = batch_size
+        if global_batch_size is None:
+            self.global_batch, self.accumulate, self.fixed = world_size * batch_size * accumulate, accumulate, False
+            return
+        if global_batch_size < world_size:
+            raise DdpkitError(
+                f"--global-batch-size {global_batch_size} is smaller than the {world_size} processes: every process "
+                f"needs at least one sample per step; use --global-batch-size {world_size} or more, or fewer processes"
+            )
+        share = -(-global_batch_size // world_size)
+        self.global_batch, self.accumulate, self.fixed = global_batch_size, -(-share // batch_size), True
+
+    def share(self, rank: int) -> int:
+        """Rank `rank`'s samples of a full global batch."""
+        base, extra = divmod(self.global_batch, self.world_size)
+        return base + (1 if rank < extra else 0)
+
+    def describe(self) -> str:
+        if not self.fixed:
+            return f"global batch {self.global_batch}"
+        return f"global batch {self.global_batch} fixed: {self.share(0)} per process" + (
+            f" in {self.accumulate} micro-batches of at most {self.micro}" if self.accumulate > 1 else ""
+        )

@@ -153,3 +153,26 @@ def test_fsdp_sharded_checkpoints_resume_at_another_world_size_at_the_same_sampl
     train(run, 3, 3, 1, "--strategy", "fsdp", "--epochs", "1", "--resume")
     after = seen_ids(run)
     assert not set(before) & set(after) and sorted(before + after) == list(range(N))
+
+
+def test_a_fixed_global_batch_continues_the_same_batches_on_another_world_size(tmp_path):
+    """--global-batch-size 16: 2 processes x 8, then 3 processes (shares 6, 5, 5, each in 2
+    micro-batches of at most 3), then 1 process (4 micro-batches of 4): the same 6 global
+    batches as the uninterrupted run, so the same model; every sample once. float64 + SGD."""
+    whole, part = tmp_path / "whole", tmp_path / "part"
+
+    def go(run, nproc, batch, *args):
+        run_ddpkit(
+            "train", TASK, "--quiet", "--save-every", "0", "--global-batch-size", "16",
+            "--nproc", str(nproc), "--batch-size", str(batch), "--run-dir", str(run), *args,
+        )  # fmt: skip
+
+    go(whole, 2, 8, "--epochs", "1")
+    go(part, 2, 8, "--max-steps", "2", "--save-every-steps", "2")
+    go(part, 3, 3, "--max-steps", "4", "--save-every-steps", "2", "--resume")
+    summary = json.loads((part / "summary.json").read_text())
+    assert (summary["global_batch"], summary["accumulate"]) == (16, 2)
+    go(part, 1, 4, "--epochs", "1", "--resume")
+    assert_state_close(load_model(part), load_model(whole), rtol=1e-10, atol=1e-12)
+    assert sorted(seen_ids(part)) == list(range(N))
+    assert records(part)[-1]["step"] == records(whole)[-1]["step"] == 6  # ceil(90 / 16)

@@ -17,10 +17,11 @@ class RankBatches:
     batch_size: int
     world_size: int
     epoch: int = 0
+    fixed_global_batch: int | None = None  # --global-batch-size: shares of it, not world x batch_size
 
     @property
     def global_batch_size(self) -> int:
-        return self.batch_size * self.world_size
+        return self.fixed_global_batch or self.batch_size * self.world_size
 
     def set_epoch(self, epoch: int) -> None:
         self.epoch = epoch

@@ -75,9 +75,13 @@ class ShardedLoader(RankBatches):
         shuffle: bool = True,
         drop_last: bool = False,
         num_workers: int = 0,
+        global_batch: int | None = None,
     ) -> None:
+        """`batch_size`: this rank's samples per step, the global batch world x that; or
+        `global_batch` samples per step, split as evenly as it goes (shares differ by one)."""
         if batch_size < 1:
             raise ValueError("batch_size must be positive")
+        self.fixed_global_batch = global_batch
         self.dataset = dataset
         self.n = len(dataset)  # type: ignore[arg-type]
         self.batch_size = batch_size

@@ -304,7 +304,14 @@ class StreamLoader(RankBatches):
         num_workers: int = 0,
         agree: Callable[[torch.Tensor], Any] | None = None,
         device: torch.device | str = "cpu",
+        global_batch: int | None = None,
     ) -> None:
+        """`global_batch`: samples per step of all ranks together; this rank then reads its
+        share of it (the shares differ by at most one) instead of `batch_size`."""
+        if global_batch is not None:
+            base, extra = divmod(global_batch, world_size)
+            batch_size = base + (1 if rank < extra else 0)
+        self.fixed_global_batch = global_batch
         if batch_size < 1:
             raise ValueError("batch_size must be positive")
         self.agree = agree  # an in-place sum over all ranks (the runtime's collectives)

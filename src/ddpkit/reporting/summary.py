@@ -7,6 +7,16 @@ from typing import Any
 from ..config import format_bytes
 
 
+def batch_split(s: dict[str, Any]) -> str:
+    """How the global batch was made: per process x accumulated, or --global-batch-size's shares."""
+    k = s.get("accumulate", 1)
+    if s.get("global_batch_fixed"):
+        return "fixed by --global-batch-size" + (
+            f"; shares in {k} micro-batches of at most {s['batch_size']}" if k > 1 else ""
+        )
+    return f"{s['batch_size']} per process" + (f" x {k} accumulated" if k > 1 else "")
+
+
 def format_summary(s: dict[str, Any]) -> str:
     def num(v: Any, fmt: str) -> str:
         return "-" if v is None else format(v, fmt)
@@ -19,9 +29,7 @@ def format_summary(s: dict[str, Any]) -> str:
         f"  world size   {s['world_size']} ({s['nnodes']} node{'s' if s['nnodes'] != 1 else ''}), "
         f"backend {s['backend']}, device {s['device']}"
         + (" (gradients summed in shared memory)" if s.get("grad_sync") == "shm" else ""),
-        f"  global batch {s['global_batch']} ({s['batch_size']} per process"
-        + (f" x {s['accumulate']} accumulated" if s.get("accumulate", 1) > 1 else "")
-        + f"), {run_length(s)}",
+        f"  global batch {s['global_batch']} ({batch_split(s)}), {run_length(s)}",
         f"  train loss   {num(s['train_loss'], '.4f')}",
     ]
     if s.get("eval_loss") is not None:

@@ -82,7 +82,7 @@ class Run:
             self.model,
             self.optimizer,
             loss_fn=task.loss_fn,
-            accumulate=cfg.accumulate,
+            accumulate=cfg.batch_plan(rt.world_size).accumulate,
             on_nan=cfg.on_nan,
             stop=stop,
             step_fn=task.step,
@@ -233,9 +233,18 @@ class StreamPosition:
 
 
 def make_loader(dataset: Any, cfg: RunConfig, rt: Runtime) -> ShardedLoader | StreamLoader:
-    """This rank's batches of the training set: micro-batches of --batch-size, --accumulate per step
-    (the same loader rt.loader gives an own loop)."""
-    return rank_loader(dataset, cfg.batch_size * cfg.accumulate, rt, cfg.seed, cfg.shuffle, num_workers=cfg.num_workers)
+    """This rank's batches of the training set: micro-batches of --batch-size, --accumulate per step,
+    or its share of --global-batch-size (the same loader rt.loader gives an own loop)."""
+    plan = cfg.batch_plan(rt.world_size)
+    return rank_loader(
+        dataset,
+        cfg.batch_size * cfg.accumulate,
+        rt,
+        cfg.seed,
+        cfg.shuffle,
+        num_workers=cfg.num_workers,
+        global_batch=plan.global_batch if plan.fixed else None,
+    )
 
 
 def memory_stats(rt: Runtime, strategy: Strategy, model: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
