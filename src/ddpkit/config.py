@@ -265,6 +265,13 @@ class RunConfig:
     eval_every: int = setting(1, "evaluate the held-out split every N epochs")
     max_steps: int | None = setting(None, "stop after this many optimizer steps in all (overrides --epochs)", type=int)
     eval_every_steps: int | None = setting(None, "also evaluate every N optimizer steps, inside epochs", type=int)
+    straggler_every: int = setting(
+        100,
+        "every N optimizer steps, compare where each rank's step time goes (data, compute, waiting) and name a "
+        "rank slower than 1.2x the median (one small all-reduce per N steps; 0: only in the summary)",
+        group=OUTPUT,
+        metavar="N",
+    )
     lr_schedule: str = setting(
         "constant",
         "the learning rate over the run's optimizer steps, after --warmup-steps of linear "

@@ -117,6 +117,8 @@ def validate_training(cfg: Any) -> None:
         if cfg.nproc is not None and not cfg.multi_node:
             cfg.batch_plan(cfg.nproc)  # G smaller than the processes: refused before launch
     _positive("--eval-every", cfg.eval_every)
+    if not isinstance(cfg.straggler_every, int) or cfg.straggler_every < 0:
+        raise DdpkitError(f"--straggler-every must be 0 or a positive number of steps, got {cfg.straggler_every!r}")
     for flag, value in (("--max-steps", cfg.max_steps), ("--eval-every-steps", cfg.eval_every_steps)):
         if value is not None:
             _positive(flag, value)

@@ -37,6 +37,10 @@ def format_summary(s: dict[str, Any]) -> str:
             f"  eval loss    {num(s['eval_loss'], '.4f')}"
             + (f", {metric_key[5:]} {num(s[metric_key], '.4f')}" if metric_key else "")
         )
+    for f in s.get("stragglers") or []:
+        lines.append(
+            f"  slow rank    {f['rank']}: {f['ratio']:.1f}x the median rank's busy time per step, most in {f['where']}"
+        )
     if "peak_memory_bytes" in s:
         lines.append(
             f"  strategy     {s['strategy']}, {s['precision']}; "

@@ -19,8 +19,11 @@ class EpochRun:
     mid-epoch stop), the pass's global samples done (its position in the global order),
     skipped steps, time."""
 
-    def __init__(self, rt: Runtime, progress: Any, loader: Any, steps: Any, epoch: int, start: Position) -> None:
+    def __init__(
+        self, rt: Runtime, progress: Any, loader: Any, steps: Any, epoch: int, start: Position, clock: Any = None
+    ) -> None:
         self.rt, self.progress, self.loader, self.steps, self.epoch = rt, progress, loader, steps, epoch
+        self.clock = clock  # stragglers.StepClock: where this rank's step time goes
         self.steps_done = 0
         self.complete = False  # the pass ran to its end
         self.sums = torch.zeros(2, dtype=torch.float64, device=rt.device)  # loss sum, count (samples or tokens)
@@ -42,13 +45,18 @@ class EpochRun:
         `until()` says the run has reached its last step. `global_step`: steps done before."""
         batches = self.loader.iter_steps()
         while not until():  # asked before the next batch is taken: a stream's saved position must not include it
+            t0 = time.perf_counter()
             item = next(batches, None)
             if item is None:
                 self.complete = True
                 return
             batch, n_local, n_global = item
+            t1, waited = time.perf_counter(), self.steps.wait_s
             result = self.steps.run(batch, n_local, n_global, where=f"epoch {self.epoch + 1}, step {global_step + 1}")
             global_step += 1
+            if self.clock is not None:
+                self.clock.step(t1 - t0, time.perf_counter() - t1, self.steps.wait_s - waited)
+                self.clock.step_done(global_step)
             self.add(result, n_local, n_global)
             yield result
 

@@ -33,6 +33,7 @@ from .evaluate import evaluate
 from .schedule import make_scheduler, replan
 from .signals import StopRequest
 from .step import StepRunner
+from .stragglers import StepClock
 
 
 def fit(cfg: RunConfig, task: Task, rt: Runtime, run_dir: Path, stop: StopRequest | None = None) -> dict[str, Any]:
@@ -121,6 +122,7 @@ class Run:
             max_steps=cfg.max_steps,
         )
         self.totals = RunTotals(resumed_from=start.epoch)
+        self.clock = StepClock(rt, cfg.straggler_every, say=None if cfg.quiet else rt.print)
 
     def resume(self) -> Position:
         """--resume/--auto-resume: the checkpoint's position; a map-style set continues at its sample."""
@@ -137,7 +139,7 @@ class Run:
     def start_pass(self, epoch: int, start: Position) -> EpochRun:
         self.loader.set_epoch(epoch)
         self.model.train()
-        return EpochRun(self.rt, self.progress, self.loader, self.steps, epoch, start)
+        return EpochRun(self.rt, self.progress, self.loader, self.steps, epoch, start, self.clock)
 
     def record(self, moment: Moment) -> dict[str, Any]:
         if not moment.pass_end:
@@ -201,6 +203,7 @@ class Run:
                 "steps_planned": self.plan.total_steps,
             }
             | memory_stats(self.rt, self.strategy, self.model, self.optimizer)
+            | self.clock.summary()
         )
 
 

@@ -20,6 +20,7 @@ Why each piece is here:
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator
 
@@ -58,6 +59,7 @@ class StepRunner:
     scaler: Any = None  # torch.amp.GradScaler under fp16
     last_grad_norm: float | None = None
     timed_save: Callable[[], bool] | None = None  # rank 0's clock says a checkpoint is due (--save-every-minutes)
+    wait_s: float = 0.0  # seconds this rank has waited in the agreement (for the others to arrive), in all
     _output_checked: bool = False
 
     def run(self, batch: Any, n_local: int, n_global: int, where: str) -> StepResult:
@@ -171,8 +173,10 @@ class StepRunner:
         flags[2] = count
         if self.timed_save is not None and self.timed_save():
             flags[3] = 1.0
+        t0 = time.perf_counter()
         self.rt.collectives.all_reduce_(flags)
         bad, stopping, total, save = flags.tolist()
+        self.wait_s += time.perf_counter() - t0
         return int(bad), stopping > 0, total, save > 0
 
     def stop_requested(self) -> bool:

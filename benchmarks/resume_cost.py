@@ -1,0 +1,93 @@
+#!/usr/bin/env python
+"""What a resume costs after 10 steps and after 10,000: a map-style set and a stream, 2 CPU
+processes, batch 8 per process. Each checkpoint is written once (a run to step S with
+--save-every-steps S); then one-step resumes from it are timed, rounds interleaved (10,
+10000, 10, 10000, ...), so that a drifting machine hits both alike.
+
+    python benchmarks/resume_cost.py [--rounds 3] [--out benchmarks/results/resume_cost.md]
+
+Reports, per kind and step: the wall time of the resuming command (start-up, resume, one
+step, exit) and the time inside fit() (the resume and one step), medians and ranges.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+STEPS = (10, 10_000)
+KINDS = ("map", "stream")
+
+
+def train(kind: str, run_dir: Path, max_steps: int, *extra: str) -> tuple[float, dict]:
+    argv = [
+        sys.executable, "-m", "ddpkit", "train", f"{ROOT}/benchmarks/tasks/resume.py:build",
+        "--task-arg", f"kind={kind}", "--nproc", "2", "--batch-size", "8", "--epochs", "1",
+        "--max-steps", str(max_steps), "--save-every", "0", "--quiet", "--run-dir", str(run_dir), *extra,
+    ]  # fmt: skip
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
+    t0 = time.perf_counter()
+    proc = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=1800)
+    wall = time.perf_counter() - t0
+    if proc.returncode != 0:
+        raise SystemExit(f"{kind} {max_steps} failed:\n{proc.stdout}\n{proc.stderr}")
+    return wall, json.loads((run_dir / "summary.json").read_text())
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--out", default=str(ROOT / "benchmarks/results/resume_cost.md"))
+    args = ap.parse_args()
+    tmp = Path(tempfile.mkdtemp(prefix="ddpkit-resume-cost-"))
+    written: dict[tuple[str, int], Path] = {}
+    for kind in KINDS:
+        for steps in STEPS:
+            run_dir = tmp / f"{kind}-{steps}"
+            wall, _ = train(kind, run_dir, steps, "--save-every-steps", str(steps))
+            written[kind, steps] = run_dir
+            print(f"checkpoint at step {steps} ({kind}): written in {wall:.1f} s", flush=True)
+    times: dict[tuple[str, int], list[tuple[float, float]]] = {k: [] for k in written}
+    for r in range(args.rounds):
+        for kind in KINDS:
+            for steps in STEPS:
+                src = written[kind, steps]
+                run_dir = tmp / f"{kind}-{steps}-r{r}"
+                subprocess.run(["cp", "-r", str(src), str(run_dir)], check=True)
+                wall, summary = train(kind, run_dir, steps + 1, "--resume")
+                assert summary["steps_done"] == steps + 1, summary
+                times[kind, steps].append((wall, summary["fit_s"]))
+                print(f"round {r + 1}: {kind} resumed at step {steps}: wall {wall:.2f} s, fit {summary['fit_s']:.2f} s")
+    lines = [
+        "# Resume cost against the steps done",
+        "",
+        f"`python benchmarks/resume_cost.py --rounds {args.rounds}`: 2 CPU processes, batch 8 per process; "
+        "a checkpoint written at step S, then a resume that trains one more step, timed "
+        f"{args.rounds} times, rounds interleaved. Medians (range).",
+        "",
+        "| data | resumed at step | wall of the command (s) | inside fit(): resume + 1 step (s) |",
+        "|---|---|---|---|",
+    ]
+    for kind in KINDS:
+        for steps in STEPS:
+            walls = [w for w, _ in times[kind, steps]]
+            fits = [f for _, f in times[kind, steps]]
+            lines.append(
+                f"| {kind} | {steps:,} | {statistics.median(walls):.2f} ({min(walls):.2f}-{max(walls):.2f}) "
+                f"| {statistics.median(fits):.3f} ({min(fits):.3f}-{max(fits):.3f}) |"
+            )
+    text = "\n".join(lines) + "\n"
+    Path(args.out).write_text(text)
+    print(text)
+
+
+if __name__ == "__main__":
+    main()
