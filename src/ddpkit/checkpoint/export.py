@@ -65,7 +65,8 @@ class Source(Protocol):
 
 
 class FileSource:
-    """model.pt (plain weights) or a one-file checkpoint (its "model"), memory-mapped."""
+    """model.pt (plain weights) or a one-file checkpoint (its "model"), memory-mapped: a tensor's
+    pages are read from disk when it is written out."""
 
     def __init__(self, path: Path) -> None:
         self.path = path
@@ -75,7 +76,8 @@ class FileSource:
             raise DdpkitError(f"{path}: refused to load: it is not plain data ({_first_line(e)})") from None
         except Exception as e:  # garbage makes the unpickler fail in many ways
             raise DdpkitError(f"{path}: not a readable checkpoint, truncated or corrupt ({_first_line(e)})") from None
-        state = loaded.get("model") if isinstance(loaded, dict) and loaded.get("format") == ckpt_file.FORMAT else loaded
+        ddpkit_file = isinstance(loaded, dict) and isinstance(loaded.get("format"), str) and "model" in loaded
+        state = loaded["model"] if ddpkit_file else loaded  # a checkpoint (or rt.save's file): its model
         if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
             raise DdpkitError(f"{path}: holds no model weights (neither ddpkit's model.pt nor a ddpkit checkpoint)")
         self.state: dict[str, torch.Tensor] = state
@@ -171,7 +173,8 @@ def find_source(run_dir: Path, name: str | None = None) -> Path:
 def _mtime(path: Path) -> int:
     from .sharded import META
 
-    return (path / META if path.is_dir() else path).stat().st_mtime_ns if path.exists() else 0
+    written = path / META if path.is_dir() else path  # a sharded checkpoint's ddpkit.pt is written last
+    return written.stat().st_mtime_ns if written.exists() else 0
 
 
 def open_source(path: Path) -> Source:

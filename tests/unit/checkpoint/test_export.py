@@ -10,7 +10,7 @@ import torch
 from safetensors.torch import load_file
 from torch import nn
 
-from ddpkit import DdpkitError, DistEnv
+from ddpkit import DdpkitError, DistEnv, RunConfig
 from ddpkit.checkpoint import hf_config
 from ddpkit.checkpoint.checkpointer import Checkpointer, Policy
 from ddpkit.checkpoint.export import INDEX, export_run, file_names, find_source, plan_files
@@ -148,3 +148,9 @@ def test_of_tied_names_the_first_is_kept_when_the_model_declares_none():
     # a transformers model declares its tied names (_tied_weights_keys): tests/distributed/test_export.py
     assert hf_config.left_out(Tied()) == {"head.weight": "embed.weight"}
     assert not hf_config.is_hf_model(Tied())
+
+
+def test_train_export_takes_a_known_format_only():
+    assert RunConfig(export="hf").export == "hf"
+    with pytest.raises(DdpkitError, match="--export must be one of safetensors, hf, got 'onnx'"):
+        RunConfig(export="onnx")
