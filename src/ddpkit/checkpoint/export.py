@@ -66,10 +66,15 @@ class Source(Protocol):
 
 class FileSource:
     """model.pt (plain weights) or a one-file checkpoint (its "model"), memory-mapped: a tensor's
-    pages are read from disk when it is written out."""
+    pages are read from disk when it is written out, and each group of tensors is mapped anew and
+    let go once written (the pages of a mapping stay resident while it lives)."""
 
     def __init__(self, path: Path) -> None:
         self.path = path
+        self.tensors = [TensorInfo(k, tuple(v.shape), v.dtype) for k, v in self._load().items()]
+
+    def _load(self) -> dict[str, torch.Tensor]:
+        path = self.path
         try:
             loaded = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
         except pickle.UnpicklingError as e:
@@ -80,11 +85,11 @@ class FileSource:
         state = loaded["model"] if ddpkit_file else loaded  # a checkpoint (or rt.save's file): its model
         if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
             raise DdpkitError(f"{path}: holds no model weights (neither ddpkit's model.pt nor a ddpkit checkpoint)")
-        self.state: dict[str, torch.Tensor] = state
-        self.tensors = [TensorInfo(k, tuple(v.shape), v.dtype) for k, v in state.items()]
+        return state
 
     def read(self, names: list[str]) -> dict[str, torch.Tensor]:
-        return {n: self.state[n] for n in names}
+        state = self._load()
+        return {n: state[n] for n in names}
 
 
 class ShardedSource:
