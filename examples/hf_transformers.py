@@ -22,6 +22,14 @@ ddpkit then divides by the token count over all micro-batches and ranks, so the 
 the mean over every label token of the global batch, as on one process, and the final
 model.pt is the same at any world size and --accumulate (with dropout 0).
 
+The trained model leaves as a folder `from_pretrained` loads (README, "Export"):
+
+    ddpkit export RUN_DIR --format hf --out gpt2-hf      # or `--export hf` on ddpkit train
+    AutoModelForCausalLM.from_pretrained("gpt2-hf")
+
+(its config is kept in RUN_DIR/hf_config/ when the run starts; the tied lm_head is written
+once, as save_pretrained writes it).
+
 Task arguments (--task-arg KEY=VALUE): n_layer, n_head, n_embd, max_length, dropout, lr,
 max_samples (training pieces kept; None: all 7,378). The first command above takes ~30 s
 on 2 CPU cores (most of it transformers' import and its slower forward); its eval loss

@@ -11,6 +11,7 @@ from typing import Any
 from .config_groups import (  # noqa: F401  (re-exported: the choices and rules other layers name)
     BACKENDS,
     DEVICES,
+    EXPORT_FORMATS,
     FAULTS,
     FUSED_MODES,
     GRAD_COMPRESSIONS,
@@ -381,6 +382,13 @@ class RunConfig:
     )
     csv: bool = setting(False, "also write RUN_DIR/metrics.csv (metrics.jsonl is always written)", group=OUTPUT)
     tensorboard: bool = setting(False, "also write TensorBoard event files to RUN_DIR/tensorboard", group=OUTPUT)
+    export: str | None = setting(
+        None,
+        "at the end of the run, write the model to RUN_DIR/export/: safetensors files, or a folder "
+        "Hugging Face's from_pretrained loads (hf; a transformers model); as `ddpkit export` does",
+        group=OUTPUT,
+        choices=EXPORT_FORMATS,
+    )
     # strategy and precision
     strategy: str = setting(
         "ddp",

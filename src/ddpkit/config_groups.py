@@ -32,6 +32,7 @@ GRAD_SYNC_MODES = ("auto", "shm", "backend")  # how DDP gradients are all-reduce
 GRAD_COMPRESSIONS = ("none", "bf16", "fp16", "powersgd")
 FUSED_MODES = ("off", "on", "auto")
 ON_NAN_MODES = ("stop", "skip")
+EXPORT_FORMATS = ("safetensors", "hf")  # what `ddpkit export` and train's --export write (checkpoint/export.py)
 
 
 def validate_processes(cfg: Any) -> None:
@@ -198,6 +199,15 @@ def validate_output(cfg: Any) -> None:
         raise DdpkitError(
             "--tensorboard needs the tensorboard package: pip install 'ddpkit[tensorboard]' (or tensorboard)"
         )
+    if cfg.export is not None:
+        check_export_format("--export", cfg.export)
+
+
+def check_export_format(flag: str, value: str) -> None:
+    """An export's format, and the safetensors package it needs (refused before a run, not after)."""
+    _choice(flag, value, EXPORT_FORMATS)
+    if importlib.util.find_spec("safetensors") is None:
+        raise DdpkitError(f"{flag} needs the safetensors package: pip install 'ddpkit[export]' (or safetensors)")
 
 
 def validate_performance(cfg: Any) -> None:

@@ -58,14 +58,14 @@ _UNITS = {
 }
 
 
-def parse_memory(text: str | int | None) -> int | None:
-    """--device-memory: '80GiB' (2^30 bytes), '80GB' (10^9), '512MB', or a number of bytes."""
+def parse_memory(text: str | int | None, flag: str = "--device-memory") -> int | None:
+    """--device-memory (or another size `flag`): '80GiB' (2^30 bytes), '80GB' (10^9), '512MB', or a number of bytes."""
     if text is None or isinstance(text, int):
         return text
     m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*", str(text))
     unit = m and _UNITS.get(m.group(2).lower())
     if not m or unit is None or float(m.group(1)) <= 0:
-        raise DdpkitError(f"--device-memory must be a size such as 80GiB, 80GB or 512MB, got {text!r}")
+        raise DdpkitError(f"{flag} must be a size such as 80GiB, 80GB or 512MB, got {text!r}")
     return int(float(m.group(1)) * unit)
 
 

@@ -16,6 +16,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from .checkpoint import hf_config
+from .checkpoint.export import export_run
 from .config import RunConfig
 from .environments import DistEnv
 from .envvars import BENCH_RESULT_VAR, ERROR_DIR_VAR, LAUNCH_TIME_VAR
@@ -119,12 +121,17 @@ def _train(cfg: RunConfig, env: DistEnv) -> dict[str, Any]:
             watchdog.start()
         seed_everything(cfg.seed)  # the same model on every rank, whatever the world size
         task = build_task(cfg.task, cfg)
+        if cfg.export == "hf":
+            hf_config.check_hf(task.model)  # on every rank, before any training
         if watchdog is not None:
             watchdog.watch_model(task.model)  # a forward pass is progress
         seed_everything(cfg.seed + 1 + env.rank)  # then per-rank streams (dropout, augmentation)
         if rt.is_main:
             run_dir.mkdir(parents=True, exist_ok=True)
             (run_dir / "config.json").write_text(json.dumps(cfg.as_dict(), indent=2) + "\n")
+            not_kept = hf_config.record(task.model, run_dir, required=cfg.export == "hf")  # for export --format hf
+            if not_kept:
+                print(f"ddpkit: warning: {not_kept}; `ddpkit export --format hf` will refuse this run", flush=True)
         if os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") != "0":
             cfg = cfg.replace(auto_resume=True)  # restarted after a failure: continue, don't redo
         stop = StopRequest(cfg.save_on_signal.split(",")) if cfg.save_on_signal else None
@@ -160,6 +167,8 @@ def _train(cfg: RunConfig, env: DistEnv) -> dict[str, Any]:
             **stats,
             "run_dir": str(run_dir),
         }
+    if cfg.export and env.is_main and not stats["stopped_early"]:  # the process group is down: rank 0 alone
+        export_run(run_dir, cfg.export, run_dir / "export", replace=True, say=print if not cfg.quiet else _silent)
     launched = float(os.environ.get(LAUNCH_TIME_VAR, "0") or 0)
     if launched:
         summary["wall_s"] = time.time() - launched
@@ -176,6 +185,10 @@ def _train(cfg: RunConfig, env: DistEnv) -> dict[str, Any]:
         if os.environ.get(BENCH_RESULT_VAR):
             print("RESULT " + json.dumps(summary), flush=True)
     return summary
+
+
+def _silent(line: str) -> None:
+    pass
 
 
 def requeue_slurm_job() -> None:

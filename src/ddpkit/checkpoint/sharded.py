@@ -125,6 +125,15 @@ def _replace_dir(src: Path, dst: Path) -> None:
 
 def validate_sharded(path: Path, model: nn.Module, optimizer: torch.optim.Optimizer | None) -> dict[str, Any]:
     """ddpkit.pt of a complete sharded checkpoint that fits this model; a DdpkitError otherwise."""
+    meta = read_complete(path)
+    ckpt_io.check_signature(path, ckpt_io.model_signature(unwrap(model).state_dict()), meta["model_signature"])
+    if optimizer is not None and meta["optimizer_groups"] != [len(g["params"]) for g in optimizer.param_groups]:
+        raise DdpkitError(f"{path}: checkpoint's optimizer has different parameter groups than this task's optimizer")
+    return meta
+
+
+def read_complete(path: Path) -> dict[str, Any]:
+    """ddpkit.pt of a sharded checkpoint whose every shard file is there (any model); a DdpkitError otherwise."""
     meta = ckpt_io.load_file(path / META) if (path / META).is_file() else None
     if not isinstance(meta, dict) or meta.get("format") != FORMAT:
         raise DdpkitError(f"{path}: not a complete ddpkit sharded checkpoint (no {META})")
@@ -141,9 +150,6 @@ def validate_sharded(path: Path, model: nn.Module, optimizer: torch.optim.Optimi
     absent = sorted(f for f in files if f and not (path / f).is_file())
     if absent:
         raise DdpkitError(f"{path}: incomplete sharded checkpoint, missing {absent[:3]}")
-    ckpt_io.check_signature(path, ckpt_io.model_signature(unwrap(model).state_dict()), meta["model_signature"])
-    if optimizer is not None and meta["optimizer_groups"] != [len(g["params"]) for g in optimizer.param_groups]:
-        raise DdpkitError(f"{path}: checkpoint's optimizer has different parameter groups than this task's optimizer")
     return meta
 
 

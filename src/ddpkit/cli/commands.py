@@ -17,6 +17,7 @@ from .options import (
     BenchOptions,
     CheckOptions,
     EnvOptions,
+    ExportOptions,
     LaunchOptions,
     PlotOptions,
     SlurmOptions,
@@ -67,6 +68,13 @@ CHECK_HELP = (
 PLOT_HELP = (
     "Plot the metrics.jsonl of one or more run directories into one PNG: loss, the eval metric and samples/s per "
     "epoch, e.g. 1 vs 2 vs 4 processes."
+)
+
+EXPORT_HELP = (
+    "Write a run's model as safetensors files, or as a folder Hugging Face's from_pretrained loads (--format hf: "
+    "the weights, config.json and generation_config.json of a transformers model). Reads the run's newest "
+    "checkpoint (one file, or FSDP's shards, read tensor by tensor: no process holds the whole model) or model.pt; "
+    "above --max-shard-size the weights are split into files with an index, as Hugging Face does."
 )
 
 BENCH_HELP = (
@@ -246,6 +254,15 @@ def cmd_plan(ns: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_export(ns: argparse.Namespace) -> int:
+    from ..checkpoint.export import export_run
+
+    export_run(
+        ns.run_dir, ns.format, ns.out, ns.checkpoint, ns.max_shard_size, say=lambda line: print(line, flush=True)
+    )
+    return 0
+
+
 def cmd_bench(ns: argparse.Namespace) -> int:
     from ..tools.bench import main_bench
 
@@ -317,6 +334,12 @@ COMMANDS = {
     ),
     "plot": Command(
         cmd_plot, "PNG curves of runs (loss, eval accuracy, samples/s), side by side", PLOT_HELP, options=PlotOptions
+    ),
+    "export": Command(
+        cmd_export,
+        "write a run's model as safetensors, or a Hugging Face folder (from_pretrained)",
+        EXPORT_HELP,
+        options=ExportOptions,
     ),
     "bench": Command(
         cmd_bench,

@@ -145,6 +145,28 @@ class PlotOptions:
 
 
 @dataclass(frozen=True)
+class ExportOptions:
+    run_dir: str | None = option(
+        help="the run directory of `ddpkit train`", positional=True, nargs=None, metavar="RUN_DIR"
+    )
+    format: str = option(
+        "safetensors",
+        "safetensors: the weights as safetensors files; hf: a folder Hugging Face's from_pretrained loads "
+        "(the weights and the model's config; a transformers model)",
+        metavar="safetensors|hf",
+    )
+    out: str | None = option(help="the folder to write (must not exist, or be empty)", default_help="RUN_DIR/export")
+    checkpoint: str | None = option(
+        help="which weights: a checkpoint's name in RUN_DIR/checkpoints (epoch-000004), model.pt, or a path",
+        metavar="NAME",
+        default_help="the newest: the newest checkpoint, or model.pt when at least as new",
+    )
+    max_shard_size: str = option(
+        "5GB", "above this size (500MB, 2GiB, ...) the weights are split into files and an index", metavar="SIZE"
+    )
+
+
+@dataclass(frozen=True)
 class BenchOptions:
     task: str = option("wine", "task for the step-time breakdown (default wine)", positional=True)
     nproc: str = option("1,2", "comma-separated process counts")

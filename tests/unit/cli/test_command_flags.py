@@ -13,7 +13,7 @@ from ddpkit.cli.flags import flag_names, names_of
 from ddpkit.cli.options import LaunchOptions, agent_options
 
 # the least each command needs to parse
-MINIMAL = {"launch": ["script.py"], "plot": ["run1"]}
+MINIMAL = {"launch": ["script.py"], "plot": ["run1"], "export": ["run1"]}
 
 
 def _subparsers():
