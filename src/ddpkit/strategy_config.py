@@ -144,11 +144,19 @@ def _check_replicate(config: StrategyConfig, world_size: int | None) -> None:
         )
 
 
-def hsdp_mesh(config: StrategyConfig, world_size: int, nnodes: int) -> tuple[int, int]:
+def hsdp_mesh(
+    config: StrategyConfig, world_size: int, nnodes: int, local_world_size: int | None = None
+) -> tuple[int, int]:
     """hsdp's (replicate, shard) mesh: --replicate R replicas of world_size / R shards, or by
     default one replica per node, sharded over that node's processes (global ranks are numbered
     node by node, so each shard group is one node and only the replicas' all-reduce crosses nodes).
-    Every rank gets the same answer: it depends only on the job's world size and node count."""
+    Every rank gets the same answer: it depends only on the job's world size and node count,
+    which agree on every rank when every node runs `local_world_size` processes (checked)."""
+    if config.replicate is None and local_world_size is not None and nnodes * local_world_size != world_size:
+        raise DdpkitError(
+            f"--strategy hsdp puts one replica on each node, but this node runs {local_world_size} of the "
+            f"{world_size} processes: start the same number on every node, or give --replicate R"
+        )
     replicate = config.replicate or max(1, nnodes)
     if world_size % replicate:
         raise DdpkitError(

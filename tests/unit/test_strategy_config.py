@@ -165,6 +165,9 @@ def test_hsdp_replicates_across_nodes_and_shards_within_one_by_default():
     assert hsdp_mesh(HSDP, 4, nnodes=1) == (1, 4)  # one node: FSDP over all 4
     assert hsdp_mesh(StrategyConfig(name="hsdp", replicate=2), 4, nnodes=1) == (2, 2)
     assert hsdp_mesh(StrategyConfig(name="hsdp", replicate=4), 8, nnodes=2) == (4, 2)
+    with pytest.raises(DdpkitError, match=re.escape("this node runs 4 of the 6 processes: start the same number")):
+        hsdp_mesh(HSDP, 6, nnodes=6 // 4, local_world_size=4)  # nodes of 4 and 2 processes: no even replicas
+    assert hsdp_mesh(StrategyConfig(name="hsdp", replicate=2), 6, nnodes=1, local_world_size=4) == (2, 3)
     assert "which is --strategy fsdp" in hsdp_note((1, 4)) and "2 replicas x 2 shards" in hsdp_note((2, 2))
     check(HSDP, 4)
     check(StrategyConfig(name="hsdp", replicate=2, precision="bf16"), 4, mesh_shape=(2, 2))

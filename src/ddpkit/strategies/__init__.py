@@ -56,7 +56,9 @@ def strategy_for(config: StrategyConfig, rt: Runtime, *, blocks: Any = None) -> 
     if config.name in ("fsdp", "hsdp"):
         from .fsdp import FsdpStrategy  # FSDP's imports cost ~0.5 s: only for FSDP runs
 
-        mesh = hsdp_mesh(config, rt.world_size, rt.env.nnodes) if config.name == "hsdp" else None
+        mesh = None
+        if config.name == "hsdp":
+            mesh = hsdp_mesh(config, rt.world_size, rt.env.nnodes, rt.env.local_world_size)
         return FsdpStrategy(rt, config, blocks=blocks, mesh_shape=mesh)
     return DdpStrategy(rt, config)
 
