@@ -61,6 +61,8 @@ def train(
                     cfg.device,
                     local_nproc=nproc,
                     task_args=cfg.task_args,
+                    replicate=cfg.replicate,
+                    nnodes=plan.max_nodes,
                 ).format(cfg.task, cfg.strategy)
             )
         return {"plan": plan}
@@ -147,27 +149,34 @@ def memory_plan(
     device: str = "auto",
     local_nproc: int | None = None,
     task_args: dict[str, Any] | None = None,
+    replicate: int | None = None,
+    nnodes: int = 1,
 ) -> Any:
     """The memory plan (ddpkit.strategies.memory.MemoryPlan) of `task` at `nproc` ranks: per-rank bytes
-    under DDP and FSDP, and the strategy `auto` would pick (.format(title, strategy) prints
-    it). Builds the task in this process, as each worker would; nothing is trained.
-    `local_nproc`: the ranks sharing one machine's RAM on a CPU (default: all of them)."""
+    under DDP and FSDP (and HSDP with strategy='hsdp'), and the strategy `auto` would pick
+    (.format(title, strategy) prints it). Builds the task in this process, as each worker would;
+    nothing is trained. `local_nproc`: the ranks sharing one machine's RAM on a CPU (default: all
+    of them). `nnodes`: the nodes the `nproc` ranks span, for the traffic between them."""
     from .config import parse_memory
     from .strategies.fsdp import default_blocks
     from .strategies.memory import detect_device_memory, make_plan
+    from .strategy_config import StrategyConfig, hsdp_mesh
     from .task import build_task
     from .worker import seed_everything
 
     device_type = resolve_device_type(device)
     n = resolve_nproc(nproc, device_type) if device_type == "cpu" or nproc is None else nproc
     cfg = RunConfig(task=task, nproc=n, strategy=strategy, precision=precision, task_args=task_args or {})
+    check(StrategyConfig(name=strategy, replicate=replicate), n)
+    mesh = hsdp_mesh(StrategyConfig(name=strategy, replicate=replicate), n, nnodes) if strategy == "hsdp" else None
     budget = parse_memory(device_memory)
     where = "given"
     if budget is None:
         budget, where = detect_device_memory(device_type, local_nproc or n)
     seed_everything(seed)
     built = build_task(cfg.task, cfg)
-    return make_plan(built.model, built.optimizer, n, precision, budget, where, built.fsdp_blocks or default_blocks)
+    blocks = built.fsdp_blocks or default_blocks
+    return make_plan(built.model, built.optimizer, n, precision, budget, where, blocks, mesh=mesh, nnodes=nnodes)
 
 
 def _task_slug(task: str) -> str:

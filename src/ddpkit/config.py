@@ -393,9 +393,18 @@ class RunConfig:
     strategy: str = setting(
         "ddp",
         "ddp: a whole replica per process (fastest); fsdp: shard parameters, gradients and optimizer "
-        "state across processes (for models that do not fit); auto: the memory plan picks",
+        "state across processes (for models that do not fit); hsdp: shard within a node, replicate across "
+        "nodes (only gradient shards cross nodes); auto: the memory plan picks ddp or fsdp",
         group=STRATEGY,
         choices=STRATEGIES,
+    )
+    replicate: int | None = setting(
+        None,
+        "--strategy hsdp: R replicas, each sharded over world size / R processes (must divide it)",
+        group=STRATEGY,
+        type=int,
+        metavar="R",
+        default_help="one per node",
     )
     precision: str = setting(
         "fp32",
@@ -528,6 +537,7 @@ class RunConfig:
             static_graph=self.static_graph,
             fused_optimizer=self.fused_optimizer,
             compile=self.compile,
+            replicate=self.replicate,
         )
 
     def replace(self, **changes: Any) -> RunConfig:

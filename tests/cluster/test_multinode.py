@@ -1,6 +1,7 @@
 """`ddpkit train` on two real "nodes" (network namespaces on a bridge, each with its own
 address), 2 processes each: world size 4 must give the model of a single-node 4-process run.
-ddpkit must find the right interface for gloo itself (no GLOO_SOCKET_IFNAME given)."""
+ddpkit must find the right interface for gloo itself (no GLOO_SOCKET_IFNAME given). Under
+--strategy hsdp, only the all-reduce of gradient shards may cross between the nodes."""
 
 import json
 import sys
@@ -186,3 +187,49 @@ def test_an_elastic_job_continues_on_the_surviving_node(two_nodes, tmp_path):
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["world_size"] == 2 and summary["nnodes"] == 1 and summary["epochs_done"] == 400, summary
     assert summary["resumed_from_epoch"] > 0
+
+
+RECORDING = str(REPO / "tests" / "cluster" / "scripts" / "recording_wine.py") + ":build"
+
+
+@pytest.mark.slow
+def test_hsdp_on_two_nodes_equals_one_node_and_only_gradient_shards_cross(two_nodes, tmp_path, single_node_reference):
+    """--strategy hsdp, 2 nodes x 2: one replica per node, sharded over its 2 processes. The task
+    writes down every collective torch's FSDP2 issues (past ddpkit's own record) with its group."""
+    port = str(two_nodes.next_port())
+    run_dir, results, logs = _run_two_nodes(
+        two_nodes,
+        tmp_path,
+        lambda node, i: [
+            RECORDING,
+            "--strategy",
+            "hsdp",
+            "--master-addr",
+            two_nodes.nodes[0].ip,
+            "--master-port",
+            port,
+            "--node-rank",
+            str(i),
+        ],
+    )
+    assert "ddpkit: --strategy hsdp: 2 replicas x 2 shards" in results[0].output, logs
+    assert json.loads((run_dir / "summary.json").read_text())["strategy"] == "hsdp"
+    assert_state_close(load_model(run_dir), single_node_reference, rtol=1e-6, atol=1e-7)
+    records = [json.loads((run_dir / f"collectives-{r}.json").read_text()) for r in range(4)]
+    node = {rec["rank"]: rec["node"] for rec in records}
+    assert node == {0: 0, 1: 0, 2: 1, 3: 1}
+    for rec in records:
+        calls = rec["calls"]
+        inside = [c for c in calls if c["op"] != "all_reduce"]
+        across = [c for c in calls if c["op"] == "all_reduce"]
+        assert inside and across, calls
+        # every all-gather and reduce-scatter runs in this node's group of 2
+        assert all(sorted(c["ranks"]) == [r for r in node if node[r] == rec["node"]] for c in inside), calls
+        # every all-reduce runs between the 2 nodes (one rank of each) on a reduce-scatter's output
+        assert all(sorted(node[r] for r in c["ranks"]) == [0, 1] for c in across), calls
+        for i, c in enumerate(calls):
+            if c["op"] == "all_reduce":
+                assert calls[i - 1]["op"] == "reduce_scatter_single" and calls[i - 1]["numel"] == c["numel"]
+        # one step's all-reduces carry the 1/2-sized gradient shards: Linear(13, 64) and Linear(64, 3)
+        # as FSDP2 shards them over 2 (rows padded to even): 32 x 13 + 32 and 2 x 64 + 2 elements
+        assert sorted(c["numel"] for c in across[:2]) == [130, 448], across

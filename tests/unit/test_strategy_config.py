@@ -9,7 +9,7 @@ from torch import nn
 from ddpkit import DdpkitError, DistEnv, RunConfig
 from ddpkit.api import _check_strategy
 from ddpkit.session import Session
-from ddpkit.strategy_config import FSDP_NEEDS_TWO, StrategyConfig, check
+from ddpkit.strategy_config import FSDP_NEEDS_TWO, StrategyConfig, check, hsdp_mesh, hsdp_note
 
 FSDP = StrategyConfig(name="fsdp")
 
@@ -45,7 +45,7 @@ def test_run_config_builds_the_typed_strategy_settings_once():
 @pytest.mark.parametrize(
     "config, world, message",
     [
-        (StrategyConfig(name="zero3"), None, "--strategy must be one of ddp, fsdp, auto, got 'zero3'"),
+        (StrategyConfig(name="zero3"), None, "--strategy must be one of ddp, fsdp, hsdp, auto, got 'zero3'"),
         (FSDP, 1, FSDP_NEEDS_TWO),
         (
             StrategyConfig(name="fsdp", compile=True, bucket_mb=4.0),
@@ -137,3 +137,44 @@ def test_an_fsdp_strategy_refuses_a_mesh_that_does_not_fit_the_job():
 
     with Runtime(DistEnv(), device="cpu", threads=1) as rt, pytest.raises(DdpkitError, match="needs at least 2"):
         FsdpStrategy(rt, FSDP, mesh_shape=(1, 1))
+
+
+HSDP = StrategyConfig(name="hsdp")
+
+
+@pytest.mark.parametrize(
+    "config, world, message",
+    [
+        (StrategyConfig(name="hsdp", replicate=3), 4, "--replicate 3 does not divide the 4 processes into equal"),
+        (StrategyConfig(name="hsdp", replicate=0), None, "--replicate must be a positive number of replicas, got 0"),
+        (StrategyConfig(name="fsdp", replicate=2), 4, "use --strategy hsdp --replicate 2, or drop --replicate"),
+        (StrategyConfig(name="ddp", replicate=2), 4, "--replicate 2 sets the replicas of --strategy hsdp"),
+        (HSDP, 1, "--strategy hsdp shards the model across processes and needs at least 2"),
+        (StrategyConfig(name="hsdp", precision="fp16"), 4, "use --precision bf16 with --strategy hsdp"),
+        (StrategyConfig(name="hsdp", bucket_mb=4.0), 4, "--bucket-mb: DDP options, not available with --strategy hsdp"),
+        (StrategyConfig(name="hsdp", async_save=True), 4, "drop --async-save with --strategy hsdp"),
+    ],
+)
+def test_hsdp_keeps_fsdps_rules_and_its_replicas_divide_the_job(config, world, message):
+    with pytest.raises(DdpkitError, match=re.escape(message)):
+        check(config, world)
+
+
+def test_hsdp_replicates_across_nodes_and_shards_within_one_by_default():
+    assert hsdp_mesh(HSDP, 8, nnodes=2) == (2, 4)  # global ranks 0-3 on node 0: one shard group per node
+    assert hsdp_mesh(HSDP, 4, nnodes=1) == (1, 4)  # one node: FSDP over all 4
+    assert hsdp_mesh(StrategyConfig(name="hsdp", replicate=2), 4, nnodes=1) == (2, 2)
+    assert hsdp_mesh(StrategyConfig(name="hsdp", replicate=4), 8, nnodes=2) == (4, 2)
+    with pytest.raises(DdpkitError, match=re.escape("this node runs 4 of the 6 processes: start the same number")):
+        hsdp_mesh(HSDP, 6, nnodes=6 // 4, local_world_size=4)  # nodes of 4 and 2 processes: no even replicas
+    assert hsdp_mesh(StrategyConfig(name="hsdp", replicate=2), 6, nnodes=1, local_world_size=4) == (2, 3)
+    assert "which is --strategy fsdp" in hsdp_note((1, 4)) and "2 replicas x 2 shards" in hsdp_note((2, 2))
+    check(HSDP, 4)
+    check(StrategyConfig(name="hsdp", replicate=2, precision="bf16"), 4, mesh_shape=(2, 2))
+    assert RunConfig(strategy="hsdp", replicate=2, nproc=4).strategy_config().replicate == 2
+    with pytest.raises(DdpkitError, match=re.escape("--replicate 3 does not divide the 4 processes")):
+        RunConfig(strategy="hsdp", replicate=3, nproc=4)
+    with pytest.raises(DdpkitError, match=re.escape("--replicate 3 does not divide the 8 processes")):
+        _check_strategy(
+            RunConfig(strategy="hsdp", replicate=3, nnodes="2", master_addr="10.0.0.1", node_rank=0), "cpu", 8
+        )

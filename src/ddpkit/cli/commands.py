@@ -48,7 +48,9 @@ with several local workers every output line is whole and prefixed with its rank
 
 
 PLAN_HELP = """Print the memory plan of a task: per-rank bytes of parameters, gradients and optimizer
-state under DDP and under FSDP at --nproc processes, and which strategy fits the device memory."""
+state under DDP and under FSDP at --nproc processes, and which strategy fits the device memory.
+With --strategy hsdp also HSDP (--replicate R, default one replica per --nnodes); with --nnodes N
+(--nproc per node) the bytes each rank sends between nodes per optimizer step."""
 
 ENV_HELP = (
     "Print versions (Python, torch, CUDA, NCCL, gloo), devices and memory, the launcher environment (torchrun / "
@@ -240,14 +242,18 @@ def cmd_plot(ns: argparse.Namespace) -> int:
 def cmd_plan(ns: argparse.Namespace) -> int:
     from ..api import memory_plan
 
+    nnodes = int(str(ns.nnodes).rpartition(":")[2] or 1)  # an elastic MIN:MAX: plan for MAX
     print(
         memory_plan(
             ns.task,
-            nproc=ns.nproc,
+            nproc=ns.nproc * nnodes if ns.nproc else ns.nproc,
             strategy=ns.strategy,
             precision=ns.precision,
             device_memory=ns.device_memory,
             task_args=dict(ns.task_args or ()),
+            local_nproc=ns.nproc,
+            replicate=ns.replicate,
+            nnodes=nnodes,
         ).format(ns.task, ns.strategy),
         flush=True,
     )
@@ -298,7 +304,7 @@ COMMANDS = {
         "memory per rank under DDP and FSDP, and which one fits",
         PLAN_HELP,
         (config.STRATEGY,),
-        ("task", "nproc", "task_args"),
+        ("task", "nproc", "task_args", "nnodes"),
         defaults={"strategy": "auto"},
     ),
     "launch": Command(

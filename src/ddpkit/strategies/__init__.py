@@ -1,5 +1,6 @@
 """How the model is parallelised: DDP (a whole replica per rank) or FSDP (shards over a
-device mesh), the precision, DDP's knobs, and the memory plan that `--strategy auto` asks.
+device mesh; HSDP is FSDP over a 2-D one), the precision, DDP's knobs, and the memory plan
+that `--strategy auto` asks.
 
 The loop sees a Strategy (base.py) only; make_strategy picks the one --strategy names. The
 settings a strategy reads and the rules it refuses by are in ddpkit/strategy_config.py,
@@ -15,7 +16,7 @@ import torch
 
 from ..config import RunConfig
 from ..runtime import Runtime
-from ..strategy_config import StrategyConfig, check
+from ..strategy_config import StrategyConfig, check, hsdp_mesh, hsdp_note
 from ..task import Task
 from .base import Strategy
 from .ddp import DdpStrategy, grad_sync_used, wrap_model
@@ -43,15 +44,22 @@ def make_strategy(cfg: RunConfig, rt: Runtime, task: Task) -> Strategy:
     if config.name == "auto":
         config = dataclasses.replace(config, name=choose_strategy(config, rt, task, quiet=cfg.quiet))
     check(config, rt.world_size)
-    return strategy_for(config, rt, blocks=task.fsdp_blocks)
+    strategy = strategy_for(config, rt, blocks=task.fsdp_blocks)
+    if config.name == "hsdp" and not cfg.quiet:
+        rt.print(f"ddpkit: {hsdp_note(strategy.mesh_shape)}")
+    return strategy
 
 
 def strategy_for(config: StrategyConfig, rt: Runtime, *, blocks: Any = None) -> Strategy:
-    """The Strategy class `config.name` names (ddp or fsdp), built over `rt`."""
-    if config.name == "fsdp":
+    """The Strategy class `config.name` names, built over `rt`: hsdp is FSDP over a
+    (replicate, shard) mesh (strategy_config.hsdp_mesh), not a class of its own."""
+    if config.name in ("fsdp", "hsdp"):
         from .fsdp import FsdpStrategy  # FSDP's imports cost ~0.5 s: only for FSDP runs
 
-        return FsdpStrategy(rt, config, blocks=blocks)
+        mesh = None
+        if config.name == "hsdp":
+            mesh = hsdp_mesh(config, rt.world_size, rt.env.nnodes, rt.env.local_world_size)
+        return FsdpStrategy(rt, config, blocks=blocks, mesh_shape=mesh)
     return DdpStrategy(rt, config)
 
 

@@ -73,6 +73,8 @@ class FsdpStrategy(Strategy):
         shards every parameter over all N ranks; (R, S) shards over S ranks and keeps R
         replicas of the shards, whose gradients are all-reduced (HSDP)."""
         super().__init__(rt, config)
+        if self.config.name == "hsdp":
+            self.name = "hsdp"  # what the summary shows: the user asked for hsdp, even when R is 1
         if mesh_shape is not None:
             check(self.config, rt.world_size, mesh_shape=mesh_shape)
         self.mesh_shape = mesh_shape or (1, rt.world_size)

@@ -15,6 +15,13 @@ The optimizer's state per parameter element is measured by stepping the task's o
 once on a small probe tensor (Adam: 8 bytes, SGD with momentum: 4, plain SGD: 0).
 Activations and the batch are not counted: a strategy "fits" when the plan's total is at
 most FIT_FRACTION of the device's memory, leaving the rest for them.
+
+HSDP over a (replicate R, shard S) mesh holds FSDP's state sharded over S instead of N. On
+several nodes the plan also counts what each rank sends per optimizer step in collectives
+whose group spans nodes (ring estimates): DDP's all-reduce of every gradient, FSDP's
+all-gathers (forward and backward) and reduce-scatter over all ranks, and HSDP's all-reduce
+of the 1/S gradient shards between replicas (its gathers and reduce-scatters stay inside a
+node when each node holds whole shard groups).
 """
 
 from __future__ import annotations
@@ -23,7 +30,7 @@ import math
 import os
 import resource
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable
 
 import torch
@@ -103,6 +110,10 @@ class MemoryPlan:
     fsdp: Footprint
     device_memory: int
     device: str
+    mesh: tuple[int, int] | None = None  # hsdp's (replicate, shard); None: hsdp not planned
+    hsdp: Footprint | None = None
+    nnodes: int = 1
+    cross_node: dict[str, int] = field(default_factory=dict)  # bytes per rank per step, by strategy
 
     def fits(self, strategy: str) -> bool:
         return getattr(self, strategy).total <= FIT_FRACTION * self.device_memory
@@ -140,8 +151,8 @@ class MemoryPlan:
         """The last line of the plan: what `strategy` would do here."""
         if strategy == "auto":
             return self.reason()
-        if strategy == "fsdp" and self.world_size < 2:
-            return "FSDP needs 2 or more processes (--nproc 2+)"
+        if strategy in ("fsdp", "hsdp") and self.world_size < 2:
+            return f"{strategy.upper()} needs 2 or more processes (--nproc 2+)"
         need = format_bytes(getattr(self, strategy).total)
         if self.fits(strategy):
             return f"{strategy.upper()} needs {need} per rank: fits"
@@ -159,30 +170,58 @@ class MemoryPlan:
             ("model state", "state"),
         ]
         fsdp_head = f"FSDP x{n}" if n > 1 else "FSDP (needs 2+)"
+        extra = self._hsdp_column()
         lines = [
             f"memory plan: {title}, {n} process{'es' if n != 1 else ''}, {self.precision}",
             f"  model            {self.n_params:,} parameters, "
             f"{self.units} FSDP units (largest block {self.largest_block:,})",
             f"  optimizer        {opt}",
-            f"  per rank         {'DDP':>11}  {fsdp_head:>15}",
+            f"  per rank         {'DDP':>11}  {fsdp_head:>15}" + extra("head"),
         ]
         for label, attr in rows:
             d, f = getattr(self.ddp, attr), getattr(self.fsdp, attr)
             ratio = f"   (FSDP/DDP {f / d:.2f})" if attr == "state" and d else ""
-            lines.append(f"  {label:<16} {format_bytes(d):>11}  {format_bytes(f):>15}{ratio}")
+            lines.append(f"  {label:<16} {format_bytes(d):>11}  {format_bytes(f):>15}" + extra(attr) + ratio)
         lines.append(
             f"  {'in flight':<16} {format_bytes(self.ddp.transient) if self.ddp.transient else '-':>11}  "
-            f"{format_bytes(self.fsdp.transient):>15}   (FSDP: gathered units; DDP bf16: autocast's weight copies)"
+            f"{format_bytes(self.fsdp.transient):>15}" + extra("transient") + "   (FSDP: gathered units; DDP bf16: "
+            "autocast's weight copies)"
         )
-        lines.append(f"  {'total':<16} {format_bytes(self.ddp.total):>11}  {format_bytes(self.fsdp.total):>15}")
+        lines.append(
+            f"  {'total':<16} {format_bytes(self.ddp.total):>11}  {format_bytes(self.fsdp.total):>15}" + extra("total")
+        )
+        lines.extend(self._cross_node_lines(extra))
         yes = lambda s: "yes" if self.fits(s) else "no"  # noqa: E731
         lines.append(f"  device           {format_bytes(self.device_memory)} per rank ({self.device})")
         lines.append(
-            f"  fits in {FIT_FRACTION:.0%}      DDP {yes('ddp')}, FSDP {yes('fsdp')} "
-            f"(the other {1 - FIT_FRACTION:.0%} is for activations and the batch)"
+            f"  fits in {FIT_FRACTION:.0%}      DDP {yes('ddp')}, FSDP {yes('fsdp')}"
+            + (f", HSDP {yes('hsdp')}" if self.hsdp else "")
+            + f" (the other {1 - FIT_FRACTION:.0%} is for activations and the batch)"
         )
         lines.append(f"  --strategy {strategy:<5} {self.verdict(strategy)}")
         return "\n".join(lines)
+
+    def _hsdp_column(self) -> Callable[[str], str]:
+        """The HSDP column's cell for a row ('head', a Footprint attribute, or 'cross'), '' without one."""
+
+        def cell(attr: str) -> str:
+            if self.hsdp is None or self.mesh is None:
+                return ""
+            if attr == "head":
+                return f"  {f'HSDP {self.mesh[0]}x{self.mesh[1]}':>13}"
+            value = self.cross_node.get("hsdp", 0) if attr == "cross" else getattr(self.hsdp, attr)
+            return f"  {format_bytes(value):>13}"
+
+        return cell
+
+    def _cross_node_lines(self, extra: Callable[[str], str]) -> list[str]:
+        if self.nnodes < 2 or not self.cross_node:
+            return []
+        return [
+            f"  {'across nodes':<16} {format_bytes(self.cross_node['ddp']):>11}  "
+            f"{format_bytes(self.cross_node['fsdp']):>15}" + extra("cross") + f"   (sent per rank per step between "
+            f"the {self.nnodes} nodes; HSDP: only its all-reduce of gradient shards)"
+        ]
 
 
 def make_plan(
@@ -193,14 +232,17 @@ def make_plan(
     device_memory: int,
     device: str,
     blocks: Callable[[nn.Module], Iterable[nn.Module]] | None = None,
+    *,
+    mesh: tuple[int, int] | None = None,
+    nnodes: int = 1,
 ) -> MemoryPlan:
     """Per-rank bytes of the model's state under DDP and FSDP at this world size. `blocks`
-    names FSDP's units (ddpkit.fsdp.default_blocks, or the task's hook); None: the root only."""
+    names FSDP's units (ddpkit.fsdp.default_blocks, or the task's hook); None: the root only.
+    `mesh`: hsdp's (replicate, shard), planned too; `nnodes`: how many nodes the ranks span
+    (the world size split evenly), for the traffic between them."""
     params = list(model.parameters())
     n_params = sum(p.numel() for p in params)
     full = sum(p.numel() * p.element_size() for p in params)
-    shard = sum(_shard_numel(p, world_size) * p.element_size() for p in params)
-    shard_numel = sum(_shard_numel(p, world_size) for p in params)
     name, per_param, measured = optimizer_state_per_param(optimizer)
     compute_bytes = 2 if precision == "bf16" else 4
     block_sizes = [sum(p.numel() for p in b.parameters()) for b in (blocks(model) if blocks else [])]
@@ -208,7 +250,13 @@ def make_plan(
     root = n_params - sum(block_sizes)
     in_flight = (root + min(2, len(block_sizes)) * largest) * compute_bytes + largest * 4
     ddp = Footprint(full, full, int(n_params * per_param), n_params * 2 if precision == "bf16" else 0)
-    fsdp = Footprint(shard, shard, int(shard_numel * per_param), in_flight)
+
+    def sharded(over: int) -> Footprint:
+        shard = sum(_shard_numel(p, over) * p.element_size() for p in params)
+        return Footprint(shard, shard, int(sum(_shard_numel(p, over) for p in params) * per_param), in_flight)
+
+    hsdp = sharded(mesh[1]) if mesh else None
+    cross = _cross_node_bytes(params, world_size, compute_bytes, mesh, nnodes) if nnodes > 1 else {}
     return MemoryPlan(
         n_params,
         world_size,
@@ -219,10 +267,35 @@ def make_plan(
         len(block_sizes) + 1,
         largest,
         ddp,
-        fsdp,
+        sharded(world_size),
         device_memory,
         device,
+        mesh,
+        hsdp,
+        nnodes,
+        cross,
     )
+
+
+def _cross_node_bytes(
+    params: list[torch.Tensor], world: int, compute_bytes: int, mesh: tuple[int, int] | None, nnodes: int
+) -> dict[str, int]:
+    """What each rank sends per optimizer step in collectives whose group spans nodes (a ring
+    sends (n-1)/n of the buffer per gather or reduce-scatter, twice that per all-reduce).
+    Gradients are reduced in fp32; FSDP all-gathers the parameters in the compute precision,
+    in forward and again in backward. Ranks are numbered node by node."""
+    n_params = sum(p.numel() for p in params)
+    grads = n_params * 4
+    ring = lambda n: (n - 1) / n  # noqa: E731
+    fsdp_step = lambda n: ring(n) * (2 * n_params * compute_bytes + grads)  # noqa: E731
+    out = {"ddp": int(2 * ring(world) * grads), "fsdp": int(fsdp_step(world))}
+    if mesh:
+        replicate, shard = mesh
+        shard_grads = sum(_shard_numel(p, shard) for p in params) * 4
+        across = int(2 * ring(replicate) * shard_grads)
+        per_node = world // nnodes
+        out["hsdp"] = across if per_node % shard == 0 else across + int(fsdp_step(shard))
+    return out
 
 
 def _shard_numel(p: torch.Tensor, world_size: int) -> int:

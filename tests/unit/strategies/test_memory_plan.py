@@ -1,6 +1,8 @@
 """The memory plan, FSDP's default block policy, lockstep evaluation, precision checks and
 sharded-checkpoint discovery: the parts of --strategy fsdp that need no process group."""
 
+from pathlib import Path
+
 import pytest
 import torch
 from torch import nn
@@ -41,7 +43,7 @@ def test_run_config_takes_strategy_precision_and_a_memory_size():
     assert cfg.device_memory == 2 * 2**30 and RunConfig.from_dict(cfg.as_dict()) == cfg
     with pytest.raises(DdpkitError, match="needs at least 2"):
         RunConfig(strategy="fsdp", nproc=1)
-    with pytest.raises(DdpkitError, match="--strategy must be one of ddp, fsdp, auto"):
+    with pytest.raises(DdpkitError, match="--strategy must be one of ddp, fsdp, hsdp, auto"):
         RunConfig(strategy="zero3")
     with pytest.raises(DdpkitError, match="--precision must be one of fp32, bf16, fp16"):
         RunConfig(precision="int8")
@@ -78,6 +80,39 @@ def test_auto_picks_ddp_when_it_fits_else_fsdp():
     assert small.choose() == "fsdp" and small.fits("fsdp") and "fsdp: DDP needs" in small.reason()
     alone = make_plan(model, lambda p: torch.optim.Adam(p), 1, "fp32", need, "x")
     assert alone.choose() == "ddp" and "expect out-of-memory" in alone.reason()
+
+
+def test_hsdp_shards_over_one_node_and_only_gradient_shards_cross_nodes():
+    model = nn.Sequential(nn.Linear(10, 64), nn.ReLU(), nn.Linear(64, 3))
+    adam = lambda p: torch.optim.Adam(p)  # noqa: E731
+    plan = make_plan(model, adam, 4, "fp32", 10**9, "test", default_blocks, mesh=(2, 2), nnodes=2)
+    over_2 = make_plan(model, adam, 2, "fp32", 10**9, "test", default_blocks).fsdp
+    assert plan.hsdp == over_2 and plan.hsdp.state > plan.fsdp.state  # shards over S=2, not over all 4
+    n = sum(p.numel() for p in model.parameters())
+    shard_grads = (32 * 10 + 32 + 2 * 64 + 2) * 4  # one rank's gradient shard, fp32, as FSDP2 pads it
+    assert plan.cross_node == {
+        "ddp": int(2 * 3 / 4 * n * 4),  # ring all-reduce of every gradient over 4 ranks
+        "fsdp": int(3 / 4 * (2 * n * 4 + n * 4)),  # all-gathers in forward and backward, one reduce-scatter
+        "hsdp": int(2 * 1 / 2 * shard_grads),  # the 2 replicas' all-reduce of the gradient shards
+    }
+    out = plan.format("net", "hsdp")
+    assert "HSDP 2x2" in out and "across nodes" in out and "FSDP yes, HSDP yes" in out
+    assert "--strategy hsdp  HSDP needs" in out
+    # shard groups that span nodes (8 ranks on 4 nodes of 2, shards of 4): HSDP's gathers cross too
+    wide = make_plan(model, adam, 8, "fp32", 10**9, "test", default_blocks, mesh=(2, 4), nnodes=4).cross_node
+    assert wide["hsdp"] > int(2 * 1 / 2 * (16 * 10 + 16 + 16 * 64 + 1) * 4)
+    one_node = make_plan(model, adam, 4, "fp32", 10**9, "test", default_blocks, mesh=(2, 2))
+    assert one_node.cross_node == {} and "across nodes" not in one_node.format("net", "hsdp")
+
+
+def test_the_plan_command_shows_hsdp_per_node(capsys):
+    from ddpkit.cli import main
+
+    deep = str(Path(__file__).resolve().parents[3] / "examples" / "deep_mlp.py") + ":build"
+    assert main(["plan", deep, "--strategy", "hsdp", "--nproc", "4", "--nnodes", "2", "--device-memory", "3MB"]) == 0
+    out = capsys.readouterr().out
+    assert "8 processes, fp32" in out and "FSDP x8       HSDP 2x4" in out
+    assert "between the 2 nodes; HSDP: only its all-reduce of gradient shards" in out
 
 
 class _Net(nn.Module):
