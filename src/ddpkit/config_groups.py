@@ -32,6 +32,8 @@ GRAD_SYNC_MODES = ("auto", "shm", "backend")  # how DDP gradients are all-reduce
 GRAD_COMPRESSIONS = ("none", "bf16", "fp16", "powersgd")
 FUSED_MODES = ("off", "on", "auto")
 ON_NAN_MODES = ("stop", "skip")
+TRACKERS = ("mlflow", "wandb", "tensorboard", "csv")  # --tracker (reporting/sinks/)
+TRACKER_PACKAGES = {"mlflow": "mlflow", "wandb": "wandb", "tensorboard": "tensorboard"}  # tracker: package = extra
 
 
 def validate_processes(cfg: Any) -> None:
@@ -187,6 +189,11 @@ def validate_output(cfg: Any) -> None:
         raise DdpkitError(
             "--tensorboard needs the tensorboard package: pip install 'ddpkit[tensorboard]' (or tensorboard)"
         )
+    for name in cfg.tracker:
+        _choice("--tracker", name, TRACKERS)
+        package = TRACKER_PACKAGES.get(name)
+        if package and importlib.util.find_spec(package) is None:
+            raise DdpkitError(f"--tracker {name} needs the {package} package: pip install 'ddpkit[{package}]'")
 
 
 def validate_performance(cfg: Any) -> None:
