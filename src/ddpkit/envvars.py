@@ -18,7 +18,7 @@ WANDB_PROJECT_VAR = "WANDB_PROJECT"  # W&B's project when no --experiment (else 
 WANDB_DIR_VAR = "WANDB_DIR"  # where W&B writes its files (else RUN_DIR)
 # ddpkit -> MLflow's HTTP client, unless the user set them: a few short retries, not minutes of them
 MLFLOW_CLIENT_LIMITS = {
-    "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "2",
+    "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "1",
     "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1",
     "MLFLOW_HTTP_REQUEST_TIMEOUT": "10",
 }

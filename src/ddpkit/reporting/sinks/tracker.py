@@ -110,7 +110,8 @@ class Tracker(MetricSink):
                 if attempt < self.tries:
                     time.sleep(self.retry_wait_s * attempt)
         self.given_up = True
-        first = str(error).strip().splitlines()[0][:300] if str(error).strip() else ""
+        first = (str(error).strip().splitlines() or [""])[0]
+        first = first if len(first) <= 200 else first[:200] + "..."
         warn(
             f"--tracker {self.name} could not {what} after {self.tries} tries "
             f"({type(error).__name__}: {first}); training goes on without it (metrics.jsonl has every record)"
