@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 from typing import Any, Mapping
 
-from ...envvars import WANDB_DIR_VAR, WANDB_PROJECT_VAR
+from ...envvars import WANDB_DIR_VAR, WANDB_MODE_VAR, WANDB_PROJECT_VAR
 from .tracker import Tracker, run_tags, task_name
 
 
@@ -20,6 +20,8 @@ class WandbSink(Tracker):
     def start(self, settings: Mapping[str, Any], old_id: dict[str, Any] | None) -> dict[str, Any]:
         import wandb
 
+        if not self._logged_in(wandb):  # never an interactive prompt waiting in the background
+            raise RuntimeError("no W&B credentials: `wandb login`, WANDB_API_KEY, or WANDB_MODE=offline")
         old_id = old_id or {}
         project = settings.get("experiment") or old_id.get("project") or os.environ.get(WANDB_PROJECT_VAR)
         project = project or task_name(settings)
@@ -36,6 +38,15 @@ class WandbSink(Tracker):
         run.define_metric("global_step")
         run.define_metric("*", step_metric="global_step")
         return {"id": run.id, "project": project}
+
+    @staticmethod
+    def _logged_in(wandb: Any) -> bool:
+        if os.environ.get(WANDB_MODE_VAR, "online") in ("offline", "dryrun", "disabled"):
+            return True
+        try:
+            return bool(wandb.login(prompt=False, verify=False))
+        except TypeError:  # a wandb without `prompt`: its own login at init
+            return True
 
     def log(self, metrics: dict[str, float], step: int) -> None:
         self.run.log({**metrics, "global_step": step})
