@@ -141,3 +141,15 @@ def test_settings_become_flat_text_parameters_and_the_task_names_the_experiment(
         "ddpkit",
     ]
     assert numbers({"step": 3, "epoch": 1, "x": True, "y": "a", "z": 2.5}) == {"epoch": 1.0, "z": 2.5}
+
+
+def test_the_cli_refuses_a_missing_tracker_package_in_one_line_before_any_worker(monkeypatch, capsys, tmp_path):
+    import ddpkit.config as config
+    from ddpkit.cli import main
+
+    monkeypatch.setattr(config.importlib.util, "find_spec", lambda package: None)
+    assert main(["train", "--tracker", "mlflow", "--run-dir", str(tmp_path / "run")]) == 2
+    assert capsys.readouterr().err == (
+        "ddpkit: error: --tracker mlflow needs the mlflow package: pip install 'ddpkit[mlflow]'\n"
+    )
+    assert not (tmp_path / "run").exists()  # no worker started, nothing written
