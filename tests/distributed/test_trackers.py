@@ -157,6 +157,7 @@ def test_every_tracker_gets_every_record_at_its_step_and_a_resume_continues_the_
     assert [h["global_step"] for h in runs[1]["history"]] == [r["step"] for r in records if r["epoch"] == 3]
 
 
+@pytest.mark.slow
 def test_a_tracker_server_that_is_down_is_one_warning_and_the_run_finishes(tmp_path):
     run = tmp_path / "run"
     proc = run_ddpkit(
