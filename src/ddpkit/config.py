@@ -27,6 +27,7 @@ from .config_groups import (  # noqa: F401  (re-exported: the choices and rules 
     RDZV_BACKENDS,
     START_METHODS,
     STRATEGY,
+    TRACKERS,
     TRAINING,
     VALIDATIONS,
 )
@@ -389,6 +390,25 @@ class RunConfig:
         group=OUTPUT,
         choices=EXPORT_FORMATS,
     )
+    # experiment trackers (reporting/sinks/; README: Trackers): --csv and --tensorboard are two of them
+    tracker: list[str] = setting(
+        help="also send every metrics.jsonl record to this tracker, from rank 0; repeat for several",
+        group=OUTPUT,
+        choices=TRACKERS,
+        append=True,
+        type=str,
+        factory=list,
+    )
+    tracker_uri: str | None = setting(
+        None, "MLflow's tracking server (http://host:5000)", group=OUTPUT, type=str, default_help="$MLFLOW_TRACKING_URI"
+    )
+    experiment: str | None = setting(
+        None,
+        "the MLflow experiment or W&B project the run goes to",
+        group=OUTPUT,
+        type=str,
+        default_help="$MLFLOW_EXPERIMENT_NAME or $WANDB_PROJECT, else the task's name",
+    )
     # strategy and precision
     strategy: str = setting(
         "ddp",
@@ -465,12 +485,22 @@ class RunConfig:
             object.__setattr__(self, "device_memory", parse_memory(self.device_memory))
         if isinstance(self.task_args, (list, tuple)):  # (key, value) pairs from repeated --task-arg
             object.__setattr__(self, "task_args", dict(self.task_args))
+        self._trackers()
         self.validate()
 
     def validate(self) -> None:
         """Each group of settings checks its own values (config_groups.py), in one fixed order."""
         for check in VALIDATIONS.values():
             check(self)
+
+    def _trackers(self) -> None:
+        """--tracker csv and --csv (tensorboard alike) are one setting: each sets the other."""
+        chosen = [self.tracker] if isinstance(self.tracker, str) else list(self.tracker or ())
+        chosen += [name for name in ("csv", "tensorboard") if getattr(self, name) is True]
+        object.__setattr__(self, "tracker", list(dict.fromkeys(chosen)))
+        for name in ("csv", "tensorboard"):
+            if name in chosen:
+                object.__setattr__(self, name, True)
 
     def _torchrun_spellings(self) -> None:
         """torchrun's ways of naming a rendezvous, as the ones ddpkit validates: --standalone

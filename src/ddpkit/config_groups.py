@@ -33,6 +33,8 @@ GRAD_COMPRESSIONS = ("none", "bf16", "fp16", "powersgd")
 FUSED_MODES = ("off", "on", "auto")
 ON_NAN_MODES = ("stop", "skip")
 EXPORT_FORMATS = ("safetensors", "hf")  # what `ddpkit export` and train's --export write (checkpoint/export.py)
+TRACKERS = ("mlflow", "wandb", "tensorboard", "csv")  # --tracker (reporting/sinks/)
+TRACKER_PACKAGES = {"mlflow": "mlflow", "wandb": "wandb", "tensorboard": "tensorboard"}  # tracker: package = extra
 
 
 def validate_processes(cfg: Any) -> None:
@@ -199,6 +201,11 @@ def validate_output(cfg: Any) -> None:
         raise DdpkitError(
             "--tensorboard needs the tensorboard package: pip install 'ddpkit[tensorboard]' (or tensorboard)"
         )
+    for name in cfg.tracker:
+        _choice("--tracker", name, TRACKERS)
+        package = TRACKER_PACKAGES.get(name)
+        if package and importlib.util.find_spec(package) is None:
+            raise DdpkitError(f"--tracker {name} needs the {package} package: pip install 'ddpkit[{package}]'")
     if cfg.export is not None:
         check_export_format("--export", cfg.export)
 

@@ -10,3 +10,16 @@ LAUNCH_TIME_VAR = "DDPKIT_LAUNCH_TIME"  # when the command started (the summary'
 BENCH_RESULT_VAR = "DDPKIT_BENCH_RESULT"  # set: rank 0 prints the summary as one `RESULT {json}` line
 SLOW_EXIT_VAR = "DDPKIT_SLOW_EXIT"  # set: the CLI leaves through the interpreter's teardown, not os._exit
 PROGRESS_INTERVAL_VAR = "DDPKIT_PROGRESS_INTERVAL"  # seconds between in-epoch progress lines (default 30)
+
+# a user -> the experiment trackers (--tracker): their own variables, the defaults of ddpkit's flags
+MLFLOW_URI_VAR = "MLFLOW_TRACKING_URI"  # MLflow's server when no --tracker-uri (else MLflow's own default)
+MLFLOW_EXPERIMENT_VAR = "MLFLOW_EXPERIMENT_NAME"  # MLflow's experiment when no --experiment (else the task's name)
+WANDB_PROJECT_VAR = "WANDB_PROJECT"  # W&B's project when no --experiment (else the task's name)
+WANDB_DIR_VAR = "WANDB_DIR"  # where W&B writes its files (else RUN_DIR)
+WANDB_MODE_VAR = "WANDB_MODE"  # offline: W&B writes the run for a later `wandb sync` (online needs its login)
+# ddpkit -> MLflow's HTTP client, unless the user set them: a few short retries, not minutes of them
+MLFLOW_CLIENT_LIMITS = {
+    "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "1",
+    "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1",
+    "MLFLOW_HTTP_REQUEST_TIMEOUT": "10",
+}

@@ -112,8 +112,8 @@ class Run:
             enabled=rt.is_main,
             keep_until_epoch=start.epoch,
             keep_until_step=start.global_step,
-            settings=cfg.as_dict(),
-        )  # each sink decides from the settings whether it is wanted
+            settings=cfg.as_dict() | {"world_size": rt.world_size},
+        )  # each sink decides from the settings whether it is wanted; trackers tag their run with the world size
         self.progress = Progress(
             choose_mode(cfg.progress, cfg.quiet, rt.is_main, sys.stdout),
             self.plan.passes,

@@ -21,8 +21,8 @@ def test_every_config_field_is_a_train_flag_with_its_default_and_choices():
     actions = _train_actions()
     for f in CLI_FIELDS:
         action = actions[f.name]
-        if f.metadata.get("append"):  # repeated KEY=VALUE pairs: nothing given is None, RunConfig's default {}
-            assert action.default is None and f.default_factory() == {}, f.name
+        if f.metadata.get("append"):  # repeated flags: nothing given is None, RunConfig's default {} (or [])
+            assert action.default is None and f.default_factory() in ({}, []), f.name
         else:
             assert action.default == f.default, f.name
         assert tuple(action.choices or ()) == tuple(f.metadata.get("choices") or ()), f.name

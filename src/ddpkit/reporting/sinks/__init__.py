@@ -1,6 +1,7 @@
 """Where a run's metrics go: one MetricSink class per place, listed in SINKS. A new sink (a
 tracker such as MLflow or W&B) is a file here with its class, one entry below, a RunConfig
-setting named like the sink that turns it on, and its test in tests/unit/reporting/."""
+setting named like the sink that turns it on (or a --tracker choice: TRACKERS in
+config_groups.py), and its test in tests/unit/reporting/."""
 
 from __future__ import annotations
 
@@ -9,10 +10,13 @@ from typing import Any, Mapping
 from .base import MetricSink, ResumePoint, read_jsonl
 from .csvfile import CsvSink
 from .jsonl import JsonlSink
+from .mlflow_tracker import MlflowSink
 from .tensorboard import TensorBoardSink
+from .tracker import Tracker
+from .wandb_tracker import WandbSink
 
 # metrics.jsonl first: the others may read it back
-SINKS: tuple[type[MetricSink], ...] = (JsonlSink, CsvSink, TensorBoardSink)
+SINKS: tuple[type[MetricSink], ...] = (JsonlSink, CsvSink, TensorBoardSink, MlflowSink, WandbSink)
 
 
 def wanted_sinks(settings: Mapping[str, Any]) -> list[type[MetricSink]]:
@@ -25,8 +29,11 @@ __all__ = [
     "CsvSink",
     "JsonlSink",
     "MetricSink",
+    "MlflowSink",
     "ResumePoint",
     "TensorBoardSink",
+    "Tracker",
+    "WandbSink",
     "read_jsonl",
     "wanted_sinks",
 ]

@@ -37,8 +37,9 @@ class MetricSink(abc.ABC):
 
     @classmethod
     def wanted(cls, settings: Mapping[str, Any]) -> bool:
-        """Whether the run's settings (RunConfig.as_dict()) ask for this sink."""
-        return bool(settings.get(cls.name))
+        """Whether the run's settings (RunConfig.as_dict()) ask for this sink: by its own
+        setting (--csv) or as a --tracker."""
+        return bool(settings.get(cls.name)) or cls.name in (settings.get("tracker") or ())
 
     @abc.abstractmethod
     def open(self, run_dir: Path, settings: Mapping[str, Any], resume: ResumePoint) -> None:

@@ -1,0 +1,155 @@
+"""What every tracker shares (reporting/sinks/tracker.py), on a tracker that keeps its calls in
+a list: records reach it with their global steps, its run id is kept for a resume, and a
+tracker that fails is a warning with a bounded number of tries, never an error of the run."""
+
+import json
+
+import pytest
+
+from ddpkit.cli import build_parser
+from ddpkit.cli.flags import config_from
+from ddpkit.config import RunConfig
+from ddpkit.errors import DdpkitError
+from ddpkit.reporting.metrics import MetricsLog
+from ddpkit.reporting.sinks import SINKS, ResumePoint, Tracker, wanted_sinks
+from ddpkit.reporting.sinks.tracker import flat_params, numbers, task_name
+
+
+class ListTracker(Tracker):
+    """A tracker whose service is a list; `fails` calls of each kind fail first."""
+
+    name = "listed"
+    package = "json"
+    retry_wait_s = 0.0
+
+    def __init__(self, fails=0, fail_forever=False):
+        self.calls, self.fails, self.fail_forever = [], fails, fail_forever
+
+    def _maybe_fail(self, what):
+        if self.fail_forever or self.fails > 0:
+            self.fails -= 1
+            raise ConnectionError(f"{what}: connection refused")
+
+    def start(self, settings, old_id):
+        self._maybe_fail("start")
+        self.calls.append(("start", old_id))
+        return {"run_id": (old_id or {}).get("run_id", "run-1")}
+
+    def log(self, metrics, step):
+        self._maybe_fail("log")
+        self.calls.append(("log", step, metrics))
+
+    def finish(self):
+        self.calls.append(("finish",))
+
+
+RECORDS = [
+    {"epoch": 1, "step": 2, "eval_loss": 0.9, "lr": 0.1},  # an evaluation inside epoch 1
+    {"epoch": 1, "step": 4, "train_loss": 0.8, "samples_per_s": None, "stopped": True},
+    {"epoch": 2, "step": 8, "train_loss": 0.5, "eval_loss": float("nan")},
+]
+
+
+def _run(tracker, run_dir, settings=None):
+    tracker.open(run_dir, settings or {}, ResumePoint())
+    for r in RECORDS:
+        tracker.write(r, r["step"])
+    tracker.close()
+    return tracker.calls
+
+
+def test_every_record_reaches_the_tracker_at_its_global_step_and_its_run_id_is_kept(tmp_path):
+    calls = _run(ListTracker(fails=1), tmp_path)  # the first try of each call fails: retried
+    assert calls == [
+        ("start", None),
+        ("log", 2, {"epoch": 1.0, "eval_loss": 0.9, "lr": 0.1}),
+        ("log", 4, {"epoch": 1.0, "train_loss": 0.8}),  # None and flags are not metrics
+        ("log", 8, {"epoch": 2.0, "train_loss": 0.5}),  # nor a NaN
+        ("finish",),
+    ]
+    assert json.loads((tmp_path / "tracker-listed.json").read_text()) == {"run_id": "run-1"}
+
+
+def test_a_resume_continues_the_kept_run_and_a_fresh_run_does_not(tmp_path):
+    (tmp_path / "tracker-listed.json").write_text('{"run_id": "old"}')
+    assert _run(ListTracker(), tmp_path, {"resume": True})[0] == ("start", {"run_id": "old"})
+    assert _run(ListTracker(), tmp_path, {"auto_resume": True})[0] == ("start", {"run_id": "old"})
+    assert _run(ListTracker(), tmp_path, {"resume": False})[0] == ("start", None)
+
+
+def test_a_tracker_that_keeps_failing_is_one_warning_and_bounded_tries(tmp_path, capsys):
+    tracker = ListTracker(fail_forever=True)
+    calls = _run(tracker, tmp_path)
+    assert calls == [] and tracker.fails == -tracker.tries  # start tried `tries` times, then nothing more
+    err = capsys.readouterr().err.splitlines()
+    assert err == [
+        "ddpkit: warning: --tracker listed could not start its run after 3 tries (ConnectionError: start: "
+        "connection refused); training goes on without it (metrics.jsonl has every record)"
+    ]
+    assert not (tmp_path / "tracker-listed.json").exists()
+
+
+def test_a_tracker_that_fails_later_stops_there_and_warns_once(tmp_path, capsys):
+    class FailsAtStepFour(ListTracker):
+        def log(self, metrics, step):
+            if step == 4:
+                raise OSError("disk full")
+            super().log(metrics, step)
+
+    calls = _run(FailsAtStepFour(), tmp_path)
+    assert [c[:2] for c in calls] == [("start", None), ("log", 2)]  # nothing after the failure, not even finish
+    assert capsys.readouterr().err.count("warning: --tracker listed could not log metrics after 3 tries") == 1
+
+
+def test_tracker_choices_and_the_old_flags_are_one_setting():
+    assert RunConfig(tracker=["csv"]).csv and RunConfig(tracker="tensorboard").tensorboard
+    assert RunConfig(csv=True, tensorboard=True).tracker == ["csv", "tensorboard"]
+    assert RunConfig(tracker=["mlflow", "csv", "mlflow"], csv=True).tracker == ["mlflow", "csv"]
+    with pytest.raises(DdpkitError, match="--tracker must be one of mlflow, wandb, tensorboard, csv, got 'neptune'"):
+        RunConfig(tracker=["neptune"])
+    ns = build_parser().parse_args(["train", "--tracker", "mlflow", "--tracker", "csv", "--tensorboard"])
+    assert config_from(ns).tracker == ["mlflow", "csv", "tensorboard"] and config_from(ns).csv
+    settings = RunConfig(tracker=["csv", "wandb"]).as_dict()
+    assert [cls.name for cls in wanted_sinks(settings)] == ["jsonl", "csv", "wandb"]
+    assert {cls.name for cls in SINKS} >= {"jsonl", "csv", "tensorboard", "mlflow", "wandb"}
+
+
+@pytest.mark.parametrize("name", ["mlflow", "wandb"])
+def test_a_tracker_without_its_package_is_refused_with_what_to_install(monkeypatch, name):
+    import ddpkit.config as config
+
+    monkeypatch.setattr(config.importlib.util, "find_spec", lambda package: None)
+    wanted = rf"--tracker {name} needs the {name} package: pip install 'ddpkit\[{name}\]'"
+    with pytest.raises(DdpkitError, match=wanted):
+        RunConfig(tracker=[name])
+
+
+def test_a_tracker_through_metrics_log_only_on_rank_0(tmp_path):
+    log = MetricsLog(tmp_path, enabled=False, settings={"tracker": ["mlflow"]})
+    log.write(dict(RECORDS[0]))
+    log.close()
+    assert list(tmp_path.iterdir()) == []  # other ranks open no tracker
+
+
+def test_settings_become_flat_text_parameters_and_the_task_names_the_experiment():
+    params = flat_params({"epochs": 3, "task_args": {"hidden": 64}, "tracker": ["mlflow", "csv"], "lr": None})
+    assert params == {"epochs": "3", "task_args.hidden": "64", "tracker": "mlflow,csv", "lr": "None"}
+    assert [task_name({"task": t}) for t in ("wine", "examples/my_task.py:make", "pkg.mod:build", "")] == [
+        "wine",
+        "my_task",
+        "mod",
+        "ddpkit",
+    ]
+    assert numbers({"step": 3, "epoch": 1, "x": True, "y": "a", "z": 2.5}) == {"epoch": 1.0, "z": 2.5}
+
+
+def test_the_cli_refuses_a_missing_tracker_package_in_one_line_before_any_worker(monkeypatch, capsys, tmp_path):
+    import ddpkit.config as config
+    from ddpkit.cli import main
+
+    monkeypatch.setattr(config.importlib.util, "find_spec", lambda package: None)
+    assert main(["train", "--tracker", "mlflow", "--run-dir", str(tmp_path / "run")]) == 2
+    assert capsys.readouterr().err == (
+        "ddpkit: error: --tracker mlflow needs the mlflow package: pip install 'ddpkit[mlflow]'\n"
+    )
+    assert not (tmp_path / "run").exists()  # no worker started, nothing written
