@@ -27,6 +27,7 @@ from .runtime.watchdog import HangWatchdog, fresh_hang_dir, is_timeout
 from .task import build_task
 from .training.loop import fit
 from .training.signals import StopRequest
+from .training.trace import to_float64
 
 
 def _is_peer_loss(e: BaseException) -> bool:
@@ -119,6 +120,8 @@ def _train(cfg: RunConfig, env: DistEnv) -> dict[str, Any]:
             watchdog.start()
         seed_everything(cfg.seed)  # the same model on every rank, whatever the world size
         task = build_task(cfg.task, cfg)
+        if cfg.float64:
+            task.model = to_float64(task.model)
         if watchdog is not None:
             watchdog.watch_model(task.model)  # a forward pass is progress
         seed_everything(cfg.seed + 1 + env.rank)  # then per-rank streams (dropout, augmentation)
