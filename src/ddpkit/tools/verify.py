@@ -35,8 +35,8 @@ EVAL_RTOL = {True: 1e-7, False: 1e-4}
 CAUSES = (
     "usual causes: a loss averaged per micro-batch (a mean over padded tokens, a mean of means) instead of "
     "summed over the global count: return (loss_sum, count) from Task.step; a forward that depends on the "
-    "rank or world size; randomness not drawn from the generators ddpkit seeds (dropout draws per rank: "
-    "verify with it off); a checkpoint that misses state (the round trip)"
+    "rank or world size (BatchNorm's per-rank batch statistics); randomness not drawn from the generators "
+    "ddpkit seeds (dropout draws per rank: verify with it off); a checkpoint that misses state (the round trip)"
 )
 
 
@@ -90,6 +90,9 @@ def verify(config: Any = None, *, steps: int = 6, _clean_parent: bool = False, *
         raise DdpkitError(f"ddpkit verify compares 1 process with --nproc N: --nproc {nproc} compares nothing (use 2+)")
     if steps < 2:
         raise DdpkitError(f"--steps {steps}: verify needs at least 2 optimizer steps (one to checkpoint, one after)")
+    from ..task import check_task_call, load_task_function
+
+    check_task_call(cfg.task, load_task_function(cfg.task), cfg.task_args)  # not found: one line, before any run
     root = Path(cfg.run_dir) if cfg.run_dir else Path(tempfile.mkdtemp(prefix="ddpkit-verify-"))
     if cfg.run_dir and root.exists() and any(root.iterdir()):
         raise DdpkitError(f"--run-dir {root} is not empty: verify writes its runs there; choose a new folder")
@@ -105,25 +108,27 @@ def _verify(cfg: Any, nproc: int, steps: int, root: Path, clean_parent: bool) ->
     ref, user, others = setups[0], setups[1], setups[2:]
     resume_at = steps // 2 + 1  # the only checkpoint of the user's run: 2 x resume_at > steps
     dirs = {s: root / s.label.replace(" ", "") for s in setups}
-    # the launched runs first, while this process has run no torch op (its workers may be forked)
-    float64, user_summary = True, None
+    # every run in a process of its own (this one runs no torch op until the comparison, so
+    # workers may be forked from it); the reference first, silent, to learn whether float64 works
+    float64 = True
     try:
-        user_summary = _run(cfg, user, dirs[user], steps, True, clean_parent, save_every_steps=resume_at)
-    except Exception as e:  # noqa: BLE001 - the task refused float64: its error is above; retry as it is
-        print(f"ddpkit verify: the task fails in float64 ({str(e).splitlines()[0][:160]}); comparing in float32")
+        summaries = {ref: _run(cfg, ref, dirs[ref], steps, True, clean_parent, silent=True)}
+    except DdpkitError as e:
+        print(f"ddpkit verify: the task fails in float64 ({e}); comparing in float32", flush=True)
         float64 = False
-        shutil.rmtree(dirs[user], ignore_errors=True)
-    if not float64:
-        user_summary = _run(cfg, user, dirs[user], steps, False, clean_parent, save_every_steps=resume_at)
+        shutil.rmtree(dirs[ref], ignore_errors=True)
+        summaries = {ref: _run(cfg, ref, dirs[ref], steps, False, clean_parent)}
+    summaries[user] = _run(cfg, user, dirs[user], steps, float64, clean_parent, save_every_steps=resume_at)
+    for s in others:
+        summaries[s] = _run(cfg, s, dirs[s], steps, float64, clean_parent)
     round_trip = root / "resumed"
     _copy_until(dirs[user], round_trip)
     _run(cfg, user, round_trip, steps, float64, clean_parent, resume=True)
-    summaries = {user: user_summary}
-    for s in [ref, *others]:
-        summaries[s] = _run(cfg, s, dirs[s], steps, float64, clean_parent)
     judged = range(1, steps + 1) if float64 else range(1, min(steps, JUDGED_STEPS_FLOAT32) + 1)
     tol = TOLERANCE[float64]
-    comparisons = [compare(dirs[ref], dirs[s], range(1, steps + 1), judged, tol, s.label, ref.label) for s in setups[1:]]
+    comparisons = [
+        compare(dirs[ref], dirs[s], range(1, steps + 1), judged, tol, s.label, ref.label) for s in setups[1:]
+    ]
     comparisons.append(
         compare(
             dirs[user],
@@ -142,10 +147,10 @@ def _verify(cfg: Any, nproc: int, steps: int, root: Path, clean_parent: bool) ->
     return {"exact": exact, "float64": float64, "comparisons": comparisons, "eval_differences": evals, "text": text}
 
 
-def _run(cfg: Any, setup: Setup, run_dir: Path, steps: int, float64: bool, clean: bool, **more: Any) -> dict[str, Any]:
-    """One real training run of `steps` optimizer steps that writes its trace."""
-    from ..api import train
-
+def _run(
+    cfg: Any, setup: Setup, run_dir: Path, steps: int, float64: bool, clean: bool, silent: bool = False, **more: Any
+) -> dict[str, Any]:
+    """One real training run of `steps` optimizer steps that writes its trace; its summary."""
     one = setup.nproc == 1
     settings = dict(
         nproc=setup.nproc,
@@ -168,7 +173,48 @@ def _run(cfg: Any, setup: Setup, run_dir: Path, steps: int, float64: bool, clean
         resume=False,
         auto_resume=False,
     )
-    return train(cfg.replace(**(settings | more)), _clean_parent=clean and not one)
+    return in_child(cfg.replace(**(settings | more)).as_dict(), clean, silent)
+
+
+def in_child(config: dict[str, Any], clean: bool, silent: bool) -> dict[str, Any]:
+    """`ddpkit.train(config)` in a child process (forked when this one is clean, else spawned):
+    one process's run leaves no torch state here, and a silent one (the float64 probe) prints
+    nothing. Its failure comes back as a DdpkitError with the error's last line."""
+    import multiprocessing
+
+    ctx = multiprocessing.get_context("fork" if clean else "spawn")
+    receive, send = ctx.Pipe(duplex=False)
+    child = ctx.Process(target=_child, args=(config, send, clean, silent), daemon=False)
+    child.start()
+    send.close()
+    try:
+        kind, value = receive.recv()
+    except EOFError:
+        kind, value = "error", f"the run's process died (exit code {child.join() or child.exitcode})"
+    child.join()
+    if kind == "error":
+        raise DdpkitError(value)
+    return value
+
+
+def _child(config: dict[str, Any], send: Any, clean: bool, silent: bool) -> None:
+    import os
+    import traceback
+
+    from ..api import train
+    from ..config import RunConfig
+
+    if silent:
+        null = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(null, 1)
+        os.dup2(null, 2)
+    try:
+        send.send(("ok", train(RunConfig.from_dict(config), _clean_parent=clean)))
+    except BaseException as e:  # noqa: BLE001 - every failure goes back to the parent as one line
+        if not silent and not isinstance(e, DdpkitError):
+            traceback.print_exc()
+        last = str(e).strip().splitlines()[-1:] or [""]
+        send.send(("error", f"{type(e).__name__}: {last[0]}" if not isinstance(e, DdpkitError) else str(e)))
 
 
 def _copy_until(src: Path, dst: Path) -> None:

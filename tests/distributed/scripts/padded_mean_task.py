@@ -2,9 +2,8 @@
 micro-batch's MEAN loss over its real tokens. Micro-batches hold different numbers of real
 tokens, so a mean per micro-batch weights tokens differently at another world size or
 accumulation: `ddpkit verify` must find the drift (token_task.py's `(loss_sum, count)` is exact)."""
-from torch.nn import functional as F
-
 from token_task import build as token_build
+from torch.nn import functional as F
 
 
 def mean_per_micro_batch(model, batch):
