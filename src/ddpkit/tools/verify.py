@@ -178,8 +178,9 @@ def _run(
 
 def in_child(config: dict[str, Any], clean: bool, silent: bool) -> dict[str, Any]:
     """`ddpkit.train(config)` in a child process (forked when this one is clean, else spawned):
-    one process's run leaves no torch state here, and a silent one (the float64 probe) prints
-    nothing. Its failure comes back as a DdpkitError with the error's last line."""
+    one process's run leaves no torch state here. Its output goes nowhere but its errors (a
+    silent one, the float64 probe, prints nothing at all); a failure comes back as a
+    DdpkitError with the error's last line."""
     import multiprocessing
 
     ctx = multiprocessing.get_context("fork" if clean else "spawn")
@@ -204,9 +205,9 @@ def _child(config: dict[str, Any], send: Any, clean: bool, silent: bool) -> None
     from ..api import train
     from ..config import RunConfig
 
+    null = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(null, 1)  # what the task prints (its on_metrics, say) would repeat once per run
     if silent:
-        null = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(null, 1)
         os.dup2(null, 2)
     try:
         send.send(("ok", train(RunConfig.from_dict(config), _clean_parent=clean)))
