@@ -32,6 +32,7 @@ _WHERE = {
     "read_lines": "data",
     "read_jsonl": "data",
     "read_tar": "data",
+    "verify": "tools.verify",
 }
 __all__ = sorted(_WHERE)
 __version__ = "0.1.0"
