@@ -88,8 +88,10 @@ def verify(config: Any = None, *, steps: int = 6, _clean_parent: bool = False, *
     nproc = resolve_nproc(cfg.nproc, resolve_device_type(cfg.device))
     if nproc < 2:
         raise DdpkitError(f"ddpkit verify compares 1 process with --nproc N: --nproc {nproc} compares nothing (use 2+)")
-    if steps < 2:
-        raise DdpkitError(f"--steps {steps}: verify needs at least 2 optimizer steps (one to checkpoint, one after)")
+    if steps < 3:
+        raise DdpkitError(
+            f"--steps {steps}: verify needs at least 3 optimizer steps (the round trip resumes after more than half)"
+        )
     from ..task import check_task_call, load_task_function
 
     check_task_call(cfg.task, load_task_function(cfg.task), cfg.task_args)  # not found: one line, before any run

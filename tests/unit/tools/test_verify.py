@@ -80,7 +80,7 @@ def test_to_float64_casts_the_model_and_its_floating_inputs_and_keeps_the_parame
     "kwargs, message",
     [
         ({"nproc": 1}, "--nproc 1 compares nothing"),
-        ({"steps": 1}, "--steps 1: verify needs at least 2"),
+        ({"steps": 2}, "--steps 2: verify needs at least 3"),
         ({"task": "nope"}, "unknown task 'nope'"),
     ],
 )
