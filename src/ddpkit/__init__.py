@@ -33,6 +33,7 @@ _WHERE = {
     "read_jsonl": "data",
     "read_tar": "data",
     "verify": "tools.verify",
+    "notebook_launch": "notebook",
 }
 __all__ = sorted(_WHERE)
 __version__ = "0.1.0"
