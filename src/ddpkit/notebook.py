@@ -85,7 +85,7 @@ def check_forkable() -> None:
         )
 
 
-def fork_runs_torch(timeout: float = 30.0) -> bool:
+def fork_runs_torch(timeout: float = 10.0) -> bool:
     """Does a child forked from this process finish a parallel torch op? Not when an OpenMP
     pool started here: the child waits forever on threads a fork does not copy. Asked of a
     real fork, since no API says whether the pool has started; the child is killed when it hangs."""
