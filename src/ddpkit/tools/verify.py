@@ -30,7 +30,7 @@ from ..errors import DdpkitError
 
 TOLERANCE = {True: 1e-9, False: 1e-5}  # float64 / float32: far above rounding over a few steps
 JUDGED_STEPS_FLOAT32 = 2
-EVAL_RTOL = {True: 1e-7, False: 1e-4}
+EVAL_RTOL = 1e-7  # the final evaluation's loss and metric (float64 runs only)
 
 CAUSES = (
     "usual causes: a loss averaged per micro-batch (a mean over padded tokens, a mean of means) instead of "
@@ -136,13 +136,14 @@ def _verify(cfg: Any, nproc: int, steps: int, root: Path, clean_parent: bool) ->
             dirs[user],
             round_trip,
             range(resume_at + 1, steps + 1),
-            judged,
+            range(resume_at + 1, steps + 1),  # the same world size and arithmetic: every step is judged
             tol,
             f"resumed at step {resume_at}",
             f"{user.label} uninterrupted",
         )
     )
-    evals = eval_differences(summaries, ref, EVAL_RTOL[float64])
+    # in float32 the later steps' rounding may have grown: the final evaluations are not comparable
+    evals = eval_differences(summaries, ref, EVAL_RTOL) if float64 else []
     text = format_report(cfg.task, steps, nproc * cfg.batch_size * cfg.accumulate, float64, judged, tol, comparisons)
     exact = all(c.first is None for c in comparisons) and not evals
     text += "\n" + verdict(comparisons, evals, exact)
