@@ -47,6 +47,14 @@ def notebook_launch(
 
     if nproc < 1:
         raise DdpkitError(f"nproc={nproc}: give 1 or more processes")
+    unknown = sorted(set(settings) - set(RunConfig.__dataclass_fields__))
+    if unknown:
+        raise DdpkitError(
+            f"notebook_launch: no setting {', '.join(unknown)}; the settings are RunConfig's (epochs, batch_size, "
+            "threads, ...); arguments of the function go positionally or in kwargs={...}"
+        )
+    if not (isinstance(fn, Task) or callable(fn)):
+        raise DdpkitError(f"notebook_launch takes a function or a ddpkit.Task, got {type(fn).__name__}")
     check_forkable()
     cfg = RunConfig(**{"task": "notebook", **settings}).replace(nproc=nproc, start_method="fork", tee="3")
     device_type = resolve_device_type(cfg.device)
@@ -54,10 +62,8 @@ def notebook_launch(
     if isinstance(fn, Task):
         cfg = prepare_local_run(cfg)
         entry, entry_args = _train_task, [cfg.as_dict(), fn]
-    elif callable(fn):
-        entry, entry_args = _call, [fn, args, kwargs or {}]
     else:
-        raise DdpkitError(f"notebook_launch takes a function or a ddpkit.Task, got {type(fn).__name__}")
+        entry, entry_args = _call, [fn, args, kwargs or {}]
     with _streams_for_fork():
         results = run_elastic(plan, entry, entry_args, verbose=cfg.verbose)
     return results.get(0) if isinstance(results, dict) else results[0]
