@@ -32,6 +32,8 @@ _WHERE = {
     "read_lines": "data",
     "read_jsonl": "data",
     "read_tar": "data",
+    "verify": "tools.verify",
+    "notebook_launch": "notebook",
 }
 __all__ = sorted(_WHERE)
 __version__ = "0.1.0"

@@ -478,6 +478,10 @@ class RunConfig:
         False, "torch.compile the model (slow first steps; needs a C++ compiler on CPU)", group=PERFORMANCE
     )
     extra: dict[str, Any] = setting(help="free-form settings for user tasks", cli=False, factory=dict)
+    # `ddpkit verify`'s own (no flag): the parameters after every optimizer step in RUN_DIR/trace,
+    # and the model with its floating inputs in float64, so that rounding cannot hide or fake a drift
+    trace_steps: bool = setting(False, "write the parameters after every optimizer step to RUN_DIR/trace", cli=False)
+    float64: bool = setting(False, "train the model and its floating inputs in float64", cli=False)
 
     def __post_init__(self) -> None:
         self._torchrun_spellings()

@@ -26,9 +26,10 @@ from .reporting.rank_output import rank_stdout
 from .reporting.summary import format_summary
 from .runtime import Runtime
 from .runtime.watchdog import HangWatchdog, fresh_hang_dir, is_timeout
-from .task import build_task
+from .task import Task, as_task, build_task
 from .training.loop import fit
 from .training.signals import StopRequest
+from .training.trace import to_float64
 
 
 def _is_peer_loss(e: BaseException) -> bool:
@@ -57,9 +58,11 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-def train_worker(config: dict[str, Any]) -> dict[str, Any]:
+def train_worker(config: dict[str, Any], task: Task | None = None) -> dict[str, Any]:
     """Entry point of one worker. Returns the run summary. A DdpkitError is also written
-    where the launcher looks for it, so the user sees one clear line, not N tracebacks."""
+    where the launcher looks for it, so the user sees one clear line, not N tracebacks.
+    `task`: a Task object every worker already holds (forked from a notebook) instead of
+    the one config.task names."""
     cfg = RunConfig.from_dict(config)
     env = DistEnv.detect()
     error_dir = os.environ.get(ERROR_DIR_VAR)
@@ -67,7 +70,7 @@ def train_worker(config: dict[str, Any]) -> dict[str, Any]:
         die_with_parent()
     try:
         with rank_stdout(env.rank, env.world_size, cfg.verbose):  # rank 0 prints; --verbose: whole lines from all
-            summary = _train(cfg, env)
+            summary = _train(cfg, env, task)
         if error_dir and summary.get("stopped_early") and summary.get("stop_signal") in ("SIGINT", "SIGTERM"):
             # Ctrl-C or a TERM reached ddpkit's launcher too: its agent is shutting the group down and
             # will not read a return value, so a worker that waited to hand one over would sit there
@@ -96,7 +99,7 @@ def train_worker(config: dict[str, Any]) -> dict[str, Any]:
         sys.exit(1)
 
 
-def _train(cfg: RunConfig, env: DistEnv) -> dict[str, Any]:
+def _train(cfg: RunConfig, env: DistEnv, given: Task | None = None) -> dict[str, Any]:
     run_dir = Path(cfg.run_dir or "runs/latest")
     # torch's flight recorder keeps the process group's last collectives (op, sizes, sequence
     # number) for a hang report, on gloo and NCCL (no cost measurable next to gloo's latency)
@@ -120,9 +123,11 @@ def _train(cfg: RunConfig, env: DistEnv) -> dict[str, Any]:
             )
             watchdog.start()
         seed_everything(cfg.seed)  # the same model on every rank, whatever the world size
-        task = build_task(cfg.task, cfg)
+        task = build_task(cfg.task, cfg) if given is None else as_task(given, "notebook")
         if cfg.export == "hf":
             hf_config.check_hf(task.model)  # on every rank, before any training
+        if cfg.float64:
+            task.model = to_float64(task.model)
         if watchdog is not None:
             watchdog.watch_model(task.model)  # a forward pass is progress
         seed_everything(cfg.seed + 1 + env.rank)  # then per-rank streams (dropout, augmentation)

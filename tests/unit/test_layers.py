@@ -29,7 +29,7 @@ LAYERS = [
     ["worker"],
     ["launchers"],
     ["session"],
-    ["api"],
+    ["api", "notebook"],  # notebook: notebook_launch, the API's launch from a Jupyter kernel
     ["tools"],
     ["cli", "__main__"],
 ]

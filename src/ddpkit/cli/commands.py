@@ -22,6 +22,7 @@ from .options import (
     PlotOptions,
     SlurmOptions,
     TrainOptions,
+    VerifyOptions,
     agent_options,
 )
 
@@ -82,6 +83,15 @@ EXPORT_HELP = (
 BENCH_HELP = (
     "Does DDP pay off here? All-reduce bus bandwidth and latency across message sizes (as nccl-tests reports "
     "them) and the task's step split into data, compute and communication, at each process count."
+)
+
+
+VERIFY_HELP = (
+    "Train the task for a few optimizer steps at one global batch G (= --nproc x --batch-size x --accumulate) "
+    "as 1 x G, N x G/N and 1 x G/2 accumulating 2, checkpoint the N-process run part way and resume a copy, and "
+    "compare the parameters after every step (in float64 where the task allows it). Prints the largest drift per "
+    "parameter and the first step over the tolerance; exit 0 when the task is exact, 1 when it drifts (with the "
+    "usual causes), 2 for bad input. Takes every flag of train."
 )
 
 
@@ -226,6 +236,14 @@ def cmd_env(ns: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_verify(ns: argparse.Namespace) -> int:
+    from ..tools.verify import verify
+
+    report = verify(config_from(ns), steps=ns.steps, _clean_parent=True)
+    print(report["text"], flush=True)
+    return 0 if report["exact"] else 1
+
+
 def cmd_check(ns: argparse.Namespace) -> int:
     from ..tools.check import main_check
 
@@ -338,6 +356,15 @@ COMMANDS = {
         ("task",),
         options=CheckOptions,
     ),
+    # the flags of train: paste a train command, say verify
+    "verify": Command(
+        cmd_verify,
+        "is a task exact at any world size? compare its parameters step by step at 1 and N processes",
+        VERIFY_HELP,
+        ALL_GROUPS,
+        ("task",),
+        options=VerifyOptions,
+    ),
     "plot": Command(
         cmd_plot, "PNG curves of runs (loss, eval accuracy, samples/s), side by side", PLOT_HELP, options=PlotOptions
     ),
@@ -372,7 +399,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("ddpkit: interrupted", file=sys.stderr, flush=True)
         code = 130
-    if argv is None and ns.command in ("train", "bench", "check") and not os.environ.get(SLOW_EXIT_VAR):
+    if argv is None and ns.command in ("train", "bench", "check", "verify") and not os.environ.get(SLOW_EXIT_VAR):
         quick_exit(code)
     return code
 

@@ -175,3 +175,8 @@ class BenchOptions:
     iters: int = option(50, "all-reduces per size, back to back")
     steps: int = option(20, "timed training steps per mode")
     json: str | None = option(help="also write the measurements as JSON", metavar="PATH")
+
+
+@dataclass(frozen=True)
+class VerifyOptions:
+    steps: int = option(6, "optimizer steps each run trains and compares (the round trip resumes after half)")

@@ -34,6 +34,7 @@ from .schedule import make_scheduler, replan
 from .signals import StopRequest
 from .step import StepRunner
 from .stragglers import StepClock
+from .trace import ParamTrace
 
 
 def fit(cfg: RunConfig, task: Task, rt: Runtime, run_dir: Path, stop: StopRequest | None = None) -> dict[str, Any]:
@@ -91,6 +92,7 @@ class Run:
             scheduler=scheduler,
             scaler=self.strategy.grad_scaler(),
             timed_save=self.checkpointer.clock_due,
+            after_step=ParamTrace(run_dir, self.strategy, self.model) if cfg.trace_steps else None,
         )
         self.planned = PlannedSteps()
         for name, part in (
@@ -102,6 +104,8 @@ class Run:
             if part is not None:
                 self.checkpointer.register(name, part)
         start = self.resume()
+        if self.steps.after_step is not None:
+            self.steps.after_step.step = start.global_step  # a resumed trace continues the run's count
         self.plan = self.planned.plan = StepPlan(cfg, self.loader, start)  # the steps left at this world size and batch
         replan(scheduler, self.plan.total_steps, self.planned.saved, rt.print)
         self.cadence = Cadence(

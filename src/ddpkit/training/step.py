@@ -60,6 +60,7 @@ class StepRunner:
     last_grad_norm: float | None = None
     timed_save: Callable[[], bool] | None = None  # rank 0's clock says a checkpoint is due (--save-every-minutes)
     wait_s: float = 0.0  # seconds this rank has waited in the agreement (for the others to arrive), in all
+    after_step: Callable[[], None] | None = None  # called after every optimizer step (ddpkit verify's trace)
     _output_checked: bool = False
 
     def run(self, batch: Any, n_local: int, n_global: int, where: str) -> StepResult:
@@ -151,6 +152,8 @@ class StepRunner:
         self.optimizer.zero_grad(set_to_none=True)
         if self.scheduler is not None:
             self.scheduler.step()
+        if self.after_step is not None:
+            self.after_step()
 
     def figures(self) -> dict[str, Any]:
         """For the epoch's record: the last step's gradient norm before clipping."""
