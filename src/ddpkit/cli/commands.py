@@ -12,7 +12,7 @@ from typing import Any, Callable, Sequence
 from .. import config
 from ..envvars import LAUNCH_TIME_VAR, SLOW_EXIT_VAR
 from ..errors import DdpkitError, WorkerFailed
-from .flags import add_config_flags, add_option_flags, config_from
+from .flags import add_config_flags, add_option_flags, config_from, flag_defaults
 from .options import (
     BenchOptions,
     CheckOptions,
@@ -85,7 +85,9 @@ and the requeued job resumes. Example:
 """
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(file_settings: dict[str, Any] | None = None) -> argparse.ArgumentParser:
+    """The CLI's parser; `file_settings` (a --config file's) become the defaults of the flags,
+    so a flag given on the command line wins over the file and a flag left out does not."""
     parser = argparse.ArgumentParser(
         prog="ddpkit",
         description="Run a PyTorch training task on one process, every GPU of a node, or many nodes, with DDP or FSDP "
@@ -100,10 +102,27 @@ def build_parser() -> argparse.ArgumentParser:
             formatter_class=command.formatter or argparse.HelpFormatter,
         )
         if command.groups or command.names:
-            add_config_flags(p, command.groups, names=command.names, defaults=command.defaults)
+            defaults = {**command.defaults, **flag_defaults(file_settings or {})}
+            add_config_flags(p, command.groups, names=command.names, defaults=defaults)
         if command.options is not None:
             add_option_flags(p, command.options)
     return parser
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    """The command line, with a --config file read in between: parsed once to find the file,
+    then again with the file's settings as the defaults. The file's settings that no flag of
+    the command takes still reach its RunConfig (ns.file_settings, read by config_from)."""
+    ns = build_parser().parse_args(argv)
+    path = getattr(ns, "config", None)
+    if not path:
+        return ns
+    from ..config_file import read_config_file
+
+    settings = read_config_file(path)
+    ns = build_parser(settings).parse_args(argv)
+    ns.file_settings = settings
+    return ns
 
 
 def cmd_train(ns: argparse.Namespace) -> int:
@@ -145,9 +164,10 @@ def cmd_slurm(ns: argparse.Namespace) -> int:
     args = list(ns.train_args)
     if args[:1] == ["--"]:
         args = args[1:]
+    args = _with_config_file(args, ns.config)
     # Check the training arguments now, not in the job an hour later.
     try:
-        train_ns = build_parser().parse_args(["train", *args])
+        train_ns = parse_args(["train", *args])
     except SystemExit:
         raise DdpkitError(
             "the arguments after -- are not valid `ddpkit train` arguments (see the message above)"
@@ -166,6 +186,7 @@ def cmd_slurm(ns: argparse.Namespace) -> int:
                 f"{flag} does not belong after --: SLURM starts the workers "
                 "(use --nodes / --gpus-per-node / --ntasks-per-node of `ddpkit slurm`)"
             )
+    _check_file_leaves_workers_to_slurm(train_ns)
     config_from(train_ns)  # validates values
     run_dir = Path(train_ns.run_dir or f"runs/{ns.job_name}-{time.strftime('%Y%m%d-%H%M%S')}").resolve()
     if not train_ns.run_dir:
@@ -204,6 +225,39 @@ def cmd_slurm(ns: argparse.Namespace) -> int:
     code = slurm.wait(job_id, timeout=ns.wait_timeout, report=lambda m: print(m, flush=True))
     print(f"ddpkit: job {job_id} ended with exit status {code}; log: {log}", flush=True)
     return code
+
+
+def _with_config_file(args: list[str], config: str | None) -> list[str]:
+    """The training arguments with the config file (ddpkit slurm's --config or one after --)
+    named by its absolute path: the job reads it where it starts."""
+    from pathlib import Path
+
+    out = list(args)
+    for i, a in enumerate(out):
+        if a == "--config" and i + 1 < len(out):
+            out[i + 1] = str(Path(out[i + 1]).resolve())
+        elif a.startswith("--config="):
+            out[i] = "--config=" + str(Path(a.partition("=")[2]).resolve())
+    if config:
+        if any(a == "--config" or a.startswith("--config=") for a in args):
+            raise DdpkitError("--config given both before and after --: keep one")
+        out = ["--config", str(Path(config).resolve()), *out]
+    return out
+
+
+def _check_file_leaves_workers_to_slurm(train_ns: argparse.Namespace) -> None:
+    """Where the workers run is SLURM's, as for the flags after --: a config file may not say it."""
+    from ..config_file import FIELDS
+
+    for name, value in getattr(train_ns, "file_settings", {}).items():
+        if name in _SLURM_PLACES and value != FIELDS[name].default:
+            raise DdpkitError(
+                f"{name} = {value!r} in {train_ns.config} does not belong in a SLURM job: SLURM starts the "
+                "workers (remove it; use --nodes / --gpus-per-node / --ntasks-per-node of `ddpkit slurm`)"
+            )
+
+
+_SLURM_PLACES = ("nproc", "nnodes", "node_rank", "master_addr", "master_port", "rdzv_endpoint")
 
 
 def cmd_env(ns: argparse.Namespace) -> int:
@@ -336,6 +390,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.print_help()
         return 2
     try:
+        if getattr(ns, "config", None):
+            ns = parse_args(argv)
         code = COMMANDS[ns.command].run(ns)
     except DdpkitError as e:
         print(f"ddpkit: error: {e}", file=sys.stderr, flush=True)
