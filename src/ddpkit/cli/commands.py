@@ -19,6 +19,7 @@ from .options import (
     EnvOptions,
     LaunchOptions,
     PlotOptions,
+    RunsOptions,
     SlurmOptions,
     TrainOptions,
     agent_options,
@@ -74,6 +75,12 @@ BENCH_HELP = (
     "them) and the task's step split into data, compute and communication, at each process count."
 )
 
+RUNS_HELP = (
+    "List the runs in a folder (default runs/): task, world size, strategy, optimizer steps done/planned, the "
+    "final train and eval loss, how the run ended (finished; stopped: by a signal, with a checkpoint; failed: "
+    "with the error; running?: no end recorded, still running or killed without a word) and whether a "
+    "checkpoint whose header loads is there to resume from."
+)
 
 SLURM_HELP = """Write an sbatch script that runs `ddpkit train` on every node of a SLURM allocation:
 one srun task per GPU (per worker on CPU nodes), each task one ddpkit worker that reads its
@@ -283,6 +290,12 @@ def cmd_plot(ns: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_runs(ns: argparse.Namespace) -> int:
+    from ..tools.runs import main_runs
+
+    return main_runs(ns.folder, ns.json)
+
+
 def cmd_plan(ns: argparse.Namespace) -> int:
     from ..api import memory_plan
 
@@ -371,6 +384,12 @@ COMMANDS = {
     ),
     "plot": Command(
         cmd_plot, "PNG curves of runs (loss, eval accuracy, samples/s), side by side", PLOT_HELP, options=PlotOptions
+    ),
+    "runs": Command(
+        cmd_runs,
+        "one line per run in a folder: task, world size, steps, losses, how it ended, resumable",
+        RUNS_HELP,
+        options=RunsOptions,
     ),
     "bench": Command(
         cmd_bench,

@@ -162,6 +162,12 @@ class PlotOptions:
 
 
 @dataclass(frozen=True)
+class RunsOptions:
+    folder: str = option("runs", "the folder of run directories (or one run directory)", positional=True)
+    json: bool = option(False, "print every run's values as JSON")
+
+
+@dataclass(frozen=True)
 class BenchOptions:
     task: str = option("wine", "task for the step-time breakdown (default wine)", positional=True)
     nproc: str = option("1,2", "comma-separated process counts")
