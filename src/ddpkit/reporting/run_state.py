@@ -16,16 +16,20 @@ FAILED_FILE = "failed.json"
 STATES = ("finished", "stopped", "failed", "running?")
 
 
-def record_failure(run_dir: str | os.PathLike, error: BaseException) -> None:
+def record_failure(run_dir: str | os.PathLike, error: BaseException, rank: int | None = None) -> None:
     """Say in the run's folder that its attempt failed, and why (one line), for `ddpkit runs`.
     Only for a run that started (its config.json is there): a refusal before the start
-    leaves an earlier run in that folder as it was."""
+    leaves an earlier run in that folder as it was. The first record of an attempt stays: the
+    worker that failed writes its own error before the launcher learns that one did."""
     folder = Path(run_dir)
-    if not (folder / "config.json").is_file():
+    start = _mtime(folder / "config.json")
+    if start < 0 or _mtime(folder / FAILED_FILE) >= start:
         return
     lines = str(error).strip().splitlines()
     first = lines[0] if lines else ""
     message = first if isinstance(error, DdpkitError) else f"{type(error).__name__}: {first}".rstrip(": ")
+    if rank is not None:
+        message = f"rank {rank}: {message}"
     record = {"error": message[:500], "time": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
     tmp = folder / f".{FAILED_FILE}.tmp"
     try:

@@ -21,7 +21,11 @@ def test_a_failure_is_recorded_only_for_a_run_that_started(tmp_path):
     assert json.loads((tmp_path / FAILED_FILE).read_text())["error"] == "RuntimeError: boom"
     assert run_state(tmp_path) == {"state": "failed", "error": "RuntimeError: boom"}
     record_failure(tmp_path, DdpkitError("worker rank 1 exited with code 1"))
-    assert run_state(tmp_path)["error"] == "worker rank 1 exited with code 1"
+    assert run_state(tmp_path)["error"] == "RuntimeError: boom"  # the failing worker's own, written first
+    os.utime(tmp_path / FAILED_FILE, (150, 150))
+    _write(tmp_path / "config.json", {}, 200)  # the next attempt started
+    record_failure(tmp_path, ValueError("bad label"), rank=1)
+    assert run_state(tmp_path)["error"] == "rank 1: ValueError: bad label"
 
 
 def test_the_newest_attempt_decides(tmp_path):
