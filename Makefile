@@ -3,13 +3,15 @@
 # TORCH_SPEC='torch>=2.4'), then ddpkit installed in editable mode. Two steps, so the first
 # command stays quick: `make train` installs only what the default job needs (torch, ddpkit
 # and its progress bar); `make test` (and lint, setup) adds the extras the test suite needs.
+# --no-compile: Python compiles the modules a run imports when it first imports them, not
+# every file of torch and the extras at install time (most of the set-up's CPU time).
 PY ?= python3
 VENV ?= .venv
 TORCH_SPEC ?= torch==2.13.0
 PYTEST_ARGS ?=
 ARGS ?=
 BIN = $(VENV)/bin
-PIP = $(BIN)/python -m pip install -q --disable-pip-version-check
+PIP = $(BIN)/python -m pip install -q --disable-pip-version-check --no-compile
 CORE_STAMP = $(VENV)/.ddpkit-core
 TEST_STAMP = $(VENV)/.ddpkit-test
 # the extras of each step (pyproject.toml): a new extra the tests need is one more name here

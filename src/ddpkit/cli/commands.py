@@ -12,6 +12,7 @@ from typing import Any, Callable, Sequence
 from .. import config
 from ..envvars import LAUNCH_TIME_VAR, SLOW_EXIT_VAR
 from ..errors import DdpkitError, WorkerFailed
+from .config_args import refuse_worker_placement, with_config_file
 from .flags import add_config_flags, add_option_flags, config_from, flag_defaults
 from .options import (
     BenchOptions,
@@ -171,7 +172,7 @@ def cmd_slurm(ns: argparse.Namespace) -> int:
     args = list(ns.train_args)
     if args[:1] == ["--"]:
         args = args[1:]
-    args = _with_config_file(args, ns.config)
+    args = with_config_file(args, ns.config)
     # Check the training arguments now, not in the job an hour later.
     try:
         train_ns = parse_args(["train", *args])
@@ -193,7 +194,7 @@ def cmd_slurm(ns: argparse.Namespace) -> int:
                 f"{flag} does not belong after --: SLURM starts the workers "
                 "(use --nodes / --gpus-per-node / --ntasks-per-node of `ddpkit slurm`)"
             )
-    _check_file_leaves_workers_to_slurm(train_ns)
+    refuse_worker_placement(getattr(train_ns, "file_settings", {}), train_ns.config)
     config_from(train_ns)  # validates values
     run_dir = Path(train_ns.run_dir or f"runs/{ns.job_name}-{time.strftime('%Y%m%d-%H%M%S')}").resolve()
     if not train_ns.run_dir:
@@ -232,39 +233,6 @@ def cmd_slurm(ns: argparse.Namespace) -> int:
     code = slurm.wait(job_id, timeout=ns.wait_timeout, report=lambda m: print(m, flush=True))
     print(f"ddpkit: job {job_id} ended with exit status {code}; log: {log}", flush=True)
     return code
-
-
-def _with_config_file(args: list[str], config: str | None) -> list[str]:
-    """The training arguments with the config file (ddpkit slurm's --config or one after --)
-    named by its absolute path: the job reads it where it starts."""
-    from pathlib import Path
-
-    out = list(args)
-    for i, a in enumerate(out):
-        if a == "--config" and i + 1 < len(out):
-            out[i + 1] = str(Path(out[i + 1]).resolve())
-        elif a.startswith("--config="):
-            out[i] = "--config=" + str(Path(a.partition("=")[2]).resolve())
-    if config:
-        if any(a == "--config" or a.startswith("--config=") for a in args):
-            raise DdpkitError("--config given both before and after --: keep one")
-        out = ["--config", str(Path(config).resolve()), *out]
-    return out
-
-
-def _check_file_leaves_workers_to_slurm(train_ns: argparse.Namespace) -> None:
-    """Where the workers run is SLURM's, as for the flags after --: a config file may not say it."""
-    from ..config_file import FIELDS
-
-    for name, value in getattr(train_ns, "file_settings", {}).items():
-        if name in _SLURM_PLACES and value != FIELDS[name].default:
-            raise DdpkitError(
-                f"{name} = {value!r} in {train_ns.config} does not belong in a SLURM job: SLURM starts the "
-                "workers (remove it; use --nodes / --gpus-per-node / --ntasks-per-node of `ddpkit slurm`)"
-            )
-
-
-_SLURM_PLACES = ("nproc", "nnodes", "node_rank", "master_addr", "master_port", "rdzv_endpoint")
 
 
 def cmd_env(ns: argparse.Namespace) -> int:

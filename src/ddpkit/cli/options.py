@@ -163,7 +163,9 @@ class PlotOptions:
 
 @dataclass(frozen=True)
 class RunsOptions:
-    folder: str = option("runs", "the folder of run directories (or one run directory)", positional=True)
+    folder: str = option(
+        "runs", "the folder of run directories, or one run directory (default runs)", positional=True, metavar="DIR"
+    )
     json: bool = option(False, "print every run's values as JSON")
 
 
