@@ -1,34 +1,46 @@
 # Each target does its own set-up: a virtual environment in .venv with the CPU build of
 # torch pinned for this machine and CI (override TORCH_SPEC on GPU machines, e.g.
-# TORCH_SPEC='torch>=2.4'), then ddpkit installed in editable mode.
+# TORCH_SPEC='torch>=2.4'), then ddpkit installed in editable mode. Two steps, so the first
+# command stays quick: `make train` installs only what the default job needs (torch, ddpkit
+# and its progress bar); `make test` (and lint, setup) adds the extras the test suite needs.
+# --no-compile: Python compiles the modules a run imports when it first imports them, not
+# every file of torch and the extras at install time (most of the set-up's CPU time).
 PY ?= python3
 VENV ?= .venv
 TORCH_SPEC ?= torch==2.13.0
 PYTEST_ARGS ?=
 ARGS ?=
 BIN = $(VENV)/bin
-STAMP = $(VENV)/.ddpkit-installed
+PIP = $(BIN)/python -m pip install -q --disable-pip-version-check --no-compile
+CORE_STAMP = $(VENV)/.ddpkit-core
+TEST_STAMP = $(VENV)/.ddpkit-test
+# the extras of each step (pyproject.toml): a new extra the tests need is one more name here
+CORE_EXTRAS = progress
+TEST_EXTRAS = test,progress,plot,tensorboard,datasets,hf
 
 .PHONY: train test test-cluster lint setup clean
 
-$(STAMP): pyproject.toml Makefile
+$(CORE_STAMP): pyproject.toml Makefile
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
-	$(BIN)/python -m pip install -q --disable-pip-version-check "$(TORCH_SPEC)"
-	$(BIN)/python -m pip install -q --disable-pip-version-check -e ".[test,progress,plot,tensorboard,datasets,hf]" "$(TORCH_SPEC)"
-	touch $(STAMP)
+	$(PIP) -e ".[$(CORE_EXTRAS)]" "$(TORCH_SPEC)"
+	touch $(CORE_STAMP)
 
-setup: $(STAMP)
+$(TEST_STAMP): $(CORE_STAMP)
+	$(PIP) -e ".[$(TEST_EXTRAS)]" "$(TORCH_SPEC)"
+	touch $(TEST_STAMP)
 
-train: $(STAMP)
+setup: $(TEST_STAMP)
+
+train: $(CORE_STAMP)
 	$(BIN)/ddpkit train $(ARGS)
 
-lint: $(STAMP)
+lint: $(TEST_STAMP)
 	$(BIN)/ruff check src tests benchmarks examples scripts
 
 test: lint
 	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
 
-test-cluster: $(STAMP)
+test-cluster: $(TEST_STAMP)
 	$(BIN)/python -m pytest -q -m cluster $(PYTEST_ARGS)
 
 clean:

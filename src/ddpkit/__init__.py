@@ -18,6 +18,7 @@ _WHERE = {
     "load_file": "checkpoint",
     "unwrap": "checkpoint",
     "RunConfig": "config",
+    "load_config": "config_file",
     "ShardedLoader": "data",
     "eval_batches": "data",
     "DistEnv": "environments",

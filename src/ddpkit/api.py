@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 from .config import DEFAULT_TIMEOUT_S, RunConfig
 from .environments import DistEnv
@@ -14,6 +15,7 @@ from .envvars import LAUNCH_TIME_VAR
 from .errors import DdpkitError
 from .launchers.elastic import run_elastic
 from .launchers.plan import describe, make_launch_plan, resolve_nproc
+from .reporting.run_state import record_failure
 from .runtime import default_threads, resolve_backend, resolve_device_type
 from .session import Session
 from .strategy_config import check
@@ -42,7 +44,8 @@ def train(
         job = env.environment.job_id(os.environ)
         if job and not cfg.run_dir:
             cfg = cfg.replace(run_dir=f"runs/{_task_slug(cfg.task)}-job{job}")
-        return train_worker(cfg.as_dict())
+        with failure_recorded(cfg.run_dir if env.is_main else None):
+            return train_worker(cfg.as_dict())
     device_type = resolve_device_type(cfg.device)
     backend = resolve_backend(cfg.backend, device_type)  # refuse nccl without GPU before starting anything
     nproc = resolve_nproc(cfg.nproc, device_type)
@@ -68,11 +71,26 @@ def train(
         return {"plan": plan}
     _check_strategy(cfg, device_type, nproc * plan.max_nodes)
     cfg = prepare_local_run(cfg)
-    if nproc == 1 and not cfg.multi_node and not cfg.rdzv_endpoint and cfg.max_restarts == 0:
-        return train_worker(cfg.as_dict())
-    _check_task_exists(cfg)
-    results = run_elastic(plan, train_worker, [cfg.as_dict()], verbose=cfg.verbose, hang_dir=Path(cfg.run_dir) / "hang")
+    in_process = nproc == 1 and not cfg.multi_node and not cfg.rdzv_endpoint and cfg.max_restarts == 0
+    if not in_process:
+        _check_task_exists(cfg)
+    with failure_recorded(cfg.run_dir):
+        if in_process:
+            return train_worker(cfg.as_dict())
+        hang_dir = Path(cfg.run_dir) / "hang"
+        results = run_elastic(plan, train_worker, [cfg.as_dict()], verbose=cfg.verbose, hang_dir=hang_dir)
     return results.get(0, {}) if isinstance(results, dict) else results[0]
+
+
+@contextlib.contextmanager
+def failure_recorded(run_dir: str | None) -> Iterator[None]:
+    """A run that fails after it started says so in its folder (failed.json, for `ddpkit runs`)."""
+    try:
+        yield
+    except BaseException as e:
+        if run_dir:
+            record_failure(run_dir, e)
+        raise
 
 
 def check_request_matches_launcher(cfg: RunConfig, env: DistEnv) -> None:

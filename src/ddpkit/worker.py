@@ -23,6 +23,7 @@ from .environments import DistEnv
 from .envvars import BENCH_RESULT_VAR, ERROR_DIR_VAR, LAUNCH_TIME_VAR
 from .errors import DdpkitError
 from .reporting.rank_output import rank_stdout
+from .reporting.run_state import record_failure
 from .reporting.summary import format_summary
 from .runtime import Runtime
 from .runtime.watchdog import HangWatchdog, fresh_hang_dir, is_timeout
@@ -95,6 +96,7 @@ def train_worker(config: dict[str, Any], task: Task | None = None) -> dict[str, 
             print(f"[rank {env.rank}] {line}", file=sys.stderr, flush=True)
             os._exit(1)
         # One traceback, from the rank that failed; the launcher adds one line naming it.
+        record_failure(cfg.run_dir or "runs/latest", e, env.rank)
         print(f"[rank {env.rank}] " + traceback.format_exc(), file=sys.stderr, flush=True)
         sys.exit(1)
 

@@ -17,7 +17,7 @@ LAYERS = [
     ["config_values"],
     ["strategy_config"],  # the strategies' typed settings and rules, which config's validation calls
     ["config_groups"],  # each group's choices and checks, below RunConfig
-    ["config"],
+    ["config", "config_file"],  # config_file: --config FILE read into RunConfig's values
     ["environments"],
     ["runtime"],
     ["checkpoint"],

@@ -12,7 +12,8 @@ from typing import Any, Callable, Sequence
 from .. import config
 from ..envvars import LAUNCH_TIME_VAR, SLOW_EXIT_VAR
 from ..errors import DdpkitError, WorkerFailed
-from .flags import add_config_flags, add_option_flags, config_from
+from .config_args import refuse_worker_placement, with_config_file
+from .flags import add_config_flags, add_option_flags, config_from, flag_defaults
 from .options import (
     BenchOptions,
     CheckOptions,
@@ -20,6 +21,7 @@ from .options import (
     ExportOptions,
     LaunchOptions,
     PlotOptions,
+    RunsOptions,
     SlurmOptions,
     TrainOptions,
     VerifyOptions,
@@ -85,6 +87,12 @@ BENCH_HELP = (
     "them) and the task's step split into data, compute and communication, at each process count."
 )
 
+RUNS_HELP = (
+    "List the runs in a folder (default runs/): task, world size, strategy, optimizer steps done/planned, the "
+    "final train and eval loss, how the run ended (finished; stopped: by a signal, with a checkpoint; failed: "
+    "with the error; running?: no end recorded, still running or killed without a word) and whether a "
+    "checkpoint whose header loads is there to resume from."
+)
 
 VERIFY_HELP = (
     "Train the task for a few optimizer steps at one global batch G (= --nproc x --batch-size x --accumulate) "
@@ -105,7 +113,9 @@ and the requeued job resumes. Example:
 """
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(file_settings: dict[str, Any] | None = None) -> argparse.ArgumentParser:
+    """The CLI's parser; `file_settings` (a --config file's) become the defaults of the flags,
+    so a flag given on the command line wins over the file and a flag left out does not."""
     parser = argparse.ArgumentParser(
         prog="ddpkit",
         description="Run a PyTorch training task on one process, every GPU of a node, or many nodes, with DDP or FSDP "
@@ -120,10 +130,27 @@ def build_parser() -> argparse.ArgumentParser:
             formatter_class=command.formatter or argparse.HelpFormatter,
         )
         if command.groups or command.names:
-            add_config_flags(p, command.groups, names=command.names, defaults=command.defaults)
+            defaults = {**command.defaults, **flag_defaults(file_settings or {})}
+            add_config_flags(p, command.groups, names=command.names, defaults=defaults)
         if command.options is not None:
             add_option_flags(p, command.options)
     return parser
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    """The command line, with a --config file read in between: parsed once to find the file,
+    then again with the file's settings as the defaults. The file's settings that no flag of
+    the command takes still reach its RunConfig (ns.file_settings, read by config_from)."""
+    ns = build_parser().parse_args(argv)
+    path = getattr(ns, "config", None)
+    if not path:
+        return ns
+    from ..config_file import read_config_file
+
+    settings = read_config_file(path)
+    ns = build_parser(settings).parse_args(argv)
+    ns.file_settings = settings
+    return ns
 
 
 def cmd_train(ns: argparse.Namespace) -> int:
@@ -165,9 +192,10 @@ def cmd_slurm(ns: argparse.Namespace) -> int:
     args = list(ns.train_args)
     if args[:1] == ["--"]:
         args = args[1:]
+    args = with_config_file(args, ns.config)
     # Check the training arguments now, not in the job an hour later.
     try:
-        train_ns = build_parser().parse_args(["train", *args])
+        train_ns = parse_args(["train", *args])
     except SystemExit:
         raise DdpkitError(
             "the arguments after -- are not valid `ddpkit train` arguments (see the message above)"
@@ -186,6 +214,7 @@ def cmd_slurm(ns: argparse.Namespace) -> int:
                 f"{flag} does not belong after --: SLURM starts the workers "
                 "(use --nodes / --gpus-per-node / --ntasks-per-node of `ddpkit slurm`)"
             )
+    refuse_worker_placement(getattr(train_ns, "file_settings", {}), train_ns.config)
     config_from(train_ns)  # validates values
     run_dir = Path(train_ns.run_dir or f"runs/{ns.job_name}-{time.strftime('%Y%m%d-%H%M%S')}").resolve()
     if not train_ns.run_dir:
@@ -255,6 +284,12 @@ def cmd_plot(ns: argparse.Namespace) -> int:
 
     print(f"wrote {plot_runs(ns.run_dirs, ns.out, ns.label, ns.title)}")
     return 0
+
+
+def cmd_runs(ns: argparse.Namespace) -> int:
+    from ..tools.runs import main_runs
+
+    return main_runs(ns.folder, ns.json)
 
 
 def cmd_plan(ns: argparse.Namespace) -> int:
@@ -374,6 +409,12 @@ COMMANDS = {
         EXPORT_HELP,
         options=ExportOptions,
     ),
+    "runs": Command(
+        cmd_runs,
+        "one line per run in a folder: task, world size, steps, losses, how it ended, resumable",
+        RUNS_HELP,
+        options=RunsOptions,
+    ),
     "bench": Command(
         cmd_bench,
         "measure all-reduce bandwidth/latency and a task's step time at 1..N processes",
@@ -392,6 +433,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.print_help()
         return 2
     try:
+        if getattr(ns, "config", None):
+            ns = parse_args(argv)
         code = COMMANDS[ns.command].run(ns)
     except DdpkitError as e:
         print(f"ddpkit: error: {e}", file=sys.stderr, flush=True)

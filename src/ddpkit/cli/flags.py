@@ -120,8 +120,15 @@ def _argparse_type(parse: Callable[[str], Any]) -> Callable[[str], Any]:
     return convert
 
 
+def flag_defaults(settings: dict[str, Any]) -> dict[str, Any]:
+    """A config file's settings as the defaults of their flags: a repeatable flag's default is
+    the list its values are appended to (--task-arg on the command line adds to the file's)."""
+    return {k: list(v.items()) if _FIELDS[k].metadata.get("append") else v for k, v in settings.items()}
+
+
 def config_from(ns: argparse.Namespace, **changes: Any) -> RunConfig:
-    """The RunConfig of the flags a command parsed (fields it has no flag for keep their default)."""
+    """The RunConfig of the flags a command parsed, over the settings of its --config file that
+    no flag of the command takes (the others keep their default)."""
     values = {name: getattr(ns, name) for name in _FIELDS if hasattr(ns, name)}
     values = {k: v for k, v in values.items() if not (v is None and _FIELDS[k].metadata.get("append"))}
-    return RunConfig(**{**values, **changes})
+    return RunConfig(**{**getattr(ns, "file_settings", {}), **values, **changes})

@@ -14,6 +14,15 @@ from ..config import setting
 
 AGENT = "torchrun's agent options (passed to torch's elastic agent as they are)"
 PLAN_ONLY = "print the launch plan (nodes, ranks, master, backend, device) and start nothing"
+CONFIG_HELP = (
+    "read settings from a TOML, YAML or JSON file (keys as the flags or the field names; a run's "
+    "config.json replays it); flags given here win over the file"
+)
+
+
+def config_option() -> Any:
+    """--config FILE: a command's settings from a file (config_file.py)."""
+    return option(help=CONFIG_HELP, metavar="FILE")
 
 
 def option(default: Any = None, help: str = "", *, group: str = "", **kwargs: Any) -> Any:
@@ -24,11 +33,13 @@ def option(default: Any = None, help: str = "", *, group: str = "", **kwargs: An
 @dataclass(frozen=True)
 class TrainOptions:
     dry_run: bool = option(False, PLAN_ONLY)
+    config: str | None = config_option()
 
 
 @dataclass(frozen=True)
 class LaunchOptions:
     dry_run: bool = option(False, PLAN_ONLY)
+    config: str | None = config_option()
     module: bool = option(False, "run SCRIPT as a module (python -m SCRIPT)", flag="-m", aliases=("--module",))
     no_python: bool = option(
         False,
@@ -112,6 +123,11 @@ class SlurmOptions:
     wait_timeout: float | None = option(
         help="give up waiting after this many seconds (the job keeps running)", type=float
     )
+    config: str | None = option(
+        help="the training settings from a TOML, YAML or JSON file: checked now, read by `ddpkit train --config` "
+        "in the job (the arguments after -- win over it)",
+        metavar="FILE",
+    )
     train_args: list[str] | None = option(
         help="-- then the arguments of `ddpkit train` (task and flags)", positional=True, nargs=argparse.REMAINDER
     )
@@ -125,6 +141,7 @@ class EnvOptions:
 @dataclass(frozen=True)
 class CheckOptions:
     json: bool = option(False, "print rank 0's report as JSON")
+    config: str | None = config_option()
 
 
 @dataclass(frozen=True)
@@ -164,6 +181,14 @@ class ExportOptions:
     max_shard_size: str = option(
         "5GB", "above this size (500MB, 2GiB, ...) the weights are split into files and an index", metavar="SIZE"
     )
+
+
+@dataclass(frozen=True)
+class RunsOptions:
+    folder: str = option(
+        "runs", "the folder of run directories, or one run directory (default runs)", positional=True, metavar="DIR"
+    )
+    json: bool = option(False, "print every run's values as JSON")
 
 
 @dataclass(frozen=True)

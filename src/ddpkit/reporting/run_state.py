@@ -1,0 +1,68 @@
+"""How a run ended, read from its folder: rank 0 writes config.json when an attempt starts and
+summary.json when it ends; the launcher writes failed.json when it fails. The newest attempt
+is the one whose config.json is on disk: an end record older than it belongs to an earlier one."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+from ..errors import DdpkitError
+
+FAILED_FILE = "failed.json"
+STATES = ("finished", "stopped", "failed", "running?")
+
+
+def record_failure(run_dir: str | os.PathLike, error: BaseException, rank: int | None = None) -> None:
+    """Say in the run's folder that its attempt failed, and why (one line), for `ddpkit runs`.
+    Only for a run that started (its config.json is there): a refusal before the start
+    leaves an earlier run in that folder as it was. The first record of an attempt stays: the
+    worker that failed writes its own error before the launcher learns that one did."""
+    folder = Path(run_dir)
+    start = _mtime(folder / "config.json")
+    if start < 0 or _mtime(folder / FAILED_FILE) >= start:
+        return
+    lines = str(error).strip().splitlines()
+    first = lines[0] if lines else ""
+    message = first if isinstance(error, DdpkitError) else f"{type(error).__name__}: {first}".rstrip(": ")
+    if rank is not None:
+        message = f"rank {rank}: {message}"
+    record = {"error": message[:500], "time": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+    tmp = folder / f".{FAILED_FILE}.tmp"
+    try:
+        tmp.write_text(json.dumps(record, indent=2) + "\n")
+        os.replace(tmp, folder / FAILED_FILE)
+    except OSError:
+        pass  # the run's own error is what the user needs to see, not this one
+
+
+def run_state(run_dir: str | os.PathLike) -> dict[str, Any]:
+    """{"state": finished | stopped | failed | running?, "summary": ..., "error": ...} of the
+    newest attempt. running?: no end was recorded: still running, or killed without a word
+    (SIGKILL, a lost node)."""
+    folder = Path(run_dir)
+    start = _mtime(folder / "config.json")
+    summary = _read(folder / "summary.json") if _mtime(folder / "summary.json") >= start else None
+    if isinstance(summary, dict):
+        return {"state": "stopped" if summary.get("stopped_early") else "finished", "summary": summary}
+    failed = _read(folder / FAILED_FILE) if _mtime(folder / FAILED_FILE) >= start else None
+    if isinstance(failed, dict):
+        return {"state": "failed", "error": failed.get("error")}
+    return {"state": "running?"}
+
+
+def _mtime(path: Path) -> float:
+    try:
+        return path.stat().st_mtime
+    except OSError:
+        return -1.0
+
+
+def _read(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None

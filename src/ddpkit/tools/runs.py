@@ -1,0 +1,160 @@
+"""`ddpkit runs [DIR]`: one line per run in a folder, from what each run directory holds
+(config.json, summary.json, metrics.jsonl, failed.json, checkpoints/): its task, world size,
+strategy, steps, final losses, how it ended and whether it can be resumed."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from ..checkpoint.headers import newest_header
+from ..errors import DdpkitError
+from ..reporting.run_state import FAILED_FILE, run_state
+
+WIDTH = 100  # the table fits a terminal this wide; long run and task names are shortened
+COLUMNS = (
+    ("run", "RUN"),
+    ("task_short", "TASK"),
+    ("world_size", "WORLD"),
+    ("strategy", "STRATEGY"),
+    ("steps", "STEPS"),
+    ("train_loss", "TRAIN"),
+    ("eval_loss", "EVAL"),
+    ("state", "STATE"),
+    ("resumable", "RESUME"),
+)
+RUN_FILES = ("config.json", "summary.json", "metrics.jsonl", FAILED_FILE, "checkpoints")
+
+
+def main_runs(folder: str, as_json: bool) -> int:
+    runs = [describe_run(p) for p in run_dirs(folder)]
+    if as_json:
+        print(json.dumps(runs, indent=2))
+    elif not runs:
+        print(f"ddpkit: no runs in {folder}")
+    else:
+        print(format_table(runs))
+    return 0
+
+
+def run_dirs(folder: str | os.PathLike) -> list[Path]:
+    """The run directories in `folder` (or `folder` itself when it is one), oldest start first."""
+    root = Path(folder)
+    if not root.is_dir():
+        raise DdpkitError(f"{folder}: no such folder (runs go to runs/ by default, or where --run-dir said)")
+    found = [root] if _is_run(root) else [p for p in root.iterdir() if p.is_dir() and _is_run(p)]
+    return sorted(found, key=lambda p: (_started(p), p.name))
+
+
+def _is_run(path: Path) -> bool:
+    return any((path / name).exists() for name in RUN_FILES)
+
+
+def _started(path: Path) -> float:
+    for name in ("config.json", "metrics.jsonl"):
+        if (path / name).exists():
+            return (path / name).stat().st_mtime
+    return path.stat().st_mtime
+
+
+def describe_run(path: Path) -> dict[str, Any]:
+    """Everything the table shows about one run, as plain values (the --json output)."""
+    config = _json(path / "config.json") or {}
+    ended = run_state(path)
+    summary = ended.get("summary") or {}
+    records = _records(path / "metrics.jsonl")
+    newest = newest_header(path)
+    world = summary.get("world_size") or (newest[1].world_size if newest else None)
+    if world is None and isinstance(config.get("nproc"), int):
+        world = config["nproc"] * _nodes(config.get("nnodes"))
+    return {
+        "run": path.name,
+        "path": str(path),
+        "task": config.get("task"),
+        "world_size": world,
+        "strategy": summary.get("strategy") or config.get("strategy"),
+        "steps_done": summary.get("steps_done", _last(records, "step")),
+        "steps_planned": summary.get("steps_planned") or config.get("max_steps"),
+        "epochs_done": summary.get("epochs_done", _last(records, "epoch")),
+        "train_loss": summary.get("train_loss", _last(records, "train_loss")),
+        "eval_loss": summary.get("eval_loss", _last(records, "eval_loss")),
+        "state": ended["state"],
+        "error": ended.get("error"),
+        "resumable": newest is not None,
+        "checkpoint": str(newest[0]) if newest else None,
+    }
+
+
+def format_table(runs: list[dict[str, Any]]) -> str:
+    rows = [[_cell(key, run) for key, _ in COLUMNS] for run in runs]
+    heads = [head for _, head in COLUMNS]
+    widths = [max(len(r[i]) for r in [heads, *rows]) for i in range(len(COLUMNS))]
+    excess = sum(widths) + 2 * (len(widths) - 1) - WIDTH
+    for i in (1, 0):  # the task's name, then the run's, give way first
+        cut = min(max(0, excess), widths[i] - len(heads[i]) - 2)
+        widths[i] -= max(0, cut)
+        excess -= max(0, cut)
+    lines = ["  ".join(_fit(h, w) for h, w in zip(heads, widths, strict=True)).rstrip()]
+    lines += ["  ".join(_fit(c, w) for c, w in zip(row, widths, strict=True)).rstrip() for row in rows]
+    failed = [f"  {run['run']}: {run['error']}" for run in runs if run["state"] == "failed" and run["error"]]
+    return "\n".join(lines + (["failed:", *failed] if failed else []))
+
+
+def _cell(key: str, run: dict[str, Any]) -> str:
+    if key == "task_short":
+        task = run["task"] or "-"
+        if ":" in task:  # path/to/mytask.py:build -> mytask:build
+            where, _, function = task.rpartition(":")
+            task = f"{Path(where).stem}:{function}"
+        return task
+    if key == "steps":
+        done, planned = run["steps_done"], run["steps_planned"]
+        return "-" if done is None else f"{done}/{planned}" if planned else str(done)
+    if key in ("train_loss", "eval_loss"):
+        value = run[key]
+        return "-" if value is None else f"{value:.4f}" if abs(value) < 100 else f"{value:.4g}"
+    if key == "resumable":
+        return "yes" if run["resumable"] else "no"
+    value = run[key]
+    return "-" if value is None else str(value)
+
+
+def _fit(text: str, width: int) -> str:
+    return text.ljust(width) if len(text) <= width else text[: max(1, width - 2)] + ".."
+
+
+def _nodes(nnodes: Any) -> int:
+    try:
+        return int(str(nnodes).split(":")[-1])
+    except ValueError:
+        return 1
+
+
+def _json(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def _records(path: Path) -> list[dict[str, Any]]:
+    """metrics.jsonl's records; a line cut short by a crash is skipped."""
+    try:
+        lines = path.read_text().splitlines()
+    except OSError:
+        return []
+    out = []
+    for line in lines:
+        try:
+            record = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(record, dict):
+            out.append(record)
+    return out
+
+
+def _last(records: list[dict[str, Any]], key: str) -> Any:
+    return next((r[key] for r in reversed(records) if r.get(key) is not None), None)

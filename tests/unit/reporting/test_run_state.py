@@ -1,0 +1,40 @@
+"""How a run ended, from its folder: the newest attempt is the one whose config.json is on disk;
+an end record (summary.json, failed.json) older than it belongs to an earlier attempt."""
+
+import json
+import os
+
+from ddpkit import DdpkitError
+from ddpkit.reporting.run_state import FAILED_FILE, record_failure, run_state
+
+
+def _write(path, data, mtime):
+    path.write_text(json.dumps(data))
+    os.utime(path, (mtime, mtime))
+
+
+def test_a_failure_is_recorded_only_for_a_run_that_started(tmp_path):
+    record_failure(tmp_path, DdpkitError("refused before the start"))
+    assert not (tmp_path / FAILED_FILE).exists()  # an earlier run in the folder stays as it was
+    _write(tmp_path / "config.json", {}, 100)
+    record_failure(tmp_path, RuntimeError("boom\nline two"))
+    assert json.loads((tmp_path / FAILED_FILE).read_text())["error"] == "RuntimeError: boom"
+    assert run_state(tmp_path) == {"state": "failed", "error": "RuntimeError: boom"}
+    record_failure(tmp_path, DdpkitError("worker rank 1 exited with code 1"))
+    assert run_state(tmp_path)["error"] == "RuntimeError: boom"  # the failing worker's own, written first
+    os.utime(tmp_path / FAILED_FILE, (150, 150))
+    _write(tmp_path / "config.json", {}, 200)  # the next attempt started
+    record_failure(tmp_path, ValueError("bad label"), rank=1)
+    assert run_state(tmp_path)["error"] == "rank 1: ValueError: bad label"
+
+
+def test_the_newest_attempt_decides(tmp_path):
+    assert run_state(tmp_path) == {"state": "running?"}
+    _write(tmp_path / "config.json", {}, 100)
+    _write(tmp_path / FAILED_FILE, {"error": "x"}, 150)
+    _write(tmp_path / "summary.json", {"stopped_early": True}, 200)
+    assert run_state(tmp_path)["state"] == "stopped"  # a summary of this attempt wins over a failure
+    _write(tmp_path / "config.json", {}, 300)  # resumed: running, or killed without a word
+    assert run_state(tmp_path) == {"state": "running?"}
+    _write(tmp_path / "summary.json", {"stopped_early": False}, 400)
+    assert run_state(tmp_path)["state"] == "finished"
