@@ -99,7 +99,7 @@ def test_launch_and_check_take_the_file_too(tmp_path):
         ("epochs = 3\n[training]\nepochs = 4\n", "'epochs' and 'training.epochs' both set epochs"),
         ('epochs = "ten"\n', "epochs must be an integer, got 'ten'"),
         ("epochs = 2.5\n", "epochs must be an integer, got 2.5"),
-        ('strategy = "zero"\n', "strategy must be one of ddp, fsdp, auto"),
+        ('strategy = "zero"\n', "strategy must be one of ddp, fsdp, hsdp, auto"),
         ('nproc = "many"\n', "nproc must be a positive integer or 'auto'"),
         ('csv = "yes"\n', "csv must be true or false"),
         ("epochs = true\n", "epochs must be an integer, not true/false"),
