@@ -19,6 +19,7 @@ from ..strategy_config import StrategyConfig, check
 from ..task import Task
 from .base import Strategy
 from .ddp import DdpStrategy, grad_sync_used, wrap_model
+from .materialize import ModelInit
 from .memory import detect_device_memory, make_plan
 from .precision import check_precision
 
@@ -43,7 +44,10 @@ def make_strategy(cfg: RunConfig, rt: Runtime, task: Task) -> Strategy:
     if config.name == "auto":
         config = dataclasses.replace(config, name=choose_strategy(config, rt, task, quiet=cfg.quiet))
     check(config, rt.world_size)
-    return strategy_for(config, rt, blocks=task.fsdp_blocks)
+    strategy = strategy_for(config, rt, blocks=task.fsdp_blocks)
+    init_from = cfg.init_from or task.init_from
+    strategy.init = ModelInit(task.init_weights, str(init_from) if init_from else None, cfg.seed)
+    return strategy
 
 
 def strategy_for(config: StrategyConfig, rt: Runtime, *, blocks: Any = None) -> Strategy:

@@ -25,6 +25,7 @@ from ..checkpoint import state as ckpt_state
 from ..data import eval_batches
 from ..runtime import Runtime
 from ..strategy_config import StrategyConfig
+from .materialize import ModelInit
 from .optimizers import OptimizerSpec
 from .precision import autocast, check_precision
 
@@ -43,6 +44,8 @@ class Strategy:
         self.config = config or StrategyConfig(name=self.name)
         self.precision = self.config.precision
         self.dtype = check_precision(self.precision, rt.device.type)
+        # a meta-built model's init and a pretrained file to start from (make_strategy sets the task's)
+        self.init = ModelInit()
 
     # -- building -------------------------------------------------------------------
     def setup_module(self, model: nn.Module) -> nn.Module:
