@@ -79,7 +79,7 @@ def materialize(model: nn.Module, device: torch.device, init: ModelInit, from_fi
                     "init_weights=fn(module) (ddpkit.Task), or build the model eagerly"
                 )
     for m in todo:
-        m.to_empty(device=device, recurse=False)
+        _allocate(m, device)
     pending = {id(m) for m in needs_init}
     with _rng(init.seed), torch.no_grad():
         seen: set[int] = set()
@@ -94,6 +94,21 @@ def materialize(model: nn.Module, device: torch.device, init: ModelInit, from_fi
             for m in needs_init:  # pass 2: the task's init over the whole model, in order
                 _init_module(m, lambda m=m: hook(m), seen, from_current=id(m) not in pending, first_wins=False)
                 _check_set(m, names[id(m)], "init_weights")
+
+
+def _allocate(module: nn.Module, device: torch.device) -> None:
+    """Memory for the module's own meta tensors, keeping each tensor object: a parameter tied
+    to another module's stays one, and whatever holds it (an optimizer) holds the new one."""
+    own = _own(module)
+    if any(hasattr(t, "placements") for t in own.values()):
+        module.to_empty(device=device, recurse=False)  # DTensors: swapped in place by nn.Module._apply
+        return
+    for t in own.values():
+        if t.is_meta:
+            new = torch.empty_like(t, device=device)
+            torch.utils.swap_tensors(
+                t, nn.Parameter(new, requires_grad=t.requires_grad) if isinstance(t, nn.Parameter) else new
+            )
 
 
 def _init_module(
