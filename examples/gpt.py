@@ -26,8 +26,9 @@ Every size is a task argument (`--task-arg KEY=VALUE`): n_layer, n_head, n_embd,
 block_size, dropout, lr, weight_decay, warmup_steps, decay_steps, max_samples (training
 windows kept; None: all), init (eager, or meta: built on the meta device, each rank
 materialising only its part with `init_weights`; the same weights as eager). The defaults
-are a 0.1M-parameter model that learns visibly in seconds: the first command above takes ~15 s on 2 CPU cores, and its eval loss falls from
-4.6 (a uniform guess over the 103 characters) to ~2.9 after epoch 1 and ~2.8 after epoch 2.
+are a 0.1M-parameter model that learns visibly in seconds: the first command above takes
+~15 s on 2 CPU cores, and its eval loss falls from 4.6 (a uniform guess over the 103
+characters) to ~2.9 after epoch 1 and ~2.8 after epoch 2.
 With dropout 0 the run ends with the same model.pt at any world size (1 x 2B, 2 x B,
 2 x B/2 with --accumulate 2); with dropout each rank draws its own masks.
 """
