@@ -124,7 +124,7 @@ def test_a_2gb_meta_model_sets_up_on_4_ranks_within_its_shards_and_one_block(tmp
     ranks = [json.loads((tmp_path / f"rank-{r}.json").read_text()) for r in range(4)]
     overhead = 256 * 2**20  # the mesh, FSDP's bookkeeping, allocator slack
     for r in ranks:
-        assert r["model"] >= 2 * 10**9 and r["initialised"]
+        assert r["model"] >= 2 * 10**9 and r["initialised"] and r["same_draw"]
         assert r["local"] <= r["model"] / 4 + 4096
         bound = r["model"] / 4 + r["block"] + overhead
         assert r["peak"] < bound, f"peak {r['peak'] / 2**20:.0f} MiB, bound {bound / 2**20:.0f} MiB"

@@ -62,7 +62,7 @@ class DdpStrategy(Strategy):
         compressing = config.grad_compression != "none"  # compressed buckets go through the backend
         grad_sync = "backend" if compressing else config.grad_sync
         options = {**ddp_knobs.ddp_options(config, self.rt.backend), **config.ddp_options}
-        model = fill(model, self.rt.device, self.init)  # a meta build whole on this rank; pretrained weights
+        model = fill(model, self.rt.device, self.model_init(model))  # a meta build, whole; pretrained weights
         wrapped = wrap_model(model, self.rt, grad_sync, **options)  # (DDP keeps the same parameters)
         ddp_knobs.register_compression(wrapped, config.grad_compression)
         return ddp_knobs.maybe_compile(wrapped, config.compile)

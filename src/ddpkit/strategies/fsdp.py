@@ -116,7 +116,7 @@ class FsdpStrategy(Strategy):
         for block in blocks:
             fully_shard(block, mesh=mesh, mp_policy=mp)
         fully_shard(model, mesh=mesh, mp_policy=root_mp)
-        fill(model, self.rt.device, self.init)  # meta -> this rank's shards; pretrained weights into them
+        fill(model, self.rt.device, self.model_init(model))  # meta -> this rank's shards; pretrained weights
         self.units = len(blocks) + 1
         self._unsharded_names[model] = names
         return model

@@ -1,5 +1,5 @@
 """Each rank's peak memory while a model of 2.1 GB (fp32, built on the meta device) is set up
-under FSDP: `ddpkit launch --nproc 4 meta_setup_memory.py OUT_DIR [eager]` writes
+under FSDP: `ddpkit launch --nproc 4 meta_setup_memory.py OUT_DIR` writes
 OUT_DIR/rank-R.json with the bytes above the resident set before setup, the model's size and
 its largest block. The peak is the kernel's high-water mark (VmHWM), reset just before setup."""
 
@@ -20,6 +20,13 @@ class Linear(nn.Linear):
         nn.init.constant_(self.weight, 0.01)
 
 
+class Drawn(nn.Linear):
+    """One random constant: the ranks' shards are of the same draw, or the whole is not constant."""
+
+    def reset_parameters(self) -> None:
+        nn.init.constant_(self.weight, float(torch.rand(1, device="cpu")))
+
+
 class Block(nn.Module):
     def __init__(self) -> None:
         super().__init__()
@@ -32,6 +39,7 @@ class Model(nn.Module):
         super().__init__()
         self.blocks = nn.ModuleList(Block() for _ in range(DEPTH))
         self.norm = nn.LayerNorm(WIDTH)
+        self.drawn = Drawn(64, 64, bias=False)
 
 
 def status(field: str) -> int:
@@ -43,9 +51,9 @@ def status(field: str) -> int:
 
 def main() -> None:
     out = Path(sys.argv[1])
-    eager = sys.argv[2:] == ["eager"]
     with ddpkit.init(threads=1) as rt:
-        with torch.device("cpu" if eager else "meta"):
+        torch.manual_seed(rt.rank)  # an own loop's ranks need not share a seed: ddpkit shares rank 0's draw
+        with torch.device("meta"):
             model = Model()
         size = sum(p.numel() * p.element_size() for p in model.parameters())
         block = sum(p.numel() * p.element_size() for p in model.blocks[0].parameters())
@@ -54,12 +62,14 @@ def main() -> None:
         before = status("VmRSS")
         model = rt.wrap(model, strategy="fsdp")
         peak = status("VmHWM") - before
+        drawn = model.drawn.weight.full_tensor()
+        same_draw = bool((drawn == drawn[0, 0]).all())
         local = sum(p.to_local().numel() * p.element_size() for p in model.parameters())
         ok = all(bool((p.to_local() == 0.01).all()) for p in model.blocks.parameters())
         rt.barrier()
         (out / f"rank-{rt.rank}.json").write_text(
             json.dumps(
-                {"peak": peak, "model": size, "block": block, "local": local, "initialised": ok}
+                {"peak": peak, "model": size, "block": block, "local": local, "initialised": ok, "same_draw": same_draw}
             )
         )
 
