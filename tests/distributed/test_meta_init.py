@@ -56,6 +56,7 @@ def saved_gpt2(tmp_path_factory):
     return folder
 
 
+@pytest.mark.slow
 def test_hf_gpt2_on_meta_fine_tuned_from_its_saved_folder_ends_where_from_pretrained_ends(saved_gpt2, tmp_path):
     from safetensors.torch import load_file
 
