@@ -56,7 +56,6 @@ class Pretrained:
     files: dict[str, str] = field(default_factory=dict)  # key -> safetensors file
     state: dict[str, torch.Tensor] | None = None  # a torch file, memory-mapped
     covered: set[int] = field(default_factory=set)  # ids of the model tensors the file fills
-    keys: dict[int, str] = field(default_factory=dict)  # model tensor id -> its key in the file
     _handles: dict[str, Any] = field(default_factory=dict)
 
     def read(self, key: str, t: torch.Tensor) -> torch.Tensor:
@@ -128,7 +127,6 @@ def _match(source: Pretrained, model_tensors: list[ModelTensor]) -> None:
                 f"{list(mt.tensor.shape)} in the model: build the model with the file's configuration"
             )
         source.covered.add(id(mt.tensor))
-        source.keys[id(mt.tensor)] = key
 
 
 def _open(path: str) -> Pretrained:
@@ -157,9 +155,7 @@ def _open_index(path: str, index: Path) -> Pretrained:
         weight_map = json.loads(index.read_text())["weight_map"]
     except (ValueError, KeyError, TypeError) as e:
         raise DdpkitError(f"pretrained weights {path}: {index.name} is not a safetensors index ({e})") from None
-    files = sorted({str(index.parent / f) for f in weight_map.values()})
-    source = _open_safetensors(path, files)
-    return source
+    return _open_safetensors(path, sorted({str(index.parent / f) for f in weight_map.values()}))
 
 
 def _open_safetensors(path: str, files: list[str]) -> Pretrained:
