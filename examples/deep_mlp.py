@@ -3,6 +3,8 @@ FSDP's default policy shards block by block (like a transformer's layers).
 
     ddpkit train examples/deep_mlp.py:build --strategy fsdp --nproc 2 --epochs 5
     ddpkit plan examples/deep_mlp.py:large --nproc 8 --device-memory 80GB
+    ddpkit train examples/deep_mlp.py:large --strategy fsdp --nproc 8 --epochs 1
+    ddpkit train examples/deep_mlp.py:large --strategy fsdp --nproc 2 --task-arg width=256 --epochs 1
 """
 
 import torch
@@ -51,11 +53,14 @@ def build(config=None, width: int = 64, depth: int = 6, samples: int = 512) -> d
     )
 
 
-def large(config=None) -> ddpkit.Task:
+def large(config=None, width: int = 8192, depth: int = 12) -> ddpkit.Task:
     """6.4 billion parameters (width 8192, 12 blocks), built on the meta device: shapes
-    without memory, for `ddpkit plan` only (it cannot train)."""
+    without memory. `ddpkit plan` sizes it; under `--strategy fsdp` each rank materialises
+    only its shards, block by block, initialised by the layers' own reset_parameters()
+    (the same weights as an eager build under the same seed), so no rank ever holds the
+    whole 25.8 GB model. Smaller widths (--task-arg width=256) train on a laptop."""
     with torch.device("meta"):
-        model = DeepMLP(32, 8192, 12, 4)
+        model = DeepMLP(32, width, depth, 4)
     task = build(config, width=1, depth=1, samples=64)
     task.model = model
     return task

@@ -31,7 +31,9 @@ The trained model leaves as a folder `from_pretrained` loads (README, "Export"):
 once, as save_pretrained writes it).
 
 Task arguments (--task-arg KEY=VALUE): n_layer, n_head, n_embd, max_length, dropout, lr,
-max_samples (training pieces kept; None: all 7,378). The first command above takes ~30 s
+max_samples (training pieces kept; None: all 7,378); pretrained=FOLDER fine-tunes the model
+saved there (save_pretrained), init=meta builds it on the meta device and lets each rank read
+only its shards of the weights (`--strategy fsdp`). The first command above takes ~30 s
 on 2 CPU cores (most of it transformers' import and its slower forward); its eval loss
 falls from 4.6 to ~2.9.
 """
@@ -122,6 +124,22 @@ def gpt2_model(
     return model
 
 
+def pretrained_gpt2(folder: str, init: str = "eager"):
+    """The GPT-2 saved in `folder`: whole from its weights (eager), or on the meta device from
+    its config alone (meta: no memory; the weights come from Task.init_from)."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    if init not in ("eager", "meta"):
+        raise ddpkit.DdpkitError(f"--task-arg init={init}: use eager or meta")
+    if init == "eager":
+        model = GPT2LMHeadModel.from_pretrained(folder)
+    else:
+        with torch.device("meta"):
+            model = GPT2LMHeadModel(GPT2Config.from_pretrained(folder))
+    model.loss_type = "ForCausalLM"
+    return model
+
+
 def token_loss_sum(model, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
     """Task.step: (sum of the next-token losses, number of label tokens) of a micro-batch,
     the same shift HF's own loss makes (position t predicts label t + 1)."""
@@ -144,11 +162,20 @@ def build(
     lr: float = 3e-3,
     max_samples: int | None = 2048,
     exact: bool = False,
+    pretrained: str | None = None,
+    init: str = "eager",
 ) -> ddpkit.Task:
-    """The model's own loss (`exact=True`: the token-exact Task.step, as build_exact)."""
+    """The model's own loss (`exact=True`: the token-exact Task.step, as build_exact).
+    `pretrained`: fine-tune the model saved in that folder (save_pretrained) instead, its size
+    from the folder's config: loaded whole by `from_pretrained`, or with `init=meta` built on
+    the meta device and filled by ddpkit (Task.init_from), each rank reading only its shards."""
     train_set, eval_set, chars = doc_data(max_length, max_samples)
-    model = gpt2_model(len(chars) + 1, max_length, n_layer, n_head, n_embd, dropout)
+    if pretrained is not None:
+        model = pretrained_gpt2(pretrained, init)
+    else:
+        model = gpt2_model(len(chars) + 1, max_length, n_layer, n_head, n_embd, dropout)
     return ddpkit.Task(
+        init_from=pretrained if init == "meta" else None,
         model=model,
         train_set=train_set,
         eval_set=eval_set,
@@ -167,6 +194,8 @@ def build_exact(
     dropout: float = 0.0,
     lr: float = 3e-3,
     max_samples: int | None = 2048,
+    pretrained: str | None = None,
+    init: str = "eager",
 ) -> ddpkit.Task:
     """`build` with Task.step = token_loss_sum: the mean over every label token of the global batch."""
     return build(
@@ -179,6 +208,8 @@ def build_exact(
         lr=lr,
         max_samples=max_samples,
         exact=True,
+        pretrained=pretrained,
+        init=init,
     )
 
 

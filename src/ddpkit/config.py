@@ -441,6 +441,15 @@ class RunConfig:
         metavar="SIZE",
         default_help="detected",
     )
+    init_from: str | None = setting(
+        None,
+        "start from pretrained weights: a safetensors file, a Hugging Face folder (model.safetensors or its "
+        "sharded index) or a torch state dict; each process reads only the part it keeps",
+        group=STRATEGY,
+        type=str,
+        metavar="PATH",
+        default_help="the task's init_from, else none",
+    )
     # performance knobs (strategies/ddp_knobs.py): what each changes in the result is documented there
     accumulate: int = setting(
         1,

@@ -58,6 +58,12 @@ class Task:
     # step(model, batch) -> the micro-batch's mean loss, or (loss_sum, count): then ddpkit divides
     # by the count over all micro-batches and ranks (token-level losses stay exact with padding)
     step: Callable[[nn.Module, Any], Any] | None = None
+    # a model built on the meta device (`with torch.device("meta"):`): init_weights(module) is called
+    # on every module that owns parameters or buffers, with them full-size for the moment, in
+    # model.modules() order (without it, each module's reset_parameters()); init_from: pretrained
+    # weights (a safetensors file, a Hugging Face folder, a torch state dict) each rank reads its part of
+    init_weights: Callable[[nn.Module], Any] | None = None
+    init_from: str | os.PathLike[str] | None = None
 
 
 def accuracy_sum(outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
@@ -214,6 +220,7 @@ def as_task(built: Any, spec: str = "task") -> Task:
     for name, what in (
         ("scheduler", "of the optimizer, returning a torch LR scheduler"),
         ("step", "of (model, batch), returning the loss or (loss_sum, count)"),
+        ("init_weights", "of a module, initialising its own parameters and buffers in place"),
     ):
         value = getattr(task, name)
         if value is not None and not callable(value):

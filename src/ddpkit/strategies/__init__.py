@@ -20,6 +20,7 @@ from ..strategy_config import StrategyConfig, check, hsdp_mesh, hsdp_note
 from ..task import Task
 from .base import Strategy
 from .ddp import DdpStrategy, grad_sync_used, wrap_model
+from .materialize import ModelInit
 from .memory import detect_device_memory, make_plan
 from .precision import check_precision
 
@@ -45,6 +46,8 @@ def make_strategy(cfg: RunConfig, rt: Runtime, task: Task) -> Strategy:
         config = dataclasses.replace(config, name=choose_strategy(config, rt, task, quiet=cfg.quiet))
     check(config, rt.world_size)
     strategy = strategy_for(config, rt, blocks=task.fsdp_blocks)
+    init_from = cfg.init_from or task.init_from
+    strategy.init = ModelInit(task.init_weights, str(init_from) if init_from else None, cfg.seed)
     if config.name == "hsdp" and not cfg.quiet:
         rt.print(f"ddpkit: {hsdp_note(strategy.mesh_shape)}")
     return strategy

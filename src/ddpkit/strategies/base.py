@@ -16,6 +16,7 @@ The training loop calls these and never asks which strategy it has:
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 from typing import Any, ContextManager, Iterator
 
 import torch
@@ -25,6 +26,7 @@ from ..checkpoint import state as ckpt_state
 from ..data import eval_batches
 from ..runtime import Runtime
 from ..strategy_config import StrategyConfig
+from .materialize import ModelInit, on_meta
 from .optimizers import OptimizerSpec
 from .precision import autocast, check_precision
 
@@ -43,12 +45,26 @@ class Strategy:
         self.config = config or StrategyConfig(name=self.name)
         self.precision = self.config.precision
         self.dtype = check_precision(self.precision, rt.device.type)
+        # a meta-built model's init and a pretrained file to start from (make_strategy sets the task's)
+        self.init = ModelInit()
 
     # -- building -------------------------------------------------------------------
     def setup_module(self, model: nn.Module) -> nn.Module:
         """The model to call: on this rank's device, wrapped or sharded, every rank starting
         from rank 0's weights. Call it before setup_optimizer."""
         raise NotImplementedError
+
+    def model_init(self, model: nn.Module) -> ModelInit:
+        """How setup_module fills `model`: the run's ModelInit; a meta model without a seed (an
+        own loop's) draws from rank 0's next random number on every rank, so the ranks'
+        parts are of the same weights."""
+        init = self.init
+        if init.seed is not None or self.rt.world_size < 2 or not on_meta(model):
+            return init
+        seed = torch.randint(0, 2**62, (1,)) if self.rt.is_main else torch.zeros(1, dtype=torch.int64)
+        device = self.rt.device if self.rt.backend == "nccl" else torch.device("cpu")
+        shared = self.rt.collectives.all_sum(seed.to(device))
+        return dataclasses.replace(init, seed=int(shared.item()))
 
     def setup_optimizer(self, spec: OptimizerSpec, model: nn.Module, lr: float | None = None) -> torch.optim.Optimizer:
         """The optimizer over the parameters `model` (what setup_module returned) steps: the

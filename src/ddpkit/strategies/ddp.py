@@ -15,6 +15,7 @@ from ..runtime import Runtime
 from . import ddp_knobs
 from .base import Strategy
 from .grad_sync import install
+from .materialize import fill
 from .optimizers import OptimizerSpec, make_optimizer
 
 
@@ -61,6 +62,7 @@ class DdpStrategy(Strategy):
         compressing = config.grad_compression != "none"  # compressed buckets go through the backend
         grad_sync = "backend" if compressing else config.grad_sync
         options = {**ddp_knobs.ddp_options(config, self.rt.backend), **config.ddp_options}
+        model = fill(model, self.rt.device, self.model_init(model))  # a meta build, whole; pretrained weights
         wrapped = wrap_model(model, self.rt, grad_sync, **options)  # (DDP keeps the same parameters)
         ddp_knobs.register_compression(wrapped, config.grad_compression)
         return ddp_knobs.maybe_compile(wrapped, config.compile)

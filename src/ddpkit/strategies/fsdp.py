@@ -26,6 +26,7 @@ from ..errors import DdpkitError
 from ..runtime import Runtime
 from ..strategy_config import StrategyConfig, check
 from .base import Strategy
+from .materialize import fill, on_meta
 from .optimizers import OptimizerSpec, make_optimizer, rebuild_optimizer
 
 BlocksHook = Callable[[nn.Module], Iterable[nn.Module]]
@@ -97,8 +98,9 @@ class FsdpStrategy(Strategy):
         return self._mesh
 
     def setup_module(self, model: nn.Module) -> nn.Module:
-        model = model.to(self.rt.device)
-        _broadcast_from_rank0(model)  # as DDP does: every rank shards the same weights
+        if not on_meta(model):  # a meta build is materialised after sharding, by fill()
+            model = model.to(self.rt.device)
+            _broadcast_from_rank0(model)  # as DDP does: every rank shards the same weights
         names = {id(p): n for n, p in model.named_parameters()}
         mesh = self.device_mesh()
         mp = root_mp = MixedPrecisionPolicy()
@@ -116,6 +118,7 @@ class FsdpStrategy(Strategy):
         for block in blocks:
             fully_shard(block, mesh=mesh, mp_policy=mp)
         fully_shard(model, mesh=mesh, mp_policy=root_mp)
+        fill(model, self.rt.device, self.model_init(model))  # meta -> this rank's shards; pretrained weights
         self.units = len(blocks) + 1
         self._unsharded_names[model] = names
         return model

@@ -10,6 +10,8 @@ price of more communication. The plan counts, per rank:
   shard and the optimizer state of the shard; plus, transiently, the units in flight:
   the root unit and two blocks (one running, one prefetched) all-gathered, and one
   block's unsharded gradients before their reduce-scatter.
+- Setting up: an eager build holds the whole model on every rank before it is sharded; a
+  build on the meta device only this rank's shards and, for a moment, one block full-size.
 
 The optimizer's state per parameter element is measured by stepping the task's optimizer
 once on a small probe tensor (Adam: 8 bytes, SGD with momentum: 4, plain SGD: 0).
@@ -114,6 +116,11 @@ class MemoryPlan:
     hsdp: Footprint | None = None
     nnodes: int = 1
     cross_node: dict[str, int] = field(default_factory=dict)  # bytes per rank per step, by strategy
+    # the peak of building the model, per rank: eager, every rank holds the whole model first;
+    # on the meta device (strategies/materialize.py), its shards and one block full-size at a time
+    setup_eager: int = 0
+    setup_meta: int = 0
+    built_on_meta: bool = False
 
     def fits(self, strategy: str) -> bool:
         return getattr(self, strategy).total <= FIT_FRACTION * self.device_memory
@@ -190,6 +197,15 @@ class MemoryPlan:
         lines.append(
             f"  {'total':<16} {format_bytes(self.ddp.total):>11}  {format_bytes(self.fsdp.total):>15}" + extra("total")
         )
+        mark = lambda meta: "   <- this task" if meta == self.built_on_meta else ""  # noqa: E731
+        eager, meta = format_bytes(self.setup_eager), format_bytes(self.setup_meta)
+        lines.append(
+            f"  {'setup, eager':<16} {eager:>11}  {eager:>15}   (every rank builds the whole model){mark(False)}"
+        )
+        lines.append(
+            f"  {'setup, meta':<16} {eager:>11}  {meta:>15}   (built on the meta device: the shards "
+            f"+ the largest block){mark(True)}"
+        )
         lines.extend(self._cross_node_lines(extra))
         yes = lambda s: "yes" if self.fits(s) else "no"  # noqa: E731
         lines.append(f"  device           {format_bytes(self.device_memory)} per rank ({self.device})")
@@ -245,7 +261,9 @@ def make_plan(
     full = sum(p.numel() * p.element_size() for p in params)
     name, per_param, measured = optimizer_state_per_param(optimizer)
     compute_bytes = 2 if precision == "bf16" else 4
-    block_sizes = [sum(p.numel() for p in b.parameters()) for b in (blocks(model) if blocks else [])]
+    block_list = list(blocks(model)) if blocks else []
+    block_sizes = [sum(p.numel() for p in b.parameters()) for b in block_list]
+    block_bytes = max((sum(p.numel() * p.element_size() for p in b.parameters()) for b in block_list), default=0)
     largest = max(block_sizes, default=0)
     root = n_params - sum(block_sizes)
     in_flight = (root + min(2, len(block_sizes)) * largest) * compute_bytes + largest * 4
@@ -256,6 +274,7 @@ def make_plan(
         return Footprint(shard, shard, int(sum(_shard_numel(p, over) for p in params) * per_param), in_flight)
 
     hsdp = sharded(mesh[1]) if mesh else None
+    setup_shard = sum(_shard_numel(p, world_size) * p.element_size() for p in params)  # the FSDP column
     cross = _cross_node_bytes(params, world_size, compute_bytes, mesh, nnodes) if nnodes > 1 else {}
     return MemoryPlan(
         n_params,
@@ -274,6 +293,9 @@ def make_plan(
         hsdp,
         nnodes,
         cross,
+        setup_eager=full,
+        setup_meta=setup_shard + (block_bytes or full - setup_shard),
+        built_on_meta=any(p.is_meta for p in params),
     )
 
 
