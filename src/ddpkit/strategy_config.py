@@ -29,6 +29,7 @@ class StrategyConfig:
     precision: str = "fp32"
     device_memory: int | None = None  # bytes per device for the memory plan (None: detected)
     async_save: bool = False  # background checkpoints: one-file (DDP) checkpoints only
+    activation_checkpointing: bool = False  # recompute each block's activations in backward (activation.py)
     # DDP's knobs (strategies/ddp_knobs.py); FSDP reduce-scatters by itself and refuses them
     grad_sync: str = "auto"
     grad_compression: str = "none"

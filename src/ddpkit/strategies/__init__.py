@@ -43,16 +43,18 @@ def make_strategy(cfg: RunConfig, rt: Runtime, task: Task) -> Strategy:
     if config.name == "auto":
         config = dataclasses.replace(config, name=choose_strategy(config, rt, task, quiet=cfg.quiet))
     check(config, rt.world_size)
-    return strategy_for(config, rt, blocks=task.fsdp_blocks)
+    return strategy_for(config, rt, blocks=task.fsdp_blocks, checkpoint_blocks=task.checkpoint_blocks)
 
 
-def strategy_for(config: StrategyConfig, rt: Runtime, *, blocks: Any = None) -> Strategy:
-    """The Strategy class `config.name` names (ddp or fsdp), built over `rt`."""
+def strategy_for(config: StrategyConfig, rt: Runtime, *, blocks: Any = None, checkpoint_blocks: Any = None) -> Strategy:
+    """The Strategy class `config.name` names (ddp or fsdp), built over `rt`. Activation
+    checkpointing recomputes `checkpoint_blocks(model)`, else the blocks FSDP would shard."""
+    checkpoint_blocks = checkpoint_blocks or blocks
     if config.name == "fsdp":
         from .fsdp import FsdpStrategy  # FSDP's imports cost ~0.5 s: only for FSDP runs
 
-        return FsdpStrategy(rt, config, blocks=blocks)
-    return DdpStrategy(rt, config)
+        return FsdpStrategy(rt, config, blocks=blocks, checkpoint_blocks=checkpoint_blocks)
+    return DdpStrategy(rt, config, checkpoint_blocks=checkpoint_blocks)
 
 
 def choose_strategy(config: StrategyConfig, rt: Runtime, task: Task, quiet: bool = False) -> str:
