@@ -61,6 +61,8 @@ def train(
                     cfg.device,
                     local_nproc=nproc,
                     task_args=cfg.task_args,
+                    batch_size=cfg.batch_size,
+                    activation_checkpointing=cfg.activation_checkpointing,
                 ).format(cfg.task, cfg.strategy)
             )
         return {"plan": plan}
@@ -146,11 +148,15 @@ def memory_plan(
     device: str = "auto",
     local_nproc: int | None = None,
     task_args: dict[str, Any] | None = None,
+    batch_size: int | None = None,
+    activation_checkpointing: bool = False,
 ) -> Any:
     """The memory plan (ddpkit.strategies.memory.MemoryPlan) of `task` at `nproc` ranks: per-rank bytes
     under DDP and FSDP, and the strategy `auto` would pick (.format(title, strategy) prints
     it). Builds the task in this process, as each worker would; nothing is trained.
-    `local_nproc`: the ranks sharing one machine's RAM on a CPU (default: all of them)."""
+    `local_nproc`: the ranks sharing one machine's RAM on a CPU (default: all of them).
+    `batch_size` (per process): also estimate the activations, by one forward of the task's
+    first samples (training/probe.py), with and without `activation_checkpointing`."""
     from .config import parse_memory
     from .strategies.fsdp import default_blocks
     from .strategies.memory import detect_device_memory, make_plan
@@ -166,7 +172,23 @@ def memory_plan(
         budget, where = detect_device_memory(device_type, local_nproc or n)
     seed_everything(seed)
     built = build_task(cfg.task, cfg)
-    return make_plan(built.model, built.optimizer, n, precision, budget, where, built.fsdp_blocks or default_blocks)
+    blocks = built.fsdp_blocks or default_blocks
+    activations = None
+    if batch_size is not None:
+        from .training.probe import estimate_activations
+
+        activations = estimate_activations(built, batch_size, built.checkpoint_blocks or blocks)
+    return make_plan(
+        built.model,
+        built.optimizer,
+        n,
+        precision,
+        budget,
+        where,
+        blocks,
+        activations=activations,
+        checkpointing=activation_checkpointing,
+    )
 
 
 def _task_slug(task: str) -> str:

@@ -47,7 +47,9 @@ with several local workers every output line is whole and prefixed with its rank
 
 
 PLAN_HELP = """Print the memory plan of a task: per-rank bytes of parameters, gradients and optimizer
-state under DDP and under FSDP at --nproc processes, and which strategy fits the device memory."""
+state under DDP and under FSDP at --nproc processes, and which strategy fits the device memory;
+beside them the activations one micro-batch of --batch-size keeps for backward, with and without
+--activation-checkpointing (one forward of the task's first samples on this CPU)."""
 
 ENV_HELP = (
     "Print versions (Python, torch, CUDA, NCCL, gloo), devices and memory, the launcher environment (torchrun / "
@@ -240,6 +242,8 @@ def cmd_plan(ns: argparse.Namespace) -> int:
             precision=ns.precision,
             device_memory=ns.device_memory,
             task_args=dict(ns.task_args or ()),
+            batch_size=ns.batch_size,
+            activation_checkpointing=ns.activation_checkpointing,
         ).format(ns.task, ns.strategy),
         flush=True,
     )
@@ -281,7 +285,7 @@ COMMANDS = {
         "memory per rank under DDP and FSDP, and which one fits",
         PLAN_HELP,
         (config.STRATEGY,),
-        ("task", "nproc", "task_args"),
+        ("task", "nproc", "task_args", "batch_size"),
         defaults={"strategy": "auto"},
     ),
     "launch": Command(

@@ -15,6 +15,8 @@ all-gather its parameters again for the recomputation.
 
 from __future__ import annotations
 
+from typing import Any, Callable, Iterable
+
 from torch import nn
 
 from ..errors import DdpkitError
@@ -58,3 +60,90 @@ def is_checkpointed(module: nn.Module) -> bool:
     from torch.distributed._composable import checkpoint
 
     return checkpoint.state(module) is not None
+
+
+class SavedBytes:
+    """What one forward keeps for its backward: each storage autograd saves, once (parameters
+    and views of them left out: they are the model's, not activations), and the inputs each
+    checkpointed block holds for its recomputation. With `blocks` (none of them checkpointed),
+    what is saved while a block runs is kept apart per block, and each block's input too: what
+    the plan needs to model checkpointing without applying it.
+
+    `with SavedBytes(checkpointed) as saved: loss = forward()`, then saved.kept() (bytes). It
+    only counts: autograd gets the same storage back, detached (no reference cycle)."""
+
+    def __init__(self, checkpointed: Iterable[nn.Module] = (), blocks: Iterable[nn.Module] = ()) -> None:
+        self.outside: dict[int, int] = {}  # storage -> bytes, saved outside every block
+        self.inside: list[dict[int, int]] = []  # saved while block i ran
+        self.inputs: dict[int, int] = {}  # the blocks' inputs
+        self._running: list[int] = []
+        self._held: list[Any] = []  # the inputs, alive while counting: no other tensor takes their address
+        self._checkpointed = list(checkpointed)
+        self._blocks = list(blocks)
+        self._handles: list[Any] = []
+        self._hooks: Any = None
+
+    def kept(self, checkpointing: bool | None = None) -> int:
+        """Bytes alive from the forward to its backward: as measured (None), or as they would
+        be with checkpointing on the blocks (True: outside and the blocks' inputs) or without
+        (False: everything saved)."""
+        parts = [self.outside, *self.inside] if not checkpointing else [self.outside]
+        if checkpointing is not False:
+            parts.append(self.inputs)
+        return _bytes(*parts)
+
+    def recomputed(self) -> int:
+        """With checkpointing, the most a block's recomputation adds during backward."""
+        kept = {**self.outside, **self.inputs}
+        return max((_bytes({k: v for k, v in b.items() if k not in kept}) for b in self.inside), default=0)
+
+    def __enter__(self) -> SavedBytes:
+        import torch
+
+        self.inside = [{} for _ in self._blocks]
+        for i, block in enumerate(self._blocks):
+            self._handles.append(block.register_forward_pre_hook(self._entering(i), with_kwargs=True))
+            self._handles.append(block.register_forward_hook(self._leaving, always_call=True))
+        for block in self._checkpointed:
+            self._handles.append(block.register_forward_pre_hook(self._entering(None), with_kwargs=True))
+        self._hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, lambda t: t)
+        self._hooks.__enter__()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self._hooks.__exit__(*exc)
+        for h in self._handles:
+            h.remove()
+        self._held.clear()
+
+    def _entering(self, i: int | None) -> Callable[..., None]:
+        def hook(_: nn.Module, args: Any, kwargs: Any) -> None:
+            import torch
+            from torch.utils._pytree import tree_leaves
+
+            for t in tree_leaves((args, kwargs)):
+                if isinstance(t, torch.Tensor):
+                    self._held.append(t)
+                    self.inputs[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+            if i is not None:
+                self._running.append(i)
+
+        return hook
+
+    def _leaving(self, *_: Any) -> None:
+        self._running.pop()
+
+    def _pack(self, t: Any) -> Any:
+        base = t._base if t._base is not None else t
+        if not (base.is_leaf and base.requires_grad):
+            where = self.inside[self._running[-1]] if self._running else self.outside
+            where[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+        return t.detach()
+
+
+def _bytes(*parts: dict[int, int]) -> int:
+    """Each storage once, however many of `parts` hold it."""
+    merged: dict[int, int] = {}
+    for part in parts:
+        merged.update(part)
+    return sum(merged.values())

@@ -104,3 +104,38 @@ def test_a_checkpoint_blocks_hook_that_is_not_a_function_is_refused():
         from ddpkit.task import as_task
 
         as_task(_task(_gpt(), checkpoint_blocks=[1]))
+
+
+def test_the_plan_estimates_what_a_forward_keeps_with_and_without_checkpointing_at_any_batch():
+    from ddpkit.strategies.activation import SavedBytes
+    from ddpkit.strategies.memory import make_plan
+    from ddpkit.training.probe import estimate_activations
+
+    model = _gpt()
+    windows = [{"idx": i, "targets": i.roll(1)} for i in torch.randint(0, 13, (5, 8))]
+    estimate = estimate_activations(Task(model=model, train_set=windows, optimizer=None), 5, lambda m: m.blocks)
+    measured = {}
+    for on in (False, True):
+        m = _gpt()
+        with SavedBytes(checkpoint_blocks(m) if on else ()) as saved:
+            m(torch.stack([w["idx"] for w in windows]), targets=torch.stack([w["targets"] for w in windows]))
+        measured[on] = saved.kept()
+    assert (estimate.kept, estimate.kept_checkpointed) == (measured[False], measured[True])
+    assert 0 < estimate.kept_checkpointed < estimate.kept / 3 and 0 < estimate.recomputed < estimate.kept / 2
+    plan = make_plan(model, lambda p: torch.optim.SGD(p, lr=0.1), 2, "fp32", 10**9, "x", activations=estimate)
+    text = plan.format("gpt")
+    assert "per rank at --batch-size 5, kept for backward" in text and "(--activation-checkpointing)" in text
+    small = make_plan(
+        model, lambda p: torch.optim.SGD(p, lr=0.1), 2, "fp32", 4 * estimate.kept, "x", activations=estimate
+    )
+    assert "warning          the activations need more than" in small.format("gpt")
+    assert "warning" not in make_plan(
+        model,
+        lambda p: torch.optim.SGD(p, lr=0.1),
+        2,
+        "fp32",
+        4 * estimate.kept,
+        "x",
+        activations=estimate,
+        checkpointing=True,
+    ).format("gpt")
