@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-SIZES = {"n_layer": 6, "n_head": 4, "n_embd": 128, "block_size": 256, "max_samples": 384}
+SIZES = {"n_layer": 4, "n_head": 4, "n_embd": 128, "block_size": 256, "max_samples": 192}
 BATCH = 32
 VARIANTS = {
     "ddp": ["--strategy", "ddp"],

@@ -25,6 +25,8 @@ def estimate_activations(
 ) -> ActivationEstimate | str:
     """The estimate per rank at `batch_size` samples per micro-batch, with and without
     checkpointing on `blocks(model)`; or why there is none."""
+    if any(p.is_meta for p in task.model.parameters()):
+        return "the model is on the meta device (shapes without memory)"
     samples = _first(task.train_set, 2)
     if len(samples) < 2:
         return "the training set has fewer than 2 samples"

@@ -139,3 +139,12 @@ def test_the_plan_estimates_what_a_forward_keeps_with_and_without_checkpointing_
         activations=estimate,
         checkpointing=True,
     ).format("gpt")
+
+
+def test_a_model_on_the_meta_device_has_no_activation_estimate_and_says_why():
+    from ddpkit.training.probe import estimate_activations
+
+    with torch.device("meta"):
+        model = nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 2))
+    task = Task(model=model, train_set=TensorDataset(torch.zeros(4, 4), torch.zeros(4).long()), optimizer=None)
+    assert estimate_activations(task, 8, list) == "the model is on the meta device (shapes without memory)"
