@@ -11,17 +11,21 @@ Per variant, rank 0 prints the median per optimizer step of the CPU time of this
 so CPU time is the figure to compare. Variants (what FSDP2 offers to trade memory or
 communication for speed):
   ddp             DDP (gloo all-reduce), the reference
-  fsdp            ddpkit's FsdpStrategy as it is (one unit per block, then the root)
+  fsdp            ddpkit's FsdpStrategy as it is (one unit per block, then the root; the
+                  optimizer steps the local shards, strategies/local_step.py)
   fsdp-keep-last  the last block keeps its parameters gathered after forward (backward needs them next)
   fsdp-keep-all   no block frees its parameters after forward: backward all-gathers nothing
   fsdp-prefetch   explicit forward and backward prefetch of the next block
   fsdp-keep-last-prefetch  both
+  ddp-fused, fsdp-fused  AdamW's fused kernel (--fused-optimizer on): one op over every tensor
+  fsdp-dtensor-step  the optimizer stepping the DTensors (before ddpkit stepped the local shards)
   fsdp-root-only  one unit: the root holds every parameter (one all-gather, one reduce-scatter)
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import sys
 import time
@@ -44,7 +48,9 @@ BATCH = 16
 def build(rt, variant):
     torch.manual_seed(0)
     model = GPT(GPTConfig(**SIZES))
-    if variant == "ddp":
+    if variant == "ddp":  # the reference: gloo's all-reduce, as FSDP's collectives
+        strategy = DdpStrategy(rt, StrategyConfig(name="ddp", grad_sync="backend"))
+    elif variant == "ddp-fused":
         strategy = DdpStrategy(rt, StrategyConfig(name="ddp", grad_sync="backend"))
     elif variant == "fsdp-root-only":
         strategy = FsdpStrategy(rt, StrategyConfig(name="fsdp"), blocks=lambda m: [])
@@ -60,16 +66,31 @@ def build(rt, variant):
         for a, b in zip(blocks, blocks[1:], strict=False):
             a.set_modules_to_forward_prefetch([b])
             b.set_modules_to_backward_prefetch([a])
-    opt = strategy.setup_optimizer(lambda ps: adamw_with_decay_groups(ps, lr=1e-3), model)
+    factory = lambda ps: adamw_with_decay_groups(ps, lr=1e-3)  # noqa: E731
+    if variant == "fsdp-dtensor-step":  # the optimizer as torch builds it: every op on DTensors
+        from ddpkit.strategies.optimizers import make_optimizer
+
+        return strategy, model, make_optimizer(factory, model, None)
+    opt = strategy.setup_optimizer(factory, model)
+    if variant.endswith("-fused"):
+        from ddpkit.strategies.ddp_knobs import fuse_optimizer
+
+        opt = fuse_optimizer(opt, "on", rt.device)
     return strategy, model, opt
 
 
 def step(strategy, model, opt, idx):
-    _, loss = model(idx, targets=idx.roll(1, dims=1))
-    loss.backward()
-    strategy.clip_grad_norm(model, 1.0)
-    opt.step()
-    opt.zero_grad(set_to_none=True)
+    from torch.profiler import record_function
+
+    with record_function("## forward"):
+        _, loss = model(idx, targets=idx.roll(1, dims=1))
+    with record_function("## backward"):
+        loss.backward()
+    with record_function("## clip_grad_norm"):
+        strategy.clip_grad_norm(model, 1.0)
+    with record_function("## optimizer step"):
+        opt.step()
+        opt.zero_grad(set_to_none=True)
 
 
 def timed(rt, variant, steps, gen):
@@ -96,7 +117,13 @@ def profile(rt, variant, gen):
         step(strategy, model, opt, idx)
     with profile(activities=[ProfilerActivity.CPU]) as prof:
         step(strategy, model, opt, idx)
-    return prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=18, max_name_column_width=60)
+    averages = prof.key_averages()
+    phases = [e for e in averages if e.key.startswith("## ")]
+    lines = [f"{e.key[3:]:<16} {e.cpu_time_total / 1e3:8.1f} ms" for e in phases]
+    table = averages.table(
+        sort_by="self_cpu_time_total", row_limit=int(os.environ.get("ROWS", "18")), max_name_column_width=60
+    )
+    return "\n".join(lines) + "\n\n" + table
 
 
 def main():

@@ -27,6 +27,7 @@ from ..runtime import Runtime
 from ..strategy_config import StrategyConfig, check
 from .base import Strategy
 from .blocks import BlocksHook, default_blocks  # noqa: F401  (default_blocks: re-exported, where it was)
+from .local_step import step_on_local_shards
 from .optimizers import OptimizerSpec, make_optimizer, rebuild_optimizer
 
 
@@ -99,13 +100,14 @@ class FsdpStrategy(Strategy):
 
     def setup_optimizer(self, spec: OptimizerSpec, model: nn.Module, lr: float | None = None) -> torch.optim.Optimizer:
         """fully_shard replaced the parameters: a factory builds over the shards; an instance
-        built before sharding is rebuilt over them (same class and settings)."""
+        built before sharding is rebuilt over them (same class and settings). Its step runs
+        on the local shards (local_step.py: the same numbers without DTensor's dispatch)."""
         if isinstance(spec, torch.optim.Optimizer):
             rebuilt = rebuild_sharded_optimizer(spec, model, self._unsharded_names.get(model, {}))
             spec.param_groups.clear()  # let go of the unsharded parameters it held
             spec.state.clear()
             spec = rebuilt
-        return make_optimizer(spec, model, lr)
+        return step_on_local_shards(make_optimizer(spec, model, lr))
 
     def autocast(self) -> ContextManager[Any]:
         return contextlib.nullcontext()  # MixedPrecisionPolicy casts inside the units
