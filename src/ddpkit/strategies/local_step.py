@@ -20,6 +20,7 @@ wrapped back into DTensors laid out as their parameter.
 from __future__ import annotations
 
 import functools
+import types
 from typing import Any
 
 import torch
@@ -42,16 +43,17 @@ def step_on_local_shards(optimizer: torch.optim.Optimizer) -> torch.optim.Optimi
         return optimizer
     step = optimizer.step
 
-    @functools.wraps(step)
-    def local_step(*args: Any, **kwargs: Any) -> Any:
-        swapped = _to_local(optimizer)
+    @functools.wraps(step.__func__)
+    def local_step(self: torch.optim.Optimizer, *args: Any, **kwargs: Any) -> Any:
+        swapped = _to_local(self)
         try:
             return step(*args, **kwargs)
         finally:
-            _back(optimizer, swapped)
+            _back(self, swapped)
 
     local_step.on_local_shards = True  # type: ignore[attr-defined]  (what tests and readers can ask)
-    optimizer.step = local_step  # type: ignore[method-assign]
+    # a bound method, as torch's LR schedulers expect when they wrap optimizer.step in turn
+    optimizer.step = types.MethodType(local_step, optimizer)  # type: ignore[method-assign]
     return optimizer
 
 

@@ -27,6 +27,7 @@ def train(rt, local):
     model = strategy.setup_module(build())
     factory = lambda ps: adamw_with_decay_groups(ps, lr=0.05)  # noqa: E731
     opt = strategy.setup_optimizer(factory, model) if local else make_optimizer(factory, model, None)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1 / (1 + s))  # it wraps opt.step in turn
     gen = torch.Generator().manual_seed(1)
     for _ in range(4):
         idx = torch.randint(0, 11, (4, 8), generator=gen)[rt.rank * 2 : rt.rank * 2 + 2]
@@ -34,6 +35,7 @@ def train(rt, local):
         strategy.clip_grad_norm(model, 0.1)
         opt.step()
         opt.zero_grad()
+        scheduler.step()
     return strategy, model, opt
 
 
