@@ -68,6 +68,12 @@ def check(
                 f"{', '.join(ddp_only)}: DDP options, not available with --strategy fsdp; drop them or use "
                 "--strategy ddp"
             )
+    if config.activation_checkpointing and config.compile:
+        raise DdpkitError(
+            "--activation-checkpointing with --compile: ddpkit compiles the whole DDP model, and the compiled "
+            "graph does not recompute checkpointed blocks as they ran (torch raises a CheckpointError); drop one "
+            "of the two"
+        )
     if config.async_save and config.name != "ddp":
         raise DdpkitError(
             "--async-save writes DDP's one-file checkpoints in the background; FSDP's sharded checkpoints are "

@@ -148,3 +148,8 @@ def test_a_model_on_the_meta_device_has_no_activation_estimate_and_says_why():
         model = nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 2))
     task = Task(model=model, train_set=TensorDataset(torch.zeros(4, 4), torch.zeros(4).long()), optimizer=None)
     assert estimate_activations(task, 8, list) == "the model is on the meta device (shapes without memory)"
+
+
+def test_with_compile_it_is_refused_before_anything_starts():
+    with pytest.raises(DdpkitError, match="--activation-checkpointing with --compile"):
+        RunConfig(activation_checkpointing=True, compile=True)
