@@ -1,11 +1,13 @@
 """FSDP's optimizer steps on the local shards (strategies/local_step.py): the same numbers as
 stepping the DTensors, and between steps the state is DTensors as before (sharded checkpoints)."""
 
+import pytest
 import torch
 
 from conftest import REPO, assert_state_equal, run_ddpkit
 
 
+@pytest.mark.slow  # one launch of 2 ranks, three FSDP trainings and a sharded save and load: 15-60 s
 def test_the_local_step_equals_the_dtensor_step_and_checkpoints_as_before(tmp_path):
     script = REPO / "tests" / "distributed" / "scripts" / "local_step_parity.py"
     out = tmp_path / "out.pt"
