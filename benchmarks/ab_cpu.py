@@ -1,6 +1,6 @@
 """CPU-time A/B of this checkout's ddpkit against another checkout's, on run.py's workloads.
 
-    python benchmarks/ab_cpu.py --baseline-src OTHER_CHECKOUT/src [--rounds 4] [--out FILE]
+    python benchmarks/ab_cpu.py --baseline-src OTHER_CHECKOUT/src [--rounds 4] [--only GPT] [--extra '--strategy fsdp']
 
 Wall time on a shared 2-core machine moves with the load by tens of percent; the CPU time a
 run's whole process tree uses (user + sys, getrusage of the children) moves far less. Each
@@ -79,6 +79,7 @@ def main() -> None:
     ap.add_argument("--baseline-src", required=True, help="the src/ folder of the other checkout")
     ap.add_argument("--rounds", type=int, default=4, help="A-B-B-A pairs per workload (4)")
     ap.add_argument("--only", default="", help="run only workloads whose name starts with this (Wine, MLP, GPT)")
+    ap.add_argument("--extra", default="", help="more `ddpkit train` flags for every run, e.g. '--strategy fsdp'")
     args = ap.parse_args()
     new_src, old_src = str(ROOT / "src"), str(Path(args.baseline_src).resolve())
     print(f"load average at the start: {os.getloadavg()[0]:.1f}", flush=True)
@@ -94,7 +95,7 @@ def main() -> None:
         for r in range(args.rounds):
             order = [(new, new_src), (old, old_src)] if r % 2 == 0 else [(old, old_src), (new, new_src)]
             for out, src in order:
-                out.append(run_once(src, argv, env))
+                out.append(run_once(src, argv + args.extra.split(), env))
         pairs = ", ".join(f"{a[0] / b[0]:.2f}" for a, b in zip(new, old, strict=True))
         med = [statistics.median(x[i] for x in side) for side in (new, old) for i in (0, 2)]
         print(

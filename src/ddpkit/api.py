@@ -66,6 +66,8 @@ def train(
                     task_args=cfg.task_args,
                     replicate=cfg.replicate,
                     nnodes=plan.max_nodes,
+                    batch_size=cfg.batch_size,
+                    activation_checkpointing=cfg.activation_checkpointing,
                 ).format(cfg.task, cfg.strategy)
             )
         return {"plan": plan}
@@ -169,12 +171,16 @@ def memory_plan(
     task_args: dict[str, Any] | None = None,
     replicate: int | None = None,
     nnodes: int = 1,
+    batch_size: int | None = None,
+    activation_checkpointing: bool = False,
 ) -> Any:
     """The memory plan (ddpkit.strategies.memory.MemoryPlan) of `task` at `nproc` ranks: per-rank bytes
     under DDP and FSDP (and HSDP with strategy='hsdp'), and the strategy `auto` would pick
     (.format(title, strategy) prints it). Builds the task in this process, as each worker would;
     nothing is trained. `local_nproc`: the ranks sharing one machine's RAM on a CPU (default: all
-    of them). `nnodes`: the nodes the `nproc` ranks span, for the traffic between them."""
+    of them). `nnodes`: the nodes the `nproc` ranks span, for the traffic between them.
+    `batch_size` (per process): also estimate the activations, by one forward of the task's
+    first samples (training/probe.py), with and without `activation_checkpointing`."""
     from .config import parse_memory
     from .strategies.fsdp import default_blocks
     from .strategies.memory import detect_device_memory, make_plan
@@ -194,7 +200,24 @@ def memory_plan(
     seed_everything(seed)
     built = build_task(cfg.task, cfg)
     blocks = built.fsdp_blocks or default_blocks
-    return make_plan(built.model, built.optimizer, n, precision, budget, where, blocks, mesh=mesh, nnodes=nnodes)
+    activations = None
+    if batch_size is not None:
+        from .training.probe import estimate_activations
+
+        activations = estimate_activations(built, batch_size, built.checkpoint_blocks or blocks)
+    return make_plan(
+        built.model,
+        built.optimizer,
+        n,
+        precision,
+        budget,
+        where,
+        blocks,
+        mesh=mesh,
+        nnodes=nnodes,
+        activations=activations,
+        checkpointing=activation_checkpointing,
+    )
 
 
 def _task_slug(task: str) -> str:

@@ -450,6 +450,13 @@ class RunConfig:
         metavar="PATH",
         default_help="the task's init_from, else none",
     )
+    activation_checkpointing: bool = setting(
+        False,
+        "keep only each block's input through the forward and recompute the rest in backward: less "
+        "activation memory for ~one more forward; per block (the FSDP units, or Task.checkpoint_blocks), "
+        "under ddp and fsdp alike, same results",
+        group=STRATEGY,
+    )
     # performance knobs (strategies/ddp_knobs.py): what each changes in the result is documented there
     accumulate: int = setting(
         1,
@@ -574,6 +581,7 @@ class RunConfig:
             precision=self.precision,
             device_memory=self.device_memory,
             async_save=self.async_save,
+            activation_checkpointing=self.activation_checkpointing,
             grad_sync=self.grad_sync,
             grad_compression=self.grad_compression,
             bucket_mb=self.bucket_mb,

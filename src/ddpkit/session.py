@@ -50,6 +50,8 @@ class Session:
         precision: str = "fp32",
         grad_sync: str = "auto",
         blocks: Callable[[nn.Module], Iterable[nn.Module]] | None = None,
+        activation_checkpointing: bool = False,
+        checkpoint_blocks: Callable[[nn.Module], Iterable[nn.Module]] | None = None,
         **ddp_options: Any,
     ) -> Any:
         """The model on this rank's device, parallelised, and (given `optimizer`) the
@@ -64,15 +66,24 @@ class Session:
         rebuilt over the shards (same class and settings), so pass it here.
         precision='bf16' (autocast under DDP, bf16 compute with fp32 weights under FSDP) or
         'fp16' (DDP on a GPU, with `rt.scaler`); use `with rt.autocast():` around the forward.
+        activation_checkpointing=True: each block keeps only its input through the forward and
+        recomputes the rest in backward (`checkpoint_blocks(model)`, default: the FSDP blocks
+        above), under either strategy; parameter names and saved keys stay the same.
         """
-        config = StrategyConfig(name=strategy, precision=precision, grad_sync=grad_sync, ddp_options=ddp_options)
+        config = StrategyConfig(
+            name=strategy,
+            precision=precision,
+            grad_sync=grad_sync,
+            activation_checkpointing=activation_checkpointing,
+            ddp_options=ddp_options,
+        )
         check(config, self.world_size, own_loop=True)
         if self.strategy is not None and (self.strategy.name, self.strategy.precision) != (strategy, precision):
             raise DdpkitError(
                 f"this session already wraps with strategy={self.strategy.name!r}, precision="
                 f"{self.strategy.precision!r}: rt.autocast() and rt.scaler serve one; wrap every model alike"
             )
-        chosen = strategy_for(config, self.runtime, blocks=blocks)
+        chosen = strategy_for(config, self.runtime, blocks=blocks, checkpoint_blocks=checkpoint_blocks)
         wrapped = chosen.setup_module(model)
         if optimizer is not None:
             optimizer = chosen.setup_optimizer(optimizer, wrapped)

@@ -30,6 +30,7 @@ class StrategyConfig:
     precision: str = "fp32"
     device_memory: int | None = None  # bytes per device for the memory plan (None: detected)
     async_save: bool = False  # background checkpoints: one-file (DDP) checkpoints only
+    activation_checkpointing: bool = False  # recompute each block's activations in backward (activation.py)
     # DDP's knobs (strategies/ddp_knobs.py); FSDP reduce-scatters by itself and refuses them
     grad_sync: str = "auto"
     grad_compression: str = "none"
@@ -70,6 +71,12 @@ def check(
                 f"{', '.join(ddp_only)}: DDP options, not available with --strategy {config.name}; drop them or use "
                 "--strategy ddp"
             )
+    if config.activation_checkpointing and config.compile:
+        raise DdpkitError(
+            "--activation-checkpointing with --compile: ddpkit compiles the whole DDP model, and the compiled "
+            "graph does not recompute checkpointed blocks as they ran (torch raises a CheckpointError); drop one "
+            "of the two"
+        )
     if config.async_save and config.name != "ddp":
         raise DdpkitError(
             "--async-save writes DDP's one-file checkpoints in the background; FSDP's sharded checkpoints are "

@@ -51,6 +51,9 @@ class Task:
     # --strategy fsdp: the submodules to shard one by one (then the root); None: each element
     # of the model's ModuleLists, or the children of a Sequential (ddpkit.strategies.fsdp.default_blocks)
     fsdp_blocks: Callable[[nn.Module], Any] | None = None
+    # --activation-checkpointing: the submodules whose activations are recomputed in backward;
+    # None: the FSDP blocks above (fsdp_blocks, else the default), under DDP and FSDP alike
+    checkpoint_blocks: Callable[[nn.Module], Any] | None = None
     # scheduler(optimizer) or scheduler(optimizer, total_steps) -> a torch LR scheduler, stepped
     # once per optimizer step (total_steps: the run's planned optimizer steps); its state is in
     # every checkpoint. (Or --lr-schedule/--warmup-steps for the common shapes.)
@@ -221,6 +224,7 @@ def as_task(built: Any, spec: str = "task") -> Task:
         ("scheduler", "of the optimizer, returning a torch LR scheduler"),
         ("step", "of (model, batch), returning the loss or (loss_sum, count)"),
         ("init_weights", "of a module, initialising its own parameters and buffers in place"),
+        ("checkpoint_blocks", "of the model, returning the submodules whose activations to recompute"),
     ):
         value = getattr(task, name)
         if value is not None and not callable(value):

@@ -6,6 +6,7 @@ trains on the model's own .loss; bad inputs are one line and exit 2.
 
 The models are tiny (2 blocks, width 32, 56 training windows), so each run takes seconds."""
 
+import ast
 import importlib.util
 import json
 import shutil
@@ -141,6 +142,39 @@ def test_gpt_resume_with_scheduler_and_clipping_is_bit_identical(gpt_runs, tmp_p
     assert [{k: r[k] for k in keep} for r in _metrics(split)] == [
         {k: r[k] for k in keep} for r in _metrics(gpt_runs / layout)[1:]
     ]
+
+
+def _resume(src, run, layout, *flags):
+    """Train `layout` on from checkpoint `src` (after epoch 1) into `run`."""
+    (run / "checkpoints").mkdir(parents=True)
+    (shutil.copytree if src.is_dir() else shutil.copy)(src, run / "checkpoints" / src.name)
+    _train(GPT, run, layout, *GPT_TINY, "--save-every", "0", "--resume", *flags)
+
+
+@pytest.mark.slow  # three runs of 2 processes
+def test_activation_checkpointing_same_model_checkpoints_cross_and_the_plan_counts_what_ranks_keep(gpt_runs, tmp_path):
+    import ddpkit
+
+    ac = tmp_path / "fsdp-ac"
+    _train(GPT, ac, "fsdp-2x8", *GPT_TINY, "--save-every", "1", "--activation-checkpointing")
+    assert_state_equal(load_model(ac), load_model(gpt_runs / "fsdp-2x8"))  # the same arithmetic, recomputed
+    # its checkpoint resumes without it, and DDP's checkpoint written without it resumes with it
+    _resume(ac / "checkpoints" / "epoch-000001", tmp_path / "without", "fsdp-2x8")
+    assert_state_equal(load_model(tmp_path / "without"), load_model(gpt_runs / "fsdp-2x8"))
+    _resume(
+        gpt_runs / "2x8" / "checkpoints" / "epoch-000001.pt", tmp_path / "with", "2x8", "--activation-checkpointing"
+    )
+    assert_state_equal(load_model(tmp_path / "with"), load_model(gpt_runs / "2x8"))
+    # the plan's estimate (one forward of the first samples, at 1 and 2, extrapolated to the batch)
+    # is what each rank's first forward kept, with checkpointing and without, under DDP and FSDP
+    task_args = {k: ast.literal_eval(v) for k, v in (a.split("=") for a in GPT_TINY[1::2])}
+    plan = ddpkit.memory_plan(GPT, nproc=2, batch_size=B, task_args=task_args, activation_checkpointing=True)
+    a = plan.activations
+    for layout in ("2x8", "fsdp-2x8"):
+        assert _summary(gpt_runs / layout)["activation_bytes_per_rank"] == a.kept
+    assert _summary(ac)["activation_bytes_per_rank"] == a.kept_checkpointed < a.kept / 2
+    assert _summary(ac)["activation_checkpointing"] and not _summary(gpt_runs / "fsdp-2x8")["activation_checkpointing"]
+    assert _summary(gpt_runs / "1x16")["activation_bytes_per_rank"] == pytest.approx(2 * a.kept, rel=0.01)
 
 
 def test_gpt_model_pt_loads_into_the_example_model_and_generates(gpt_runs):

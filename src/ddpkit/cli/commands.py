@@ -53,7 +53,9 @@ with several local workers every output line is whole and prefixed with its rank
 PLAN_HELP = """Print the memory plan of a task: per-rank bytes of parameters, gradients and optimizer
 state under DDP and under FSDP at --nproc processes, and which strategy fits the device memory.
 With --strategy hsdp also HSDP (--replicate R, default one replica per --nnodes); with --nnodes N
-(--nproc per node) the bytes each rank sends between nodes per optimizer step."""
+(--nproc per node) the bytes each rank sends between nodes per optimizer step. Beside them the
+activations one micro-batch of --batch-size keeps for backward, with and without
+--activation-checkpointing (one forward of the task's first samples on this CPU)."""
 
 ENV_HELP = (
     "Print versions (Python, torch, CUDA, NCCL, gloo), devices and memory, the launcher environment (torchrun / "
@@ -307,6 +309,8 @@ def cmd_plan(ns: argparse.Namespace) -> int:
             local_nproc=ns.nproc,
             replicate=ns.replicate,
             nnodes=nnodes,
+            batch_size=ns.batch_size,
+            activation_checkpointing=ns.activation_checkpointing,
         ).format(ns.task, ns.strategy),
         flush=True,
     )
@@ -357,7 +361,7 @@ COMMANDS = {
         "memory per rank under DDP and FSDP, and which one fits",
         PLAN_HELP,
         (config.STRATEGY,),
-        ("task", "nproc", "task_args", "nnodes"),
+        ("task", "nproc", "task_args", "nnodes", "batch_size"),
         defaults={"strategy": "auto"},
     ),
     "launch": Command(

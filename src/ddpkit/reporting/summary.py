@@ -50,6 +50,11 @@ def format_summary(s: dict[str, Any]) -> str:
         lines.append(
             f"  peak memory  {format_bytes(max(peaks))} per rank, the most of {len(peaks)} ({s['peak_memory_kind']})"
         )
+    if s.get("activation_bytes_per_rank") is not None:
+        lines.append(
+            f"  activations  {format_bytes(s['activation_bytes_per_rank'])} per rank kept for backward"
+            + (" (checkpointed blocks keep only their inputs)" if s.get("activation_checkpointing") else "")
+        )
     wall = f", wall {s['wall_s']:.2f} s)" if "wall_s" in s else ")"
     lines.append(f"  samples/s    {num(s['samples_per_s'], ',.0f')} (training {s['train_s']:.2f} s{wall}")
     lines.append(f"  written to   {s['run_dir']}")

@@ -45,7 +45,7 @@ def make_strategy(cfg: RunConfig, rt: Runtime, task: Task) -> Strategy:
     if config.name == "auto":
         config = dataclasses.replace(config, name=choose_strategy(config, rt, task, quiet=cfg.quiet))
     check(config, rt.world_size)
-    strategy = strategy_for(config, rt, blocks=task.fsdp_blocks)
+    strategy = strategy_for(config, rt, blocks=task.fsdp_blocks, checkpoint_blocks=task.checkpoint_blocks)
     init_from = cfg.init_from or task.init_from
     strategy.init = ModelInit(task.init_weights, str(init_from) if init_from else None, cfg.seed)
     if config.name == "hsdp" and not cfg.quiet:
@@ -53,17 +53,19 @@ def make_strategy(cfg: RunConfig, rt: Runtime, task: Task) -> Strategy:
     return strategy
 
 
-def strategy_for(config: StrategyConfig, rt: Runtime, *, blocks: Any = None) -> Strategy:
-    """The Strategy class `config.name` names, built over `rt`: hsdp is FSDP over a
-    (replicate, shard) mesh (strategy_config.hsdp_mesh), not a class of its own."""
+def strategy_for(config: StrategyConfig, rt: Runtime, *, blocks: Any = None, checkpoint_blocks: Any = None) -> Strategy:
+    """The Strategy class `config.name` names, built over `rt`: hsdp is FSDP over a (replicate,
+    shard) mesh (strategy_config.hsdp_mesh), not a class of its own. Activation checkpointing
+    recomputes `checkpoint_blocks(model)`, else the blocks FSDP would shard."""
+    checkpoint_blocks = checkpoint_blocks or blocks
     if config.name in ("fsdp", "hsdp"):
         from .fsdp import FsdpStrategy  # FSDP's imports cost ~0.5 s: only for FSDP runs
 
         mesh = None
         if config.name == "hsdp":
             mesh = hsdp_mesh(config, rt.world_size, rt.env.nnodes, rt.env.local_world_size)
-        return FsdpStrategy(rt, config, blocks=blocks, mesh_shape=mesh)
-    return DdpStrategy(rt, config)
+        return FsdpStrategy(rt, config, blocks=blocks, mesh_shape=mesh, checkpoint_blocks=checkpoint_blocks)
+    return DdpStrategy(rt, config, checkpoint_blocks=checkpoint_blocks)
 
 
 def choose_strategy(config: StrategyConfig, rt: Runtime, task: Task, quiet: bool = False) -> str:

@@ -11,6 +11,7 @@ The training loop calls these and never asks which strategy it has:
   checkpoint_kind  which kind the checkpointer writes: one file (rank 0) or shards (every rank)
   load_full        a one-file checkpoint into this run's model (whole, or this rank's shards)
   full_state_dict  the plain weights (model.pt), gathered when sharded
+  checkpoint_activations  --activation-checkpointing on the blocks, before the wrapping (activation.py)
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from ..checkpoint import state as ckpt_state
 from ..data import eval_batches
 from ..runtime import Runtime
 from ..strategy_config import StrategyConfig
+from .activation import BlocksHook, checkpoint_blocks
 from .materialize import ModelInit, on_meta
 from .optimizers import OptimizerSpec
 from .precision import autocast, check_precision
@@ -34,19 +36,24 @@ from .precision import autocast, check_precision
 class Strategy:
     """Base of DdpStrategy (ddp.py) and FsdpStrategy (fsdp.py).
 
-    `config`: the typed settings (strategy_config.py), already checked."""
+    `config`: the typed settings (strategy_config.py), already checked. `checkpoint_blocks`:
+    the blocks --activation-checkpointing recomputes (None: FSDP's default_blocks)."""
 
     name = "base"
     eval_lockstep = False  # must every rank call forward as often as the others in evaluation?
     checkpoint_kind = "file"  # "file": rank 0 writes one file; "sharded": every rank writes its shards
 
-    def __init__(self, rt: Runtime, config: StrategyConfig | None = None) -> None:
+    def __init__(
+        self, rt: Runtime, config: StrategyConfig | None = None, *, checkpoint_blocks: BlocksHook | None = None
+    ) -> None:
         self.rt = rt
         self.config = config or StrategyConfig(name=self.name)
         self.precision = self.config.precision
         self.dtype = check_precision(self.precision, rt.device.type)
         # a meta-built model's init and a pretrained file to start from (make_strategy sets the task's)
         self.init = ModelInit()
+        self.checkpoint_blocks = checkpoint_blocks
+        self.checkpointed: list[nn.Module] = []  # the blocks activation checkpointing recomputes
 
     # -- building -------------------------------------------------------------------
     def setup_module(self, model: nn.Module) -> nn.Module:
@@ -65,6 +72,12 @@ class Strategy:
         device = self.rt.device if self.rt.backend == "nccl" else torch.device("cpu")
         shared = self.rt.collectives.all_sum(seed.to(device))
         return dataclasses.replace(init, seed=int(shared.item()))
+
+    def checkpoint_activations(self, model: nn.Module) -> None:
+        """With activation checkpointing on, hook each block of the still unwrapped model:
+        first, as torch orders it (checkpointing, compile, then DDP or sharding)."""
+        if self.config.activation_checkpointing:
+            self.checkpointed = checkpoint_blocks(model, self.checkpoint_blocks)
 
     def setup_optimizer(self, spec: OptimizerSpec, model: nn.Module, lr: float | None = None) -> torch.optim.Optimizer:
         """The optimizer over the parameters `model` (what setup_module returned) steps: the

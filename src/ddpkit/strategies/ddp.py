@@ -59,6 +59,7 @@ class DdpStrategy(Strategy):
 
     def setup_module(self, model: nn.Module) -> nn.Module:
         config = self.config
+        self.checkpoint_activations(model)
         compressing = config.grad_compression != "none"  # compressed buckets go through the backend
         grad_sync = "backend" if compressing else config.grad_sync
         options = {**ddp_knobs.ddp_options(config, self.rt.backend), **config.ddp_options}

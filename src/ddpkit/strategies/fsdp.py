@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import weakref
-from typing import Any, Callable, ContextManager, Iterable, Iterator
+from typing import Any, ContextManager, Iterator
 
 import torch
 import torch.distributed as dist
@@ -26,33 +26,10 @@ from ..errors import DdpkitError
 from ..runtime import Runtime
 from ..strategy_config import StrategyConfig, check
 from .base import Strategy
+from .blocks import BlocksHook, default_blocks  # noqa: F401  (default_blocks: re-exported, where it was)
+from .local_step import step_on_local_shards
 from .materialize import fill, on_meta
 from .optimizers import OptimizerSpec, make_optimizer, rebuild_optimizer
-
-BlocksHook = Callable[[nn.Module], Iterable[nn.Module]]
-
-
-def default_blocks(model: nn.Module) -> list[nn.Module]:
-    """The modules to shard one by one: every element of the model's outermost
-    nn.ModuleLists (transformer layers, MLP stacks); without any, the children of a
-    Sequential root that hold parameters. Whatever is left (embeddings, head) goes to the root."""
-    blocks: list[nn.Module] = []
-    inside: list[str] = []
-    for name, module in model.named_modules():
-        if any(name.startswith(p + ".") for p in inside):
-            continue
-        if isinstance(module, nn.ModuleList):
-            for i, child in enumerate(module):
-                if _has_params(child):
-                    blocks.append(child)
-                    inside.append(f"{name}.{i}" if name else str(i))
-    if not blocks and isinstance(model, nn.Sequential):
-        blocks = [child for child in model if _has_params(child)]
-    return blocks
-
-
-def _has_params(module: nn.Module) -> bool:
-    return any(True for _ in module.parameters())
 
 
 class FsdpStrategy(Strategy):
@@ -69,11 +46,13 @@ class FsdpStrategy(Strategy):
         *,
         blocks: BlocksHook | None = None,
         mesh_shape: tuple[int, int] | None = None,
+        checkpoint_blocks: BlocksHook | None = None,
     ) -> None:
         """`mesh_shape`: (replicate, shard), their product the world size. (1, N), the default,
         shards every parameter over all N ranks; (R, S) shards over S ranks and keeps R
-        replicas of the shards, whose gradients are all-reduced (HSDP)."""
-        super().__init__(rt, config)
+        replicas of the shards, whose gradients are all-reduced (HSDP). `checkpoint_blocks`:
+        what --activation-checkpointing recomputes (default: the blocks it shards)."""
+        super().__init__(rt, config, checkpoint_blocks=checkpoint_blocks or blocks)
         if self.config.name == "hsdp":
             self.name = "hsdp"  # what the summary shows: the user asked for hsdp, even when R is 1
         if mesh_shape is not None:
@@ -115,6 +94,7 @@ class FsdpStrategy(Strategy):
             raise DdpkitError(
                 "the task's fsdp_blocks(model) must return submodules of the model (not the model itself)"
             )
+        self.checkpoint_activations(model)
         for block in blocks:
             fully_shard(block, mesh=mesh, mp_policy=mp)
         fully_shard(model, mesh=mesh, mp_policy=root_mp)
@@ -125,13 +105,14 @@ class FsdpStrategy(Strategy):
 
     def setup_optimizer(self, spec: OptimizerSpec, model: nn.Module, lr: float | None = None) -> torch.optim.Optimizer:
         """fully_shard replaced the parameters: a factory builds over the shards; an instance
-        built before sharding is rebuilt over them (same class and settings)."""
+        built before sharding is rebuilt over them (same class and settings). Its step runs
+        on the local shards (local_step.py: the same numbers without DTensor's dispatch)."""
         if isinstance(spec, torch.optim.Optimizer):
             rebuilt = rebuild_sharded_optimizer(spec, model, self._unsharded_names.get(model, {}))
             spec.param_groups.clear()  # let go of the unsharded parameters it held
             spec.state.clear()
             spec = rebuilt
-        return make_optimizer(spec, model, lr)
+        return step_on_local_shards(make_optimizer(spec, model, lr))
 
     def autocast(self) -> ContextManager[Any]:
         return contextlib.nullcontext()  # MixedPrecisionPolicy casts inside the units

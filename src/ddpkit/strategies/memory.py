@@ -15,8 +15,8 @@ price of more communication. The plan counts, per rank:
 
 The optimizer's state per parameter element is measured by stepping the task's optimizer
 once on a small probe tensor (Adam: 8 bytes, SGD with momentum: 4, plain SGD: 0).
-Activations and the batch are not counted: a strategy "fits" when the plan's total is at
-most FIT_FRACTION of the device's memory, leaving the rest for them.
+Activations and the batch are not in the total: a strategy "fits" when the plan's total is
+at most FIT_FRACTION of the device's memory, leaving the rest for them.
 
 HSDP over a (replicate R, shard S) mesh holds FSDP's state sharded over S instead of N. On
 several nodes the plan also counts what each rank sends per optimizer step in collectives
@@ -24,6 +24,11 @@ whose group spans nodes (ring estimates): DDP's all-reduce of every gradient, FS
 all-gathers (forward and backward) and reduce-scatter over all ranks, and HSDP's all-reduce
 of the 1/S gradient shards between replicas (its gathers and reduce-scatters stay inside a
 node when each node holds whole shard groups).
+
+The activations are shown beside the state when ddpkit plan (or --dry-run) could measure
+them (ActivationEstimate: what one forward of the task's first samples keeps for backward,
+training/probe.py), with and without --activation-checkpointing, and the plan warns when
+they need more than the rest.
 """
 
 from __future__ import annotations
@@ -81,6 +86,22 @@ def optimizer_state_per_param(spec: Any) -> tuple[str, float, bool]:
 
 
 @dataclass(frozen=True)
+class ActivationEstimate:
+    """Bytes one rank keeps for backward at `batch_size` samples per micro-batch (the same
+    under DDP and FSDP: sharding splits the model, not the batch)."""
+
+    batch_size: int
+    kept: int  # everything autograd saves
+    kept_checkpointed: int | None  # with checkpointing: what lies outside the blocks, and their inputs
+    recomputed: int  # and, during backward, one block's recomputed activations at a time
+
+    def need(self, checkpointing: bool) -> int:
+        if checkpointing and self.kept_checkpointed is not None:
+            return self.kept_checkpointed + self.recomputed
+        return self.kept
+
+
+@dataclass(frozen=True)
 class Footprint:
     """Bytes one rank holds."""
 
@@ -121,6 +142,8 @@ class MemoryPlan:
     setup_eager: int = 0
     setup_meta: int = 0
     built_on_meta: bool = False
+    activations: ActivationEstimate | str | None = None  # or why it could not be measured
+    checkpointing: bool = False  # --activation-checkpointing
 
     def fits(self, strategy: str) -> bool:
         return getattr(self, strategy).total <= FIT_FRACTION * self.device_memory
@@ -214,6 +237,7 @@ class MemoryPlan:
             + (f", HSDP {yes('hsdp')}" if self.hsdp else "")
             + f" (the other {1 - FIT_FRACTION:.0%} is for activations and the batch)"
         )
+        lines.extend(self._activation_lines())
         lines.append(f"  --strategy {strategy:<5} {self.verdict(strategy)}")
         return "\n".join(lines)
 
@@ -239,6 +263,31 @@ class MemoryPlan:
             f"the {self.nnodes} nodes; HSDP: only its all-reduce of gradient shards)"
         ]
 
+    def _activation_lines(self) -> list[str]:
+        a = self.activations
+        if a is None:
+            return []
+        if isinstance(a, str):
+            return [f"  activations      not estimated: {a}"]
+        with_ckpt = (
+            f"{format_bytes(a.kept_checkpointed)} + {format_bytes(a.recomputed)} while a block is recomputed"
+            if a.kept_checkpointed is not None
+            else "no blocks to checkpoint"
+        )
+        lines = [
+            f"  activations      {format_bytes(a.kept)} per rank at --batch-size {a.batch_size}, kept for backward "
+            "(DDP and FSDP alike)",
+            f"  checkpointed     {with_ckpt} (--activation-checkpointing{', on' if self.checkpointing else ''})",
+        ]
+        room = (1 - FIT_FRACTION) * self.device_memory
+        if a.need(self.checkpointing) > room:
+            lines.append(
+                f"  warning          the activations need more than the {format_bytes(room)} left beside the "
+                "model state: expect out-of-memory; use a smaller --batch-size"
+                + ("" if self.checkpointing else " or --activation-checkpointing")
+            )
+        return lines
+
 
 def make_plan(
     model: nn.Module,
@@ -251,11 +300,14 @@ def make_plan(
     *,
     mesh: tuple[int, int] | None = None,
     nnodes: int = 1,
+    activations: ActivationEstimate | str | None = None,
+    checkpointing: bool = False,
 ) -> MemoryPlan:
     """Per-rank bytes of the model's state under DDP and FSDP at this world size. `blocks`
     names FSDP's units (ddpkit.fsdp.default_blocks, or the task's hook); None: the root only.
     `mesh`: hsdp's (replicate, shard), planned too; `nnodes`: how many nodes the ranks span
-    (the world size split evenly), for the traffic between them."""
+    (the world size split evenly), for the traffic between them. `activations`: measured
+    apart (training/probe.py), shown beside the state."""
     params = list(model.parameters())
     n_params = sum(p.numel() for p in params)
     full = sum(p.numel() * p.element_size() for p in params)
@@ -296,6 +348,8 @@ def make_plan(
         setup_eager=full,
         setup_meta=setup_shard + (block_bytes or full - setup_shard),
         built_on_meta=any(p.is_meta for p in params),
+        activations=activations,
+        checkpointing=checkpointing,
     )
 
 

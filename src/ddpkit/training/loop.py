@@ -206,7 +206,7 @@ class Run:
                 "steps_done": self.cadence.global_step,
                 "steps_planned": self.plan.total_steps,
             }
-            | memory_stats(self.rt, self.strategy, self.model, self.optimizer)
+            | memory_stats(self.rt, self.strategy, self.model, self.optimizer, self.steps.activation_bytes)
             | self.clock.summary()
         )
 
@@ -254,9 +254,16 @@ def make_loader(dataset: Any, cfg: RunConfig, rt: Runtime) -> ShardedLoader | St
     )
 
 
-def memory_stats(rt: Runtime, strategy: Strategy, model: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
-    """Strategy, precision, this run's model state per rank and every rank's measured peak."""
-    mine = {"state": local_state_bytes(model, optimizer), "peak": peak_memory_bytes(rt.device)}
+def memory_stats(
+    rt: Runtime,
+    strategy: Strategy,
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    activations: int | None = None,
+) -> dict[str, Any]:
+    """Strategy, precision, this run's model state per rank, every rank's measured peak and
+    the activations its first forward kept for backward (the most of the ranks)."""
+    mine = {"state": local_state_bytes(model, optimizer), "peak": peak_memory_bytes(rt.device), "act": activations}
     everyone = rt.all_gather_object(mine)
     return {
         "strategy": strategy.name,
@@ -264,4 +271,6 @@ def memory_stats(rt: Runtime, strategy: Strategy, model: nn.Module, optimizer: t
         "state_bytes_per_rank": {k: max(e["state"][k] for e in everyone) for k in mine["state"]},
         "peak_memory_bytes": [e["peak"][0] for e in everyone],
         "peak_memory_kind": mine["peak"][1],
+        "activation_bytes_per_rank": max((e["act"] for e in everyone if e["act"] is not None), default=None),
+        "activation_checkpointing": bool(strategy.checkpointed),
     }

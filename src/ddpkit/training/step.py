@@ -20,9 +20,10 @@ Why each piece is here:
 
 from __future__ import annotations
 
+import contextlib
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, ContextManager, Iterator
 
 import torch
 from torch import nn
@@ -30,6 +31,7 @@ from torch import nn
 from ..errors import DdpkitError
 from ..runtime import Runtime
 from ..strategies import Strategy
+from ..strategies.activation import SavedBytes
 from .batches import compute_loss, sample_count, split, to_device, zero_loss
 from .signals import StopRequest
 
@@ -61,6 +63,7 @@ class StepRunner:
     timed_save: Callable[[], bool] | None = None  # rank 0's clock says a checkpoint is due (--save-every-minutes)
     wait_s: float = 0.0  # seconds this rank has waited in the agreement (for the others to arrive), in all
     after_step: Callable[[], None] | None = None  # called after every optimizer step (ddpkit verify's trace)
+    activation_bytes: int | None = None  # what the first forward kept for backward (the summary's)
     _output_checked: bool = False
 
     def run(self, batch: Any, n_local: int, n_global: int, where: str) -> StepResult:
@@ -78,8 +81,10 @@ class StepRunner:
                 continue  # an empty micro-batch outside the sync adds nothing
             micro = to_device(micro, self.rt.device)
             with self.strategy.no_sync(self.model, skip_sync=not last):
-                with self.strategy.autocast():
+                with self.strategy.autocast(), self._counting() as saved:
                     loss = compute_loss(self.model, micro, n_micro, self.loss_fn, self.step_fn, self.rt.device)
+                if saved is not None:
+                    self.activation_bytes = saved.kept()
                 if not self._output_checked:
                     self.strategy.check_output(loss.output)
                     self._output_checked = True
@@ -118,6 +123,13 @@ class StepRunner:
             self._scale_grads(world / global_count)  # summed losses: the mean over every rank's count
         self._optimizer_step()
         return StepResult(totals, stop_now, save_now)
+
+    def _counting(self) -> ContextManager[Any]:
+        """The run's first forward counts the activations it keeps (not under torch.compile,
+        whose graphs saved-tensor hooks would change)."""
+        if self.activation_bytes is not None or self.strategy.config.compile:
+            return contextlib.nullcontext()
+        return SavedBytes(self.strategy.checkpointed)
 
     def _backward(self, loss: torch.Tensor) -> None:
         (self.scaler.scale(loss) if self.scaler is not None else loss).backward()

@@ -1,0 +1,138 @@
+#!/usr/bin/env python
+"""Peak memory and speed with and without --activation-checkpointing, side by side: the GPT
+example (examples/gpt.py) with long windows and a large batch, so activations outweigh the
+model; 2 CPU processes under DDP and FSDP; variants interleaved round by round.
+
+    python benchmarks/activation_memory.py [--rounds 2] [--out benchmarks/results/activation_memory.md]
+
+Per variant: each rank's peak memory (the summary's: peak resident set on a CPU, CUDA max
+allocated on a GPU; the most of the ranks), what the plan counts as activations kept for
+backward per rank (measured by the ranks on their first step), samples/s over the run and the
+CPU time of the whole process tree (the machine is shared: CPU time moves less than wall time).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+SIZES = {"n_layer": 4, "n_head": 4, "n_embd": 128, "block_size": 256, "max_samples": 192}
+BATCH = 32
+VARIANTS = {
+    "ddp": ["--strategy", "ddp"],
+    "ddp + checkpointing": ["--strategy", "ddp", "--activation-checkpointing"],
+    "fsdp": ["--strategy", "fsdp"],
+    "fsdp + checkpointing": ["--strategy", "fsdp", "--activation-checkpointing"],
+}
+
+
+def argv(variant: str, run_dir: Path) -> list[str]:
+    task_args = [a for k, v in SIZES.items() for a in ("--task-arg", f"{k}={v}")]
+    return [
+        sys.executable,
+        "-m",
+        "ddpkit",
+        "train",
+        "examples/gpt.py:build",
+        "--nproc",
+        "2",
+        "--epochs",
+        "1",
+        "--batch-size",
+        str(BATCH),
+        "--save-every",
+        "0",
+        "--quiet",
+        "--run-dir",
+        str(run_dir),
+        *task_args,
+        *VARIANTS[variant],
+    ]
+
+
+def run(variant: str, tmp: Path) -> dict:
+    run_dir = tmp / f"{variant.replace(' ', '')}-{time.monotonic_ns()}"
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    proc = subprocess.run(
+        argv(variant, run_dir),
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT / "src")},
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    if proc.returncode != 0:
+        raise SystemExit(f"{variant} failed:\n{proc.stdout}\n{proc.stderr}")
+    s = json.loads((run_dir / "summary.json").read_text())
+    return {
+        "variant": variant,
+        "peak_mib": max(s["peak_memory_bytes"]) / 2**20,
+        "kind": s["peak_memory_kind"],
+        "activations_mib": (s.get("activation_bytes_per_rank") or 0) / 2**20,
+        "samples_per_s": s["samples_per_s"],
+        "cpu_s": (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime),
+        "eval_loss": s.get("eval_loss"),
+    }
+
+
+def cell(values: list[float], fmt: str) -> str:
+    return f"{statistics.median(values):{fmt}} ({min(values):{fmt}}-{max(values):{fmt}})"
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--rounds", type=int, default=2)
+    p.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "activation_memory.md"))
+    ns = p.parse_args()
+    load_before = os.getloadavg()
+    results = []
+    with tempfile.TemporaryDirectory(prefix="ddpkit-ac-bench-") as tmp:
+        for r in range(ns.rounds):
+            for variant in VARIANTS:
+                results.append(run(variant, Path(tmp)))
+                print(f"round {r + 1}: {results[-1]}", flush=True)
+    load_after = os.getloadavg()
+    rows = [
+        "| variant | peak memory per rank, MiB | activations kept per rank, MiB | samples/s | CPU s | eval loss |",
+        "|---|---|---|---|---|---|",
+    ]
+    for variant in VARIANTS:
+        runs = [x for x in results if x["variant"] == variant]
+        rows.append(
+            f"| {variant} | {cell([x['peak_mib'] for x in runs], '.0f')} | "
+            f"{cell([x['activations_mib'] for x in runs], '.1f')} | "
+            f"{cell([x['samples_per_s'] for x in runs], '.1f')} | {cell([x['cpu_s'] for x in runs], '.1f')} | "
+            f"{runs[0]['eval_loss']:.4f} |"
+        )
+    sizes = ", ".join(f"{k}={v}" for k, v in SIZES.items())
+    text = "\n".join(
+        [
+            "# Activation checkpointing: peak memory and speed",
+            "",
+            f"Measured {time.strftime('%Y-%m-%d %H:%M')} on {os.cpu_count()} cores (shared), load average "
+            f"{load_before[0]:.1f} before and {load_after[0]:.1f} after; {ns.rounds} interleaved rounds; "
+            f"examples/gpt.py with {sizes}, --batch-size {BATCH} per process, 2 processes, 1 epoch.",
+            f"Peak memory: {results[0]['kind']} (the whole process: torch itself, the model, the data, "
+            "the activations). Cells: median (min-max).",
+            f"`python benchmarks/activation_memory.py --rounds {ns.rounds}`",
+            "",
+            *rows,
+            "",
+        ]
+    )
+    Path(ns.out).write_text(text)
+    print(text)
+
+
+if __name__ == "__main__":
+    main()

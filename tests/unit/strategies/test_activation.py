@@ -1,0 +1,155 @@
+"""--activation-checkpointing on one process: which blocks are hooked, that names and results
+stay the same, and the refusals (2 ranks, DDP and FSDP: tests/distributed/test_activation_checkpointing.py)."""
+
+import sys
+
+import pytest
+import torch
+from torch import nn
+from torch.utils.data import TensorDataset
+
+from conftest import REPO
+from ddpkit import DdpkitError, DistEnv, RunConfig, Task
+from ddpkit.cli import build_parser
+from ddpkit.cli.flags import config_from
+from ddpkit.runtime import Runtime
+from ddpkit.strategies import make_strategy
+from ddpkit.strategies.activation import checkpoint_blocks, is_checkpointed
+
+sys.path.insert(0, str(REPO / "examples"))
+from gpt import GPT, GPTConfig  # noqa: E402
+
+
+def _gpt(dropout=0.0):
+    torch.manual_seed(0)
+    return GPT(GPTConfig(vocab_size=13, block_size=8, n_layer=3, n_head=2, n_embd=8, dropout=dropout)).double()
+
+
+@pytest.fixture
+def rt():
+    with Runtime(DistEnv(), device="cpu", threads=1) as r:
+        yield r
+
+
+def _task(model, **hooks):
+    data = TensorDataset(torch.zeros(4, 8, dtype=torch.long))
+    return Task(model=model, train_set=data, optimizer=lambda ps: torch.optim.SGD(ps, lr=0.1), **hooks)
+
+
+def test_the_flag_checkpoints_each_fsdp_block_of_the_unwrapped_model_and_keeps_its_names(rt):
+    cfg = config_from(build_parser().parse_args(["train", "--activation-checkpointing"]))
+    assert cfg.strategy_config().activation_checkpointing
+    plan = config_from(build_parser().parse_args(["plan", "--activation-checkpointing"]))
+    assert plan.activation_checkpointing
+    model = _gpt()
+    keys = list(model.state_dict())
+    strategy = make_strategy(cfg.replace(nproc=1), rt, _task(model))
+    wrapped = strategy.setup_module(model)
+    assert [n for n, m in wrapped.named_modules() if is_checkpointed(m)] == ["blocks.0", "blocks.1", "blocks.2"]
+    assert strategy.checkpointed == list(model.blocks)
+    assert list(wrapped.state_dict()) == keys  # a hook, not a wrapper module: the same checkpoint keys
+    plain = make_strategy(RunConfig(nproc=1), rt, _task(other := _gpt())).setup_module(other)
+    assert not any(is_checkpointed(m) for m in plain.modules())
+
+
+def test_the_tasks_checkpoint_blocks_hook_chooses_else_its_fsdp_blocks(rt):
+    cfg = RunConfig(nproc=1, activation_checkpointing=True)
+    model = _gpt()
+    make_strategy(cfg, rt, _task(model, checkpoint_blocks=lambda m: [m.blocks[1]])).setup_module(model)
+    assert [n for n, m in model.named_modules() if is_checkpointed(m)] == ["blocks.1"]
+    model = _gpt()
+    make_strategy(cfg, rt, _task(model, fsdp_blocks=lambda m: [m.blocks[0].mlp])).setup_module(model)
+    assert [n for n, m in model.named_modules() if is_checkpointed(m)] == ["blocks.0.mlp"]
+
+
+@pytest.mark.parametrize("dropout", [0.0, 0.3])
+def test_gradients_are_bit_equal_with_and_without_it_dropout_included(dropout):
+    idx = torch.randint(0, 13, (3, 8), generator=torch.Generator().manual_seed(1))
+    grads = []
+    for on in (False, True):
+        model = _gpt(dropout)
+        if on:
+            checkpoint_blocks(model)
+        torch.manual_seed(7)  # the same dropout masks in both forwards; the recomputation must redraw them
+        model(idx, targets=idx.roll(1, dims=1))[1].backward()
+        grads.append({n: p.grad for n, p in model.named_parameters()})
+    assert grads[0].keys() == grads[1].keys()
+    for n in grads[0]:
+        assert torch.equal(grads[0][n], grads[1][n]), n
+
+
+def test_a_model_without_blocks_is_one_clear_error(rt):
+    cfg = RunConfig(nproc=1, activation_checkpointing=True)
+    model = nn.Linear(4, 2)
+    with pytest.raises(DdpkitError, match="activation checkpointing found no blocks to checkpoint in Linear"):
+        make_strategy(cfg, rt, _task(model)).setup_module(model)
+
+
+@pytest.mark.parametrize(
+    "blocks, message",
+    [
+        (lambda m: [m], "must return submodules of the model"),
+        (lambda m: [nn.Linear(2, 2)], "must return submodules of the model"),
+        (lambda m: [m.blocks[0], m.blocks[0].mlp], "a block inside another"),
+        (lambda m: [m.blocks[0], m.blocks[0]], "a block twice"),
+    ],
+)
+def test_the_hook_must_name_each_block_of_the_model_once(blocks, message):
+    with pytest.raises(DdpkitError, match=message):
+        checkpoint_blocks(_gpt(), blocks)
+
+
+def test_a_checkpoint_blocks_hook_that_is_not_a_function_is_refused():
+    with pytest.raises(DdpkitError, match="checkpoint_blocks must be a function of the model"):
+        from ddpkit.task import as_task
+
+        as_task(_task(_gpt(), checkpoint_blocks=[1]))
+
+
+def test_the_plan_estimates_what_a_forward_keeps_with_and_without_checkpointing_at_any_batch():
+    from ddpkit.strategies.activation import SavedBytes
+    from ddpkit.strategies.memory import make_plan
+    from ddpkit.training.probe import estimate_activations
+
+    model = _gpt()
+    windows = [{"idx": i, "targets": i.roll(1)} for i in torch.randint(0, 13, (5, 8))]
+    estimate = estimate_activations(Task(model=model, train_set=windows, optimizer=None), 5, lambda m: m.blocks)
+    measured = {}
+    for on in (False, True):
+        m = _gpt()
+        with SavedBytes(checkpoint_blocks(m) if on else ()) as saved:
+            m(torch.stack([w["idx"] for w in windows]), targets=torch.stack([w["targets"] for w in windows]))
+        measured[on] = saved.kept()
+    assert (estimate.kept, estimate.kept_checkpointed) == (measured[False], measured[True])
+    assert 0 < estimate.kept_checkpointed < estimate.kept / 3 and 0 < estimate.recomputed < estimate.kept / 2
+    plan = make_plan(model, lambda p: torch.optim.SGD(p, lr=0.1), 2, "fp32", 10**9, "x", activations=estimate)
+    text = plan.format("gpt")
+    assert "per rank at --batch-size 5, kept for backward" in text and "(--activation-checkpointing)" in text
+    small = make_plan(
+        model, lambda p: torch.optim.SGD(p, lr=0.1), 2, "fp32", 4 * estimate.kept, "x", activations=estimate
+    )
+    assert "warning          the activations need more than" in small.format("gpt")
+    assert "warning" not in make_plan(
+        model,
+        lambda p: torch.optim.SGD(p, lr=0.1),
+        2,
+        "fp32",
+        4 * estimate.kept,
+        "x",
+        activations=estimate,
+        checkpointing=True,
+    ).format("gpt")
+
+
+def test_a_model_on_the_meta_device_has_no_activation_estimate_and_says_why():
+    from ddpkit.training.probe import estimate_activations
+
+    with torch.device("meta"):
+        model = nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 2))
+    task = Task(model=model, train_set=TensorDataset(torch.zeros(4, 4), torch.zeros(4).long()), optimizer=None)
+    assert estimate_activations(task, 8, list) == "the model is on the meta device (shapes without memory)"
+
+
+def test_with_compile_it_is_refused_before_anything_starts():
+    with pytest.raises(DdpkitError, match="--activation-checkpointing with --compile"):
+        RunConfig(activation_checkpointing=True, compile=True)
