@@ -50,9 +50,21 @@ def checkpoint_blocks(model: nn.Module, blocks: BlocksHook | None = None) -> lis
             "the task's checkpoint_blocks(model) returned a block twice or a block inside another: "
             "name each layer once, at one level"
         )
+    _no_key_value_cache(model)
     for block in chosen:
         checkpoint(block)
     return chosen
+
+
+def _no_key_value_cache(model: nn.Module) -> None:
+    """A Hugging Face model in training still fills a key/value cache (config.use_cache) that
+    its blocks share: a block run again for its activations would append its keys a second
+    time (measured on GPT-2: attention over 128 keys of 64 tokens, a crash). Off, as
+    transformers' own gradient checkpointing turns it off; it only serves generation."""
+    for module in model.modules():
+        config = getattr(module, "config", None)
+        if getattr(config, "use_cache", False) is True:
+            config.use_cache = False
 
 
 def is_checkpointed(module: nn.Module) -> bool:

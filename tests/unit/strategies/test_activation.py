@@ -153,3 +153,29 @@ def test_a_model_on_the_meta_device_has_no_activation_estimate_and_says_why():
 def test_with_compile_it_is_refused_before_anything_starts():
     with pytest.raises(DdpkitError, match="--activation-checkpointing with --compile"):
         RunConfig(activation_checkpointing=True, compile=True)
+
+
+def test_a_hugging_face_model_recomputes_its_blocks_without_its_key_value_cache():
+    """GPT-2 in training fills a key/value cache its blocks share: recomputing a block would
+    attend over its keys twice (a crash). Checkpointing turns the cache off, as transformers'
+    own gradient checkpointing does, and the gradients equal the plain model's."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    config = GPT2Config(vocab_size=50, n_positions=16, n_embd=16, n_layer=2, n_head=2, use_cache=True, bos_token_id=0)
+    config.eos_token_id = 0
+    torch.manual_seed(0)
+    plain, hooked = GPT2LMHeadModel(config), GPT2LMHeadModel(config)
+    hooked.load_state_dict(plain.state_dict())
+    checkpoint_blocks(hooked)
+    ids = torch.randint(0, 50, (3, 12))
+    mask = torch.ones_like(ids)
+    mask[:, 9:] = 0  # padded at the end, as a batch of texts of several lengths
+    grads = []
+    for model in (plain, hooked):
+        model.train()
+        torch.manual_seed(7)  # the same dropout masks in both (the recomputation redraws them)
+        model(input_ids=ids, attention_mask=mask, labels=ids).loss.backward()
+        grads.append({n: p.grad for n, p in model.named_parameters()})
+    for name, g in grads[0].items():
+        torch.testing.assert_close(grads[1][name], g, rtol=1e-5, atol=1e-7, msg=name)
+    assert hooked.config.use_cache is False
