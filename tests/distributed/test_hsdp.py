@@ -64,9 +64,12 @@ def test_checkpoints_cross_between_hsdp_fsdp_and_ddp_across_world_sizes(runs, tm
     # HSDP's 2-D sharded checkpoint of 4 ranks, resharded over 2 by FSDP (1-D) ...
     to_fsdp = _resume(hsdp_ckpts / "epoch-000002", tmp_path / "fsdp", "--strategy", "fsdp", "--nproc", "2")
     assert_state_close(to_fsdp, final, **CLOSE)
-    # ... whose own checkpoint (2 ranks) goes back to HSDP on 4
-    back = _resume(tmp_path / "fsdp" / "checkpoints" / "epoch-000004", tmp_path / "back", *HSDP)
+    # ... whose own checkpoint (2 ranks) goes back to HSDP on 4, now with activation checkpointing
+    back = _resume(
+        tmp_path / "fsdp" / "checkpoints" / "epoch-000004", tmp_path / "back", *HSDP, "--activation-checkpointing"
+    )
     assert_state_close(back, final, **CLOSE)
+    assert json.loads((tmp_path / "back" / "summary.json").read_text())["activation_checkpointing"] is True
     # read whole by DDP on 2 ranks
     to_ddp = _resume(hsdp_ckpts / "epoch-000004", tmp_path / "ddp", "--strategy", "ddp", "--nproc", "2")
     assert_state_close(to_ddp, final, **CLOSE)
