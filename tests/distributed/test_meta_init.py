@@ -17,12 +17,18 @@ TINY = ["--task-arg", "n_layer=2", "--task-arg", "n_head=2", "--task-arg", "n_em
 GPT_TINY = TINY + ["--task-arg", "block_size=32", "--task-arg", "warmup_steps=3"]
 # three optimizer steps of a global batch of 16
 COMMON = ["--epochs", "1", "--max-steps", "3", "--seed", "7", "--threads", "1", "--quiet", "--save-every", "0"]
-LAYOUTS = {"1x16": ("1", "16", "ddp"), "2x8": ("2", "8", "fsdp"), "4x4": ("4", "4", "fsdp")}
+LAYOUTS = {
+    "1x16": ("1", "16", "ddp"),
+    "2x8": ("2", "8", "fsdp"),
+    "4x4": ("4", "4", "fsdp"),
+    "hsdp 2x2x4": ("4", "4", "hsdp"),  # 2 replicas of 2 shards: the 2-D mesh's slices
+}
 
 
 def _args(task, layout, *extra):
     nproc, batch, strategy = LAYOUTS[layout]
-    return (task, "--nproc", nproc, "--batch-size", batch, "--strategy", strategy, *COMMON, *extra)
+    mesh = ("--replicate", "2") if strategy == "hsdp" else ()
+    return (task, "--nproc", nproc, "--batch-size", batch, "--strategy", strategy, *mesh, *COMMON, *extra)
 
 
 def _train(run_dir, *args):
@@ -34,12 +40,13 @@ def _peaks(run_dir):
 
 
 @pytest.mark.slow
-def test_gpt_built_on_meta_trains_to_the_eager_model_under_fsdp_2x8_and_4x4(reference_run, tmp_path):
+def test_gpt_built_on_meta_trains_to_the_eager_model_under_fsdp_2x8_4x4_and_hsdp(reference_run, tmp_path):
     eager = load_model(reference_run(*_args(GPT, "1x16", *GPT_TINY)))
-    for layout in ("2x8", "4x4"):
-        _train(tmp_path / layout, *_args(GPT, layout, *GPT_TINY, "--task-arg", "init=meta"))
+    for layout in ("2x8", "4x4", "hsdp 2x2x4"):
+        run = tmp_path / layout.replace(" ", "-")
+        _train(run, *_args(GPT, layout, *GPT_TINY, "--task-arg", "init=meta"))
         # within 1e-5: AdamW turns the attention key bias's rounding-noise gradient into steps of ~1e-6
-        assert_state_close(load_model(tmp_path / layout), eager, rtol=1e-5, atol=1e-5)
+        assert_state_close(load_model(run), eager, rtol=1e-5, atol=1e-5)
 
 
 @pytest.fixture(scope="module")
