@@ -158,15 +158,16 @@ def _train(cfg: RunConfig, env: DistEnv, given: Task | None = None) -> dict[str,
         del task  # holds the model; drop it before the process group goes
         if stats["stopped_early"] and cfg.requeue and env.is_main:
             requeue_slurm_job()
+        batches = cfg.batch_plan(env.world_size)
         summary = {
             "world_size": env.world_size,
             "nnodes": env.nnodes,
             "backend": rt.backend if env.distributed else "none",
             "device": str(rt.device),
             "batch_size": cfg.batch_size,
-            "global_batch": cfg.batch_plan(env.world_size).global_batch,
-            "global_batch_fixed": cfg.global_batch_size is not None,
-            "accumulate": cfg.batch_plan(env.world_size).accumulate,
+            "global_batch": batches.global_batch,
+            "global_batch_fixed": batches.fixed,
+            "accumulate": batches.accumulate,
             "epochs": cfg.epochs,
             "max_steps": cfg.max_steps,
             "eval_every_steps": cfg.eval_every_steps,

@@ -11,19 +11,15 @@ SCRIPTS = REPO / "tests" / "distributed" / "scripts"
 PARAMS = ("embed.weight", "mix.weight", "mix.bias", "head.weight", "head.bias")
 
 
+def _verify(script):
+    """ddpkit verify of a task in tests/distributed/scripts: 2 x 8 against 1 x 16, 4 steps."""
+    task = f"{SCRIPTS / script}:build"
+    return run_ddpkit("verify", task, "--nproc", "2", "--batch-size", "8", "--steps", "4", check=False)
+
+
 @pytest.mark.slow
 def test_a_loss_averaged_per_micro_batch_over_padded_tokens_drifts_and_is_named():
-    proc = run_ddpkit(
-        "verify",
-        f"{SCRIPTS / 'padded_mean_task.py'}:build",
-        "--nproc",
-        "2",
-        "--batch-size",
-        "8",
-        "--steps",
-        "4",
-        check=False,
-    )
+    proc = _verify("padded_mean_task.py")
     assert proc.returncode == 1, proc.stdout + proc.stderr
     out = proc.stdout
     assert "in float64" in out
@@ -41,17 +37,7 @@ def test_a_loss_averaged_per_micro_batch_over_padded_tokens_drifts_and_is_named(
 
 @pytest.mark.slow
 def test_an_exact_task_that_refuses_float64_is_compared_in_float32_and_passes():
-    proc = run_ddpkit(
-        "verify",
-        f"{SCRIPTS / 'float32_task.py'}:build",
-        "--nproc",
-        "2",
-        "--batch-size",
-        "8",
-        "--steps",
-        "4",
-        check=False,
-    )
+    proc = _verify("float32_task.py")
     assert proc.returncode == 0, proc.stdout + proc.stderr
     out = proc.stdout
     assert "the task fails in float64 (RuntimeError: " in out
