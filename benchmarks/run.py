@@ -404,6 +404,13 @@ VARIANTS: list[dict] = [
     ),
     dict(
         workload="gpt",
+        name="hw-2x1-nosync",
+        world_size=2,
+        argv=TORCHRUN + ["--nproc-per-node", "2", *HW_GPT, "--no-sync"],
+        about="same, every step in model.no_sync(): no all-reduce (the GPT's compute bound; ranks' models drift apart)",
+    ),
+    dict(
+        workload="gpt",
         name="ddpkit-1",
         world_size=1,
         env=DDPKIT_ENV,
@@ -440,7 +447,7 @@ VARIANTS: list[dict] = [
 JUDGE = {
     "wine": ("wall_s", ["guide-single", "accel-fork", "accel-launch", "hw-ddp"]),
     "mlp": ("samples_per_s", ["hw-2x1", "hw-2x1-nosync", "hw-2x1-view", "ddpkit-2"]),
-    "gpt": ("samples_per_s", ["hw-2x1", "ddpkit-2"]),
+    "gpt": ("samples_per_s", ["hw-2x1", "hw-2x1-nosync", "ddpkit-2"]),
 }
 BASELINE = "@baseline"  # suffix of the --baseline-src twin of a ddpkit variant
 MLP_SAMPLES = {"full": 30 * 2 * 256, "quick": 12 * 2 * 256}  # 30 / 12 steps at 2 processes

@@ -8,7 +8,8 @@ imported from examples/gpt.py (nothing of ddpkit is imported); the loop is the o
 write: DataLoader + DistributedSampler over the dict items, `model(**batch)` returning
 (logits, loss), backward, clip_grad_norm_(1.0), optimizer step, scheduler step. One pass
 over --samples windows at --batch-size per process (960 windows = 30 steps at 2 processes
-of 16).
+of 16). --no-sync runs every step under model.no_sync(): no gradient all-reduce at all, the
+GPT's no-communication bound (the ceiling of any 2-process variant).
 
 Last line: RESULT {"world_size", "threads", "samples_per_s", "steady_samples_per_s",
 "train_s", "final_loss", ...}: samples_per_s over the whole loop (as ddpkit reports it),
@@ -20,6 +21,7 @@ import time
 _T0 = time.perf_counter()
 
 import argparse
+import contextlib
 import math
 import os
 import sys
@@ -48,6 +50,7 @@ def main():
     p.add_argument("--lr", type=float, default=3e-3)
     p.add_argument("--warmup-steps", type=int, default=10, help="the schedule's warm-up (the example's default)")
     p.add_argument("--warmup", type=int, default=common.WARMUP_STEPS, help="untimed steps for steady_samples_per_s")
+    p.add_argument("--no-sync", action="store_true", help="every step under model.no_sync() (the compute bound)")
     args = p.parse_args()
 
     torch.set_num_threads(args.threads)  # before the first op creates the pool
@@ -73,8 +76,9 @@ def main():
         if steps == args.warmup:
             dist.barrier()
             t_timed = time.perf_counter()
-        _, loss = model(**batch)
-        loss.backward()
+        with model.no_sync() if args.no_sync else contextlib.nullcontext():
+            _, loss = model(**batch)
+            loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         sched.step()
@@ -107,6 +111,7 @@ def main():
             steps=steps,
             warmup_steps=args.warmup,
             final_loss=s[1].item() / world,
+            no_sync=args.no_sync,
         )
 
 
