@@ -202,6 +202,26 @@ def netns_row(tmp: Path) -> dict:
     return row
 
 
+NOTES = """How to read it. Each cell is one run on a shared machine (the load is above): compare
+columns within a row and trends down a column, not single cells; differences of two runs
+(save, resume, overhead) are within the noise when small, and can come out negative.
+Worlds above the core count are oversubscribed (16 and 32 processes on 2 cores: 8 and 16 per
+core), so their step times measure the scheduler as much as ddpkit: every collective waits
+for the ranks that are not running at that moment, the hand-written loop alike.
+
+What carries over to a GPU cluster (one process per GPU, never oversubscribed): the fixed
+per-rank costs (start-up, setup, check, the hang report's delay, teardown), and how they
+grow with the world size (flat or linear here means flat or linear there). What does not:
+the absolute step times and the overhead column at 8 or more processes (on 2 cores they are
+the time to schedule every rank once), and the rank-0 column's growth (rank 0 is descheduled
+more often; a profile of rank 0 at world 8 puts its time in the shared-memory barriers,
+waiting for ranks that are not running, and finds no per-step call that grows with the
+world size). World 1 runs in-process without a launcher; its first optimizer step imports
+torch._dynamo (~1.5 s, Adam's lazy import; DDP's constructor imports it before the first
+step at every other world size), which is most of its step column.
+"""
+
+
 def machine() -> dict:
     model = next(
         (line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name")),
@@ -287,11 +307,11 @@ def main() -> None:
     runs = saved.get("runs", []) + [
         f"`{command}` ({time.time() - t0:.0f} s): {before['cpu']}, {before['cores']} cores; "
         f"load average (1, 5, 15 min) {load(before)} before, {load(after)} after"
-    ]
+    ] * bool(new)
     out.write_text(
         "# Scale: world 1 to 32 on one machine\n\n"
         + "".join(f"- {r}\n" for r in runs)
-        + f"\n{text}\n"
+        + f"\n{text}\n\n{NOTES}"
         + (f"\n![scale]({png.name})\n" if plotted else "")
         + "\n"
         + json.dumps({"rows": rows, "runs": runs})
