@@ -4,13 +4,15 @@
         --workload {wine,mlp} [--threads 1] [--no-sync] [--loader {dataloader,index}] \
         [--samples N] [--warmup 5] [--bucket-view] [--save-dir DIR] \
         [--device {cpu,cuda}] [--precision {fp32,bf16}] [--batch-size B] [--epochs E] [--data-on-device]
+        [--wine-batch B] [--wine-epochs E]
 
 (`python -m torch.distributed.run` is the same as `torchrun`.) gloo on CPU, 1 intra-op
 thread per process by default (--threads), DistributedSampler with set_epoch, global
 loss and a padding-free distributed evaluation.
 
 wine: the guide's work (see common.py), 100 epochs, rank 0 saves after epochs 50 and 100,
-      test accuracy at the end. --loader dataloader (default) uses the guide's per-item
+      test accuracy at the end (--wine-batch per process and --wine-epochs change the guide's
+      32 and 100: benchmarks/scale.py's step-time runs). --loader dataloader (default) uses the guide's per-item
       Dataset + DataLoader(sampler=DistributedSampler); --loader index draws the same
       sampler indices but slices in-memory tensors (no per-item __getitem__/collate).
 mlp:  benchmarks/tasks/mlp.py (9.46M params, SGD lr 0.01), batch 256 per process, one
@@ -68,17 +70,18 @@ def run_wine(args, model_ctx, rank, world):
     loss_fn = nn.CrossEntropyLoss()
     sampler = DistributedSampler(train_set, shuffle=True, seed=0)
     if args.loader == "dataloader":
-        loader = DataLoader(train_set, batch_size=common.WINE_BATCH, sampler=sampler)
+        loader = DataLoader(train_set, batch_size=args.wine_batch, sampler=sampler)
         epoch_batches = lambda: loader  # noqa: E731
     else:
         x = torch.tensor(train_set.data, dtype=torch.float32)
         y = torch.tensor(train_set.targets, dtype=torch.long)
-        epoch_batches = lambda: batches_by_index(sampler, x, y, common.WINE_BATCH)  # noqa: E731
+        epoch_batches = lambda: batches_by_index(sampler, x, y, args.wine_batch)  # noqa: E731
     ckpt_dir = common.save_dir(args.save_dir)
 
     model.train()
     t = time.perf_counter()
-    for epoch in range(common.WINE_EPOCHS):
+    steps = 0
+    for epoch in range(args.wine_epochs):
         sampler.set_epoch(epoch)
         loss_sum, n = 0.0, 0
         for xb, yb in epoch_batches():
@@ -87,6 +90,7 @@ def run_wine(args, model_ctx, rank, world):
                 loss = loss_fn(model(xb), yb)
                 loss.backward()
             opt.step()
+            steps += 1
             loss_sum += loss.item() * len(xb)
             n += len(xb)
         if (epoch + 1) % common.WINE_SAVE_EVERY == 0 and rank == 0:
@@ -108,7 +112,8 @@ def run_wine(args, model_ctx, rank, world):
     dist.all_reduce(ts, op=dist.ReduceOp.MAX)
     train_s = ts.item()
     return {
-        "samples_per_s": common.WINE_EPOCHS * len(train_set) / train_s,
+        "samples_per_s": args.wine_epochs * len(train_set) / train_s,
+        "steps": steps,
         "train_s": train_s,
         "final_loss": (tot[0] / tot[1]).item(),
         "test_acc": (acc[0] / acc[1]).item(),
@@ -202,6 +207,8 @@ def main():
     p.add_argument(
         "--data-on-device", action="store_true", help="mlp: keep the data set on the device (no host gather/copy)"
     )
+    p.add_argument("--wine-batch", type=int, default=common.WINE_BATCH, help="wine: batch per process")
+    p.add_argument("--wine-epochs", type=int, default=common.WINE_EPOCHS, help="wine: epochs")
     args = p.parse_args()
 
     torch.set_num_threads(args.threads)  # before the first op creates the pool

@@ -127,12 +127,12 @@ class Checkpointer:
 
     # -- writing --------------------------------------------------------------------
     def save(self, position: Position, record: dict[str, Any] | None = None) -> None:
-        """Collective: every rank's RNG state and parts, then the strategy's kind of checkpoint;
+        """Collective: every rank's RNG state (on rank 0) and parts, then the strategy's kind of checkpoint;
         `record`: the metrics at this checkpoint (--keep-best ranks by one of them)."""
         header = Header(
             position,
             {name: part.state() for name, part in self.parts.items()},
-            self.rt.all_gather_object(rng_state()),
+            self.rt.gather_object(rng_state()) or [],  # rank 0 writes the header (sharded too)
             self.rt.world_size,
             self.config,
             ckpt_file.model_signature(unwrap(self.model).state_dict()),

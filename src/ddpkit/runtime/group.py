@@ -109,6 +109,15 @@ class Runtime:
         dist.all_gather_object(gathered, obj)
         return gathered
 
+    def gather_object(self, obj: Any) -> list[Any] | None:
+        """Every rank's `obj` on rank 0, in rank order; None elsewhere. What only rank 0 writes
+        needs no all-gather: that would hand every rank all of them (world^2 in all)."""
+        if not self.distributed:
+            return [obj]
+        gathered: list[Any] | None = [None] * self.world_size if self.is_main else None
+        dist.gather_object(obj, gathered, dst=0)
+        return gathered
+
     def broadcast_object(self, obj: Any) -> Any:
         """Rank 0's `obj` on every rank."""
         if not self.distributed:

@@ -2,7 +2,7 @@
 
 It starts the workers a `ddpkit train` with the same flags would start (or runs as one of
 them under srun / torchrun), and on every rank:
-  * exchanges each rank's facts through the job's store (JSON, before any collective, so a
+  * gathers each rank's facts on rank 0 through the job's store (JSON, before any collective, so a
     node with another torch version is still named): host, versions (Python, torch, CUDA,
     NCCL, ddpkit), the backend and network interface it chose, free memory and /dev/shm,
     GPU-node traps (IOMMU, NCCL_P2P_DISABLE, NCCL_SOCKET_IFNAME), `ddpkit env`'s warnings;
@@ -27,6 +27,7 @@ import socket
 import sys
 import time
 import uuid
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -127,14 +128,20 @@ def check_worker(spec: dict[str, Any]) -> dict[str, Any]:
     key = spec["key"]
     backend = resolve_backend(spec["backend"], resolve_device_type(spec["device"])) if env.distributed else "none"
     facts = local_facts(rank, env.local_rank, env.node_rank, backend, env.master_addr)
-    everyone = exchange(store, f"{key}/facts", rank, world, facts)
-    nodes = node_leaders(everyone)
+    everyone = gather(store, f"{key}/facts", rank, world, facts)  # rank 0's alone: the others get its digest
+    digest = None
+    if rank == 0:
+        digest = {
+            "nodes": node_leaders(everyone),
+            "same": len({json.dumps(f["versions"], sort_keys=True) for f in everyone}) == 1,
+        }
+    digest = share(store, f"{key}/digest", rank, digest)
+    nodes, same = digest["nodes"], digest["same"]
     run_dir = Path(spec["run_dir"])
-    dirs = exchange(store, f"{key}/dir", rank, world, run_dir_probe(run_dir, key, rank, world, store))
+    dirs = gather(store, f"{key}/dir", rank, world, run_dir_probe(run_dir, key, rank, world, store))
     barrier(store, f"{key}/clock", rank, world)
-    clocks = exchange(store, f"{key}/clocks", rank, world, {"time": time.time()})
+    clocks = gather(store, f"{key}/clocks", rank, world, {"time": time.time()})
     ports = port_probe(store, key, rank, world, nodes, env.master_addr)
-    same = len({json.dumps(f["versions"], sort_keys=True) for f in everyone}) == 1
     allreduce: dict[str, Any] = {}
     if not env.distributed:
         pass
@@ -147,36 +154,54 @@ def check_worker(spec: dict[str, Any]) -> dict[str, Any]:
         except Exception as e:  # noqa: BLE001 - the check reports what fails
             allreduce = {"error": f"{type(e).__name__}: {str(e).splitlines()[0][:300] if str(e) else ''}"}
     barrier(store, f"{key}/done", rank, world)
+    report: dict[str, Any] = {}
+    if rank == 0:
+        report = {
+            "facts": everyone,
+            "run_dir": dirs,
+            "clocks": clocks,
+            "ports": ports,
+            "allreduce": allreduce,
+            "run_dir_path": str(run_dir.resolve()),
+        }
+        rows, ok = judge(report)
+        report.update(rows=rows, ok=ok)
+    ok = share(store, f"{key}/verdict", rank, report.get("ok"))  # rank 0's verdict is every rank's
     leave(store, f"{key}/left", rank, world)
     shutil.rmtree(run_dir / f".ddpkit-check-{key}", ignore_errors=True)  # every rank: its node may see another folder
-    report = {
-        "facts": everyone,
-        "run_dir": dirs,
-        "clocks": clocks,
-        "ports": ports,
-        "allreduce": allreduce,
-        "run_dir_path": str(run_dir.resolve()),
-    }
-    rows, ok = judge(report)
-    report.update(rows=rows, ok=ok)
     del torch
     return report if rank == 0 else {"ok": ok, "rank": rank}
 
 
-def exchange(store: Any, key: str, rank: int, world: int, value: Any) -> list[Any]:
-    """Every rank's `value` (JSON) through the store, in rank order; no collective."""
+def gather(store: Any, key: str, rank: int, world: int, value: Any) -> list[Any] | None:
+    """Every rank's `value` (JSON) on rank 0, in rank order (None elsewhere); no collective.
+    Only rank 0 reads them all: every rank reading every key was world^2 requests to the store."""
     if store is None:
         return [value]
     store.set(f"{key}/{rank}", json.dumps(value))
-    return [json.loads(store.get(f"{key}/{r}")) for r in range(world)]
+    return [json.loads(store.get(f"{key}/{r}")) for r in range(world)] if rank == 0 else None
+
+
+def share(store: Any, key: str, rank: int, value: Any) -> Any:
+    """Rank 0's `value` (JSON) on every rank: one write, one read per rank."""
+    if store is None:
+        return value
+    if rank == 0:
+        store.set(key, json.dumps(value))
+        return value
+    return json.loads(store.get(key))
 
 
 def barrier(store: Any, key: str, rank: int, world: int) -> None:
+    """Every rank waits (at most 60 s) for all to arrive: the last one to arrive opens it, the
+    others wait on that key in the store instead of asking for the count every millisecond."""
     if store is not None:
-        store.add(key, 1)
-        deadline = time.time() + 60
-        while int(store.add(key, 0)) < world and time.time() < deadline:
-            time.sleep(0.001)
+        if int(store.add(key, 1)) >= world:
+            store.set(f"{key}/open", "1")
+        try:
+            store.wait([f"{key}/open"], timedelta(seconds=60))
+        except Exception:  # noqa: BLE001 - as before: a late rank is named by what follows, not here
+            pass
 
 
 def leave(store: Any, key: str, rank: int, world: int) -> None:
@@ -216,7 +241,7 @@ def run_dir_probe(run_dir: Path, key: str, rank: int, world: int, store: Any) ->
 def port_probe(store: Any, key: str, rank: int, world: int, nodes: list[int], master_addr: str) -> list[dict[str, Any]]:
     """Each node's first rank listens on a free port; every other node's first rank connects."""
     if store is None or len(nodes) < 2:
-        exchange(store, f"{key}/ports", rank, world, [])
+        gather(store, f"{key}/ports", rank, world, [])
         return []
     listener = None
     if rank in nodes:
@@ -237,10 +262,10 @@ def port_probe(store: Any, key: str, rank: int, world: int, nodes: list[int], ma
                 results.append(
                     {"from": rank, "to": peer, "address": f"{addr}:{port}", "ok": False, "error": e.strerror or str(e)}
                 )
-    everyone = exchange(store, f"{key}/ports", rank, world, results)
+    everyone = gather(store, f"{key}/ports", rank, world, results)
     if listener is not None:
         listener.close()
-    return [r for rs in everyone for r in rs]
+    return [r for rs in everyone or [] for r in rs]
 
 
 def _my_address(master: str) -> str:

@@ -141,3 +141,28 @@ def test_a_rank_that_cannot_write_the_run_directory_fails_with_its_error():
     rows, ok = judge(r)
     s, d = status(rows, "run directory")
     assert not ok and s == "FAIL" and d.startswith("/shared/run is not one shared folder: rank 3: Permission denied")
+
+
+def test_facts_gather_on_rank_0_and_its_verdict_reaches_every_rank():
+    """Through a real store, ranks in threads: rank 0 alone reads every rank's value (the others
+    get None, not world reads each), and rank 0's value is what every rank's share returns."""
+    import threading
+
+    import torch.distributed as dist
+
+    from ddpkit.tools.check import barrier, gather, share
+
+    store, world, got = dist.HashStore(), 4, {}
+
+    def rank(r):
+        barrier(store, "k/in", r, world)
+        got[r] = (gather(store, "k/facts", r, world, {"rank": r}), share(store, "k/v", r, f"from {r}"))
+
+    threads = [threading.Thread(target=rank, args=(r,)) for r in range(world)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=30)
+    assert got[0][0] == [{"rank": r} for r in range(world)]
+    assert all(got[r][0] is None for r in range(1, world))
+    assert all(got[r][1] == "from 0" for r in range(world))
