@@ -41,9 +41,9 @@ class SnapshotStore:
         self._error: BaseException | None = None
 
     @classmethod
-    def for_this_node(cls, run_id: str, root: Path = SHM) -> SnapshotStore:
+    def for_this_node(cls, run_id: str, root: Path | None = None) -> SnapshotStore:
         """The folder of this agent's workers (their parent process) in this job."""
-        return cls(root / f"{_PREFIX}{_safe(run_id)}-{os.getppid()}")
+        return cls((root or SHM) / f"{_PREFIX}{_safe(run_id)}-{os.getppid()}")
 
     # -- writing ----------------------------------------------------------------------
     def write(self, step: int, state: dict[str, Any]) -> None:

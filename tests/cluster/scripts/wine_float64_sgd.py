@@ -2,6 +2,7 @@
 uninterrupted run's model; in float64 another summation order (4 ranks, then 2) changes it by
 ~1e-15, so only a wrong sample, batch or optimizer state could move it by 1e-5. The momentum
 buffers make a lost optimizer state visible."""
+
 import dataclasses
 
 import torch
