@@ -114,6 +114,8 @@ class Checkpointer:
 
     def _memory(self, every: int | None) -> MemorySnapshots | None:
         """Snapshots in each node's memory: for DDP's replicas under a restarting agent."""
+        if every == 0:
+            return None
         why_not = wanted(every, self.strategy.checkpoint_kind)
         if why_not == "sharded":
             self.rt.print(
@@ -178,6 +180,15 @@ class Checkpointer:
             }
 
         self.memory.after_step(global_step, state)
+
+    def restarting(self, asked: bool) -> bool:
+        """Collective while snapshots are on: whether every rank resumes, as one does. A rank does
+        when asked (--resume, --auto-resume, a restart torch counted), or when its node's memory
+        holds this job's progress: torch restarts the workers to admit a joining node without
+        counting it, and the joining node's workers know of no restart."""
+        if self.memory is None:
+            return asked
+        return any(self.rt.all_gather_object(asked or self.memory.held().get("progress") is not None))
 
     def end_snapshots(self) -> None:
         if self.memory is not None:

@@ -19,8 +19,6 @@ MEASURE_STEPS = 5  # auto: steps measured (after the first) before K is chosen
 def wanted(every: int | None, kind: str) -> str | None:
     """Why snapshots are not taken in this worker (None: they are). Only a worker that torch's
     agent restarts (--max-restarts) can resume from one."""
-    if every == 0:
-        return "off"
     if not os.environ.get("TORCHELASTIC_RUN_ID") or int(os.environ.get("TORCHELASTIC_MAX_RESTARTS", "0") or 0) < 1:
         return "no restarts"
     if kind != "file":

@@ -114,6 +114,11 @@ class SnapshotStore:
                 shutil.rmtree(other, ignore_errors=True)
 
 
+def remove_this_agents(run_id: str) -> None:
+    """The launcher, whatever the end: the snapshots of the workers it started."""
+    shutil.rmtree(SHM / f"{_PREFIX}{_safe(run_id)}-{os.getpid()}", ignore_errors=True)
+
+
 def _safe(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.]", "_", text)[:64]
 

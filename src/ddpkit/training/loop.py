@@ -133,7 +133,7 @@ class Run:
     def resume(self) -> Position:
         """--resume/--auto-resume: the checkpoint's position; a map-style set continues at its sample."""
         cfg = self.cfg
-        if not (cfg.resume or cfg.auto_resume):
+        if not self.checkpointer.restarting(cfg.resume or cfg.auto_resume):
             return Position()
         pos = self.checkpointer.resume(cfg.resume, self.loader.n, self.loader.global_batch_size, quiet=cfg.quiet)
         if pos.mid_epoch and isinstance(self.loader, ShardedLoader):
