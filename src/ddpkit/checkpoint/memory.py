@@ -45,12 +45,22 @@ class MemorySnapshots:
         if step % self.every == 0:
             taken = state()
             if self.store is not None:
-                self.store.write(step, taken)
+                self._keep(lambda: self.store.write(step, taken))
         if self.store is not None:
-            self.store.mark(step)
+            self._keep(lambda: self.store.mark(step))
         if self._failed_at is not None:
             self._report_recovery()
         self._measure(t0)
+
+    def _keep(self, write: Callable[[], None]) -> None:
+        """A snapshot that cannot be written (memory full) must not stop the training: this node
+        stops offering snapshots and a restart uses the others' or the disk checkpoint."""
+        try:
+            write()
+        except OSError as e:
+            folder = self.store.folder if self.store is not None else "?"
+            print(f"ddpkit: warning: cannot keep snapshots in {folder} ({e}); this node goes on without", flush=True)
+            self.store = None
 
     def _measure(self, t0: float) -> None:
         """auto: after MEASURE_STEPS steps, K = the fewest steps whose time covers a snapshot's
