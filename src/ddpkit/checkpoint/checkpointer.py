@@ -157,17 +157,18 @@ class Checkpointer:
 
     def snapshot(self, global_step: int, position: Callable[[], Position]) -> None:
         """Every rank at every step boundary while snapshots are on; only local rank 0 writes
-        (a one-file checkpoint of its replica, its own RNG state, copied to the CPU here)."""
+        (a one-file checkpoint of its replica with every rank's RNG state, copied to the CPU here)."""
         assert self.memory is not None
 
         def state() -> dict[str, Any]:
             pos = position()  # a collective inside a pass
+            rngs = self.rt.all_gather_object(rng_state())  # a restart at this world size goes on exactly
             if self.memory is None or self.memory.store is None:
                 return {}
             header = Header(
                 pos,
                 ckpt_file.cpu_copy({name: part.state() for name, part in self.parts.items()}),
-                [rng_state()],
+                rngs,
                 self.rt.world_size,
                 self.config,
                 ckpt_file.model_signature(unwrap(self.model).state_dict()),

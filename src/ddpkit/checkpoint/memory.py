@@ -8,6 +8,7 @@ from __future__ import annotations
 import math
 import os
 import time
+from pathlib import Path
 from typing import Any, Callable
 
 from .snapshot import SnapshotStore
@@ -106,6 +107,10 @@ class MemorySnapshots:
             "snapshot_every_steps": self.every,
         }
         self._failed_at = last_at
+        started = _process_start()
+        if started is not None:  # where the time goes: the agent's restart, then the worker's own start
+            self.recovery["seconds_to_workers_started"] = round(started - last_at, 2)
+        self.recovery["seconds_to_state_loaded"] = round(time.time() - last_at, 2)
 
     def _report_recovery(self) -> None:
         assert self.recovery is not None and self._failed_at is not None
@@ -123,3 +128,15 @@ class MemorySnapshots:
         """The run's normal end: this node's memory is given back."""
         if self.store is not None:
             self.store.remove()
+
+
+def _process_start() -> float | None:
+    """When this process started (Linux: /proc), on the wall clock."""
+    try:
+        ticks = int(Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()[19])
+        boot = next(
+            float(line.split()[1]) for line in Path("/proc/stat").read_text().splitlines() if line.startswith("btime")
+        )
+        return boot + ticks / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError, StopIteration):
+        return None
