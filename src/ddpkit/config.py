@@ -324,6 +324,16 @@ class RunConfig:
         "the CPU first; the next save waits for the last); DDP's one-file checkpoints",
         group=FAULTS,
     )
+    snapshot_every_steps: int | None = setting(
+        None,
+        "with --max-restarts: keep the newest state in each node's memory (/dev/shm) every K optimizer steps, "
+        "so that after a lost node or process the survivors resume from it rather than from the last disk "
+        "checkpoint (DDP); 0 = off",
+        group=FAULTS,
+        type=int,
+        metavar="K",
+        default_help="auto: every step while a snapshot costs under 1/20 of a step (measured), else every few",
+    )
     keep_last: int | None = setting(
         None,
         "keep only the K newest complete checkpoints (older ones are deleted after a newer one is complete)",

@@ -178,6 +178,12 @@ def validate_checkpoints(cfg: Any) -> None:
         isinstance(cfg.save_every_minutes, (int, float)) and cfg.save_every_minutes > 0
     ):
         raise DdpkitError(f"--save-every-minutes must be a positive number of minutes, got {cfg.save_every_minutes!r}")
+    if cfg.snapshot_every_steps is not None and not (
+        isinstance(cfg.snapshot_every_steps, int) and cfg.snapshot_every_steps >= 0
+    ):
+        raise DdpkitError(
+            f"--snapshot-every-steps must be 0 (off) or a number of optimizer steps, got {cfg.snapshot_every_steps!r}"
+        )
     if cfg.keep_last is not None:
         _positive("--keep-last", cfg.keep_last)
     if cfg.keep_best is not None:

@@ -16,18 +16,21 @@ decided here and nowhere else.
 from __future__ import annotations
 
 import contextlib
+import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator, Protocol
+from typing import Any, Callable, Iterator, Protocol
 
 import torch
 from torch import nn
 
 from ..errors import DdpkitError
 from . import file as ckpt_file
+from .memory import MemorySnapshots, wanted
 from .retention import prune, record_metric
 from .schema import Header
+from .snapshot import SnapshotStore
 from .state import Position, plain_state_dict, rng_state, set_rng_state, unwrap, weights_finite
 
 
@@ -73,6 +76,7 @@ class Policy:
     keep_best: int | None = None
     best_metric: str = "eval_loss"  # NAME or NAME:max
     async_save: bool = False
+    snapshot_every: int | None = 0  # in each node's memory; None: K measured (memory.py)
 
     @classmethod
     def of(cls, cfg: Any) -> Policy:
@@ -84,6 +88,7 @@ class Policy:
             cfg.keep_best,
             cfg.best_metric,
             cfg.async_save,
+            cfg.snapshot_every_steps,
         )
 
 
@@ -105,9 +110,29 @@ class Checkpointer:
         self.parts: dict[str, Part] = {}
         self.writer = ckpt_file.BackgroundWriter() if policy.async_save else None
         self.last_save = time.monotonic()
+        self.memory = self._memory(policy.snapshot_every)
+
+    def _memory(self, every: int | None) -> MemorySnapshots | None:
+        """Snapshots in each node's memory: for DDP's replicas under a restarting agent."""
+        if every == 0:
+            return None
+        why_not = wanted(every, self.strategy.checkpoint_kind)
+        if why_not == "sharded":
+            self.rt.print(
+                "ddpkit: memory snapshots are for DDP (every rank holds the whole state); under FSDP a "
+                "restart resumes from the last disk checkpoint"
+            )
+        if why_not is not None:
+            return None
+        store = None
+        if self.rt.env.local_rank == 0:
+            store = SnapshotStore.for_this_node(os.environ["TORCHELASTIC_RUN_ID"])
+        return MemorySnapshots(self.rt, every, store)
 
     def register(self, name: str, part: Part) -> None:
         self.parts[name] = part
+        if name == "stream" and self.memory is not None:
+            self.memory = None  # every rank's place in its shards is gathered: disk checkpoints only
 
     # -- when -----------------------------------------------------------------------
     def clock_due(self) -> bool:
@@ -126,6 +151,50 @@ class Checkpointer:
         )
 
     # -- writing --------------------------------------------------------------------
+    def snapshot_due(self) -> bool:
+        """Every step boundary counts (the step done is recorded; a snapshot every K)."""
+        return self.memory is not None
+
+    def snapshot(self, global_step: int, position: Callable[[], Position]) -> None:
+        """Every rank at every step boundary while snapshots are on; only local rank 0 writes
+        (a one-file checkpoint of its replica with every rank's RNG state, copied to the CPU here)."""
+        assert self.memory is not None
+
+        def state() -> dict[str, Any]:
+            pos = position()  # a collective inside a pass
+            rngs = self.rt.all_gather_object(rng_state())  # a restart at this world size goes on exactly
+            if self.memory is None or self.memory.store is None:
+                return {}
+            header = Header(
+                pos,
+                ckpt_file.cpu_copy({name: part.state() for name, part in self.parts.items()}),
+                rngs,
+                self.rt.world_size,
+                self.config,
+                ckpt_file.model_signature(unwrap(self.model).state_dict()),
+                [len(g["params"]) for g in self.optimizer.param_groups],
+            )
+            return {
+                **header.to_dict(),
+                "model": plain_state_dict(self.model),
+                "optimizer": ckpt_file.cpu_copy(self.optimizer.state_dict()),
+            }
+
+        self.memory.after_step(global_step, state)
+
+    def restarting(self, asked: bool) -> bool:
+        """Collective while snapshots are on: whether every rank resumes, as one does. A rank does
+        when asked (--resume, --auto-resume, a restart torch counted), or when its node's memory
+        holds this job's progress: torch restarts the workers to admit a joining node without
+        counting it, and the joining node's workers know of no restart."""
+        if self.memory is None:
+            return asked
+        return any(self.rt.all_gather_object(asked or self.memory.held().get("progress") is not None))
+
+    def end_snapshots(self) -> None:
+        if self.memory is not None:
+            self.memory.end()
+
     def save(self, position: Position, record: dict[str, Any] | None = None) -> None:
         """Collective: every rank's RNG state (on rank 0) and parts, then the strategy's kind of checkpoint;
         `record`: the metrics at this checkpoint (--keep-best ranks by one of them)."""
@@ -199,6 +268,8 @@ class Checkpointer:
         """--async-save: block until the last checkpoint is on disk (raises its error, if any)."""
         if self.writer is not None:
             self.writer.wait()
+        if self.memory is not None and self.memory.store is not None:
+            self.memory.store.wait()  # on a peer's failure too: the newest snapshot is complete before the restart
 
     # -- resuming -------------------------------------------------------------------
     def resume(self, required: bool, data_size: int | None, global_batch: int, quiet: bool = False) -> Position:
@@ -207,21 +278,7 @@ class Checkpointer:
         an error; otherwise (--auto-resume) none at all means a fresh start. `data_size` (None for
         a stream) and `global_batch` are this run's: an older checkpoint's place in steps is
         turned into samples only where that is exact."""
-        from .sharded import find_any_resumable, list_sharded  # torch.distributed.checkpoint: ~0.5 s
-
-        message: Any = None
-        if self.rt.is_main:
-            try:
-                if not required and not ckpt_file.list_checkpoints(self.run_dir) and not list_sharded(self.run_dir):
-                    message = ("fresh", None, None)
-                else:
-                    kind, ckpt, path, skipped = find_any_resumable(self.run_dir, self.model, self.optimizer)
-                    for reason in skipped:
-                        print(f"ddpkit: skipping checkpoint: {reason}", flush=True)
-                    message = (kind, ckpt, str(path))
-            except DdpkitError as e:
-                message = ("error", str(e), None)
-        kind, payload, path = self.rt.broadcast_object(message)
+        kind, payload, path = self._newest(self._on_disk(required) if self.rt.is_main else None)
         if kind == "error":
             raise DdpkitError(payload)
         if kind == "fresh":
@@ -246,6 +303,41 @@ class Checkpointer:
             )
             self.rt.print(f"ddpkit: resuming from {path} ({where})")
         return pos
+
+    def _on_disk(self, required: bool) -> tuple[str, Any, str | None]:
+        """Rank 0: the newest disk checkpoint that is complete and fits, as (kind, payload, path)."""
+        from .sharded import find_any_resumable, list_sharded  # torch.distributed.checkpoint: ~0.5 s
+
+        try:
+            if not required and not ckpt_file.list_checkpoints(self.run_dir) and not list_sharded(self.run_dir):
+                return ("fresh", None, None)
+            kind, ckpt, path, skipped = find_any_resumable(self.run_dir, self.model, self.optimizer)
+            for reason in skipped:
+                print(f"ddpkit: skipping checkpoint: {reason}", flush=True)
+            return (kind, ckpt, str(path))
+        except DdpkitError as e:
+            return ("error", str(e), None)
+
+    def _newest(self, disk: tuple[str, Any, str | None] | None) -> tuple[str, Any, str | None]:
+        """Collective: whichever is newer, rank 0's disk checkpoint or the newest snapshot any
+        node holds in memory (the lowest rank holding it reads it), on every rank. Every rank
+        sees what every other holds, so all agree on the step without another round."""
+        if self.memory is None:
+            return self.rt.broadcast_object(disk)
+        disk_step = None
+        if disk is not None and disk[0] in ("file", "sharded"):
+            disk_step = int(disk[1].get("global_step") or 0)
+        everyone = self.rt.all_gather_object({**self.memory.held(), "disk": disk_step})
+        disk_step = everyone[0]["disk"]
+        offers = [(h["snapshot"], -rank) for rank, h in enumerate(everyone) if h.get("snapshot") is not None]
+        step, source = max(offers, default=(-1, 0))
+        if offers and (disk_step is None or step > disk_step):
+            where = f"memory (the snapshot of step {step} on rank {-source}'s node)"
+            mine = ("file", self.memory.read(step), where) if self.rt.rank == -source else None
+            self.memory.restarted(everyone, "memory", step, disk_step)
+            return self.rt.broadcast_object(mine, src=-source)
+        self.memory.restarted(everyone, "disk", disk_step or 0, disk_step)
+        return self.rt.broadcast_object(disk)
 
     def _check_parts(self, saved: dict[str, Any]) -> None:
         """A part the run has and the checkpoint lacks, or the other way round, would silently

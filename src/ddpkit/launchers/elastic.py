@@ -77,9 +77,12 @@ def run_elastic(
     failed and they wrote one, its summary is printed before the error.
     What this process changes for the launch (the environment the agent hands its workers,
     torch's log tail, the agent's log levels) is put back when it returns or raises."""
+    from ..checkpoint.snapshot import remove_this_agents  # torch: imported by the launch anyway
+
     with contextlib.ExitStack() as scope:
         scratch = Path(tempfile.mkdtemp(prefix="ddpkit-"))
         scope.callback(shutil.rmtree, scratch, ignore_errors=True)
+        scope.callback(remove_this_agents, plan.rdzv_id)  # the node's memory snapshots (checkpoint/snapshot.py)
         errors = scratch / "errors"
         errors.mkdir()
         scope.enter_context(scoped_environ(_launch_environ(plan, env, errors), also=AGENT_SETS))

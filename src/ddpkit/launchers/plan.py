@@ -63,8 +63,11 @@ def _make_plan(cfg: RunConfig, common: dict[str, Any], lo: int, hi: int) -> Laun
         target = network.resolve(host.strip("[]"))
         local = cfg.local_addr or network.source_address_for(target)
         rdzv: dict[str, Any] = {"is_host": network.is_local_address(target)}
-        if lo < hi:  # elastic: notice a lost node within ~6 s and go on without waiting long for more
-            rdzv.update(keep_alive_interval=2, keep_alive_max_attempt=3, last_call_timeout=5)
+        if lo < hi:
+            # elastic: a survivor's next round starts once the lost node's keep-alive has expired
+            # (interval x attempts: ~3 s), then waits last_call for more nodes (a joining one
+            # polls every second): back to training within seconds of a node loss
+            rdzv.update(keep_alive_interval=1, keep_alive_max_attempt=3, last_call_timeout=2)
         return LaunchPlan(
             **common,
             rdzv_backend="c10d",

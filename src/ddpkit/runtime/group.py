@@ -118,12 +118,12 @@ class Runtime:
         dist.gather_object(obj, gathered, dst=0)
         return gathered
 
-    def broadcast_object(self, obj: Any) -> Any:
-        """Rank 0's `obj` on every rank."""
+    def broadcast_object(self, obj: Any, src: int = 0) -> Any:
+        """Rank `src`'s `obj` on every rank."""
         if not self.distributed:
             return obj
         box = [obj]
-        dist.broadcast_object_list(box, src=0)
+        dist.broadcast_object_list(box, src=src)
         return box[0]
 
     def barrier(self) -> None:

@@ -65,6 +65,7 @@ class Moment:
     save: bool
     stop: bool = False
     finished: bool = False
+    snapshot: bool = False  # a step boundary the node's memory snapshots hear of (checkpoint/memory.py)
 
     def position(self) -> Position:
         """Where a checkpoint taken here resumes (a collective inside a pass: its loss sums)."""
@@ -113,9 +114,10 @@ class Cadence:
             return None  # the end of the pass (or of the run) decides
         evaluate = bool(self.eval_every_steps) and at % self.eval_every_steps == 0
         save = self.checkpointer.due_after_step(at, result.stop, result.save)
-        if not (evaluate or save or result.stop):
+        snapshot = self.checkpointer.snapshot_due()
+        if not (evaluate or save or result.stop or snapshot):
             return None
-        return Moment(epoch_run, at, pass_end=False, evaluate=evaluate, save=save, stop=result.stop)
+        return Moment(epoch_run, at, pass_end=False, evaluate=evaluate, save=save, stop=result.stop, snapshot=snapshot)
 
     def _after_pass(self, epoch_run: EpochRun) -> Moment:
         at, epochs_done = self.global_step, epoch_run.epoch + 1
@@ -128,4 +130,13 @@ class Cadence:
             and at % self.eval_every_steps == 0
         )
         save = self.checkpointer.due_after_pass(epochs_done, at, done, stopping)
-        return Moment(epoch_run, at, pass_end=True, evaluate=evaluate, save=save, stop=done or stopping, finished=done)
+        return Moment(
+            epoch_run,
+            at,
+            pass_end=True,
+            evaluate=evaluate,
+            save=save,
+            stop=done or stopping,
+            finished=done,
+            snapshot=self.checkpointer.snapshot_due() and not done,
+        )

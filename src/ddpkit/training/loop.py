@@ -50,6 +50,8 @@ def fit(cfg: RunConfig, task: Task, rt: Runtime, run_dir: Path, stop: StopReques
             run.report(record, moment)
             if moment.save:
                 run.checkpointer.save(moment.position(), record)
+            if moment.snapshot:
+                run.checkpointer.snapshot(moment.global_step, moment.position)
     return run.finish(moment)
 
 
@@ -131,7 +133,7 @@ class Run:
     def resume(self) -> Position:
         """--resume/--auto-resume: the checkpoint's position; a map-style set continues at its sample."""
         cfg = self.cfg
-        if not (cfg.resume or cfg.auto_resume):
+        if not self.checkpointer.restarting(cfg.resume or cfg.auto_resume):
             return Position()
         pos = self.checkpointer.resume(cfg.resume, self.loader.n, self.loader.global_batch_size, quiet=cfg.quiet)
         if pos.mid_epoch and isinstance(self.loader, ShardedLoader):
@@ -199,6 +201,8 @@ class Run:
             )  # gathered from the shards under FSDP: every rank takes part
             if self.rt.is_main:
                 ckpt_file.save_or_explain(final, self.run_dir / "model.pt")
+            self.checkpointer.end_snapshots()  # the run is done: nothing to restart from memory
+        memory = self.checkpointer.memory
         return (
             self.totals.summary(self.task.metric_name)
             | {
@@ -208,6 +212,8 @@ class Run:
             }
             | memory_stats(self.rt, self.strategy, self.model, self.optimizer, self.steps.activation_bytes)
             | self.clock.summary()
+            | ({"snapshot_every_steps": memory.every} if memory is not None else {})
+            | ({"recovery": memory.recovery} if memory is not None and memory.recovery else {})
         )
 
 

@@ -1,0 +1,133 @@
+"""A checkpoint in this node's memory, outside the worker processes.
+
+Every DDP replica holds the whole state, so when a node is lost the survivors already have it:
+one process per node (local rank 0) writes it to /dev/shm every few steps, in a thread, and
+torch's agent, which restarts every worker after a failure, leaves that folder alone. The
+restarted workers resume from it when it is newer than the last disk checkpoint (the
+checkpointer decides, checkpointer.py). Disk checkpoints stay for the loss of the whole job.
+
+The folder is named after the rendezvous run id and the agent's process id, so that several
+"nodes" sharing one /dev/shm (namespaces on one machine) and several jobs never read each
+other's snapshots, while the restarted workers of the same agent find theirs.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from .file import atomic_save
+
+SHM = Path("/dev/shm")
+KEEP = 2  # the one being written never replaces the last complete one
+_NAME = re.compile(r"^snapshot-(\d+)\.pt$")
+_PREFIX = "ddpkit-snapshots-"
+
+
+class SnapshotStore:
+    """This node's newest states, `KEEP` at most, each written atomically (a temporary file, then
+    a rename), one write at a time in a background thread; `mark` records the last step done."""
+
+    def __init__(self, folder: Path) -> None:
+        self.folder = folder
+        self._thread: threading.Thread | None = None
+        self._error: BaseException | None = None
+
+    @classmethod
+    def for_this_node(cls, run_id: str, root: Path | None = None) -> SnapshotStore:
+        """The folder of this agent's workers (their parent process) in this job."""
+        return cls((root or SHM) / f"{_PREFIX}{_safe(run_id)}-{os.getppid()}")
+
+    # -- writing ----------------------------------------------------------------------
+    def write(self, step: int, state: dict[str, Any]) -> None:
+        """Hand over a state (already a copy the training does not change) for step `step`;
+        waits for the previous write first, so that at most one is in flight."""
+        self.wait()
+        self.folder.mkdir(parents=True, exist_ok=True)
+        self._thread = threading.Thread(target=self._write, args=(step, state), name="ddpkit-snapshot", daemon=True)
+        self._thread.start()
+
+    def _write(self, step: int, state: dict[str, Any]) -> None:
+        try:
+            atomic_save(state, self.folder / f"snapshot-{step:010d}.pt")
+            for old in self.steps()[:-KEEP]:
+                (self.folder / f"snapshot-{old:010d}.pt").unlink(missing_ok=True)
+        except BaseException as e:  # raised by the next wait()
+            self._error = e
+
+    def wait(self) -> None:
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+        if self._error is not None:
+            error, self._error = self._error, None
+            raise error
+
+    def mark(self, step: int) -> None:
+        """The last optimizer step this node finished, and when (what a restart redoes and how
+        long it took to train again are measured from it)."""
+        self.folder.mkdir(parents=True, exist_ok=True)
+        tmp = self.folder / ".progress.tmp"
+        tmp.write_text(f"{step} {time.time()!r}\n")
+        os.replace(tmp, self.folder / "progress")
+
+    # -- reading ----------------------------------------------------------------------
+    def steps(self) -> list[int]:
+        """The steps of the complete snapshots held, oldest first."""
+        try:
+            names = os.listdir(self.folder)
+        except FileNotFoundError:
+            return []
+        return sorted(int(m.group(1)) for m in map(_NAME.match, names) if m)
+
+    def newest(self) -> int | None:
+        steps = self.steps()
+        return steps[-1] if steps else None
+
+    def read(self, step: int) -> dict[str, Any]:
+        return torch.load(self.folder / f"snapshot-{step:010d}.pt", map_location="cpu", weights_only=False)
+
+    def progress(self) -> tuple[int, float] | None:
+        try:
+            step, when = (self.folder / "progress").read_text().split()
+        except (FileNotFoundError, ValueError):
+            return None
+        return int(step), float(when)
+
+    # -- the end ----------------------------------------------------------------------
+    def remove(self) -> None:
+        """At the run's normal end: this node's folder, and those of this job's agents that are
+        gone (nodes lost earlier, when they shared this memory)."""
+        self.wait()
+        shutil.rmtree(self.folder, ignore_errors=True)
+        job = self.folder.name.rsplit("-", 1)[0] + "-"
+        for other in self.folder.parent.glob(job + "*"):
+            pid = other.name[len(job) :]
+            if pid.isdigit() and not _alive(int(pid)):
+                shutil.rmtree(other, ignore_errors=True)
+
+
+def remove_this_agents(run_id: str) -> None:
+    """The launcher, whatever the end: the snapshots of the workers it started."""
+    shutil.rmtree(SHM / f"{_PREFIX}{_safe(run_id)}-{os.getpid()}", ignore_errors=True)
+
+
+def _safe(text: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_.]", "_", text)[:64]
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True

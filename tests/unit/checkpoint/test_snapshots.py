@@ -1,0 +1,116 @@
+"""Snapshots in a node's memory (checkpoint/snapshot.py, memory.py) on one process: the store
+keeps the newest complete ones only, and a restart's resume takes whichever is newer, the
+snapshot or the disk checkpoint (several nodes: tests/cluster/test_node_loss.py)."""
+
+import os
+
+import pytest
+import torch
+from torch import nn
+
+from ddpkit import DistEnv
+from ddpkit.checkpoint import snapshot
+from ddpkit.checkpoint.checkpointer import Checkpointer, Policy
+from ddpkit.checkpoint.snapshot import SnapshotStore
+from ddpkit.checkpoint.state import Position
+from ddpkit.runtime import Runtime
+from ddpkit.strategies import DdpStrategy
+
+
+def test_the_store_keeps_the_two_newest_complete_snapshots_and_ignores_a_partial_one(tmp_path):
+    store = SnapshotStore(tmp_path / "node")
+    for step in (2, 4, 6):
+        store.write(step, {"w": torch.full((3,), float(step))})
+    store.wait()
+    (store.folder / ".snapshot-0000000008.pt.abc.tmp").write_bytes(b"half a file")  # a write cut short
+    assert store.steps() == [4, 6] and store.newest() == 6
+    assert torch.equal(store.read(6)["w"], torch.full((3,), 6.0))
+    store.mark(7)
+    assert store.progress()[0] == 7
+    assert SnapshotStore(tmp_path / "empty").newest() is None and SnapshotStore(tmp_path / "empty").progress() is None
+
+
+def test_the_end_removes_this_node_and_the_lost_nodes_of_the_job_only(tmp_path):
+    mine = SnapshotStore(tmp_path / f"ddpkit-snapshots-job-{os.getpid()}")
+    mine.mark(1)
+    lost = tmp_path / "ddpkit-snapshots-job-999999999"  # no such process: a node that is gone
+    alive = tmp_path / f"ddpkit-snapshots-job-{os.getppid()}"
+    other_job = tmp_path / "ddpkit-snapshots-other-999999999"
+    for folder in (lost, alive, other_job):
+        folder.mkdir()
+    mine.remove()
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([alive.name, other_job.name])
+
+
+@pytest.fixture
+def restarting(monkeypatch, tmp_path):
+    """A worker of a job that torch's agent restarts, its snapshots under tmp_path."""
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "unit")
+    monkeypatch.setenv("TORCHELASTIC_MAX_RESTARTS", "1")
+    monkeypatch.setattr(snapshot, "SHM", tmp_path / "shm")
+    with Runtime(DistEnv(), device="cpu", threads=1) as rt:
+        yield rt
+
+
+def _run(rt, run_dir, every=2):
+    torch.manual_seed(0)
+    model = nn.Linear(4, 2).double()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    return model, opt, Checkpointer(run_dir, rt, DdpStrategy(rt), model, opt, Policy(snapshot_every=every), {})
+
+
+def _step(model, opt):
+    opt.zero_grad()
+    model(torch.ones(3, 4, dtype=torch.float64)).pow(2).sum().backward()
+    opt.step()
+
+
+def test_a_restart_resumes_from_the_newer_of_memory_and_disk(restarting, tmp_path):
+    model, opt, ckpt = _run(restarting, tmp_path / "run")
+    at_step = {}
+    for step in range(1, 8):
+        _step(model, opt)
+        at_step[step] = {k: v.clone() for k, v in model.state_dict().items()}
+        if step == 3:
+            ckpt.save(Position(0, samples=3 * 16, global_step=3, global_batch=16))
+        ckpt.snapshot(step, lambda step=step: Position(0, samples=step * 16, global_step=step, global_batch=16))
+    ckpt.wait()
+    assert ckpt.memory.store.steps() == [4, 6]  # every 2 steps, the newest 2
+
+    fresh, _, restarted = _run(restarting, tmp_path / "run")
+    pos = restarted.resume(required=False, data_size=160, global_batch=16, quiet=True)
+    assert pos.global_step == 6 and pos.samples == 96
+    assert all(torch.equal(fresh.state_dict()[k], at_step[6][k]) for k in at_step[6])
+    r = restarted.memory.recovery
+    assert (r["resumed_from"], r["resumed_step"], r["disk_checkpoint_step"], r["steps_redone"]) == ("memory", 6, 3, 1)
+
+    ckpt.save(Position(0, samples=7 * 16, global_step=7, global_batch=16))  # now the disk is newer
+    _, _, again = _run(restarting, tmp_path / "run")
+    assert again.resume(required=False, data_size=160, global_batch=16, quiet=True).global_step == 7
+    assert again.memory.recovery["resumed_from"] == "disk"
+
+    again.end_snapshots()  # the run's normal end
+    assert not ckpt.memory.store.folder.exists()
+
+
+def test_snapshots_are_off_without_restarts_or_when_asked(monkeypatch, tmp_path):
+    monkeypatch.delenv("TORCHELASTIC_RUN_ID", raising=False)
+    with Runtime(DistEnv(), device="cpu", threads=1) as rt:
+        assert _run(rt, tmp_path, every=None)[2].snapshot_due() is False
+        monkeypatch.setenv("TORCHELASTIC_RUN_ID", "unit")
+        monkeypatch.setenv("TORCHELASTIC_MAX_RESTARTS", "2")
+        monkeypatch.setattr(snapshot, "SHM", tmp_path / "shm")
+        assert _run(rt, tmp_path, every=0)[2].snapshot_due() is False
+        assert _run(rt, tmp_path, every=None)[2].snapshot_due() is True
+
+
+def test_a_snapshot_that_cannot_be_written_warns_and_the_training_goes_on(tmp_path, capsys):
+    from ddpkit.checkpoint.memory import MemorySnapshots
+
+    (tmp_path / "full").write_text("")  # a file where the folder should be: mkdir fails as on a full /dev/shm
+    with Runtime(DistEnv(), device="cpu", threads=1) as rt:
+        memory = MemorySnapshots(rt, 1, SnapshotStore(tmp_path / "full" / "node"))
+        memory.after_step(1, lambda: {"w": torch.zeros(1)})
+        memory.after_step(2, lambda: {"w": torch.zeros(1)})
+    assert memory.store is None and memory.held() == {}
+    assert capsys.readouterr().out.count("ddpkit: warning: cannot keep snapshots in") == 1
