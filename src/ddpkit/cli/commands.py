@@ -234,7 +234,10 @@ def cmd_slurm(ns: argparse.Namespace) -> int:
         output=ns.output,
         signal=ns.signal,
         run_dir=str(run_dir),
+        array=ns.array,
     )
+    if ns.array and ns.wait:
+        raise DdpkitError("--wait follows one job, not an array: follow its elements with squeue")
     text = slurm.render_sbatch(job, "ddpkit " + " ".join(shlex.quote(a) for a in sys.argv[1:]))
     if ns.dry_run:
         print(text, end="")
