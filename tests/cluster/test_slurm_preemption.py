@@ -12,7 +12,7 @@ import pytest
 
 from conftest import REPO, assert_state_equal, load_model, run_ddpkit
 
-pytestmark = pytest.mark.cluster
+pytestmark = [pytest.mark.cluster, pytest.mark.slow]  # each 35-50 s
 
 TASK = str(REPO / "tests" / "cluster" / "scripts" / "preempted_wine.py") + ":build"
 TRAIN = ["--epochs", "40", "--batch-size", "16", "--seed", "9", "--save-every", "0", "--eval-every", "20"]
@@ -112,7 +112,6 @@ def test_scontrol_requeue_from_outside_saves_at_the_next_step_and_is_requeued_on
     _check_resumed(run_dir, log, reference)
 
 
-@pytest.mark.slow
 def test_each_element_of_an_array_is_warned_before_its_time_limit_requeued_and_resumed_on_its_own(
     slurm, tmp_path, reference, no_scontrol_in_steps
 ):
