@@ -28,7 +28,10 @@ class StopRequest:
         self._previous: dict[int, object] = {}
         for name in self.names:
             signum = getattr(signal, f"SIG{name}")
-            self._previous[signum] = signal.signal(signum, self._handle)
+            self._previous[signum] = previous = signal.signal(signum, self._handle)
+            early = getattr(previous, "__self__", None)
+            if isinstance(early, StopRequest) and early.received and self.received is None:
+                self.received = early.received  # came while the process started: see install_early
 
     def _handle(self, signum: int, frame: FrameType | None) -> None:
         if self.received is None:
@@ -51,3 +54,10 @@ class StopRequest:
 
     def __exit__(self, *exc: object) -> None:
         self.restore()
+
+
+def install_early(names: list[str]) -> None:
+    """For a process that is itself the worker (an srun task): a signal that arrives while it
+    starts (torch loading, the process group forming) is kept, and the worker's StopRequest
+    takes it over, instead of the signal's default action killing the process."""
+    StopRequest(names)
