@@ -226,10 +226,14 @@ def request_requeue(stop: StopRequest) -> None:
 
 
 def requeue_slurm_job(job: str) -> None:
-    """SLURM kills this job's processes as soon as the requeue is accepted: say it first."""
+    """SLURM kills this job's processes as soon as the requeue is accepted: say it first. An
+    array element is named by array id and index: `scontrol requeue` takes one element's JobId,
+    which is also the array's id, for the whole array."""
     print(f"ddpkit: checkpoint saved; requeueing SLURM job {job}", flush=True)
+    array, index = os.environ.get("SLURM_ARRAY_JOB_ID"), os.environ.get("SLURM_ARRAY_TASK_ID")
+    target = f"{array}_{index}" if array and index else job
     try:
-        done = subprocess.run(["scontrol", "requeue", job], capture_output=True, text=True, timeout=60)
+        done = subprocess.run(["scontrol", "requeue", target], capture_output=True, text=True, timeout=60)
     except FileNotFoundError:
         print(
             f"ddpkit: scontrol is not available here (a container?): SLURM job {job} was not requeued; resubmit it, "

@@ -27,6 +27,9 @@ from ..errors import DdpkitError
 _TIME = re.compile(r"^(\d+-)?\d{1,2}(:\d{2}){0,2}$")
 _SIGNAL = re.compile(r"^(B:|R:)?(SIG)?[A-Z0-9]+(@\d+)?$")
 _SAFE_NAME = re.compile(r"^[A-Za-z0-9_.\-]+$")
+# An array element by its array id and index: one element's JobId is also the ArrayJobId, which
+# `scontrol requeue` takes for the WHOLE array (every running element would be requeued)
+_THIS_JOB = "${SLURM_ARRAY_TASK_ID:+${SLURM_ARRAY_JOB_ID}_}${SLURM_ARRAY_TASK_ID:-$SLURM_JOB_ID}"
 _ARRAY = re.compile(r"^[0-9][0-9,\-:]*(%[0-9]+)?$")
 FINAL_OK = {"COMPLETED"}
 RUNNING = {
@@ -146,7 +149,7 @@ def render_sbatch(job: SlurmJob, command_line: str = "") -> str:
         f'if [ -e "${REQUEUE_FILE_VAR}" ]; then',
         f'    rm -f "${REQUEUE_FILE_VAR}"',
         '    echo "ddpkit: requeueing SLURM job $SLURM_JOB_ID"',
-        '    scontrol requeue "$SLURM_JOB_ID"',
+        f'    scontrol requeue "{_THIS_JOB}"',
         "fi",
         'exit "$status"',
         "",

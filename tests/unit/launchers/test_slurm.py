@@ -144,7 +144,8 @@ def test_the_batch_script_requeues_after_the_warning_from_the_batch_host():
         'if [ -e "$DDPKIT_REQUEUE_FILE" ]; then',
         '    rm -f "$DDPKIT_REQUEUE_FILE"',
         '    echo "ddpkit: requeueing SLURM job $SLURM_JOB_ID"',
-        '    scontrol requeue "$SLURM_JOB_ID"',
+        # an array element by ARRAY_INDEX: its JobId may be the array's, which would requeue every element
+        '    scontrol requeue "${SLURM_ARRAY_TASK_ID:+${SLURM_ARRAY_JOB_ID}_}${SLURM_ARRAY_TASK_ID:-$SLURM_JOB_ID}"',
         "fi",
         'exit "$status"',
     ]
