@@ -115,13 +115,13 @@ def test_scontrol_requeue_from_outside_saves_at_the_next_step_and_is_requeued_on
 def test_each_element_of_an_array_is_warned_before_its_time_limit_requeued_and_resumed_on_its_own(
     slurm, tmp_path, reference, no_scontrol_in_steps
 ):
-    # --time 2 with the warning 90 s before: SLURM checks warnings every 30 s and sends one that
-    # would be due before the next check, so it arrives 0-30 s into a run (maybe while the workers
-    # start: they keep it), which trains slowly the first time (0.35 s a forward pass: 70 s); the
-    # resumed run trains at full speed. Both elements run at once, on both nodes.
+    # --time 2 with the warning 60 s before: SLURM checks warnings every 30 s and sends one that
+    # would be due before the next check, so it arrives 30-60 s into a run (one that comes while the
+    # workers start is kept: a stop after their first step). The first run trains slowly (0.35 s a
+    # forward pass: 70 s), a resumed one at full speed. Both elements run at once, on both nodes.
     run_dir = tmp_path / "array"
     slow = ["--task-arg", "slow=0.35"]
-    job = _submit(no_scontrol_in_steps, tmp_path, run_dir, "--array", "0-1", "--time", "2", "--signal", "USR2@90",
+    job = _submit(no_scontrol_in_steps, tmp_path, run_dir, "--array", "0-1", "--time", "2", "--signal", "USR2@60",
                   task_args=slow)  # fmt: skip
     for index in (0, 1):
         result = slurm.wait(f"{job}_{index}", timeout=240)
