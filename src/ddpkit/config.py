@@ -371,7 +371,8 @@ class RunConfig:
     )
     requeue: bool = setting(
         False,
-        "under SLURM: after a --save-on-signal stop, requeue the job (it resumes with --auto-resume)",
+        "under SLURM: after a --save-on-signal stop, requeue the job (it resumes with --auto-resume); "
+        "not after TERM/INT, which end or requeue the job already",
         group=FAULTS,
     )
     on_nan: str = setting(

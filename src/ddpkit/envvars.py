@@ -5,6 +5,8 @@ layer, beside errors.py, and import nothing."""
 # the launcher -> its workers
 ERROR_DIR_VAR = "DDPKIT_ERROR_DIR"  # where a worker writes a user error for the launcher to print
 LAUNCH_TIME_VAR = "DDPKIT_LAUNCH_TIME"  # when the command started (the summary's wall time)
+# `ddpkit slurm`'s batch script -> rank 0: after a warning signal's checkpoint write this file; the script requeues
+REQUEUE_FILE_VAR = "DDPKIT_REQUEUE_FILE"
 
 # a user or a benchmark -> ddpkit
 BENCH_RESULT_VAR = "DDPKIT_BENCH_RESULT"  # set: rank 0 prints the summary as one `RESULT {json}` line

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import random
@@ -20,7 +21,7 @@ from .checkpoint import hf_config
 from .checkpoint.export import export_run
 from .config import RunConfig
 from .environments import DistEnv
-from .envvars import BENCH_RESULT_VAR, ERROR_DIR_VAR, LAUNCH_TIME_VAR
+from .envvars import BENCH_RESULT_VAR, ERROR_DIR_VAR, LAUNCH_TIME_VAR, REQUEUE_FILE_VAR
 from .errors import DdpkitError
 from .reporting.rank_output import rank_stdout
 from .reporting.run_state import record_failure
@@ -70,8 +71,9 @@ def train_worker(config: dict[str, Any], task: Task | None = None) -> dict[str, 
     if error_dir:
         die_with_parent()
     try:
-        with rank_stdout(env.rank, env.world_size, cfg.verbose):  # rank 0 prints; --verbose: whole lines from all
-            summary = _train(cfg, env, task)
+        # rank 0 prints; --verbose: whole lines from all. `held`: the signal handlers, kept to the end
+        with rank_stdout(env.rank, env.world_size, cfg.verbose), contextlib.ExitStack() as held:
+            summary = _train(cfg, env, held, task)
         if error_dir and summary.get("stopped_early") and summary.get("stop_signal") in ("SIGINT", "SIGTERM"):
             # Ctrl-C or a TERM reached ddpkit's launcher too: its agent is shutting the group down and
             # will not read a return value, so a worker that waited to hand one over would sit there
@@ -101,7 +103,7 @@ def train_worker(config: dict[str, Any], task: Task | None = None) -> dict[str, 
         sys.exit(1)
 
 
-def _train(cfg: RunConfig, env: DistEnv, given: Task | None = None) -> dict[str, Any]:
+def _train(cfg: RunConfig, env: DistEnv, held: contextlib.ExitStack, given: Task | None = None) -> dict[str, Any]:
     run_dir = Path(cfg.run_dir or "runs/latest")
     # torch's flight recorder keeps the process group's last collectives (op, sizes, sequence
     # number) for a hang report, on gloo and NCCL (no cost measurable next to gloo's latency)
@@ -141,7 +143,9 @@ def _train(cfg: RunConfig, env: DistEnv, given: Task | None = None) -> dict[str,
                 print(f"ddpkit: warning: {not_kept}; `ddpkit export --format hf` will refuse this run", flush=True)
         if os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") != "0":
             cfg = cfg.replace(auto_resume=True)  # restarted after a failure: continue, don't redo
-        stop = StopRequest(cfg.save_on_signal.split(",")) if cfg.save_on_signal else None
+        # Its handlers stay until the summary is written and the requeue asked for (they leave with
+        # `held`): a second signal during the save or after it must not kill this process.
+        stop = held.enter_context(StopRequest(cfg.save_on_signal.split(","))) if cfg.save_on_signal else None
         fit_start = time.time()
         try:
             stats = fit(cfg, task, rt, run_dir, stop)
@@ -152,12 +156,10 @@ def _train(cfg: RunConfig, env: DistEnv, given: Task | None = None) -> dict[str,
         finally:
             if watchdog is not None:
                 watchdog.stop()
-            if stop is not None:
-                stop.restore()
         fit_end = time.time()
         del task  # holds the model; drop it before the process group goes
-        if stats["stopped_early"] and cfg.requeue and env.is_main:
-            requeue_slurm_job()
+        if stats["stopped_early"] and cfg.requeue and env.is_main and stop is not None:
+            request_requeue(stop)
         batches = cfg.batch_plan(env.world_size)
         summary = {
             "world_size": env.world_size,
@@ -199,15 +201,47 @@ def _silent(line: str) -> None:
     pass
 
 
-def requeue_slurm_job() -> None:
-    """Put this SLURM job back in the queue; it will resume from the checkpoint just written.
-    SLURM kills this job's processes as soon as the requeue is accepted: say it first."""
+def request_requeue(stop: StopRequest) -> None:
+    """Put this SLURM job back in the queue after the checkpoint of a warning signal; it resumes
+    from it (--auto-resume). A job that SIGTERM/SIGINT stopped is being ended (scancel) or requeued
+    (preemption) by SLURM itself: asking again would bring back a cancelled job.
+    The batch script `ddpkit slurm` writes names a file in REQUEUE_FILE_VAR: rank 0 writes it and
+    the script requeues the job from the batch host once srun is done, so `scontrol` need not exist
+    where the workers run (a container). Without it, rank 0 runs `scontrol requeue` itself."""
     job = os.environ.get("SLURM_JOB_ID")
     if not job:
         print("ddpkit: --requeue: not inside a SLURM job; stopping after the checkpoint instead", flush=True)
         return
+    if not stop.wants_requeue:
+        print(f"ddpkit: checkpoint saved; stopped by {stop.received}: SLURM ends or requeues the job", flush=True)
+        return
+    request = os.environ.get(REQUEUE_FILE_VAR)
+    if request:
+        tmp = Path(f"{request}.tmp")
+        tmp.write_text(f"{job}\n")
+        os.replace(tmp, request)  # the batch script sees the whole request or none
+        print(f"ddpkit: checkpoint saved; the batch script requeues SLURM job {job}", flush=True)
+        return
+    requeue_slurm_job(job)
+
+
+def requeue_slurm_job(job: str) -> None:
+    """SLURM kills this job's processes as soon as the requeue is accepted: say it first. An
+    array element is named by array id and index: `scontrol requeue` takes one element's JobId,
+    which is also the array's id, for the whole array."""
     print(f"ddpkit: checkpoint saved; requeueing SLURM job {job}", flush=True)
-    done = subprocess.run(["scontrol", "requeue", job], capture_output=True, text=True, timeout=60)
+    array, index = os.environ.get("SLURM_ARRAY_JOB_ID"), os.environ.get("SLURM_ARRAY_TASK_ID")
+    target = f"{array}_{index}" if array and index else job
+    try:
+        done = subprocess.run(["scontrol", "requeue", target], capture_output=True, text=True, timeout=60)
+    except FileNotFoundError:
+        print(
+            f"ddpkit: scontrol is not available here (a container?): SLURM job {job} was not requeued; resubmit it, "
+            "or run the script `ddpkit slurm` writes, which requeues from the batch host",
+            file=sys.stderr,
+            flush=True,
+        )
+        return
     if done.returncode != 0:
         print(
             f"ddpkit: scontrol requeue {job} failed: {done.stderr.strip()}; resubmit the job to continue",

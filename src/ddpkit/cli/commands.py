@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
 from .. import config
-from ..envvars import LAUNCH_TIME_VAR, SLOW_EXIT_VAR
+from ..envvars import LAUNCH_TIME_VAR, REQUEUE_FILE_VAR, SLOW_EXIT_VAR
 from ..errors import DdpkitError, WorkerFailed
 from .config_args import refuse_worker_placement, with_config_file
 from .flags import add_config_flags, add_option_flags, config_from, flag_defaults
@@ -156,6 +156,12 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 
 
 def cmd_train(ns: argparse.Namespace) -> int:
+    if ns.save_on_signal and os.environ.get(REQUEUE_FILE_VAR) and "SLURM_STEP_ID" in os.environ:
+        # a task of the script `ddpkit slurm` writes is the worker itself: a time-limit warning that
+        # comes while torch loads must not kill it
+        from ..training.signals import install_early
+
+        install_early(ns.save_on_signal.split(","))
     from ..api import train
 
     train(config_from(ns), dry_run=ns.dry_run, _clean_parent=True)
@@ -234,7 +240,10 @@ def cmd_slurm(ns: argparse.Namespace) -> int:
         output=ns.output,
         signal=ns.signal,
         run_dir=str(run_dir),
+        array=ns.array,
     )
+    if ns.array and ns.wait:
+        raise DdpkitError("--wait follows one job, not an array: follow its elements with squeue")
     text = slurm.render_sbatch(job, "ddpkit " + " ".join(shlex.quote(a) for a in sys.argv[1:]))
     if ns.dry_run:
         print(text, end="")

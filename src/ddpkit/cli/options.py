@@ -116,6 +116,9 @@ class SlurmOptions:
         "warning signal before the time limit: save, requeue, resume",
         default_help="USR2@90, not USR1, which NCCL and other libraries may handle; '' = none",
     )
+    array: str | None = option(
+        help="a job array (sbatch --array, e.g. 0-3): each element trains in RUN_DIR/INDEX and is requeued on its own"
+    )
     script: str | None = option(help="where to write the script", default_help="RUN_DIR/job.sbatch")
     dry_run: bool = option(False, "print the script; write and submit nothing")
     submit: bool = option(False, "submit it with sbatch; print the job id and log path")

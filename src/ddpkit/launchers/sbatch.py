@@ -4,8 +4,11 @@ Choice: ONE SRUN TASK PER GPU (per process on CPU nodes). srun starts every work
 node; each task is one ddpkit worker that reads its rank from SLURM (SLURM_PROCID,
 SLURM_LOCALID, SLURM_NODEID, SLURM_NTASKS). So the script holds no per-node variable at all,
 nothing can expand on the wrong node, and ddpkit spawns nothing inside a task (which would
-multiply processes). Restarts come from SLURM: the job requeues itself after the time-limit
-warning signal and resumes from its checkpoint (--auto-resume).
+multiply processes). Restarts come from SLURM: after the time-limit warning signal the workers
+save and stop, the batch script requeues the job (from the batch host: `scontrol` need not exist
+where the workers run, e.g. in a container) and the job resumes from its checkpoint (--auto-resume).
+SIGTERM (scancel, preemption, a requeue from outside) also saves at the next step, but requeues
+nothing: SLURM ends or requeues that job itself.
 """
 
 from __future__ import annotations
@@ -18,11 +21,16 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ..envvars import REQUEUE_FILE_VAR
 from ..errors import DdpkitError
 
 _TIME = re.compile(r"^(\d+-)?\d{1,2}(:\d{2}){0,2}$")
 _SIGNAL = re.compile(r"^(B:|R:)?(SIG)?[A-Z0-9]+(@\d+)?$")
 _SAFE_NAME = re.compile(r"^[A-Za-z0-9_.\-]+$")
+# An array element by its array id and index: one element's JobId is also the ArrayJobId, which
+# `scontrol requeue` takes for the WHOLE array (every running element would be requeued)
+_THIS_JOB = "${SLURM_ARRAY_TASK_ID:+${SLURM_ARRAY_JOB_ID}_}${SLURM_ARRAY_TASK_ID:-$SLURM_JOB_ID}"
+_ARRAY = re.compile(r"^[0-9][0-9,\-:]*(%[0-9]+)?$")
 FINAL_OK = {"COMPLETED"}
 RUNNING = {
     "PENDING",
@@ -57,6 +65,7 @@ class SlurmJob:
     # libraries may install a USR1 handler of their own (submitit moved to USR2 for the same reason)
     python: str = field(default_factory=lambda: sys.executable)
     run_dir: str = ""
+    array: str | None = None  # a job array (sbatch --array): each element trains in RUN_DIR/INDEX
 
     def __post_init__(self) -> None:
         if self.nodes < 1:
@@ -74,6 +83,13 @@ class SlurmJob:
             raise DdpkitError(f"--time {self.time!r} is not a SLURM time (MM, HH:MM:SS or D-HH:MM:SS)")
         if self.signal and not _SIGNAL.match(self.signal.upper()):
             raise DdpkitError(f"--signal {self.signal!r} is not SIG[@SECONDS], e.g. USR2@90")
+        if self.signal and self.signal_name in ("TERM", "INT", "KILL"):
+            raise DdpkitError(
+                f"--signal {self.signal!r}: SLURM sends {self.signal_name} to end a job (scancel, preemption), so "
+                "it cannot ask for a requeue; use USR2@90"
+            )
+        if self.array is not None and not _ARRAY.match(self.array):
+            raise DdpkitError(f"--array {self.array!r} is not a SLURM array, e.g. 0-3, 1,5,9 or 0-15%4")
         for flag, value in (
             ("--job-name", self.job_name),
             ("--partition", self.partition),
@@ -95,11 +111,53 @@ def render_sbatch(job: SlurmJob, command_line: str = "") -> str:
     """The sbatch script. Every value from the user is quoted for the shell (or checked
     to be a plain name), so a hostile value cannot become a command."""
     q = shlex.quote
-    output = job.output or str(Path(job.run_dir) / "slurm-%j.out")
+    output = job.output or str(Path(job.run_dir) / ("slurm-%A_%a.out" if job.array else "slurm-%j.out"))
     lines = [
         "#!/bin/bash",
         f"# written by ddpkit slurm{': ' + command_line if command_line else ''}".replace("\n", " "),
     ]
+    for d in _directives(job, output):
+        lines.append(f"#SBATCH {d}")
+    run_dir = q(job.run_dir or ".") + ('/"$SLURM_ARRAY_TASK_ID"' if job.array else "")
+    srun = " ".join(q(a) for a in [*_srun_argv(job)])
+    if job.array:
+        srun += ' --run-dir "$RUN_DIR"'  # after the user's: the element's own folder wins
+    lines += [
+        "set -euo pipefail",
+        "",
+        "# The master is the first node of the allocation; the port is derived from the job id, so",
+        "# two jobs sharing a node do not collide. Both are read by ddpkit in every task.",
+        'export MASTER_ADDR="$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)"',
+        'export MASTER_PORT="$(( 15000 + SLURM_JOB_ID % 20000 ))"',
+        f"RUN_DIR={run_dir}" + ("  # each element of the array trains in its own folder" if job.array else ""),
+        "",
+        f"# One task per {'GPU' if job.gpus_per_node else 'process'}: {job.nodes} node(s) x {job.ntasks_per_node} = "
+        f"world size {job.nodes * job.ntasks_per_node}. Each task is one ddpkit worker and reads its",
+        "# own rank from SLURM on its own node; --kill-on-bad-exit stops every task if one fails.",
+    ]
+    if not job.signal:
+        return "\n".join([*lines, srun, ""])
+    lines += [
+        f"# After the warning signal ({job.signal_name}) every task saves at the next step and stops; rank 0",
+        f"# then writes ${REQUEUE_FILE_VAR} and this script, on the batch host (outside any container),",
+        "# requeues the job, which continues from that checkpoint (--auto-resume). SIGTERM (scancel,",
+        "# preemption) saves too, and SLURM ends or requeues the job itself.",
+        f'export {REQUEUE_FILE_VAR}="$RUN_DIR/requeue-request"',
+        f'mkdir -p "$RUN_DIR" && rm -f "${REQUEUE_FILE_VAR}"',
+        "status=0",
+        srun + " || status=$?",
+        f'if [ -e "${REQUEUE_FILE_VAR}" ]; then',
+        f'    rm -f "${REQUEUE_FILE_VAR}"',
+        '    echo "ddpkit: requeueing SLURM job $SLURM_JOB_ID"',
+        f'    scontrol requeue "{_THIS_JOB}"',
+        "fi",
+        'exit "$status"',
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def _directives(job: SlurmJob, output: str) -> list[str]:
     directives = [
         f"--job-name={job.job_name}",
         f"--nodes={job.nodes}",
@@ -115,6 +173,8 @@ def render_sbatch(job: SlurmJob, command_line: str = "") -> str:
         directives.append(f"--partition={job.partition}")
     if job.account:
         directives.append(f"--account={job.account}")
+    if job.array:
+        directives.append(f"--array={job.array}")
     directives += [f"--output={output}", "--open-mode=append", "--requeue"]
     if job.signal:
         directives.append(f"--signal={job.signal.upper()}")
@@ -124,36 +184,14 @@ def render_sbatch(job: SlurmJob, command_line: str = "") -> str:
                 f"sbatch directive {d!r} would hold a space or quote, which #SBATCH lines cannot carry "
                 "safely: choose a --run-dir / --output path without spaces"
             )
-        lines.append(f"#SBATCH {d}")
-    srun = [
-        "srun",
-        "--kill-on-bad-exit=1",
-        job.python,
-        "-m",
-        "ddpkit",
-        "train",
-        *job.train_args,
-        "--auto-resume",
-    ]
+    return directives
+
+
+def _srun_argv(job: SlurmJob) -> list[str]:
+    argv = ["srun", "--kill-on-bad-exit=1", job.python, "-m", "ddpkit", "train", *job.train_args, "--auto-resume"]
     if job.signal:
-        srun += ["--save-on-signal", job.signal_name, "--requeue"]
-    lines += [
-        "set -euo pipefail",
-        "",
-        "# The master is the first node of the allocation; the port is derived from the job id, so",
-        "# two jobs sharing a node do not collide. Both are read by ddpkit in every task.",
-        'export MASTER_ADDR="$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)"',
-        'export MASTER_PORT="$(( 15000 + SLURM_JOB_ID % 20000 ))"',
-        "",
-        f"# One task per {'GPU' if job.gpus_per_node else 'process'}: {job.nodes} node(s) x {job.ntasks_per_node} = "
-        f"world size {job.nodes * job.ntasks_per_node}. Each task is one ddpkit worker and reads its",
-        "# own rank from SLURM on its own node; --kill-on-bad-exit stops every task if one fails.",
-        "# After the warning signal, ddpkit saves at the next step and requeues the job; the requeued",
-        "# job continues from that checkpoint (--auto-resume).",
-        " ".join(q(a) for a in srun),
-        "",
-    ]
-    return "\n".join(lines)
+        argv += ["--save-on-signal", f"{job.signal_name},TERM", "--requeue"]
+    return argv
 
 
 def submit(script: Path, cwd: Path | None = None) -> str:

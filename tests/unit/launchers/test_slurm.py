@@ -121,18 +121,51 @@ def test_sbatch_script_quotes_every_user_value():
     )
     text = render_sbatch(job)
     srun_line = next(line for line in text.splitlines() if line.startswith("srun "))
-    argv = shlex.split(srun_line)
+    argv = shlex.split(srun_line.removesuffix(" || status=$?"))
     assert argv[:2] == ["srun", "--kill-on-bad-exit=1"]
     assert "/tmp/x; rm -rf ~" in argv and "$(reboot)" in argv  # arguments, never shell code
-    assert "--auto-resume" in argv and argv[argv.index("--save-on-signal") + 1] == "USR2"
+    assert "--auto-resume" in argv and argv[argv.index("--save-on-signal") + 1] == "USR2,TERM"
     assert "#SBATCH --ntasks-per-node=4" in text and "#SBATCH --gpus-per-node=4" in text
     assert "#SBATCH --signal=USR2@90" in text and "#SBATCH --requeue" in text
     assert "$SLURM_NODEID" not in text  # nothing per-node to expand: ddpkit reads it on each node
 
 
+def test_the_batch_script_requeues_after_the_warning_from_the_batch_host():
+    text = render_sbatch(SlurmJob(train_args=["wine"], run_dir="/tmp/my run", output="/tmp/log-%j.out"))
+    lines = text.splitlines()
+    assert 'export DDPKIT_REQUEUE_FILE="$RUN_DIR/requeue-request"' in lines and "RUN_DIR='/tmp/my run'" in lines
+    srun = next(i for i, line in enumerate(lines) if line.startswith("srun "))
+    assert lines[srun - 2 : srun] == [
+        'mkdir -p "$RUN_DIR" && rm -f "$DDPKIT_REQUEUE_FILE"',
+        "status=0",
+    ]  # no stale request
+    assert lines[srun].endswith(" || status=$?")  # a failed srun still reaches the check below
+    assert lines[srun + 1 :] == [
+        'if [ -e "$DDPKIT_REQUEUE_FILE" ]; then',
+        '    rm -f "$DDPKIT_REQUEUE_FILE"',
+        '    echo "ddpkit: requeueing SLURM job $SLURM_JOB_ID"',
+        # an array element by ARRAY_INDEX: its JobId may be the array's, which would requeue every element
+        '    scontrol requeue "${SLURM_ARRAY_TASK_ID:+${SLURM_ARRAY_JOB_ID}_}${SLURM_ARRAY_TASK_ID:-$SLURM_JOB_ID}"',
+        "fi",
+        'exit "$status"',
+    ]
+    plain = render_sbatch(SlurmJob(train_args=["wine"], run_dir="/tmp/r", signal=""))
+    assert "DDPKIT_REQUEUE_FILE" not in plain and "requeue" not in plain.split("#SBATCH --requeue")[1]
+
+
+def test_each_element_of_an_array_has_its_own_run_dir_and_log():
+    text = render_sbatch(SlurmJob(train_args=["wine", "--run-dir", "/tmp/r"], run_dir="/tmp/r", array="0-3%2"))
+    assert "#SBATCH --array=0-3%2" in text and "#SBATCH --output=/tmp/r/slurm-%A_%a.out" in text
+    assert any(line.startswith('RUN_DIR=/tmp/r/"$SLURM_ARRAY_TASK_ID"') for line in text.splitlines())
+    srun = next(line for line in text.splitlines() if line.startswith("srun "))
+    assert srun.endswith('--requeue --run-dir "$RUN_DIR" || status=$?')  # the last --run-dir wins
+
+
 @pytest.mark.parametrize(
     "kwargs, fragment",
     [
+        (dict(signal="TERM@60"), "cannot ask for a requeue"),
+        (dict(array="0-3;reboot"), "--array"),
         (dict(partition="gpu;reboot"), "--partition"),
         (dict(job_name="a b"), "--job-name"),
         (dict(time="tomorrow"), "--time"),
