@@ -63,3 +63,17 @@ def reference_run(tmp_path_factory):
         return done[args]
 
     return run
+
+
+OWN_LOOP = str(REPO / "examples" / "own_loop.py")
+OWN_LOOP_EPOCHS = "3"
+
+
+@pytest.fixture(scope="session")
+def own_loop_launched(tmp_path_factory):
+    """`ddpkit launch --nproc 2 examples/own_loop.py --epochs 3`, run once per session for every
+    test that compares another launcher (torchrun, mpirun, Kubeflow's pods) with it: its
+    stdout and its final.pt (loaded). Read them, never train into its folder."""
+    out = tmp_path_factory.mktemp("own_loop") / "out"
+    proc = run_ddpkit("launch", "--nproc", "2", OWN_LOOP, "--epochs", OWN_LOOP_EPOCHS, "--out", str(out))
+    return proc.stdout, torch.load(out / "final.pt", weights_only=True)

@@ -11,9 +11,9 @@ import sys
 import pytest
 import torch
 
-from conftest import REPO, assert_state_equal, run_ddpkit
+from conftest import OWN_LOOP, OWN_LOOP_EPOCHS, REPO, assert_state_equal
 
-SCRIPT = str(REPO / "examples" / "own_loop.py")
+SCRIPT = OWN_LOOP
 
 
 def _port() -> int:
@@ -23,10 +23,8 @@ def _port() -> int:
 
 
 @pytest.fixture(scope="module")
-def reference(tmp_path_factory):
-    out = tmp_path_factory.mktemp("ref")
-    run_ddpkit("launch", "--nproc", "2", SCRIPT, "--epochs", "1", "--out", str(out))
-    return torch.load(out / "final.pt", weights_only=True)["model"]
+def reference(own_loop_launched):
+    return own_loop_launched[1]["model"]  # ddpkit launch --nproc 2 SCRIPT --epochs OWN_LOOP_EPOCHS
 
 
 def _pods(argv_for, env_for, tmp_path):
@@ -50,7 +48,7 @@ def _pods(argv_for, env_for, tmp_path):
 def test_pytorchjob_pods_are_one_job_not_two_single_runs(tmp_path, reference):
     port = _port()
     outs = _pods(
-        lambda i: [sys.executable, SCRIPT, "--epochs", "1", "--out", str(tmp_path / f"pod{i}")],
+        lambda i: [sys.executable, SCRIPT, "--epochs", OWN_LOOP_EPOCHS, "--out", str(tmp_path / f"pod{i}")],
         lambda i: {
             "MASTER_ADDR": "127.0.0.1",
             "MASTER_PORT": str(port),
@@ -74,7 +72,7 @@ def test_trainer_pet_variables_drive_ddpkit_launch_in_each_pod(tmp_path, referen
             "launch",
             SCRIPT,
             "--epochs",
-            "1",
+            OWN_LOOP_EPOCHS,
             "--out",
             str(tmp_path / f"pod{i}"),
         ],

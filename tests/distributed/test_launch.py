@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import REPO, assert_state_equal, run_ddpkit
+from conftest import OWN_LOOP, OWN_LOOP_EPOCHS, REPO, assert_state_equal, run_ddpkit
 
 HERE = Path(__file__).parent / "scripts"
 
@@ -35,11 +35,10 @@ def test_evaluation_counts_every_sample_once_at_any_world_size(tmp_path):
         assert res["eval_loss"] == pytest.approx(base["eval_loss"], rel=1e-6), (world, res)  # float32 batch means
 
 
-def test_own_loop_script_runs_the_same_under_ddpkit_launch_and_plain_torchrun(tmp_path):
-    script = str(REPO / "examples" / "own_loop.py")
-    proc = run_ddpkit("launch", "--nproc", "2", script, "--epochs", "3", "--out", str(tmp_path / "a"))
-    assert "epoch 3: loss" in proc.stdout and "(world size 2)" in proc.stdout
-    assert proc.stdout.count("epoch 3: loss") == 1  # rank 0 prints, rank 1 is silent
+def test_own_loop_script_runs_the_same_under_ddpkit_launch_and_plain_torchrun(tmp_path, own_loop_launched):
+    stdout, a = own_loop_launched  # ddpkit launch --nproc 2 OWN_LOOP --epochs 3
+    assert "epoch 3: loss" in stdout and "(world size 2)" in stdout
+    assert stdout.count("epoch 3: loss") == 1  # rank 0 prints, rank 1 is silent
     subprocess.run(
         [
             sys.executable,
@@ -47,9 +46,9 @@ def test_own_loop_script_runs_the_same_under_ddpkit_launch_and_plain_torchrun(tm
             "torch.distributed.run",
             "--nproc-per-node",
             "2",
-            script,
+            OWN_LOOP,
             "--epochs",
-            "3",
+            OWN_LOOP_EPOCHS,
             "--out",
             str(tmp_path / "b"),
         ],
@@ -58,7 +57,6 @@ def test_own_loop_script_runs_the_same_under_ddpkit_launch_and_plain_torchrun(tm
         timeout=120,
         env={**__import__("os").environ, "PYTHONPATH": str(REPO / "src")},
     )
-    a = torch.load(tmp_path / "a" / "final.pt", weights_only=True)
     b = torch.load(tmp_path / "b" / "final.pt", weights_only=True)
     assert a["extra"] == {"epochs": 3}
     assert_state_equal(a["model"], b["model"])

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import REPO, assert_state_equal, run_ddpkit
+from conftest import OWN_LOOP, OWN_LOOP_EPOCHS, REPO, assert_state_equal
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -39,17 +39,14 @@ def mpirun(n: int, *argv: str, env: dict | None = None) -> subprocess.CompletedP
     )
 
 
-def test_own_loop_under_mpirun_is_one_job_equal_to_ddpkit_launch(tmp_path):
+def test_own_loop_under_mpirun_is_one_job_equal_to_ddpkit_launch(tmp_path, own_loop_launched):
     import sys
 
-    script = str(REPO / "examples" / "own_loop.py")
-    proc = mpirun(2, sys.executable, script, "--epochs", "2", "--out", str(tmp_path / "mpi"))
+    proc = mpirun(2, sys.executable, OWN_LOOP, "--epochs", OWN_LOOP_EPOCHS, "--out", str(tmp_path / "mpi"))
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert proc.stdout.count("epoch 2: loss") == 1 and "(world size 2)" in proc.stdout  # one job of 2, rank 0 prints
-    run_ddpkit("launch", "--nproc", "2", script, "--epochs", "2", "--out", str(tmp_path / "launch"))
+    assert proc.stdout.count("epoch 3: loss") == 1 and "(world size 2)" in proc.stdout  # one job of 2, rank 0 prints
     a = torch.load(Path(tmp_path / "mpi" / "final.pt"), weights_only=True)["model"]
-    b = torch.load(Path(tmp_path / "launch" / "final.pt"), weights_only=True)["model"]
-    assert_state_equal(a, b)
+    assert_state_equal(a, own_loop_launched[1]["model"])  # ddpkit launch --nproc 2, the same epochs
 
 
 def test_ddpkit_env_under_mpirun_names_mpi_and_each_rank():
@@ -61,14 +58,14 @@ def test_ddpkit_env_under_mpirun_names_mpi_and_each_rank():
     assert "rank 0, local rank 0" in proc.stdout and "rank 1, local rank 1" in proc.stdout
 
 
-def test_ddpkit_train_under_mpirun_equals_its_own_two_processes(tmp_path):
+def test_ddpkit_train_under_mpirun_equals_its_own_two_processes(tmp_path, reference_run):
     import sys
 
-    flags = ["wine", "--epochs", "3", "--save-every", "0", "--quiet"]
+    flags = ["--seed", "5", "--save-every", "2", "--epochs", "6", "--quiet"]  # test_fsdp's and test_export's DDP run
     proc = mpirun(2, sys.executable, "-m", "ddpkit", "train", *flags, "--run-dir", str(tmp_path / "mpi"))
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    run_ddpkit("train", *flags, "--nproc", "2", "--run-dir", str(tmp_path / "own"))
+    own = reference_run("--nproc", "2", *flags)
     assert_state_equal(
         torch.load(tmp_path / "mpi" / "model.pt", weights_only=True),
-        torch.load(tmp_path / "own" / "model.pt", weights_only=True),
+        torch.load(own / "model.pt", weights_only=True),
     )

@@ -8,11 +8,10 @@ import struct
 import subprocess
 import sys
 import termios
-import textwrap
 
 import pytest
 
-from conftest import REPO, run_ddpkit
+from conftest import REPO
 
 
 def run_on_a_terminal(*args, cwd, timeout=120):
@@ -41,56 +40,48 @@ def run_on_a_terminal(*args, cwd, timeout=120):
     return proc.returncode, b"".join(chunks).decode(errors="replace"), stderr
 
 
-def test_on_a_terminal_rank_0_draws_a_bar_with_global_loss_samples_per_s_and_eta(tmp_path):
+HOOKED = """
+import json, os
+from ddpkit.tasks.wine import build as wine
+
+def build(config):
+    task = wine(config)
+    def on_metrics(record):
+        with open(f"hook-rank{os.environ['RANK']}.jsonl", "a") as f:
+            f.write(json.dumps(record) + "\\n")
+    task.on_metrics = on_metrics
+    return task
+"""
+
+
+@pytest.fixture(scope="module")
+def terminal_run(tmp_path_factory):
+    """One Wine run on a terminal with a metric hook, --csv and --tensorboard, for both tests
+    below: (its folder, exit code, terminal output, stderr); the run is in folder/run."""
+    folder = tmp_path_factory.mktemp("terminal")
+    (folder / "hooked.py").write_text(HOOKED)
+    args = ["train", "hooked.py:build", "--nproc", "2", "--epochs", "4", "--eval-every", "2", "--save-every", "0"]
+    return (folder, *run_on_a_terminal(*args, "--csv", "--tensorboard", "--run-dir", str(folder / "run"), cwd=folder))
+
+
+def test_on_a_terminal_rank_0_draws_a_bar_with_global_loss_samples_per_s_and_eta(terminal_run):
     pytest.importorskip("tqdm")  # an optional extra; without it the bar falls back to lines (unit-tested)
-    rc, out, err = run_on_a_terminal(
-        "train", "--nproc", "2", "--epochs", "4", "--save-every", "0", "--run-dir", str(tmp_path / "run"), cwd=tmp_path
-    )
+    folder, rc, out, err = terminal_run
     assert rc == 0, err
     assert "epochs: 100%" in out and "4/4" in out  # the bar over epochs
     assert "epoch 4/4: " in out and "sample/s" in out  # the bar over this epoch's samples
     assert "rank0_loss" in out  # labelled as rank 0's running loss
-    final = json.loads((tmp_path / "run" / "summary.json").read_text())
+    final = json.loads((folder / "run" / "summary.json").read_text())
     assert f"loss={final['train_loss']:.4f}" in out  # the global mean on the epoch bar
     assert out.count("epoch 1/4  train_loss") == 1  # rank 1 is silent
     assert "ddpkit: run finished" in out
 
 
-def test_csv_tensorboard_and_the_metric_hook_get_the_same_global_values(tmp_path):
+def test_csv_tensorboard_and_the_metric_hook_get_the_same_global_values(terminal_run):
     tb = pytest.importorskip("tensorboard.backend.event_processing.event_accumulator")
-    (tmp_path / "hooked.py").write_text(
-        textwrap.dedent("""
-        import json, os
-        from ddpkit.tasks.wine import build as wine
-
-        def build(config):
-            task = wine(config)
-            def on_metrics(record):
-                with open(f"hook-rank{os.environ['RANK']}.jsonl", "a") as f:
-                    f.write(json.dumps(record) + "\\n")
-            task.on_metrics = on_metrics
-            return task
-    """)
-    )
+    tmp_path, rc, _, err = terminal_run
+    assert rc == 0, err
     run = tmp_path / "run"
-    run_ddpkit(
-        "train",
-        "hooked.py:build",
-        "--nproc",
-        "2",
-        "--epochs",
-        "4",
-        "--eval-every",
-        "2",
-        "--save-every",
-        "0",
-        "--csv",
-        "--tensorboard",
-        "--quiet",
-        "--run-dir",
-        str(run),
-        cwd=tmp_path,
-    )
     records = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
     assert [r["epoch"] for r in records] == [1, 2, 3, 4] and "eval_accuracy" not in records[0]
     # the hook: rank 0 only, once per epoch, exactly the records of metrics.jsonl (reduced across ranks)

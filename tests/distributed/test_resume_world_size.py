@@ -3,6 +3,7 @@ exactly the sample where the checkpoint was written: every sample once per epoch
 id. The position is kept in samples of the epoch's global order, never in steps of one world."""
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -42,6 +43,23 @@ def train(run: Path, nproc: int, batch: int, accumulate: int, *args: str) -> Non
     )
 
 
+@pytest.fixture(scope="module")
+def stopped(tmp_path_factory):
+    """`stopped(run, world, batch, accumulate, steps)`: `run` becomes a copy of a run of that layout
+    stopped (and checkpointed) after `steps` steps; each layout is trained once per module, as
+    several tests start from the same stop."""
+    done: dict[tuple[int, ...], Path] = {}
+
+    def copy(run: Path, *layout_and_steps: int) -> None:
+        if layout_and_steps not in done:
+            *first, steps = layout_and_steps
+            done[layout_and_steps] = tmp_path_factory.mktemp("stopped") / "run"
+            train(done[layout_and_steps], *first, "--max-steps", str(steps), "--save-every-steps", str(steps))
+        shutil.copytree(done[layout_and_steps], run)
+
+    return copy
+
+
 # (first world, batch, accumulate) -> (resumed world, batch, accumulate), steps before the stop
 CASES = [
     pytest.param((2, 4, 1), (1, 4, 1), 5, id="2to1-batch-kept"),
@@ -54,9 +72,9 @@ CASES = [
 
 
 @pytest.mark.parametrize("first,then,steps", CASES)
-def test_a_mid_epoch_resume_at_another_world_size_trains_every_sample_once(tmp_path, first, then, steps):
+def test_a_mid_epoch_resume_at_another_world_size_trains_every_sample_once(tmp_path, stopped, first, then, steps):
     run = tmp_path / "run"
-    train(run, *first, "--max-steps", str(steps), "--save-every-steps", str(steps))
+    stopped(run, *first, steps)
     before = seen_ids(run)
     assert len(before) == steps * first[0] * first[1] * first[2]
     for p in run.glob("ids-rank*.txt"):
@@ -67,22 +85,22 @@ def test_a_mid_epoch_resume_at_another_world_size_trains_every_sample_once(tmp_p
     assert sorted(before + after) == list(range(N)), f"skipped: {sorted(set(range(N)) - set(before + after))}"
 
 
-def test_the_epoch_resumed_with_the_same_global_batch_ends_where_the_uninterrupted_run_ends(tmp_path):
+def test_the_epoch_resumed_with_the_same_global_batch_ends_where_the_uninterrupted_run_ends(tmp_path, stopped):
     """4 x 2 stopped after 3 steps, resumed as 2 x 4: the same global batches, so the same model
     and the same epoch loss (the loss sums of the first 3 steps are carried). float64 + SGD:
     only the all-reduce's summation order differs."""
     whole, part = tmp_path / "whole", tmp_path / "part"
     train(whole, 4, 2, 1, "--epochs", "1")
-    train(part, 4, 2, 1, "--max-steps", "3", "--save-every-steps", "3")
+    stopped(part, 4, 2, 1, 3)
     train(part, 2, 4, 1, "--epochs", "1", "--resume")
     assert_state_close(load_model(part), load_model(whole), rtol=1e-10, atol=1e-12)
     assert records(part)[-1]["train_loss"] == pytest.approx(records(whole)[-1]["train_loss"], rel=1e-10)
     assert records(part)[-1]["step"] == records(whole)[-1]["step"] == 12  # ceil(90 / 8)
 
 
-def test_max_steps_counts_the_optimizer_steps_of_the_whole_run_across_a_world_size_change(tmp_path):
+def test_max_steps_counts_the_optimizer_steps_of_the_whole_run_across_a_world_size_change(tmp_path, stopped):
     run = tmp_path / "run"
-    train(run, 2, 4, 1, "--max-steps", "5", "--save-every-steps", "5")
+    stopped(run, 2, 4, 1, 5)
     train(run, 1, 4, 1, "--max-steps", "12", "--resume")  # 7 more steps of 4 samples
     ids = seen_ids(run)
     assert len(ids) == 5 * 8 + 7 * 4 and len(set(ids)) == len(ids)
@@ -110,9 +128,9 @@ def _as_written_before_samples(path: Path) -> None:
     torch.save(ckpt, path)
 
 
-def test_a_checkpoint_that_kept_its_place_in_steps_resumes_only_at_its_own_global_batch(tmp_path):
+def test_a_checkpoint_that_kept_its_place_in_steps_resumes_only_at_its_own_global_batch(tmp_path, stopped):
     run = tmp_path / "run"
-    train(run, 2, 4, 1, "--max-steps", "5", "--save-every-steps", "5")
+    stopped(run, 2, 4, 1, 5)
     (path,) = (run / "checkpoints").glob("*.pt")
     _as_written_before_samples(path)
     before, written = seen_ids(run), path.read_bytes()

@@ -132,9 +132,15 @@ def test_a_task_scheduler_is_stepped_per_optimizer_step_and_checkpointed(tmp_pat
         "--save-every",
         "0",
     ]
-    run_ddpkit("train", *args, "--epochs", "3", "--run-dir", str(tmp_path / "full"))
-    run_ddpkit("train", *args, "--max-steps", "8", "--run-dir", str(tmp_path / "part"))
-    run_ddpkit("train", *args, "--epochs", "3", "--resume", "--run-dir", str(tmp_path / "part"))
+    full, part = tmp_path / "full", tmp_path / "part"
+    run_ddpkit("train", *args, "--epochs", "3", "--run-dir", str(full))
+    # the same run stopped after its step-8 checkpoint (inside epoch 2): copy it, drop what came later, resume
+    shutil.copytree(full, part)
+    (part / "model.pt").unlink()
+    later = sorted((part / "checkpoints").iterdir())[2:]
+    assert [p.name for p in later] == ["epoch-000002-step-000012.pt"]
+    later[0].unlink()
+    run_ddpkit("train", *args, "--epochs", "3", "--resume", "--run-dir", str(part))  # from step 8, its newest
     # StepLR(step_size=2, gamma=0.7) over 5 optimizer steps per epoch (72 items, global batch 16)
     lrs = [r["lr"] for r in _records(tmp_path / "full")]
     assert lrs == pytest.approx([0.05 * 0.7 ** (5 // 2), 0.05 * 0.7 ** (10 // 2), 0.05 * 0.7 ** (15 // 2)])
