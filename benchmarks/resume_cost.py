@@ -56,6 +56,7 @@ def main() -> None:
             written[kind, steps] = run_dir
             print(f"checkpoint at step {steps} ({kind}): written in {wall:.1f} s", flush=True)
     times: dict[tuple[str, int], list[tuple[float, float]]] = {k: [] for k in written}
+    loads = [os.getloadavg()[0]]  # the machine is shared: its 1-minute load beside every resume
     for r in range(args.rounds):
         for kind in KINDS:
             for steps in STEPS:
@@ -65,13 +66,16 @@ def main() -> None:
                 wall, summary = train(kind, run_dir, steps + 1, "--resume")
                 assert summary["steps_done"] == steps + 1, summary
                 times[kind, steps].append((wall, summary["fit_s"]))
+                loads.append(os.getloadavg()[0])
                 print(f"round {r + 1}: {kind} resumed at step {steps}: wall {wall:.2f} s, fit {summary['fit_s']:.2f} s")
     lines = [
         "# Resume cost against the steps done",
         "",
         f"`python benchmarks/resume_cost.py --rounds {args.rounds}`: 2 CPU processes, batch 8 per process; "
         "a checkpoint written at step S, then a resume that trains one more step, timed "
-        f"{args.rounds} times, rounds interleaved. Medians (range).",
+        f"{args.rounds} times, rounds interleaved. Medians (range). The machine's 1-minute load average "
+        f"({os.cpu_count()} cores) during the resumes: {min(loads):.1f}-{max(loads):.1f}, median "
+        f"{statistics.median(loads):.1f}.",
         "",
         "| data | resumed at step | wall of the command (s) | inside fit(): resume + 1 step (s) |",
         "|---|---|---|---|",

@@ -46,7 +46,7 @@ def format_summary(s: dict[str, Any]) -> str:
         elif f["rank"] == f["ranks"][0]:  # one line per node
             lines.append(
                 f"  slow link    node {f['node']} (ranks {', '.join(map(str, f['ranks']))}): "
-                f"sent {f['link_mb_per_s']:.1f} MB/s, the median node {f['median_link_mb_per_s']:.1f} MB/s"
+                f"sent {f['link_mb_per_s']:.1f} MB/s, the other nodes {f['others_mb_per_s']:.1f} MB/s (median)"
             )
     if "peak_memory_bytes" in s:
         lines.append(

@@ -80,20 +80,26 @@ def _time_every_node(data: torch.Tensor, token: torch.Tensor, others: list[int],
 
 def judge_links(probe_s: dict[int, float], ranks_of: dict[int, list[int]], threshold: float, min_gap_s: float) -> list:
     """The nodes whose probe took more than `threshold` x the median node's (and the median by
-    `min_gap_s`), each with its ranks and the rates measured. Nothing without a probe of every node."""
+    `min_gap_s`), each with its ranks, its rate and the other nodes' median rate (with 2 nodes
+    the median of all is the mean, far below the fast node's rate). Nothing without a probe of
+    every node."""
     if len(probe_s) < 2 or not all(s > 0 for s in probe_s.values()):
         return []
-    ordered = sorted(probe_s.values())
-    mid = len(ordered) // 2
-    median = ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2
+    median = _median(list(probe_s.values()))
     return [
         {
             "node": node,
             "ranks": ranks_of[node],
             "ratio": round(s / median, 2),
             "link_mb_per_s": round(PROBE_BYTES / s / 1e6, 2),
-            "median_link_mb_per_s": round(PROBE_BYTES / median / 1e6, 2),
+            "others_mb_per_s": round(PROBE_BYTES / _median([t for n, t in probe_s.items() if n != node]) / 1e6, 2),
         }
         for node, s in sorted(probe_s.items())
         if s > threshold * median and s - median > min_gap_s
     ]
+
+
+def _median(values: list[float]) -> float:
+    ordered = sorted(values)
+    mid = len(ordered) // 2
+    return ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2

@@ -121,10 +121,9 @@ class StepClock:
             if finding["rank"] == finding["ranks"][0]:  # one line per node
                 self.say(
                     f"ddpkit: node {finding['node']} (ranks {', '.join(map(str, finding['ranks']))}) has a slow link: "
-                    f"its probe sent {finding['link_mb_per_s']:.1f} MB/s against the median node's "
-                    f"{finding['median_link_mb_per_s']:.1f} MB/s ({finding['ratio']:.1f}x the time), measured by "
-                    f"step {global_step}; every rank waits for it in the gradient sync (no rank is named for its "
-                    "compute meanwhile)"
+                    f"it sent a probe at {finding['link_mb_per_s']:.1f} MB/s, the other nodes at "
+                    f"{finding['others_mb_per_s']:.1f} MB/s (median), at step {global_step}; every rank waits for "
+                    "it in the gradient sync (no rank is named for its compute meanwhile)"
                 )
             return
         per = {p: finding[f"{p}_s_per_step"] for p in PARTS}
