@@ -46,12 +46,17 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--out", default=str(ROOT / "benchmarks/results/resume_cost.md"))
+    ap.add_argument("--reuse", help="an earlier run's folder (printed at its start): its checkpoints, not new ones")
     args = ap.parse_args()
-    tmp = Path(tempfile.mkdtemp(prefix="ddpkit-resume-cost-"))
+    tmp = Path(args.reuse or tempfile.mkdtemp(prefix="ddpkit-resume-cost-"))
+    print(f"in {tmp}", flush=True)
     written: dict[tuple[str, int], Path] = {}
     for kind in KINDS:
         for steps in STEPS:
             run_dir = tmp / f"{kind}-{steps}"
+            if args.reuse:
+                written[kind, steps] = run_dir
+                continue
             wall, _ = train(kind, run_dir, steps, "--save-every-steps", str(steps))
             written[kind, steps] = run_dir
             print(f"checkpoint at step {steps} ({kind}): written in {wall:.1f} s", flush=True)
@@ -61,8 +66,8 @@ def main() -> None:
         for kind in KINDS:
             for steps in STEPS:
                 src = written[kind, steps]
-                run_dir = tmp / f"{kind}-{steps}-r{r}"
-                subprocess.run(["cp", "-r", str(src), str(run_dir)], check=True)
+                run_dir = Path(tempfile.mkdtemp(dir=tmp, prefix=f"{kind}-{steps}-r{r}-"))
+                subprocess.run(["cp", "-r", f"{src}/.", str(run_dir)], check=True)
                 wall, summary = train(kind, run_dir, steps + 1, "--resume")
                 assert summary["steps_done"] == steps + 1, summary
                 times[kind, steps].append((wall, summary["fit_s"]))

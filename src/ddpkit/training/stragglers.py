@@ -68,11 +68,7 @@ class StepClock:
             ranks = self.exchange(self.window)
             self.window = [0.0, 0.0, 0.0, 0]
             nodes = [int(v[4]) for v in ranks]
-            links = self.slow_links(self.probe(nodes), nodes) if len(set(nodes)) > 1 else []
-            busy = judge(ranks, self.threshold)
-            if links:  # every rank's compute holds the sync that waited for the link
-                busy = [f for f in busy if f["where"] != "compute"]
-            for finding in busy + links:
+            for finding in findings(ranks, self.probe(nodes) if len(set(nodes)) > 1 else {}, self.threshold):
                 self._note(finding, global_step)
 
     def probe(self, nodes: list[int]) -> dict[int, float]:
@@ -91,14 +87,6 @@ class StepClock:
             self.rt.collectives.all_reduce_(t)
         flat = t.tolist()
         return [flat[r * SLOTS : (r + 1) * SLOTS] for r in range(world)]
-
-    def slow_links(self, probe_s: dict[int, float], nodes: list[int]) -> list[dict[str, Any]]:
-        """A finding for each rank of a node whose link probe was slow (judge_links; rank 0 only)."""
-        ranks_of: dict[int, list[int]] = {}
-        for rank, node in enumerate(nodes):
-            ranks_of.setdefault(node, []).append(rank)
-        found = judge_links(probe_s, ranks_of, self.threshold, LINK_MIN_GAP_S)
-        return [{"rank": r, "where": "link", **f} for f in found for r in f["ranks"]]
 
     def summary(self) -> dict[str, Any]:
         """The run's split per rank and the ranks named (a collective: every rank calls it)."""
@@ -132,6 +120,22 @@ class StepClock:
             f"up to step {global_step} (data {per['data'] * 1e3:.1f} ms, compute {per['compute'] * 1e3:.1f} ms, "
             f"waiting {per['wait'] * 1e3:.1f} ms a step; most in {finding['where']})"
         )
+
+
+def findings(ranks: list[list[float]], probe_s: dict[int, float], threshold: float) -> list[dict[str, Any]]:
+    """The window's findings: the busy ranks (judge) and a finding for each rank of a node whose
+    link probe was slow (judge_links; `probe_s` is rank 0's, {} elsewhere). While a link is slow,
+    every rank's compute holds the sync that waited for it: no rank is named for its compute."""
+    ranks_of: dict[int, list[int]] = {}
+    for rank, sums in enumerate(ranks):
+        ranks_of.setdefault(int(sums[4]), []).append(rank)
+    links = [
+        {"rank": r, "where": "link", **f}
+        for f in judge_links(probe_s, ranks_of, threshold, LINK_MIN_GAP_S)
+        for r in f["ranks"]
+    ]
+    busy = judge(ranks, threshold)
+    return [f for f in busy if not (links and f["where"] == "compute")] + links
 
 
 def judge(ranks: list[list[float]], threshold: float) -> list[dict[str, Any]]:

@@ -2,7 +2,7 @@
 the probes of the nodes' links."""
 
 from ddpkit.training.links import PROBE_BYTES, first_ranks, judge_links
-from ddpkit.training.stragglers import judge
+from ddpkit.training.stragglers import findings, judge
 
 
 def test_the_rank_busier_than_1_2x_the_median_is_named_with_where_its_time_goes():
@@ -38,3 +38,12 @@ def test_links_alike_jitter_below_the_floor_or_a_missing_probe_name_no_node():
     assert judge_links({0: 0.001, 1: 0.0025, 2: 0.001}, ranks_of, 1.2, 0.002) == []  # 2.5x, 1.5 ms: jitter
     assert judge_links({0: 0.001, 1: 0.3}, {0: [0], 1: [1]}, 1.2, 0.002)[0]["node"] == 1  # 2 nodes: the mean
     assert judge_links({0: 0.3}, {0: [0, 1]}, 1.2, 0.002) == []
+
+
+def test_while_a_link_is_slow_no_rank_is_named_for_its_compute_only_for_its_data():
+    # (data, compute, wait, steps, node): rank 0 waits for node 1's link inside its compute,
+    # rank 2 is slow to load its data
+    ranks = [[0.0, 3.0, 0.0, 10, 0], [0.0, 1.0, 2.0, 10, 1], [4.0, 1.0, 0.0, 10, 1], [0.0, 1.0, 2.0, 10, 1]]
+    named = [(f["rank"], f["where"]) for f in findings(ranks, {0: 0.001, 1: 0.3}, 1.2)]
+    assert named == [(2, "data"), (1, "link"), (2, "link"), (3, "link")]
+    assert [(f["rank"], f["where"]) for f in findings(ranks, {}, 1.2)] == [(0, "compute"), (2, "data")]
