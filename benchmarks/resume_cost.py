@@ -1,8 +1,9 @@
 #!/usr/bin/env python
 """What a resume costs after 10 steps and after 10,000: a map-style set and a stream, 2 CPU
 processes, batch 8 per process. Each checkpoint is written once (a run to step S with
---save-every-steps S); then one-step resumes from it are timed, rounds interleaved (10,
-10000, 10, 10000, ...), so that a drifting machine hits both alike.
+--save-every-steps S); then one-step resumes from it are timed, rounds interleaved, each round in
+the other order (map 10, map 10000, stream 10, stream 10000, then backwards), so that a
+machine getting busier or quieter hits both alike.
 
     python benchmarks/resume_cost.py [--rounds 3] [--out benchmarks/results/resume_cost.md]
 
@@ -63,24 +64,24 @@ def main() -> None:
     times: dict[tuple[str, int], list[tuple[float, float]]] = {k: [] for k in written}
     loads = [os.getloadavg()[0]]  # the machine is shared: its 1-minute load beside every resume
     for r in range(args.rounds):
-        for kind in KINDS:
-            for steps in STEPS:
-                src = written[kind, steps]
-                run_dir = Path(tempfile.mkdtemp(dir=tmp, prefix=f"{kind}-{steps}-r{r}-"))
-                subprocess.run(["cp", "-r", f"{src}/.", str(run_dir)], check=True)
-                wall, summary = train(kind, run_dir, steps + 1, "--resume")
-                assert summary["steps_done"] == steps + 1, summary
-                times[kind, steps].append((wall, summary["fit_s"]))
-                loads.append(os.getloadavg()[0])
-                print(f"round {r + 1}: {kind} resumed at step {steps}: wall {wall:.2f} s, fit {summary['fit_s']:.2f} s")
+        order = [(kind, steps) for kind in KINDS for steps in STEPS]
+        for kind, steps in order if r % 2 == 0 else order[::-1]:  # a machine getting busier or quieter hits both
+            src = written[kind, steps]
+            run_dir = Path(tempfile.mkdtemp(dir=tmp, prefix=f"{kind}-{steps}-r{r}-"))
+            subprocess.run(["cp", "-r", f"{src}/.", str(run_dir)], check=True)
+            wall, summary = train(kind, run_dir, steps + 1, "--resume")
+            assert summary["steps_done"] == steps + 1, summary
+            times[kind, steps].append((wall, summary["fit_s"]))
+            loads.append(os.getloadavg()[0])
+            print(f"round {r + 1}: {kind} resumed at step {steps}: wall {wall:.2f} s, fit {summary['fit_s']:.2f} s")
     lines = [
         "# Resume cost against the steps done",
         "",
         f"`python benchmarks/resume_cost.py --rounds {args.rounds}`: 2 CPU processes, batch 8 per process; "
         "a checkpoint written at step S, then a resume that trains one more step, timed "
-        f"{args.rounds} times, rounds interleaved. Medians (range). The machine's 1-minute load average "
-        f"({os.cpu_count()} cores) during the resumes: {min(loads):.1f}-{max(loads):.1f}, median "
-        f"{statistics.median(loads):.1f}.",
+        f"{args.rounds} times, rounds interleaved (every other round in reverse order). Medians (range). "
+        f"The machine's 1-minute load average ({os.cpu_count()} cores) during the resumes: "
+        f"{min(loads):.1f}-{max(loads):.1f}, median {statistics.median(loads):.1f}.",
         "",
         "| data | resumed at step | wall of the command (s) | inside fit(): resume + 1 step (s) |",
         "|---|---|---|---|",
