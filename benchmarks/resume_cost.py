@@ -1,8 +1,9 @@
 #!/usr/bin/env python
 """What a resume costs after 10 steps and after 10,000: a map-style set and a stream, 2 CPU
 processes, batch 8 per process. Each checkpoint is written once (a run to step S with
---save-every-steps S); then one-step resumes from it are timed, rounds interleaved (10,
-10000, 10, 10000, ...), so that a drifting machine hits both alike.
+--save-every-steps S); then one-step resumes from it are timed, rounds interleaved, each round in
+the other order (map 10, map 10000, stream 10, stream 10000, then backwards), so that a
+machine getting busier or quieter hits both alike.
 
     python benchmarks/resume_cost.py [--rounds 3] [--out benchmarks/results/resume_cost.md]
 
@@ -46,32 +47,41 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--out", default=str(ROOT / "benchmarks/results/resume_cost.md"))
+    ap.add_argument("--reuse", help="an earlier run's folder (printed at its start): its checkpoints, not new ones")
     args = ap.parse_args()
-    tmp = Path(tempfile.mkdtemp(prefix="ddpkit-resume-cost-"))
+    tmp = Path(args.reuse or tempfile.mkdtemp(prefix="ddpkit-resume-cost-"))
+    print(f"in {tmp}", flush=True)
     written: dict[tuple[str, int], Path] = {}
     for kind in KINDS:
         for steps in STEPS:
             run_dir = tmp / f"{kind}-{steps}"
+            if args.reuse:
+                written[kind, steps] = run_dir
+                continue
             wall, _ = train(kind, run_dir, steps, "--save-every-steps", str(steps))
             written[kind, steps] = run_dir
             print(f"checkpoint at step {steps} ({kind}): written in {wall:.1f} s", flush=True)
     times: dict[tuple[str, int], list[tuple[float, float]]] = {k: [] for k in written}
+    loads = [os.getloadavg()[0]]  # the machine is shared: its 1-minute load beside every resume
     for r in range(args.rounds):
-        for kind in KINDS:
-            for steps in STEPS:
-                src = written[kind, steps]
-                run_dir = tmp / f"{kind}-{steps}-r{r}"
-                subprocess.run(["cp", "-r", str(src), str(run_dir)], check=True)
-                wall, summary = train(kind, run_dir, steps + 1, "--resume")
-                assert summary["steps_done"] == steps + 1, summary
-                times[kind, steps].append((wall, summary["fit_s"]))
-                print(f"round {r + 1}: {kind} resumed at step {steps}: wall {wall:.2f} s, fit {summary['fit_s']:.2f} s")
+        order = [(kind, steps) for kind in KINDS for steps in STEPS]
+        for kind, steps in order if r % 2 == 0 else order[::-1]:  # a machine getting busier or quieter hits both
+            src = written[kind, steps]
+            run_dir = Path(tempfile.mkdtemp(dir=tmp, prefix=f"{kind}-{steps}-r{r}-"))
+            subprocess.run(["cp", "-r", f"{src}/.", str(run_dir)], check=True)
+            wall, summary = train(kind, run_dir, steps + 1, "--resume")
+            assert summary["steps_done"] == steps + 1, summary
+            times[kind, steps].append((wall, summary["fit_s"]))
+            loads.append(os.getloadavg()[0])
+            print(f"round {r + 1}: {kind} resumed at step {steps}: wall {wall:.2f} s, fit {summary['fit_s']:.2f} s")
     lines = [
         "# Resume cost against the steps done",
         "",
         f"`python benchmarks/resume_cost.py --rounds {args.rounds}`: 2 CPU processes, batch 8 per process; "
         "a checkpoint written at step S, then a resume that trains one more step, timed "
-        f"{args.rounds} times, rounds interleaved. Medians (range).",
+        f"{args.rounds} times, rounds interleaved (every other round in reverse order). Medians (range). "
+        f"The machine's 1-minute load average ({os.cpu_count()} cores) during the resumes: "
+        f"{min(loads):.1f}-{max(loads):.1f}, median {statistics.median(loads):.1f}.",
         "",
         "| data | resumed at step | wall of the command (s) | inside fit(): resume + 1 step (s) |",
         "|---|---|---|---|",

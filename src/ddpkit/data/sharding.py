@@ -18,8 +18,9 @@ repeating samples).
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
-from typing import Any, Iterator, Sequence
+from typing import Any, Iterable, Iterator
 
 import torch
 from torch.utils.data import DataLoader, Dataset, TensorDataset, default_collate
@@ -104,15 +105,15 @@ class ShardedLoader(RankBatches):
         full, rest = divmod(max(0, self.n - start), self.global_batch_size)
         return full + (1 if rest and not self.drop_last else 0)
 
-    def steps(self, start: int = 0) -> list[Step]:
-        """This rank's index slices for the current epoch, from sample `start` of the global order."""
+    def steps(self, start: int = 0) -> Iterator[Step]:
+        """This rank's index slices for the current epoch, from sample `start` of the global order,
+        one step at a time: a list of the whole epoch's steps (~40 us each) would make an epoch's
+        start, and a resume early in it, cost time in proportion to the epoch's length."""
         order = global_order(self.n, self.epoch, self.seed, self.shuffle)[start:]
-        out = []
         for s in range(self.steps_left(start)):
             batch = order[s * self.global_batch_size : (s + 1) * self.global_batch_size]
             lo, hi = split_even(len(batch), self.world_size, self.rank)
-            out.append(Step(batch[lo:hi], len(batch)))
-        return out
+            yield Step(batch[lo:hi], len(batch))
 
     def start(self) -> int:
         """Where this epoch's iteration begins: a loaded position in it, else its first sample."""
@@ -125,9 +126,9 @@ class ShardedLoader(RankBatches):
         start = self.start()
         self._resume_at = None
         self.taken = start
-        steps = self.steps(start)
+        steps, ahead = itertools.tee(self.steps(start))
         for step, batch in zip(
-            steps, fetch_batches(self.dataset, [s.indices for s in steps], self.num_workers), strict=True
+            steps, fetch_batches(self.dataset, (s.indices for s in ahead), self.num_workers), strict=True
         ):
             self.taken += step.global_count
             yield batch, len(step.indices), step.global_count
@@ -148,18 +149,18 @@ class ShardedLoader(RankBatches):
         self._resume_at = (self.epoch, int(state["samples"]))
 
 
-def fetch_batches(dataset: Dataset, index_lists: Sequence[torch.Tensor], num_workers: int = 0) -> Iterator[Any]:
+def fetch_batches(dataset: Dataset, index_lists: Iterable[torch.Tensor], num_workers: int = 0) -> Iterator[Any]:
     """Collated batches for the given index lists: tensor indexing for TensorDatasets,
     a DataLoader (optionally with worker processes) for anything else."""
     if isinstance(dataset, TensorDataset):
         for idx in index_lists:
             yield tuple(t[idx] for t in dataset.tensors)
         return
-    lists = [idx.tolist() for idx in index_lists]
     if num_workers == 0:
-        for idx in lists:
-            yield _collate(dataset, [dataset[i] for i in idx])
+        for idx in index_lists:
+            yield _collate(dataset, [dataset[i] for i in idx.tolist()])
         return
+    lists = [idx.tolist() for idx in index_lists]
     # A DataLoader does not call collate for an empty index list, so keep empty shares here.
     nonempty = [idx for idx in lists if idx]
     loader = iter(DataLoader(dataset, batch_sampler=nonempty, num_workers=num_workers))

@@ -38,9 +38,16 @@ def format_summary(s: dict[str, Any]) -> str:
             + (f", {metric_key[5:]} {num(s[metric_key], '.4f')}" if metric_key else "")
         )
     for f in s.get("stragglers") or []:
-        lines.append(
-            f"  slow rank    {f['rank']}: {f['ratio']:.1f}x the median rank's busy time per step, most in {f['where']}"
-        )
+        if f["where"] != "link":
+            lines.append(
+                f"  slow rank    {f['rank']}: {f['ratio']:.1f}x the median rank's busy time per step, "
+                f"most in {f['where']}"
+            )
+        elif f["rank"] == f["ranks"][0]:  # one line per node
+            lines.append(
+                f"  slow link    node {f['node']} (ranks {', '.join(map(str, f['ranks']))}): "
+                f"sent {f['link_mb_per_s']:.1f} MB/s, the other nodes {f['others_mb_per_s']:.1f} MB/s (median)"
+            )
     if "peak_memory_bytes" in s:
         lines.append(
             f"  strategy     {s['strategy']}, {s['precision']}; "

@@ -4,7 +4,7 @@ Every rank splits its steps into three parts, measured where ddpkit already stan
 for its next batch (the loader), waiting in the step's agreement collective (where a rank
 that arrived early waits for the last one), and the rest of the step (forward, backward, the
 gradient sync, the optimizer: "compute"). Nothing is exchanged per step: every `every` steps,
-and at the end of the run, one small all-reduce carries every rank's sums (4 numbers a rank),
+and at the end of the run, one small all-reduce carries every rank's sums and node (5 numbers a rank),
 and rank 0 names a rank whose busy time (data + compute) is more than `threshold` x the
 median rank's.
 
@@ -12,6 +12,14 @@ What this cannot see: a rank slow in its backward makes the others wait inside t
 sync, which runs within their backward, so their "compute" grows with it; the slow rank is
 then not told apart. A slow data loader or a slow forward (a throttled CPU, another job on
 the GPU) arrive late at the agreement and are named.
+
+A slow link slows every rank inside the gradient sync, so inside "compute", and not alike: a rank
+whose sends are slow finishes its part early (its data waits in socket buffers) and waits in the
+next agreement, while the others wait for its data inside "compute" and look busier: the split
+alone names a rank of a fast node. On several nodes, rank 0 therefore also times a probe of each
+node's link after each exchange (links.py) and names the ranks of a node whose probe took more
+than `threshold` x the median node's; in a window where a link is named, no rank is named for
+its compute (which holds the sync), only for its data.
 """
 
 from __future__ import annotations
@@ -22,9 +30,12 @@ from typing import Any, Callable
 import torch
 
 from ..runtime import Runtime
+from .links import judge_links, probe
 
 PARTS = ("data", "compute", "wait")
+SLOTS = 5  # a rank's data, compute, wait seconds, steps, its node
 MIN_GAP_S = 0.005  # a rank must also be this much slower per step, so that jitter is not named
+LINK_MIN_GAP_S = 0.002  # a node's link probe must also take this much longer than the median's
 
 
 class StepClock:
@@ -37,8 +48,9 @@ class StepClock:
         self.rt, self.every, self.threshold, self.say = rt, every, threshold, say
         self.window = [0.0, 0.0, 0.0, 0]
         self.run = [0.0, 0.0, 0.0, 0]
-        self.worst: dict[int, dict[str, Any]] = {}
+        self.worst: dict[tuple[int, bool], dict[str, Any]] = {}  # (rank, a link finding): the worst
         self.data_t0 = 0.0
+        self.probed = False
 
     def waiting_for_data(self) -> None:
         self.data_t0 = time.perf_counter()
@@ -53,20 +65,28 @@ class StepClock:
     def step_done(self, global_step: int) -> None:
         """After each optimizer step: the window's exchange when it is due (the same step on every rank)."""
         if self.every and self.rt.distributed and global_step % self.every == 0:
-            found = judge(self.exchange(self.window), self.threshold)
+            ranks = self.exchange(self.window)
             self.window = [0.0, 0.0, 0.0, 0]
-            for finding in found:
+            nodes = [int(v[4]) for v in ranks]
+            for finding in findings(ranks, self.probe(nodes) if len(set(nodes)) > 1 else {}, self.threshold):
                 self._note(finding, global_step)
 
+    def probe(self, nodes: list[int]) -> dict[int, float]:
+        if not self.probed:  # the first probe of a pair also sets up its connection (NCCL)
+            probe(self.rt, nodes)
+            self.probed = True
+        return probe(self.rt, nodes)
+
     def exchange(self, sums: list[float]) -> list[list[float]]:
-        """Every rank's sums (a collective: one all-reduce of 4 x world numbers)."""
+        """Every rank's sums and its node (a collective: one all-reduce of 5 x world numbers)."""
         world = self.rt.world_size
-        t = torch.zeros(world * 4, dtype=torch.float64, device=self.rt.device)
-        t[self.rt.rank * 4 : self.rt.rank * 4 + 4] = torch.tensor(sums, dtype=torch.float64)
+        t = torch.zeros(world * SLOTS, dtype=torch.float64, device=self.rt.device)
+        mine = [*sums, self.rt.env.node_rank]
+        t[self.rt.rank * SLOTS : (self.rt.rank + 1) * SLOTS] = torch.tensor(mine, dtype=torch.float64)
         if self.rt.distributed:
             self.rt.collectives.all_reduce_(t)
         flat = t.tolist()
-        return [flat[r * 4 : r * 4 + 4] for r in range(world)]
+        return [flat[r * SLOTS : (r + 1) * SLOTS] for r in range(world)]
 
     def summary(self) -> dict[str, Any]:
         """The run's split per rank and the ranks named (a collective: every rank calls it)."""
@@ -76,20 +96,46 @@ class StepClock:
                 {"rank": r, **{f"{p}_s": round(v[i], 4) for i, p in enumerate(PARTS)}, "steps": int(v[3])}
                 for r, v in enumerate(ranks)
             ],
-            "stragglers": sorted(self.worst.values(), key=lambda f: f["rank"]),
+            "stragglers": [self.worst[k] for k in sorted(self.worst)],
         }
 
     def _note(self, finding: dict[str, Any], global_step: int) -> None:
-        rank = finding["rank"]
-        if rank not in self.worst or finding["ratio"] > self.worst[rank]["ratio"]:
-            self.worst[rank] = finding
-        if self.say is not None and self.rt.is_main:
-            per = {p: finding[f"{p}_s_per_step"] for p in PARTS}
-            self.say(
-                f"ddpkit: rank {rank} is slow: {finding['ratio']:.1f}x the median rank's busy time per step up to "
-                f"step {global_step} (data {per['data'] * 1e3:.1f} ms, compute {per['compute'] * 1e3:.1f} ms, "
-                f"waiting {per['wait'] * 1e3:.1f} ms a step; most in {finding['where']})"
-            )
+        key = (finding["rank"], finding["where"] == "link")
+        if key not in self.worst or finding["ratio"] > self.worst[key]["ratio"]:
+            self.worst[key] = finding
+        if self.say is None or not self.rt.is_main:
+            return
+        if finding["where"] == "link":
+            if finding["rank"] == finding["ranks"][0]:  # one line per node
+                self.say(
+                    f"ddpkit: node {finding['node']} (ranks {', '.join(map(str, finding['ranks']))}) has a slow link: "
+                    f"it sent a probe at {finding['link_mb_per_s']:.1f} MB/s, the other nodes at "
+                    f"{finding['others_mb_per_s']:.1f} MB/s (median), at step {global_step}; every rank waits for "
+                    "it in the gradient sync (no rank is named for its compute meanwhile)"
+                )
+            return
+        per = {p: finding[f"{p}_s_per_step"] for p in PARTS}
+        self.say(
+            f"ddpkit: rank {finding['rank']} is slow: {finding['ratio']:.1f}x the median rank's busy time per step "
+            f"up to step {global_step} (data {per['data'] * 1e3:.1f} ms, compute {per['compute'] * 1e3:.1f} ms, "
+            f"waiting {per['wait'] * 1e3:.1f} ms a step; most in {finding['where']})"
+        )
+
+
+def findings(ranks: list[list[float]], probe_s: dict[int, float], threshold: float) -> list[dict[str, Any]]:
+    """The window's findings: the busy ranks (judge) and a finding for each rank of a node whose
+    link probe was slow (judge_links; `probe_s` is rank 0's, {} elsewhere). While a link is slow,
+    every rank's compute holds the sync that waited for it: no rank is named for its compute."""
+    ranks_of: dict[int, list[int]] = {}
+    for rank, sums in enumerate(ranks):
+        ranks_of.setdefault(int(sums[4]), []).append(rank)
+    links = [
+        {"rank": r, "where": "link", **f}
+        for f in judge_links(probe_s, ranks_of, threshold, LINK_MIN_GAP_S)
+        for r in f["ranks"]
+    ]
+    busy = judge(ranks, threshold)
+    return [f for f in busy if not (links and f["where"] == "compute")] + links
 
 
 def judge(ranks: list[list[float]], threshold: float) -> list[dict[str, Any]]:

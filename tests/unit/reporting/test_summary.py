@@ -82,3 +82,13 @@ def test_epoch_lines_of_a_run_by_steps_show_the_steps():
     assert epoch_line(record, 3, max_steps=12) == "epoch 2/3  step 10/12  train_loss 0.5000"
     assert epoch_line(record, 3) == "epoch 2/3  train_loss 0.5000"  # a run by epochs: unchanged
     assert epoch_line(record, None, max_steps=100) == "epoch 2  step  10/100  train_loss 0.5000"
+
+
+def test_a_slow_link_is_one_line_per_node_next_to_a_slow_rank():
+    link = {"where": "link", "node": 1, "ranks": [2, 3], "ratio": 9.0, "link_mb_per_s": 3.5, "others_mb_per_s": 80}
+    slow = {"rank": 0, "where": "data", "ratio": 2.0}
+    lines = summary(stragglers=[slow, {"rank": 2, **link}, {"rank": 3, **link}]).splitlines()
+    assert [line for line in lines if line.startswith("  slow")] == [
+        "  slow rank    0: 2.0x the median rank's busy time per step, most in data",
+        "  slow link    node 1 (ranks 2, 3): sent 3.5 MB/s, the other nodes 80.0 MB/s (median)",
+    ]
