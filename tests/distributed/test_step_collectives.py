@@ -6,7 +6,6 @@ import json
 from pathlib import Path
 
 import pytest
-
 from tests.conftest import run_ddpkit
 
 TASK = str(Path(__file__).parent / "scripts" / "counting_collectives.py") + ":build"
