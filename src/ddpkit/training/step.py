@@ -35,6 +35,7 @@ from ..runtime import Runtime
 from ..strategies import Strategy
 from ..strategies.activation import SavedBytes
 from .batches import compute_loss, sample_count, split, to_device, zero_loss
+from .prefetch import expected_sync
 from .signals import StopRequest
 
 
@@ -142,7 +143,8 @@ class StepRunner:
             self.wait_s += time.perf_counter() - t0
         if agreement is not None:
             self.wait_s += agreement.waited_s - waited
-        bad, stopping, total, save = agreed.tolist()
+        with expected_sync():
+            bad, stopping, total, save = agreed.tolist()
         return int(bad), stopping > 0, total, save > 0
 
     def _counting(self) -> ContextManager[Any]:
