@@ -1,17 +1,18 @@
 """Where each rank's step time goes, and which rank holds the others up.
 
 Every rank splits its steps into three parts, measured where ddpkit already stands: waiting
-for its next batch (the loader), waiting in the step's agreement collective (where a rank
-that arrived early waits for the last one), and the rest of the step (forward, backward, the
-gradient sync, the optimizer: "compute"). Nothing is exchanged per step: every `every` steps,
-and at the end of the run, one small all-reduce carries every rank's sums (4 numbers a rank),
-and rank 0 names a rank whose busy time (data + compute) is more than `threshold` x the
-median rank's.
+for its next batch (the loader), waiting for the other ranks in the gradient sync that ends
+its backward (StepRunner.wait_s: the shared-memory sum's barriers, or, with the backend's
+all-reduce, from the last bucket handed over until the last completes; on a GPU the copy is
+queued rather than waited for, it reads little there), and the rest of the step (forward, backward, the
+optimizer: "compute"). Nothing is exchanged per step: every `every` steps, and at the end of
+the run, one small all-reduce carries every rank's sums (4 numbers a rank), and rank 0 names
+a rank whose busy time (data + compute) is more than `threshold` x the median rank's.
 
-What this cannot see: a rank slow in its backward makes the others wait inside the gradient
-sync, which runs within their backward, so their "compute" grows with it; the slow rank is
-then not told apart. A slow data loader or a slow forward (a throttled CPU, another job on
-the GPU) arrive late at the agreement and are named.
+What this cannot see: with the backend's all-reduce, a rank slow in its backward makes the
+others wait for its early buckets while they still compute, which counts as their "compute".
+A slow data loader or a slow forward (a throttled CPU, another job on the GPU) arrive late
+at the gradient sync and are named.
 """
 
 from __future__ import annotations
