@@ -3,9 +3,9 @@
 Every rank splits its steps into three parts, measured where ddpkit already stands: waiting
 for its next batch (the loader), waiting for the other ranks in the gradient sync that ends
 its backward (StepRunner.wait_s: the shared-memory sum's barriers, or, with the backend's
-all-reduce, from the last bucket handed over until the last completes; on a GPU the copy is
-queued rather than waited for, it reads little there), and the rest of the step (forward, backward, the
-optimizer: "compute"). Nothing is exchanged per step: every `every` steps, and at the end of
+all-reduce, from the last bucket handed over until the last completes; on a GPU, where the
+all-reduce is queued rather than waited for, it reads little), and the rest of the step
+(forward, backward, the optimizer: "compute"). Nothing is exchanged per step: every `every` steps, and at the end of
 the run, one small all-reduce carries every rank's sums (4 numbers a rank), and rank 0 names
 a rank whose busy time (data + compute) is more than `threshold` x the median rank's.
 
