@@ -31,6 +31,10 @@
 #   9 fp16      --precision fp16 (autocast + gradient scaler) trains, accuracy within 0.05 of
 #               fp32, and 50 epochs + --resume is bit-identical to 100 (the scaler's state is in
 #               the checkpoint); with --cpu its refusal is what is checked
+#  10 syncdebug scripts/sync_check.py: ddpkit's optimizer steps (--accumulate 2, batches copied
+#               ahead by training/prefetch.py) under torch.cuda.set_sync_debug_mode("error"):
+#               fails on any host synchronisation inside a step but the agreement's one
+#               documented read (with --cpu: the same steps, no debug mode)
 #
 # With one process ddpkit starts no process group (summary backend "none", as on CPU): NCCL
 # and DDP are exercised only with 2+ GPUs (step 4's 2-process runs) and by the hand-written
@@ -53,7 +57,7 @@ set -uo pipefail
 usage() { sed -n '2,9p' "$0" | sed 's/^# \{0,1\}//'; }
 
 MODE=gpu
-ONLY="1,2,3,4,5,6,7,7b,8,9"
+ONLY="1,2,3,4,5,6,7,7b,8,9,10"
 while [[ $# -gt 0 ]]; do
   case $1 in
     --cpu) MODE=cpu ;;
@@ -631,6 +635,16 @@ step_fp16() {
   fi
 }
 
+step_syncdebug() {
+  local out=$WORK/out/syncdebug.txt rc
+  note "\$ $PYTHON scripts/sync_check.py --device $DEV --steps 20 --accumulate 2"
+  tmo "$(limit 120)" "$PYTHON" scripts/sync_check.py --device "$DEV" --steps 20 --accumulate 2 > "$out" 2>&1
+  rc=$?
+  cat "$out" >> "$LOG"
+  check "no host synchronisation inside a step (exit $rc)" test "$rc" -eq 0 || tail -n 8 "$out" | sed 's/^/      | /'
+  add_note "$(grep -m1 '^sync_check:' "$out" | cut -c1-160)"
+}
+
 # ---------------------------------------------------------------- run
 say "gpu_check ($MODE) $(date '+%F %T') on $(uname -n 2>/dev/null || echo '?'): repo $REPO"
 say "  python $PYTHON ($("$PYTHON" -c 'import sys; print(sys.version.split()[0])')), torch $TORCH_VERSION, CUDA build $TORCH_CUDA, GPUs visible $NGPU"
@@ -656,6 +670,7 @@ step 7 resume step_resume
 step 7b resume-cnn step_resume_cnn
 step 8 bench step_bench
 step 9 fp16 step_fp16
+step 10 syncdebug step_syncdebug
 
 pycheck collect "$OUTDIR/summaries.json" "$W"/* > /dev/null 2>&1
 FAILED=0

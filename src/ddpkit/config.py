@@ -296,7 +296,8 @@ class RunConfig:
     )
     clip_grad_norm: float | None = setting(
         None,
-        "clip the gradients' global 2-norm (over every rank and shard) to this before each optimizer step",
+        "clip the gradients' global 2-norm (over every rank and shard) to this before each optimizer step "
+        "(on a GPU: reads the norm on the host, one more synchronisation per step)",
         type=float,
     )
     num_workers: int = setting(0, "DataLoader worker processes per rank for data sets that are not in-memory tensors")
@@ -387,7 +388,8 @@ class RunConfig:
     )
     progress: str = setting(
         "auto",
-        "rank 0's progress: a tqdm bar, or plain lines for log files",
+        "rank 0's progress: a tqdm bar, or plain lines for log files (on a GPU each refresh reads the running "
+        "loss on the host: a synchronisation per refresh, not per step)",
         group=OUTPUT,
         choices=PROGRESS_MODES,
         default_help="auto: bar on a terminal",

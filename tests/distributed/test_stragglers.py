@@ -23,7 +23,7 @@ def test_a_rank_slow_to_load_its_data_is_named_with_where_its_time_goes(tmp_path
     assert named[1]["where"] == "data" and named[1]["ratio"] == max(f["ratio"] for f in named.values()) > 1.2
     split = {s["rank"]: s for s in summary["step_time_split"]}
     assert split[1]["data_s"] > 5 * max(split[0]["data_s"], split[2]["data_s"])
-    assert split[0]["wait_s"] > split[1]["wait_s"]  # the others wait for it in the step's agreement
+    assert split[0]["wait_s"] > split[1]["wait_s"]  # the others wait for it in the gradient sync
     assert [s["steps"] for s in summary["step_time_split"]] == [14, 14, 14]  # ceil(160 / 12)
     assert "ddpkit: rank 1 is slow:" in out and "most in data" in out
     assert "slow rank    1:" in out

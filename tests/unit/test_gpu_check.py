@@ -41,3 +41,18 @@ def test_gpu_check_refuses_without_a_gpu_and_names_the_dry_run(tmp_path):
 def test_gpu_check_refuses_an_unknown_argument(tmp_path):
     proc = _run(tmp_path, "--gpus", "2")
     assert proc.returncode == 2 and "unknown argument '--gpus'" in proc.stderr
+
+
+def test_gpu_check_runs_the_steps_under_sync_debug_mode_and_the_check_trains_on_a_cpu():
+    text = SCRIPT.read_text()
+    assert "step 10 syncdebug step_syncdebug" in text and '9,10"' in text  # registered and run by default
+    assert "scripts/sync_check.py --device" in text
+    check = SCRIPT.parent / "sync_check.py"
+    assert 'set_sync_debug_mode("error")' in check.read_text()
+    env = {**os.environ, "PYTHONPATH": str(SCRIPT.parents[1] / "src")}
+    proc = subprocess.run(
+        [sys.executable, str(check), "--device", "cpu", "--steps", "2", "--warmup", "1"],
+        env=env, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert proc.stdout.startswith("sync_check: 2 steps (--accumulate 2) on cpu") and "mean loss" in proc.stdout

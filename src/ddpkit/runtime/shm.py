@@ -113,6 +113,8 @@ class ShmAllReduce:
         self.fallbacks = 0  # buckets handed to the backend (not float32)
         self.delegate: tuple[Any, Any] | None = None  # (hook, state) the user registered after us
         self.record = CollectiveRecord()  # the job's record once a Collectives serves through this mapping
+        self.agreement: Any = None  # strategies/agreement.py: the step's flags, carried by the first bucket
+        self.waited_s = 0.0  # seconds spent in barriers (waiting for the other ranks), in all
 
     @classmethod
     def create(
@@ -199,22 +201,25 @@ class ShmAllReduce:
         """Can the mapping sum this gradient? (float32, contiguous, CPU; else the backend does)"""
         return grad.dtype == torch.float32 and grad.is_contiguous() and grad.device.type == "cpu"
 
-    def reduce_bucket(self, grad: torch.Tensor) -> torch.futures.Future:
+    def reduce_bucket(self, grad: torch.Tensor, carry: torch.Tensor | None = None) -> torch.futures.Future:
+        """The mean of a gradient bucket; `carry` (up to SMALL_MAX numbers, or None) is summed in
+        place over the ranks in the same barrier as the bucket's first chunk."""
         if not self.fits(grad):
             self.fallbacks += 1
             grad.div_(self.world)
             return dist.all_reduce(grad, group=self.group, async_op=True).get_future().then(lambda f: f.value()[0])
-        self.all_reduce_mean_(grad)
+        self.all_reduce_mean_(grad, carry)
         fut: torch.futures.Future = torch.futures.Future()
         fut.set_result(grad)
         return fut
 
-    def all_reduce_mean_(self, grad: torch.Tensor) -> torch.Tensor:
-        """In place: grad <- mean of grad over the ranks (float32, contiguous, CPU)."""
+    def all_reduce_mean_(self, grad: torch.Tensor, carry: torch.Tensor | None = None) -> torch.Tensor:
+        """In place: grad <- mean of grad over the ranks (float32, contiguous, CPU); `carry`
+        (see reduce_bucket; only where fits_small) <- its sum."""
         with self.record.track("all_reduce", grad, "shm", "gradient bucket"):  # for a hang report (runtime/record.py)
-            return self._all_reduce_mean(grad)
+            return self._all_reduce_mean(grad, carry)
 
-    def _all_reduce_mean(self, grad: torch.Tensor) -> torch.Tensor:
+    def _all_reduce_mean(self, grad: torch.Tensor, carry: torch.Tensor | None = None) -> torch.Tensor:
         flat = grad.view(-1)
         world = self.world
         for start in range(0, flat.numel(), self.chunk):
@@ -223,7 +228,11 @@ class ShmAllReduce:
             slots = self.buf[self.calls % self.buf.shape[0]]
             self.calls += 1
             torch.div(part, world, out=slots[self.rank, :n])
+            small = self._put_small(carry) if start == 0 and carry is not None else None
             self.barrier()
+            if small is not None:
+                assert carry is not None
+                self._sum_small(carry, small)
             if world == 2:
                 torch.add(slots[0, :n], slots[1, :n], out=part)
                 continue
@@ -243,19 +252,28 @@ class ShmAllReduce:
         SMALL_MAX elements on the CPU; False (nothing done) when this path cannot serve it.
         Every rank adds the slots in rank order, so all get the same value; with 2 ranks it is
         gloo's value (a + b == b + a). Values pass through float64: exact for counts < 2**53."""
-        small = self.small
-        n = t.numel()
         if not self.fits_small(t):
             return False
-        slots = small[self.small_calls % 2]  # alternate sets: see the module docstring
-        self.small_calls += 1
-        slots[self.rank, :n].copy_(t.detach().reshape(-1))
+        slots = self._put_small(t)
         self.barrier()
-        mine = slots[:, :n]
+        self._sum_small(t, slots, op)
+        return True
+
+    def _put_small(self, t: torch.Tensor) -> torch.Tensor:
+        """This rank's values of `t` into its slot of the next set (sets alternate: a set is
+        written again only after a later barrier, which every rank passes once done reading it)."""
+        slots = self.small[self.small_calls % 2]  # type: ignore[index]
+        self.small_calls += 1
+        slots[self.rank, : t.numel()].copy_(t.detach().reshape(-1))
+        return slots
+
+    @staticmethod
+    def _sum_small(t: torch.Tensor, slots: torch.Tensor, op: str = "sum") -> None:
+        """After the barrier: `t` <- the ranks' values summed (or their max) in rank order."""
+        mine = slots[:, : t.numel()]
         total = mine.sum(dim=0) if op == "sum" else mine.amax(dim=0)
         with torch.no_grad():
             t.copy_(total.view(t.shape))
-        return True
 
     def barrier(self) -> None:
         """Wait until every rank has reached this point (as often as this rank has).
@@ -265,6 +283,13 @@ class ShmAllReduce:
         0.2-1 ms on a busy machine. A wait longer than the process group's timeout ends
         with an error naming the rank that did not arrive. Elsewhere: dist.barrier.
         """
+        t0 = time.perf_counter()
+        try:
+            self._barrier()
+        finally:
+            self.waited_s += time.perf_counter() - t0
+
+    def _barrier(self) -> None:
         ctl = self.ctl
         if ctl is None:
             dist.barrier(group=self.group)

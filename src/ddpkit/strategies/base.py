@@ -99,6 +99,11 @@ class Strategy:
         step's last micro-batch runs outside it and syncs them all at once."""
         return contextlib.nullcontext()
 
+    def agreement(self, model: nn.Module) -> Any:
+        """The step's flags ride with this model's gradient sync when this returns an Agreement
+        (strategies/agreement.py); None: the runner all-reduces them after the backward."""
+        return None
+
     def clip_grad_norm(self, model: nn.Module, max_norm: float) -> float:
         """Clip the gradients to a total 2-norm of `max_norm`; returns the norm before
         clipping, the same on every rank: after the sync every replica holds the same

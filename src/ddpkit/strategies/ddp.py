@@ -14,7 +14,7 @@ from ..checkpoint.state import unwrap
 from ..runtime import Runtime
 from . import ddp_knobs
 from .base import Strategy
-from .grad_sync import install
+from .grad_sync import carry_agreement, install
 from .materialize import fill
 from .optimizers import OptimizerSpec, make_optimizer
 
@@ -42,7 +42,13 @@ def wrap_model(model: nn.Module, rt: Runtime, grad_sync: str = "auto", **ddp_opt
     if mapping is not None:
         rt.collectives.use_shared_memory(mapping)  # the loop's small all-reduces take the same path
     ddp._ddpkit_grad_sync = "shm" if mapping is not None else rt.backend  # type: ignore[assignment]  (for summaries)
+    ddp._ddpkit_agreement = carry_agreement(ddp, mapping, rt.backend)  # type: ignore[assignment]  (training/step.py)
     return ddp
+
+
+def agreement_of(model: nn.Module) -> Any:
+    """The Agreement this model's gradient sync carries (strategies/agreement.py), or None."""
+    return getattr(getattr(model, "_orig_mod", model), "_ddpkit_agreement", None)
 
 
 def grad_sync_used(model: nn.Module) -> str:
@@ -80,6 +86,9 @@ class DdpStrategy(Strategy):
 
     def grad_sync(self, model: nn.Module) -> str:
         return grad_sync_used(model)
+
+    def agreement(self, model: nn.Module) -> Any:
+        return agreement_of(model)
 
     def eval_module(self, model: nn.Module) -> nn.Module:
         return unwrap(model)  # no DDP forward: ranks may run different numbers of eval batches

@@ -14,6 +14,7 @@ import torch.distributed as dist
 from ..config import DEFAULT_TIMEOUT_S, GRAD_SYNC_MODES
 from ..errors import DdpkitError
 from ..runtime.shm import ShmAllReduce, why_not_shm
+from .agreement import Agreement, backend_hook
 
 
 def shm_hook(state, bucket):  # type: ignore[no-untyped-def]  (DDP checks annotations: none here)
@@ -30,10 +31,21 @@ def shm_hook(state, bucket):  # type: ignore[no-untyped-def]  (DDP checks annota
             grad.div_(state.world)
             dist.all_reduce(grad, group=state.group)
         return None
-    return state.reduce_bucket(bucket.buffer())
+    grad = bucket.buffer()
+    agreement = state.agreement
+    carry = None
+    if agreement is not None and state.fits(grad) and state.small is not None:
+        carry = agreement.take(bucket.index())  # the step's flags, in the first chunk's barrier
+    before = state.waited_s
+    fut = state.reduce_bucket(grad, carry)
+    if agreement is not None:
+        agreement.waited_s += state.waited_s - before
+        if carry is not None:
+            agreement.agreed = carry
+    return fut
 
 
-def _route_user_hooks(ddp_model: Any, state: ShmAllReduce, backend: str) -> None:
+def _route_user_hooks(ddp_model: Any, state: Any, backend: str) -> None:
     """Let `ddp_model.register_comm_hook(state, hook)` (and DDP's built-in hook types) work
     after ddpkit installed its hook: the user's hook takes over every bucket, as it would
     on a plain DDP model (the mapping stays for the trainer's small all-reduces)."""
@@ -104,3 +116,20 @@ def install(
     ddp_model.register_comm_hook(state, shm_hook)
     _route_user_hooks(ddp_model, state, backend)
     return state
+
+
+def carry_agreement(ddp_model: Any, mapping: ShmAllReduce | None, backend: str) -> Agreement | None:
+    """Let the model's gradient sync carry the step's agreement (strategies/agreement.py):
+    in the shared-memory sum, else in a hook doing the backend's all-reduce (a hook registered
+    later takes over, as with the shared memory). None: not a DDP model over the whole job."""
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    if not isinstance(ddp_model, DDP) or getattr(ddp_model, "process_group", None) is not dist.group.WORLD:
+        return None
+    agreement = Agreement()
+    if mapping is not None:
+        mapping.agreement = agreement
+        return agreement
+    ddp_model.register_comm_hook(agreement, backend_hook)
+    _route_user_hooks(ddp_model, agreement, backend)
+    return agreement

@@ -86,7 +86,7 @@ def compute_loss(
             total, count = result
             return Loss(
                 _scalar(total, "step(model, batch)'s loss_sum") if n else None,
-                torch.as_tensor(count, dtype=torch.float64, device=device).reshape(()),
+                _as_count(count, device),
                 True,
                 total,
             )
@@ -138,4 +138,11 @@ def _scalar(value: Any, what: str) -> torch.Tensor:
 
 
 def _count(n: int, device: torch.device) -> torch.Tensor:
-    return torch.tensor(float(n), dtype=torch.float64, device=device)
+    """Filled on the device, not copied from the host (a copy from pageable memory waits for the GPU)."""
+    return torch.full((), float(n), dtype=torch.float64, device=device)
+
+
+def _as_count(count: Any, device: torch.device) -> torch.Tensor:
+    if isinstance(count, torch.Tensor):
+        return count.to(device=device, dtype=torch.float64, non_blocking=True).reshape(())
+    return _count(count, device)

@@ -11,6 +11,7 @@ import torch
 from ..checkpoint.state import Position
 from ..errors import DdpkitError
 from ..runtime import Runtime
+from .prefetch import Prefetcher
 
 
 class EpochRun:
@@ -44,6 +45,8 @@ class EpochRun:
         """Runs the pass's optimizer steps, yielding each step's result, until the pass ends or
         `until()` says the run has reached its last step. `global_step`: steps done before."""
         batches = self.loader.iter_steps()
+        if self.loader.n is not None:  # a stream's position must not include a batch taken ahead
+            batches = iter(Prefetcher(batches, self.rt.device))
         while not until():  # asked before the next batch is taken: a stream's saved position must not include it
             t0 = time.perf_counter()
             item = next(batches, None)

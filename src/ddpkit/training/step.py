@@ -9,9 +9,11 @@ Why each piece is here:
     global batch, as on one process, also for a short last batch. A task's step hook that
     returns (loss_sum, count) is summed instead, and the synced gradients are divided by
     the count over every micro-batch and rank (world / global count, after the sync).
-  * Agreement: one small all-reduce per optimizer step carries (any loss not finite, any
-    rank asked to stop, this rank's count): every rank takes the same branch, so none
-    waits for a collective the others skip.
+  * Agreement: (any loss not finite, any rank asked to stop, this rank's count, a timed save
+    due) summed over the ranks: every rank takes the same branch, so none waits for a
+    collective the others skip. The numbers ride with the gradient sync of the last
+    backward (strategies/agreement.py), so a step costs no collective of its own; a rank
+    whose loss is not finite still runs that backward, and every rank drops the gradients.
   * Then, in this order: clip the global gradient norm (--clip-grad-norm; unscaled first
     under fp16), the optimizer step (through the gradient scaler under fp16), the LR
     scheduler's step.
@@ -33,6 +35,7 @@ from ..runtime import Runtime
 from ..strategies import Strategy
 from ..strategies.activation import SavedBytes
 from .batches import compute_loss, sample_count, split, to_device, zero_loss
+from .prefetch import expected_sync
 from .signals import StopRequest
 
 
@@ -61,7 +64,7 @@ class StepRunner:
     scaler: Any = None  # torch.amp.GradScaler under fp16
     last_grad_norm: float | None = None
     timed_save: Callable[[], bool] | None = None  # rank 0's clock says a checkpoint is due (--save-every-minutes)
-    wait_s: float = 0.0  # seconds this rank has waited in the agreement (for the others to arrive), in all
+    wait_s: float = 0.0  # seconds this rank waited for the gradient sync (the others) after its backward, in all
     after_step: Callable[[], None] | None = None  # called after every optimizer step (ddpkit verify's trace)
     activation_bytes: int | None = None  # what the first forward kept for backward (the summary's)
     _output_checked: bool = False
@@ -72,46 +75,34 @@ class StepRunner:
         world = self.rt.world_size
         pending = None  # non-finite losses of earlier micro-batches (no extra collective)
         totals = torch.zeros(2, dtype=torch.float64, device=self.rt.device)  # loss sum, count
-        kinds = set()
-        bad = 0
-        stop_now = save_now = False
-        global_count = None
+        kinds: set[bool] = set()
+        flags = torch.zeros(4, dtype=torch.float64, device=self.rt.device)
+        agreement = self.strategy.agreement(self.model)
+        waited = agreement.waited_s if agreement is not None else 0.0
         for micro, n_micro, last in iter_micro(batch, n_local, self.accumulate):
             if not last and not n_micro:
                 continue  # an empty micro-batch outside the sync adds nothing
             micro = to_device(micro, self.rt.device)
             with self.strategy.no_sync(self.model, skip_sync=not last):
-                with self.strategy.autocast(), self._counting() as saved:
-                    loss = compute_loss(self.model, micro, n_micro, self.loss_fn, self.step_fn, self.rt.device)
-                if saved is not None:
-                    self.activation_bytes = saved.kept()
-                if not self._output_checked:
-                    self.strategy.check_output(loss.output)
-                    self._output_checked = True
-                if loss.value is not None:
-                    kinds.add(loss.summed)
-                    if len(kinds) > 1:
-                        raise DdpkitError(
-                            "the task's step(model, batch) returned a loss for some micro-batches and "
-                            "(loss_sum, count) for others: return the same kind every time"
-                        )
-                if last:
+                loss = self._forward(micro, n_micro, kinds)
+                if last:  # the flags ride with this backward's gradient sync (strategies/agreement.py)
                     local_count = totals[1] + (loss.count if loss.value is not None else 0.0)
-                    bad, stop_now, global_count, save_now = self.flags(loss.value, pending, local_count)
-                    if bad:
-                        break
+                    flags = self._local_flags(loss.value, pending, local_count)
+                    if agreement is not None:
+                        agreement.arm(flags)
                 elif loss.value is not None:
                     nonfinite = (~torch.isfinite(loss.value.detach())).double()
                     pending = nonfinite if pending is None else pending + nonfinite
                 if loss.value is not None:
                     weighted = loss.value if loss.summed else loss.value * (n_micro * world / n_global)
-                    self._backward(weighted)
+                    self._backward(weighted)  # a non-finite loss too: every rank joins the sync
                     totals[0] += loss.value.detach().double() * (1.0 if loss.summed else n_micro)
                     totals[1] += loss.count
                 else:  # no sample for this rank in a short last batch: join the gradient sync with zeros
                     self._backward(self._empty_share_loss(loss))
+        bad, stop_now, global_count, save_now = self._agreed(flags, agreement, waited)
         if bad:
-            self.optimizer.zero_grad(set_to_none=True)  # drop what earlier micro-batches accumulated
+            self.optimizer.zero_grad(set_to_none=True)  # drop the non-finite gradients, on every rank
             if self.on_nan == "stop":
                 raise DdpkitError(
                     f"the training loss is not finite in {where} (on {bad} of {world} rank(s)); stopped before the "
@@ -123,6 +114,38 @@ class StepRunner:
             self._scale_grads(world / global_count)  # summed losses: the mean over every rank's count
         self._optimizer_step()
         return StepResult(totals, stop_now, save_now)
+
+    def _forward(self, micro: Any, n_micro: int, kinds: set[bool]) -> Any:
+        with self.strategy.autocast(), self._counting() as saved:
+            loss = compute_loss(self.model, micro, n_micro, self.loss_fn, self.step_fn, self.rt.device)
+        if saved is not None:
+            self.activation_bytes = saved.kept()
+        if not self._output_checked:
+            self.strategy.check_output(loss.output)
+            self._output_checked = True
+        if loss.value is not None:
+            kinds.add(loss.summed)
+            if len(kinds) > 1:
+                raise DdpkitError(
+                    "the task's step(model, batch) returned a loss for some micro-batches and "
+                    "(loss_sum, count) for others: return the same kind every time"
+                )
+        return loss
+
+    def _agreed(self, flags: torch.Tensor, agreement: Any, waited: float) -> tuple[int, bool, float, bool]:
+        """The step's flags summed over the ranks: as the gradient sync carried them, else by an
+        all-reduce issued now, after the backward. Reading them on the host is the step's one
+        host synchronisation on a GPU: whether to step, skip or stop is the host's decision."""
+        agreed = agreement.collect() if agreement is not None else None
+        if agreed is None:
+            t0 = time.perf_counter()
+            agreed = self.rt.collectives.all_reduce_(flags)
+            self.wait_s += time.perf_counter() - t0
+        if agreement is not None:
+            self.wait_s += agreement.waited_s - waited
+        with expected_sync():
+            bad, stopping, total, save = agreed.tolist()
+        return int(bad), stopping > 0, total, save > 0
 
     def _counting(self) -> ContextManager[Any]:
         """The run's first forward counts the activations it keeps (not under torch.compile,
@@ -175,7 +198,14 @@ class StepRunner:
         self, loss: torch.Tensor | None, pending: torch.Tensor | None = None, count: torch.Tensor | float = 0.0
     ) -> tuple[int, bool, float, bool]:
         """(ranks whose loss is not finite, whether any rank asked to stop, the global count,
-        whether rank 0's clock says a timed checkpoint is due): the same on every rank.
+        whether rank 0's clock says a timed checkpoint is due): the same on every rank, by an
+        all-reduce of its own (between epochs; a step's ride with its gradient sync)."""
+        return self._agreed(self._local_flags(loss, pending, count), None, 0.0)
+
+    def _local_flags(
+        self, loss: torch.Tensor | None, pending: torch.Tensor | None, count: torch.Tensor | float
+    ) -> torch.Tensor:
+        """This rank's [loss not finite, asked to stop, count, timed save due], on the device.
         `pending`: non-finite losses of earlier micro-batches of this step on this rank;
         `count`: this rank's samples or tokens in this step."""
         flags = torch.zeros(4, dtype=torch.float64, device=self.rt.device)
@@ -188,11 +218,7 @@ class StepRunner:
         flags[2] = count
         if self.timed_save is not None and self.timed_save():
             flags[3] = 1.0
-        t0 = time.perf_counter()
-        self.rt.collectives.all_reduce_(flags)
-        bad, stopping, total, save = flags.tolist()
-        self.wait_s += time.perf_counter() - t0
-        return int(bad), stopping > 0, total, save > 0
+        return flags
 
     def stop_requested(self) -> bool:
         """Between epochs: has any rank received a stop signal? (A collective when stop is set.)"""

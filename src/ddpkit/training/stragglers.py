@@ -1,22 +1,22 @@
 """Where each rank's step time goes, and which rank holds the others up.
 
 Every rank splits its steps into three parts, measured where ddpkit already stands: waiting
-for its next batch (the loader), waiting in the step's agreement collective (where a rank
-that arrived early waits for the last one), and the rest of the step (forward, backward, the
-gradient sync, the optimizer: "compute"). Nothing is exchanged per step: every `every` steps,
-and at the end of the run, one small all-reduce carries every rank's sums and node (5 numbers a rank),
-and rank 0 names a rank whose busy time (data + compute) is more than `threshold` x the
-median rank's.
+for its next batch (the loader), waiting for the other ranks in the gradient sync that ends
+its backward (StepRunner.wait_s: the shared-memory sum's barriers, or, with the backend's
+all-reduce, from the last bucket handed over until the last completes; on a GPU, where the
+all-reduce is queued rather than waited for, it reads little), and the rest of the step
+(forward, backward, the optimizer: "compute"). Nothing is exchanged per step: every `every` steps, and at the end of
+the run, one small all-reduce carries every rank's sums and node (5 numbers a rank), and rank 0 names
+a rank whose busy time (data + compute) is more than `threshold` x the median rank's.
 
-What this cannot see: a rank slow in its backward makes the others wait inside the gradient
-sync, which runs within their backward, so their "compute" grows with it; the slow rank is
-then not told apart. A slow data loader or a slow forward (a throttled CPU, another job on
-the GPU) arrive late at the agreement and are named.
+What this cannot see: with the backend's all-reduce, a rank slow in its backward makes the
+others wait for its early buckets while they still compute, which counts as their "compute".
+A slow data loader or a slow forward (a throttled CPU, another job on the GPU) arrive late
+at the gradient sync and are named.
 
-A slow link slows every rank inside the gradient sync, so inside "compute", and not alike: a rank
-whose sends are slow finishes its part early (its data waits in socket buffers) and waits in the
-next agreement, while the others wait for its data inside "compute" and look busier: the split
-alone names a rank of a fast node. On several nodes, rank 0 therefore also times a probe of each
+A slow link slows every rank inside the gradient sync, so inside "compute", and not alike: the ranks
+of a fast node wait for the slow node's data inside their steps and look busier: the split alone
+named a rank of a fast node (measured). On several nodes, rank 0 therefore also times a probe of each
 node's link after each exchange (links.py) and names the ranks of a node whose probe took more
 than `threshold` x the median node's; in a window where a link is named, no rank is named for
 its compute (which holds the sync), only for its data.

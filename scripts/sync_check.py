@@ -1,0 +1,73 @@
+"""gpu_check.sh step 10: training steps without a host synchronisation.
+
+Runs ddpkit's optimizer step (training/step.py) on an MLP, with the batches handed over by
+training/prefetch.py as `ddpkit train` does, and after a few warm-up steps (lazy CUDA and
+optimizer-state set-up synchronises once) runs --steps more under
+torch.cuda.set_sync_debug_mode("error"): any synchronisation inside a step raises, except the
+step's one documented read of the agreement (training/prefetch.expected_sync). On a CPU
+(--device cpu) the same steps run without the debug mode. Prints one line; exit 0: none.
+
+    python scripts/sync_check.py --device cuda [--steps 20] [--accumulate 2]
+"""
+
+import argparse
+import sys
+
+import torch
+from torch import nn
+
+from ddpkit import DistEnv
+from ddpkit.runtime import Runtime
+from ddpkit.strategies import DdpStrategy
+from ddpkit.training.prefetch import Prefetcher
+from ddpkit.training.step import StepRunner
+
+
+def batches(n: int, size: int = 64):
+    g = torch.Generator().manual_seed(0)
+    for _ in range(n):
+        yield (torch.randn(size, 32, generator=g), torch.randint(0, 4, (size,), generator=g)), size, size
+
+
+def main() -> int:
+    p = argparse.ArgumentParser()
+    p.add_argument("--device", default="cuda")
+    p.add_argument("--steps", type=int, default=20)
+    p.add_argument("--warmup", type=int, default=3)
+    p.add_argument("--accumulate", type=int, default=2)
+    args = p.parse_args()
+    with Runtime(DistEnv(), device=args.device, threads=1) as rt:
+        torch.manual_seed(0)
+        model = nn.Sequential(nn.Linear(32, 256), nn.ReLU(), nn.Linear(256, 4))
+        strategy = DdpStrategy(rt)
+        model = strategy.setup_module(model)
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+        runner = StepRunner(rt, strategy, model, opt, nn.CrossEntropyLoss(), accumulate=args.accumulate)
+        cuda = rt.device.type == "cuda"
+        total = torch.zeros(2, dtype=torch.float64, device=rt.device)
+        for i, (batch, n_local, n_global) in enumerate(Prefetcher(batches(args.warmup + args.steps), rt.device)):
+            if cuda and i == args.warmup:
+                torch.cuda.synchronize()
+                torch.cuda.set_sync_debug_mode("error")
+            try:
+                result = runner.run(batch, n_local, n_global, where=f"step {i + 1}")
+            except RuntimeError as e:
+                print(f"sync_check: FAIL: a host synchronisation inside step {i + 1}: {str(e).splitlines()[0]}")
+                return 1
+            total += result.loss_sum
+        if cuda:
+            torch.cuda.set_sync_debug_mode(0)
+        loss, count = total.tolist()
+        if not count or not torch.isfinite(torch.tensor(loss)):
+            print(f"sync_check: FAIL: the steps trained no finite loss ({loss} over {count})")
+            return 1
+        debug = f"under set_sync_debug_mode('error') on {rt.device}" if cuda else f"on {rt.device} (no debug mode)"
+        print(
+            f"sync_check: {args.steps} steps (--accumulate {args.accumulate}) {debug}: no host sync "
+            f"but the agreement's one; mean loss {loss / count:.4f}"
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
