@@ -117,6 +117,25 @@ def test_gpus_hidden_by_cuda_visible_devices_and_thread_oversubscription(monkeyp
     assert any("torch is a CPU build" in w for w in r["warnings"])
 
 
+def test_a_torch_without_compiled_copies_under_pythondontwritebytecode_is_a_warning(monkeypatch):
+    monkeypatch.setattr(doctor, "_bytecode_cached", lambda source: False)
+    warned = [w for w in doctor.collect({"PYTHONDONTWRITEBYTECODE": "1"})["warnings"] if "PYTHONDONTWRITEBYTECODE" in w]
+    assert warned and "compiles torch's modules again" in warned[0]
+    assert not any("PYTHONDONTWRITEBYTECODE" in w for w in doctor.collect({})["warnings"])  # Python writes them
+    monkeypatch.setattr(doctor, "_bytecode_cached", lambda source: True)
+    assert not any("PYTHONDONTWRITEBYTECODE" in w for w in doctor.collect({"PYTHONDONTWRITEBYTECODE": "1"})["warnings"])
+
+
+def test_the_bytecode_check_reads_the_cache_next_to_a_module(tmp_path):
+    import py_compile
+
+    module = tmp_path / "m.py"
+    module.write_text("x = 1\n")
+    assert not doctor._bytecode_cached(str(module))
+    py_compile.compile(str(module), doraise=True)
+    assert doctor._bytecode_cached(str(module))
+
+
 def test_ddpkit_env_inside_a_job_reports_its_rank_without_meeting_the_other_ranks():
     """Rank 1 of 2, and at the master's address a socket that takes connections but never
     answers: a process group (its store) would connect there and wait (the subprocess timeout
