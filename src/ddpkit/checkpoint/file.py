@@ -69,15 +69,17 @@ class BackgroundWriter:
     """--async-save: one checkpoint write at a time in a thread, so training goes on while the
     file is written. The state handed over must already be a copy on the CPU. The next save,
     the end of the run and any error path wait for it; its error is raised then (the write is
-    atomic, so a failed one leaves nothing partial and the previous checkpoint intact)."""
+    atomic, so a failed one leaves nothing partial and the previous checkpoint intact).
+    Also the writer of the memory snapshots (snapshot.py: `daemon`, a lost write costs nothing)."""
 
-    def __init__(self) -> None:
+    def __init__(self, name: str = "ddpkit-checkpoint-writer", daemon: bool = False) -> None:
+        self.name, self.daemon = name, daemon
         self._thread: threading.Thread | None = None
         self._error: BaseException | None = None
 
     def submit(self, write: Any) -> None:
         self.wait()
-        self._thread = threading.Thread(target=self._run, args=(write,), name="ddpkit-checkpoint-writer")
+        self._thread = threading.Thread(target=self._run, args=(write,), name=self.name, daemon=self.daemon)
         self._thread.start()
 
     def _run(self, write: Any) -> None:

@@ -16,14 +16,13 @@ from __future__ import annotations
 import os
 import re
 import shutil
-import threading
 import time
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from .file import atomic_save
+from .file import BackgroundWriter, atomic_save
 
 SHM = Path("/dev/shm")
 KEEP = 2  # the one being written never replaces the last complete one
@@ -37,8 +36,7 @@ class SnapshotStore:
 
     def __init__(self, folder: Path) -> None:
         self.folder = folder
-        self._thread: threading.Thread | None = None
-        self._error: BaseException | None = None
+        self._writer = BackgroundWriter("ddpkit-snapshot", daemon=True)
 
     @classmethod
     def for_this_node(cls, run_id: str, root: Path | None = None) -> SnapshotStore:
@@ -51,24 +49,16 @@ class SnapshotStore:
         waits for the previous write first, so that at most one is in flight."""
         self.wait()
         self.folder.mkdir(parents=True, exist_ok=True)
-        self._thread = threading.Thread(target=self._write, args=(step, state), name="ddpkit-snapshot", daemon=True)
-        self._thread.start()
+        self._writer.submit(lambda: self._write(step, state))
 
     def _write(self, step: int, state: dict[str, Any]) -> None:
-        try:
-            atomic_save(state, self.folder / f"snapshot-{step:010d}.pt")
-            for old in self.steps()[:-KEEP]:
-                (self.folder / f"snapshot-{old:010d}.pt").unlink(missing_ok=True)
-        except BaseException as e:  # raised by the next wait()
-            self._error = e
+        atomic_save(state, self.folder / f"snapshot-{step:010d}.pt")
+        for old in self.steps()[:-KEEP]:
+            (self.folder / f"snapshot-{old:010d}.pt").unlink(missing_ok=True)
 
     def wait(self) -> None:
-        if self._thread is not None:
-            self._thread.join()
-            self._thread = None
-        if self._error is not None:
-            error, self._error = self._error, None
-            raise error
+        """Until the write in flight is done; its error, if any, is raised here."""
+        self._writer.wait()
 
     def mark(self, step: int) -> None:
         """The last optimizer step this node finished, and when (what a restart redoes and how
