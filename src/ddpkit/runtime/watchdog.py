@@ -338,7 +338,12 @@ def format_summary(hang_dir: Path | str, world_size: int | None = None) -> str:
         fr_pending = next(
             (st["pending"] for st in (r.get("flight_recorder") or {}).values() if st.get("pending")), None
         )
-        if (last is None or last["state"] == "done") and fr_pending:  # inside a collective only torch saw (DDP's own)
+        # inside a collective only torch saw (DDP's own): only while the main thread is in library code (a
+        # backward); the recorder can mark a finished gloo op completed late, and a rank whose main thread
+        # is in the user's code (asleep in a forward) is inside no collective
+        frames = r.get("main_stack") or []
+        in_library = bool(frames) and is_library(frames[-1]["file"])
+        if (last is None or last["state"] == "done") and fr_pending and in_library:
             last = {
                 "seq": fr_pending["seq"],
                 "op": fr_pending["op"],

@@ -1,9 +1,14 @@
 """The hang summary, from reports written by hand (no processes): who waits where, who never arrived."""
 
 import json
+import os
 import time
 
+import torch
+
 from ddpkit.runtime.watchdog import format_summary, is_timeout
+
+TORCH = os.path.dirname(torch.__file__)  # a frame inside torch (a backward waiting in DDP's all-reduce)
 
 
 def entry(
@@ -72,7 +77,8 @@ def test_timeouts_are_told_from_other_errors():
 
 
 def test_a_collective_only_the_flight_recorder_saw_counts_as_waiting(tmp_path):
-    write(tmp_path, 0, [entry(11, state="done")], [("/x/train.py", 12, "step", "loss.backward()")])
+    backward = [("/x/train.py", 12, "step", "loss.backward()"), (f"{TORCH}/autograd/graph.py", 9, "run", "run()")]
+    write(tmp_path, 0, [entry(11, state="done")], backward)
     report = json.loads((tmp_path / "rank-0.json").read_text())
     report["flight_recorder"] = {
         "0": {
@@ -86,3 +92,18 @@ def test_a_collective_only_the_flight_recorder_saw_counts_as_waiting(tmp_path):
     text = format_summary(tmp_path, 2)
     assert "rank 0   [n1] waiting in gloo:all_reduce #20 (shape [1091]" in text
     assert "rank(s) 1 never arrived at gloo:all_reduce #20" in text and "x/data.py:7 in __getitem__" in text
+
+
+def test_a_collective_the_flight_recorder_marks_late_is_no_wait_while_the_rank_runs_its_own_code(tmp_path):
+    """gloo's entries can show a finished broadcast as not completed yet: a rank asleep in the user's
+    forward is outside any collective, and the verdict names it as the one that never arrived."""
+    write(tmp_path, 0, [entry(11, state="done"), entry(12)])
+    write(tmp_path, 1, [entry(11, state="done")], [("/x/train.py", 40, "forward", "time.sleep(600)")])
+    report = json.loads((tmp_path / "rank-1.json").read_text())
+    report["flight_recorder"] = {
+        "0": {"last_enqueued": 9, "last_completed": 8, "pending": {"op": "gloo:broadcast", "sizes": [[1]], "seq": 9}}
+    }
+    (tmp_path / "rank-1.json").write_text(json.dumps(report))
+    text = format_summary(tmp_path, 2)
+    assert "rank 1   [n1] in no collective" in text and "x/train.py:40 in forward" in text, text
+    assert "verdict: rank(s) 1 never arrived at all_reduce #12" in text, text
