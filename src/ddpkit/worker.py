@@ -30,7 +30,7 @@ from .runtime import Runtime
 from .runtime.watchdog import HangWatchdog, fresh_hang_dir, is_timeout
 from .task import Task, as_task, build_task
 from .training.loop import fit
-from .training.signals import StopRequest
+from .training.signals import ENDING_SIGNALS, StopRequest
 from .training.trace import to_float64
 
 
@@ -74,7 +74,7 @@ def train_worker(config: dict[str, Any], task: Task | None = None) -> dict[str, 
         # rank 0 prints; --verbose: whole lines from all. `held`: the signal handlers, kept to the end
         with rank_stdout(env.rank, env.world_size, cfg.verbose), contextlib.ExitStack() as held:
             summary = _train(cfg, env, held, task)
-        if error_dir and summary.get("stopped_early") and summary.get("stop_signal") in ("SIGINT", "SIGTERM"):
+        if error_dir and summary.get("stopped_early") and summary.get("stop_signal") in ENDING_SIGNALS:
             # Ctrl-C or a TERM reached ddpkit's launcher too: its agent is shutting the group down and
             # will not read a return value, so a worker that waited to hand one over would sit there
             # until the agent's 30 s kill. The checkpoint is written: leave now.
