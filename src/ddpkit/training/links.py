@@ -14,7 +14,7 @@ a slow link into rank 0's node slows every other node's probe alike.
 
 Cost: one send of PROBE_BYTES per node, in sequence (1 MiB: ~1 ms on a 10 Gbit/s link, so
 ~1 ms per node every --straggler-every steps), before the next step; the ranks that do not
-probe go on and wait for the probing ones in the next step's agreement. The probe runs right
+probe go on and wait for the probing ones in the next step's gradient sync. The probe runs right
 after the all-reduce that exchanges the window's figures (by then every rank has received every
 gradient, so no gradient is still queued on a link).
 """
@@ -22,6 +22,7 @@ gradient, so no gradient is still queued on a link).
 from __future__ import annotations
 
 import time
+from statistics import median
 
 import torch
 import torch.distributed as dist
@@ -85,21 +86,15 @@ def judge_links(probe_s: dict[int, float], ranks_of: dict[int, list[int]], thres
     every node."""
     if len(probe_s) < 2 or not all(s > 0 for s in probe_s.values()):
         return []
-    median = _median(list(probe_s.values()))
+    typical = median(probe_s.values())
     return [
         {
             "node": node,
             "ranks": ranks_of[node],
-            "ratio": round(s / median, 2),
+            "ratio": round(s / typical, 2),
             "link_mb_per_s": round(PROBE_BYTES / s / 1e6, 2),
-            "others_mb_per_s": round(PROBE_BYTES / _median([t for n, t in probe_s.items() if n != node]) / 1e6, 2),
+            "others_mb_per_s": round(PROBE_BYTES / median([t for n, t in probe_s.items() if n != node]) / 1e6, 2),
         }
         for node, s in sorted(probe_s.items())
-        if s > threshold * median and s - median > min_gap_s
+        if s > threshold * typical and s - typical > min_gap_s
     ]
-
-
-def _median(values: list[float]) -> float:
-    ordered = sorted(values)
-    mid = len(ordered) // 2
-    return ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2
