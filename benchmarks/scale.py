@@ -13,6 +13,10 @@ job started by the CLI:
   rank-0 extra ms   rank 0's seconds per step outside the step runner and its data fetch
                (progress, metrics, cadence: training time minus its data, compute and wait,
                from its own timers), the work that must not grow with the world size
+  rank-0 CPU ms     the same stretch of rank 0's main thread (from one step's end to the next
+               one's data fetch) in CPU time: not inflated while rank 0 waits to be scheduled,
+               so it still shows the framework's own work per step when the world oversubscribes
+               the cores
   save ms      per checkpoint: the training run again with --save-every 1, its fit() time
                outside training minus the run's without saves, per save
   resume s     a job that resumes from that run's last checkpoint: its time to the first
@@ -54,6 +58,7 @@ COLUMNS = (
     ("hw_step_ms", "hand-written step ms"),
     ("overhead_ms", "overhead ms/step"),
     ("rank0_extra_ms", "rank-0 extra ms/step"),
+    ("rank0_cpu_ms", "rank-0 CPU between steps ms/step"),
     ("save_ms", "save ms"),
     ("resume_s", "resume s"),
     ("check_s", "check s"),
@@ -100,6 +105,11 @@ def rank0_extra_ms(r: dict) -> float:
     return 1000 * max(0.0, r["train_s"] - inside) / r["steps_done"]
 
 
+def rank0_cpu_ms(r: dict) -> float | None:
+    cpu = r.get("rank0_between_steps_cpu_s")
+    return None if cpu is None else 1000 * cpu / r["steps_done"]
+
+
 def handwritten(world: int) -> float:
     """The hand-written loop's training seconds per step, at batch 2 per process."""
     argv = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(world)]
@@ -141,6 +151,7 @@ def one_world(world: int, tmp: Path) -> dict:
         setup_s=fresh["setup_s"],
         step_ms=1000 * fresh["train_s"] / fresh["steps_done"],
         rank0_extra_ms=rank0_extra_ms(fresh),
+        rank0_cpu_ms=rank0_cpu_ms(fresh),
         save_ms=1000 * (saved["setup_s"] - fresh["setup_s"]) / EPOCHS,
         resume_s=(resumed["startup_s"] + resumed["setup_s"]) - (fresh["startup_s"] + fresh["setup_s"]),
         teardown_s=fresh["teardown_s"],
@@ -188,6 +199,7 @@ def netns_row(tmp: Path) -> dict:
             setup_s=r["fit_s"] - r["train_s"],
             step_ms=1000 * r["train_s"] / r["steps_done"],
             rank0_extra_ms=rank0_extra_ms(r),
+            rank0_cpu_ms=rank0_cpu_ms(r),
             teardown_s=max(x.seconds for x in results) - r["fit_end_s"],
         )
         port = str(net.next_port())
@@ -259,7 +271,12 @@ def plot(rows: list[dict], path: Path) -> bool:
     for key, label in (("startup_s", "startup"), ("setup_s", "setup"), ("check_s", "check"), ("hang_s", "hang report")):
         a.plot(worlds, [r.get(key) or float("nan") for r in local], marker="o", label=label)
     a.set(xscale="log", xlabel="processes", ylabel="s", title="fixed costs")
-    per_step = (("step_ms", "ddpkit step"), ("hw_step_ms", "hand-written step"), ("rank0_extra_ms", "rank-0 extra"))
+    per_step = (
+        ("step_ms", "ddpkit step"),
+        ("hw_step_ms", "hand-written step"),
+        ("rank0_extra_ms", "rank-0 extra (wall)"),
+        ("rank0_cpu_ms", "rank-0 between steps (CPU)"),
+    )
     for key, label in per_step:
         b.plot(worlds, [r.get(key) or float("nan") for r in local], marker="o", label=label)
     b.set(xscale="log", xlabel="processes", ylabel="ms per step", title="per step (batch 2 per process)")

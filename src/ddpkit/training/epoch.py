@@ -47,7 +47,10 @@ class EpochRun:
         batches = self.loader.iter_steps()
         if self.loader.n is not None:  # a stream's position must not include a batch taken ahead
             batches = iter(Prefetcher(batches, self.rt.device))
+        ended = None  # this thread's CPU clock at the last step's end
         while not until():  # asked before the next batch is taken: a stream's saved position must not include it
+            if ended is not None and self.clock is not None:
+                self.clock.between_steps(time.thread_time() - ended)
             t0 = time.perf_counter()
             item = next(batches, None)
             if item is None:
@@ -56,6 +59,7 @@ class EpochRun:
             batch, n_local, n_global = item
             t1, waited = time.perf_counter(), self.steps.wait_s
             result = self.steps.run(batch, n_local, n_global, where=f"epoch {self.epoch + 1}, step {global_step + 1}")
+            ended = time.thread_time()
             global_step += 1
             if self.clock is not None:
                 self.clock.step(t1 - t0, time.perf_counter() - t1, self.steps.wait_s - waited)

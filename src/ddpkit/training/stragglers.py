@@ -51,6 +51,7 @@ class StepClock:
         self.worst: dict[tuple[int, bool], dict[str, Any]] = {}  # (rank, a link finding): the worst
         self.data_t0 = 0.0
         self.probed = False
+        self.outside_cpu_s = 0.0  # this rank's CPU seconds (its main thread) between steps: the framework's own work
 
     def waiting_for_data(self) -> None:
         self.data_t0 = time.perf_counter()
@@ -61,6 +62,13 @@ class StepClock:
             sums[1] += max(0.0, step_s - wait_s)
             sums[2] += wait_s
             sums[3] += 1
+
+    def between_steps(self, cpu_s: float) -> None:
+        """CPU seconds of this thread from one step's end to the next one's data fetch (progress,
+        metrics, cadence, this clock's exchange): unlike wall time, not inflated while the
+        process waits to be scheduled, so it shows whether the framework's own work per step
+        grows with the world size (benchmarks/scale.py)."""
+        self.outside_cpu_s += cpu_s
 
     def step_done(self, global_step: int) -> None:
         """After each optimizer step: the window's exchange when it is due (the same step on every rank)."""
@@ -97,6 +105,7 @@ class StepClock:
                 for r, v in enumerate(ranks)
             ],
             "stragglers": [self.worst[k] for k in sorted(self.worst)],
+            **({"rank0_between_steps_cpu_s": round(self.outside_cpu_s, 4)} if self.rt.is_main else {}),
         }
 
     def _note(self, finding: dict[str, Any], global_step: int) -> None:
