@@ -2,7 +2,9 @@
 16`. Node 2 is SIGKILLed (its agent and workers) mid-epoch: node 1 resumes from the snapshot in
 its memory and continues alone. Or node 2 joins a running job: it is admitted at a restart.
 Either way the final model must be the uninterrupted 4-process run's (float64, SGD with
-momentum: only a wrong sample, batch or state could move it by 1e-5)."""
+momentum: only a wrong sample, batch or state could move it by 1e-5). Each for DDP (local rank 0
+keeps its node's replica) and HSDP (one replica group per node, every rank keeps its own shards:
+the survivors resume from their own, the joining node's ranks receive theirs from a peer)."""
 
 import json
 import subprocess
@@ -59,11 +61,20 @@ def _snapshots_left(run_id: str) -> list[Path]:
     return list(Path("/dev/shm").glob(f"ddpkit-snapshots-{run_id}-*"))
 
 
-def test_a_lost_node_resumes_from_memory_and_ends_with_the_uninterrupted_model(two_nodes, tmp_path, reference_run):
+STRATEGIES = pytest.mark.parametrize("strategy", ["ddp", "hsdp"])
+
+
+@STRATEGIES
+def test_a_lost_node_resumes_from_memory_and_ends_with_the_uninterrupted_model(
+    two_nodes, tmp_path, reference_run, strategy
+):
     reference = load_model(reference_run(*TRAIN, "--nproc", "4", "--quiet"))
     run_dir, run_id = tmp_path / "run", f"lost-{tmp_path.name}"[:40]
     endpoint = f"{two_nodes.nodes[0].ip}:{two_nodes.next_port()}"
-    started = [_start(node, run_dir, endpoint, run_id, f"node{i}.log") for i, node in enumerate(two_nodes.nodes)]
+    started = [
+        _start(node, run_dir, endpoint, run_id, f"node{i}.log", "--strategy", strategy)
+        for i, node in enumerate(two_nodes.nodes)
+    ]
     procs, logs = [p for p, _ in started], [log for _, log in started]
     try:
         _wait_epochs(run_dir, 15, procs)  # step 135: past the disk checkpoint of step 120, far from step 240
@@ -83,19 +94,31 @@ def test_a_lost_node_resumes_from_memory_and_ends_with_the_uninterrupted_model(t
     assert not _snapshots_left(run_id)  # the survivor's, and the lost node's
 
 
-def test_a_node_that_joins_a_running_job_is_admitted_and_the_model_is_the_same(two_nodes, tmp_path, reference_run):
+@STRATEGIES
+def test_a_node_that_joins_a_running_job_is_admitted_and_the_model_is_the_same(
+    two_nodes, tmp_path, reference_run, strategy
+):
     reference = load_model(reference_run(*TRAIN, "--nproc", "4", "--quiet"))
     run_dir, run_id = tmp_path / "run", f"join-{tmp_path.name}"[:40]
     endpoint = f"{two_nodes.nodes[0].ip}:{two_nodes.next_port()}"
     # node 1 alone (world 2), slowed to 60 ms a step so that it is still training when node 2 has started
     first, first_log = _start(
-        two_nodes.nodes[0], run_dir, endpoint, run_id, "node1.log", env={"WINE_STEP_SLEEP_S": "0.06"}
+        two_nodes.nodes[0],
+        run_dir,
+        endpoint,
+        run_id,
+        "node1.log",
+        "--strategy",
+        strategy,
+        env={"WINE_STEP_SLEEP_S": "0.06"},
     )
     try:
         _wait_epochs(run_dir, 1, [first])
         # a joining node continues the run (its run directory already holds one); node 1's
         # workers, restarted by torch to admit it, are told of no restart: they resume all the same
-        second, second_log = _start(two_nodes.nodes[1], run_dir, endpoint, run_id, "node2.log", "--auto-resume")
+        second, second_log = _start(
+            two_nodes.nodes[1], run_dir, endpoint, run_id, "node2.log", "--auto-resume", "--strategy", strategy
+        )
     except BaseException:
         first.kill()
         raise

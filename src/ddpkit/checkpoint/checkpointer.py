@@ -20,14 +20,14 @@ import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterator, Protocol
+from typing import Any, Callable, Iterator, Protocol, cast
 
 import torch
 from torch import nn
 
 from ..errors import DdpkitError
 from . import file as ckpt_file
-from .memory import MemorySnapshots, wanted
+from .memory import MemorySnapshots, shard_plan, wanted
 from .retention import prune, record_metric
 from .schema import Header
 from .snapshot import SnapshotStore
@@ -63,6 +63,16 @@ class ModelState(Protocol):
     checkpoint_kind: str  # "file" or "sharded"
 
     def load_full(self, model: nn.Module, optimizer: torch.optim.Optimizer, ckpt: dict[str, Any]) -> None: ...
+
+
+class ShardedModelState(ModelState, Protocol):
+    """A sharded strategy (FSDP/HSDP) also keeps and loads each rank's own shards (memory snapshots)."""
+
+    shard: tuple[int, int]  # (this rank's shard index, the number of shards)
+
+    def local_shards(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]: ...
+
+    def load_local_shards(self, model: nn.Module, optimizer: torch.optim.Optimizer, saved: dict[str, Any]) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -113,21 +123,24 @@ class Checkpointer:
         self.memory = self._memory(policy.snapshot_every)
 
     def _memory(self, every: int | None) -> MemorySnapshots | None:
-        """Snapshots in each node's memory: for DDP's replicas under a restarting agent."""
-        if every == 0:
+        """Snapshots in each node's memory under a restarting agent: DDP's local rank 0 keeps its
+        replica; under FSDP/HSDP every rank keeps its own shards."""
+        if every == 0 or not wanted():
             return None
-        why_not = wanted(every, self.strategy.checkpoint_kind)
-        if why_not == "sharded":
-            self.rt.print(
-                "ddpkit: memory snapshots are for DDP (every rank holds the whole state); under FSDP a "
-                "restart resumes from the last disk checkpoint"
-            )
-        if why_not is not None:
-            return None
-        store = None
-        if self.rt.env.local_rank == 0:
-            store = SnapshotStore.for_this_node(os.environ["TORCHELASTIC_RUN_ID"])
+        run_id = os.environ["TORCHELASTIC_RUN_ID"]
+        if self.sharded:
+            store = SnapshotStore.for_this_node(run_id, shard=self._shards.shard)
+            return MemorySnapshots(self.rt, every, store, sharded=True)
+        store = SnapshotStore.for_this_node(run_id) if self.rt.env.local_rank == 0 else None
         return MemorySnapshots(self.rt, every, store)
+
+    @property
+    def sharded(self) -> bool:
+        return self.strategy.checkpoint_kind == "sharded"
+
+    @property
+    def _shards(self) -> ShardedModelState:
+        return cast(ShardedModelState, self.strategy)
 
     def register(self, name: str, part: Part) -> None:
         self.parts[name] = part
@@ -174,6 +187,8 @@ class Checkpointer:
                 ckpt_file.model_signature(unwrap(self.model).state_dict()),
                 [len(g["params"]) for g in self.optimizer.param_groups],
             )
+            if self.sharded:  # this rank's shards only (no collective)
+                return {**header.to_dict(), **self._shards.local_shards(self.model, self.optimizer)}
             return {
                 **header.to_dict(),
                 "model": plain_state_dict(self.model),
@@ -287,6 +302,8 @@ class Checkpointer:
         self._check_parts(header.parts)
         if kind == "file":
             self.strategy.load_full(self.model, self.optimizer, payload)
+        elif kind == "shards":
+            self._shards.load_local_shards(self.model, self.optimizer, payload)
         else:
             from .sharded import load_dcp
 
@@ -329,6 +346,8 @@ class Checkpointer:
             disk_step = int(disk[1].get("global_step") or 0)
         everyone = self.rt.all_gather_object({**self.memory.held(), "disk": disk_step})
         disk_step = everyone[0]["disk"]
+        if self.sharded:
+            return self._newest_shards(everyone, disk, disk_step)
         offers = [(h["snapshot"], -rank) for rank, h in enumerate(everyone) if h.get("snapshot") is not None]
         step, source = max(offers, default=(-1, 0))
         if offers and (disk_step is None or step > disk_step):
@@ -336,6 +355,28 @@ class Checkpointer:
             mine = ("file", self.memory.read(step), where) if self.rt.rank == -source else None
             self.memory.restarted(everyone, "memory", step, disk_step)
             return self.rt.broadcast_object(mine, src=-source)
+        self.memory.restarted(everyone, "disk", disk_step or 0, disk_step)
+        return self.rt.broadcast_object(disk)
+
+    def _newest_shards(
+        self, everyone: list[dict[str, Any]], disk: tuple[str, Any, str | None] | None, disk_step: int | None
+    ) -> tuple[str, Any, str | None]:
+        """Sharded: memory serves when every shard of one step newer than the disk checkpoint is
+        held by some node; each rank takes its own shard index's (memory.shard_plan). Otherwise
+        the disk checkpoint, and rank 0 says why memory could not serve."""
+        assert self.memory is not None
+        count = self._shards.shard[1]
+        plan = shard_plan(everyone, count)
+        if isinstance(plan, tuple) and (disk_step is None or plan[0] > disk_step):
+            step, sources = plan
+            received = sum(src != rank for rank, src in enumerate(sources))
+            where = f"memory (each rank's shards of step {step}; {received} rank(s) received theirs from another node)"
+            mine = self.memory.fetch_shards(step, sources, count)
+            self.memory.restarted(everyone, "memory", step, disk_step)
+            return ("shards", mine, where)
+        if isinstance(plan, str) and any(h.get("progress") for h in everyone):
+            fallback = "no checkpoint" if disk_step is None else f"the disk checkpoint of step {disk_step}"
+            self.rt.print(f"ddpkit: memory snapshots cannot resume this run: {plan}; resuming from {fallback}")
         self.memory.restarted(everyone, "disk", disk_step or 0, disk_step)
         return self.rt.broadcast_object(disk)
 

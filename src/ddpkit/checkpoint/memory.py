@@ -17,22 +17,23 @@ COST_SHARE = 0.05  # auto: a snapshot may cost this share of a step
 MEASURE_STEPS = 5  # auto: steps measured (after the first) before K is chosen
 
 
-def wanted(every: int | None, kind: str) -> str | None:
-    """Why snapshots are not taken in this worker (None: they are). Only a worker that torch's
-    agent restarts (--max-restarts) can resume from one."""
-    if not os.environ.get("TORCHELASTIC_RUN_ID") or int(os.environ.get("TORCHELASTIC_MAX_RESTARTS", "0") or 0) < 1:
-        return "no restarts"
-    if kind != "file":
-        return "sharded"
-    return None
+def wanted() -> bool:
+    """Whether snapshots are taken in this worker: only a worker that torch's agent restarts
+    (--max-restarts) can resume from one."""
+    return (
+        bool(os.environ.get("TORCHELASTIC_RUN_ID")) and int(os.environ.get("TORCHELASTIC_MAX_RESTARTS", "0") or 0) > 0
+    )
 
 
 class MemorySnapshots:
     """What a worker does about snapshots. Every rank takes part in the choice of K and in the
-    position of a snapshot (a collective inside a pass); only local rank 0 writes."""
+    position of a snapshot (a collective inside a pass). DDP: only local rank 0 writes (its
+    replica is everyone's); sharded (`store.shard` set): every rank writes its own shards. Local
+    rank 0 records the node's last step done."""
 
-    def __init__(self, rt: Any, every: int | None, store: SnapshotStore | None) -> None:
-        self.rt, self.store = rt, store
+    def __init__(self, rt: Any, every: int | None, store: SnapshotStore | None, sharded: bool = False) -> None:
+        self.rt, self.store, self.sharded = rt, store, sharded
+        self.marks = store is not None and rt.env.local_rank == 0
         self.auto = every is None
         self.every = every or 1
         self.calls, self.cost, self.started, self.last_call = 0, 0.0, 0.0, 0.0
@@ -47,7 +48,7 @@ class MemorySnapshots:
             taken = state()
             if self.store is not None:
                 self._keep(lambda: self.store.write(step, taken))
-        if self.store is not None:
+        if self.store is not None and self.marks:
             self._keep(lambda: self.store.mark(step))
         if self._failed_at is not None:
             self._report_recovery()
@@ -82,14 +83,27 @@ class MemorySnapshots:
 
     # -- a restart ------------------------------------------------------------------
     def held(self) -> dict[str, Any]:
-        """What this rank can offer a restart: its node's newest snapshot, its last step done."""
+        """What this rank can offer a restart: its node's newest snapshot (sharded: every shard
+        file its node holds), its node's last step done."""
         if self.store is None:
             return {}
+        if self.sharded:
+            return {"shards": self.store.shards(), "progress": self.store.progress()}
         return {"snapshot": self.store.newest(), "progress": self.store.progress()}
 
-    def read(self, step: int) -> dict[str, Any]:
+    def read(self, step: int, shard: tuple[int, int] | None = None) -> dict[str, Any]:
         assert self.store is not None
-        return self.store.read(step)
+        return self.store.read(step, shard)
+
+    def fetch_shards(self, step: int, sources: list[int], count: int) -> dict[str, Any]:
+        """Collective: this rank's shards of `step` (shard index: rank % count), read from its
+        node's memory when `sources[rank]` is itself, else received from that rank (a node that
+        holds them: HSDP's surviving replica group, for the ranks of a node that joined or
+        lost its snapshots)."""
+        rank = self.rt.rank
+        moves = [(src, dst) for dst, src in enumerate(sources) if src != dst]
+        got = self.rt.pass_objects(moves, lambda dst: self.read(step, (dst % count, count)))
+        return self.read(step, (rank % count, count)) if sources[rank] == rank else got
 
     def restarted(self, everyone: list[dict[str, Any]], source: str, step: int, disk_step: int | None) -> None:
         """After a failure (a node held its last step done): what the resume redoes; the time to
@@ -125,8 +139,13 @@ class MemorySnapshots:
         )
 
     def end(self) -> None:
-        """The run's normal end: this node's memory is given back."""
+        """Collective when sharded: the run's normal end, this node's memory given back (once
+        every rank of the node has finished writing into it)."""
         if self.store is not None:
+            self.store.wait()
+        if self.sharded:
+            self.rt.barrier()
+        if self.store is not None and self.marks:
             self.store.remove()
 
 
@@ -140,3 +159,41 @@ def _process_start() -> float | None:
         return boot + ticks / os.sysconf("SC_CLK_TCK")
     except (OSError, ValueError, IndexError, StopIteration):
         return None
+
+
+def shard_plan(everyone: list[dict[str, Any]], count: int) -> tuple[int, list[int]] | str | None:
+    """Which step a sharded run can resume from memory, and from which rank each rank takes its
+    shards: the newest step of which every one of this run's `count` shards is held by some
+    node (itself when its own node holds its shard, else the lowest rank of the same shard index whose
+    node does, else the lowest such rank of any index).
+    A str says why memory cannot serve (the shards of another layout, or shards lost with a
+    node); None: no node holds any snapshot."""
+    held: dict[int, dict[int, list[int]]] = {}  # step -> shard index -> ranks whose node holds it
+    counts = set()
+    for rank, h in enumerate(everyone):
+        for step, index, n in h.get("shards") or ():
+            counts.add(n)
+            if n == count:
+                held.setdefault(step, {}).setdefault(index, []).append(rank)
+    if not counts:
+        return None
+    complete = [step for step, by_index in held.items() if len(by_index) == count]
+    if not complete:
+        if count not in counts:
+            return (
+                f"the snapshots in memory hold {'/'.join(map(str, sorted(counts)))} shards of each parameter "
+                f"and this run {count}"
+            )
+        newest = max(held)
+        lost = ", ".join(str(i) for i in range(count) if i not in held[newest])
+        return (
+            f"no node holds shard(s) {lost} of {count} of the newest snapshot (step {newest}): they were on "
+            "the lost node(s) (plain FSDP keeps one copy of each shard; --strategy hsdp keeps a replica per node)"
+        )
+    step = max(complete)
+    sources = []
+    for rank in range(len(everyone)):
+        holders = held[step][rank % count]  # any rank of a node that holds the file can read it
+        peers = [r for r in holders if r % count == rank % count]  # its replica-group peers first: one read each
+        sources.append(rank if rank in holders else min(peers or holders))
+    return step, sources

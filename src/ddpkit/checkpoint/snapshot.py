@@ -6,6 +6,11 @@ torch's agent, which restarts every worker after a failure, leaves that folder a
 restarted workers resume from it when it is newer than the last disk checkpoint (the
 checkpointer decides, checkpointer.py). Disk checkpoints stay for the loss of the whole job.
 
+Under FSDP/HSDP no rank holds the whole state: every rank writes its own shards
+(`snapshot-STEP-shard-I-of-N.pt`, I its shard index) into its node's folder, and a restart
+can resume from memory only when every shard of one step is still held by some node (HSDP:
+a surviving replica group; plain FSDP: no node was lost, only workers).
+
 The folder is named after the rendezvous run id and the agent's process id, so that several
 "nodes" sharing one /dev/shm (namespaces on one machine) and several jobs never read each
 other's snapshots, while the restarted workers of the same agent find theirs.
@@ -27,21 +32,30 @@ from .file import BackgroundWriter, atomic_save
 SHM = Path("/dev/shm")
 KEEP = 2  # the one being written never replaces the last complete one
 _NAME = re.compile(r"^snapshot-(\d+)\.pt$")
+_SHARD = re.compile(r"^snapshot-(\d+)-shard-(\d+)-of-(\d+)\.pt$")
 _PREFIX = "ddpkit-snapshots-"
 
 
 class SnapshotStore:
     """This node's newest states, `KEEP` at most, each written atomically (a temporary file, then
-    a rename), one write at a time in a background thread; `mark` records the last step done."""
+    a rename), one write at a time in a background thread; `mark` records the last step done.
+    `shard` (index, count): this rank writes its shards only, and keeps its own `KEEP` newest."""
 
-    def __init__(self, folder: Path) -> None:
-        self.folder = folder
+    def __init__(self, folder: Path, shard: tuple[int, int] | None = None) -> None:
+        self.folder, self.shard = folder, shard
         self._writer = BackgroundWriter("ddpkit-snapshot", daemon=True)
 
     @classmethod
-    def for_this_node(cls, run_id: str, root: Path | None = None) -> SnapshotStore:
+    def for_this_node(
+        cls, run_id: str, root: Path | None = None, shard: tuple[int, int] | None = None
+    ) -> SnapshotStore:
         """The folder of this agent's workers (their parent process) in this job."""
-        return cls((root or SHM) / f"{_PREFIX}{_safe(run_id)}-{os.getppid()}")
+        return cls((root or SHM) / f"{_PREFIX}{_safe(run_id)}-{os.getppid()}", shard)
+
+    def path(self, step: int, shard: tuple[int, int] | None = None) -> Path:
+        if shard is None:
+            return self.folder / f"snapshot-{step:010d}.pt"
+        return self.folder / f"snapshot-{step:010d}-shard-{shard[0]}-of-{shard[1]}.pt"
 
     # -- writing ----------------------------------------------------------------------
     def write(self, step: int, state: dict[str, Any]) -> None:
@@ -52,9 +66,13 @@ class SnapshotStore:
         self._writer.submit(lambda: self._write(step, state))
 
     def _write(self, step: int, state: dict[str, Any]) -> None:
-        atomic_save(state, self.folder / f"snapshot-{step:010d}.pt")
-        for old in self.steps()[:-KEEP]:
-            (self.folder / f"snapshot-{old:010d}.pt").unlink(missing_ok=True)
+        atomic_save(state, self.path(step, self.shard))
+        if self.shard is None:
+            old = self.steps()[:-KEEP]
+        else:
+            old = sorted(st for st, i, n in self.shards() if (i, n) == self.shard)[:-KEEP]
+        for step_ in old:
+            self.path(step_, self.shard).unlink(missing_ok=True)
 
     def wait(self) -> None:
         """Until the write in flight is done; its error, if any, is raised here."""
@@ -81,8 +99,16 @@ class SnapshotStore:
         steps = self.steps()
         return steps[-1] if steps else None
 
-    def read(self, step: int) -> dict[str, Any]:
-        return torch.load(self.folder / f"snapshot-{step:010d}.pt", map_location="cpu", weights_only=False)
+    def shards(self) -> list[tuple[int, int, int]]:
+        """(step, shard index, shard count) of every complete shard file this node holds."""
+        try:
+            names = os.listdir(self.folder)
+        except FileNotFoundError:
+            return []
+        return sorted((int(m[1]), int(m[2]), int(m[3])) for m in map(_SHARD.match, names) if m)
+
+    def read(self, step: int, shard: tuple[int, int] | None = None) -> dict[str, Any]:
+        return torch.load(self.path(step, shard), map_location="cpu", weights_only=False)
 
     def progress(self) -> tuple[int, float] | None:
         try:

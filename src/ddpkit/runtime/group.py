@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import gc
 from datetime import timedelta
-from typing import Any
+from typing import Any, Callable
 
 import torch
 import torch.distributed as dist
@@ -125,6 +125,21 @@ class Runtime:
         box = [obj]
         dist.broadcast_object_list(box, src=src)
         return box[0]
+
+    def pass_objects(self, moves: list[tuple[int, int]], send: Callable[[int], Any]) -> Any:
+        """Point to point, every rank walking the same `moves` ((source, destination) ranks) in
+        the same order: a source sends `send(destination)`, a destination receives; returns what
+        this rank received last (None if nothing). Each move's two ranks are done with every
+        earlier move when they reach it, so the walk cannot deadlock; the others take no part."""
+        got = None
+        for src, dst in moves:
+            if self.rank == src:
+                dist.send_object_list([send(dst)], dst=dst)
+            elif self.rank == dst:
+                box: list[Any] = [None]
+                dist.recv_object_list(box, src=src)
+                got = box[0]
+        return got
 
     def barrier(self) -> None:
         if dist.is_initialized():

@@ -17,9 +17,15 @@ from typing import Any, ContextManager, Iterator
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict, set_state_dict
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_model_state_dict,
+    get_state_dict,
+    set_state_dict,
+)
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+from torch.distributed.tensor import DTensor
 
 from ..checkpoint.state import optimizer_state_by_name
 from ..errors import DdpkitError
@@ -141,6 +147,39 @@ class FsdpStrategy(Strategy):
         state = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
         return {k: v.detach().clone() for k, v in state.items()} if self.rt.is_main else None
 
+    @property
+    def shard(self) -> tuple[int, int]:
+        """(this rank's shard index, the number of shards): which part of every parameter it
+        holds. The mesh is (replicate, shard) over the ranks in order, so the index is the rank
+        modulo the shards (HSDP's default: a node's local rank)."""
+        shards = self.mesh_shape[1]
+        return self.rt.rank % shards, shards
+
+    def local_shards(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+        """This rank's shards of the model and optimizer as plain CPU tensors (a copy the
+        training does not change), keyed by parameter name: what a memory snapshot keeps.
+        No collective."""
+        model_state, optim_state = get_state_dict(model, optimizer)
+        return {"model": _to_local(model_state), "optim": _to_local(optim_state), "shard": self.shard}
+
+    def load_local_shards(self, model: nn.Module, optimizer: torch.optim.Optimizer, saved: dict[str, Any]) -> None:
+        """What local_shards kept (this shard index's, from any rank that held it) into this
+        rank's part of the model and optimizer. Every parameter is laid out as before (the same
+        number of shards), so each local tensor goes back where it was; placements come from this
+        run's mesh (HSDP on one node after the loss of the others is a 1-D mesh)."""
+        if tuple(saved["shard"]) != self.shard:
+            raise DdpkitError(f"a snapshot of shard {tuple(saved['shard'])} offered to shard {self.shard}")
+        params = dict(get_model_state_dict(model))
+        model_state = _from_local(saved["model"], lambda name, _: params[name])
+        optim = saved["optim"]
+        state = {name: _from_local(per, lambda _, __, name=name: params[name]) for name, per in optim["state"].items()}
+        set_state_dict(
+            model,
+            optimizer,
+            model_state_dict=model_state,
+            optim_state_dict={"state": state, "param_groups": optim["param_groups"]},
+        )
+
     def load_full(self, model: nn.Module, optimizer: torch.optim.Optimizer, ckpt: dict[str, Any]) -> None:
         """A one-file (DDP) checkpoint into the sharded model: every rank keeps its part."""
         set_state_dict(
@@ -150,6 +189,57 @@ class FsdpStrategy(Strategy):
             optim_state_dict=optimizer_state_by_name(model, optimizer, ckpt["optimizer"]),
             options=StateDictOptions(full_state_dict=True),
         )
+
+
+class LocalShard:
+    """A DTensor's local part, kept as a plain tensor (a memory snapshot); put back with its
+    parameter's placements."""
+
+    __slots__ = ("tensor",)
+
+    def __init__(self, tensor: torch.Tensor) -> None:
+        self.tensor = tensor
+
+    def __getstate__(self) -> torch.Tensor:
+        return self.tensor
+
+    def __setstate__(self, tensor: torch.Tensor) -> None:
+        self.tensor = tensor
+
+
+def _to_local(state: Any) -> Any:
+    """A nested state with each DTensor replaced by a LocalShard of its local tensor and every
+    tensor copied to the CPU."""
+    if isinstance(state, DTensor):
+        return LocalShard(state.to_local().detach().to("cpu", copy=True))
+    if isinstance(state, torch.Tensor):
+        return state.detach().to("cpu", copy=True)
+    if isinstance(state, dict):
+        return {k: _to_local(v) for k, v in state.items()}
+    if isinstance(state, (list, tuple)):
+        return type(state)(_to_local(v) for v in state)
+    return state
+
+
+def _from_local(state: dict[str, Any], like: Any) -> dict[str, Any]:
+    """`_to_local`'s flat dict back: each LocalShard a DTensor laid out as `like(key, value)`
+    (the parameter it belongs to); a local shape that differs is refused, never reshaped."""
+    out: dict[str, Any] = {}
+    for key, value in state.items():
+        if isinstance(value, LocalShard):
+            ref = like(key, value)
+            if not isinstance(ref, DTensor) or tuple(ref.to_local().shape) != tuple(value.tensor.shape):
+                raise DdpkitError(f"a memory snapshot's shard of {key} does not fit this run's layout")
+            value = DTensor.from_local(
+                value.tensor.to(ref.device),
+                ref.device_mesh,
+                ref.placements,
+                run_check=False,
+                shape=ref.shape,
+                stride=ref.stride(),
+            )
+        out[key] = value
+    return out
 
 
 @contextlib.contextmanager

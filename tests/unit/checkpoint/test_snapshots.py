@@ -114,3 +114,47 @@ def test_a_snapshot_that_cannot_be_written_warns_and_the_training_goes_on(tmp_pa
         memory.after_step(2, lambda: {"w": torch.zeros(1)})
     assert memory.store is None and memory.held() == {}
     assert capsys.readouterr().out.count("ddpkit: warning: cannot keep snapshots in") == 1
+
+
+def test_a_sharded_store_keeps_each_ranks_two_newest_shards_in_the_nodes_folder(tmp_path):
+    folder = tmp_path / "node"
+    ranks = [SnapshotStore(folder, shard=(i, 2)) for i in range(2)]
+    for step in (2, 4, 6):
+        for i, store in enumerate(ranks):
+            if step < 6 or i == 0:  # rank 1's write of step 6 never happened (it died)
+                store.write(step, {"w": torch.full((2,), float(10 * step + i))})
+    for store in ranks:
+        store.wait()
+    # each rank prunes its own: rank 0 dropped step 2, rank 1 (2 written) kept both
+    assert ranks[0].shards() == [(2, 1, 2), (4, 0, 2), (4, 1, 2), (6, 0, 2)] == ranks[1].shards()
+    assert torch.equal(ranks[1].read(4, (1, 2))["w"], torch.full((2,), 41.0))
+
+
+def _offers(*nodes):
+    """everyone's held() for ranks laid out node by node: nodes = [(ranks on it, its shard files)]."""
+    return [{"shards": files} for n_ranks, files in nodes for _ in range(n_ranks)]
+
+
+def test_the_shard_plan_takes_the_newest_step_whose_every_shard_some_node_holds():
+    from ddpkit.checkpoint.memory import shard_plan
+
+    full = [(4, 0, 2), (4, 1, 2), (6, 0, 2)]  # step 6's shard 1 is missing
+    # one node of 2 ranks after the loss of the other (HSDP's surviving replica group): its own shards
+    assert shard_plan(_offers((2, full)), 2) == (4, [0, 1])
+    # a node that joined (ranks 0, 1 hold nothing): each takes its shard from the rank of the same
+    # index on the node that holds them
+    assert shard_plan(_offers((2, []), (2, full)), 2) == (4, [2, 3, 2, 3])
+    # when several hold it, the lowest one; the ranks that hold theirs read their own
+    assert shard_plan(_offers((2, full), (2, full)), 2) == (4, [0, 1, 2, 3])
+    assert shard_plan(_offers((2, [])), 2) is None
+
+
+def test_the_shard_plan_says_why_memory_cannot_serve():
+    from ddpkit.checkpoint.memory import shard_plan
+
+    # plain FSDP over 2 nodes: the lost node held shards 2 and 3
+    lost = shard_plan(_offers((2, [(8, 0, 4), (8, 1, 4)])), 4)
+    assert "no node holds shard(s) 2, 3 of 4 of the newest snapshot (step 8)" in lost and "hsdp" in lost
+    # 4 shards in memory, the run now shards 2 ways (plain FSDP on the surviving node)
+    other = shard_plan(_offers((2, [(8, i, 4) for i in range(4)])), 2)
+    assert other == "the snapshots in memory hold 4 shards of each parameter and this run 2"
