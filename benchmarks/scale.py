@@ -80,7 +80,12 @@ def ddpkit(args: list[str], timeout: float = 600, prefix: list[str] | None = Non
     p = subprocess.run(
         [*(prefix or []), sys.executable, "-m", "ddpkit", *args], env=e, capture_output=True, text=True, timeout=timeout
     )
-    out = {"rc": p.returncode, "wall_s": time.perf_counter() - t0, "stderr": p.stderr[-2000:]}
+    out = {
+        "rc": p.returncode,
+        "wall_s": time.perf_counter() - t0,
+        "stderr": p.stderr[-2000:],
+        "stdout": p.stdout[-3000:],
+    }
     for line in (p.stdout + p.stderr).splitlines():
         if line.startswith("RESULT "):
             out.update(json.loads(line[7:]), wall_s=out["wall_s"])
@@ -161,6 +166,8 @@ def one_world(world: int, tmp: Path) -> dict:
         row["overhead_ms"] = row["step_ms"] - row["hw_step_ms"]
         check = ddpkit(["check", "--nproc", str(world), "--run-dir", str(tmp / "check")])
         row["check_s"] = check["wall_s"] if check["rc"] == 0 else None
+        if check["rc"] != 0:  # the cell stays empty: say why
+            print(f"ddpkit check at world {world} failed:\n{check['stdout']}{check['stderr']}", file=sys.stderr)
         row["hang_s"] = hang_report_s(world, tmp)
     else:
         row["hw_step_ms"] = handwritten(1)
@@ -211,6 +218,8 @@ def netns_row(tmp: Path) -> dict:
             uts=True,
         )
         row["check_s"] = time.perf_counter() - t0 if all(c.returncode == 0 for c in checks) else None
+        if row["check_s"] is None:  # the cell stays empty: say why (node 1 prints the table)
+            print("netns check failed:\n" + "\n".join(str(c) for c in checks), file=sys.stderr)
     return row
 
 

@@ -239,7 +239,9 @@ def run_dir_probe(run_dir: Path, key: str, rank: int, world: int, store: Any) ->
 
 
 def port_probe(store: Any, key: str, rank: int, world: int, nodes: list[int], master_addr: str) -> list[dict[str, Any]]:
-    """Each node's first rank listens on a free port; every other node's first rank connects."""
+    """Each node's first rank listens on a free port; every other node's first rank connects.
+    Only those first ranks take part in the barrier before the ports close (the others only hand
+    rank 0 an empty list)."""
     if store is None or len(nodes) < 2:
         gather(store, f"{key}/ports", rank, world, [])
         return []
@@ -262,9 +264,12 @@ def port_probe(store: Any, key: str, rank: int, world: int, nodes: list[int], ma
                 results.append(
                     {"from": rank, "to": peer, "address": f"{addr}:{port}", "ok": False, "error": e.strerror or str(e)}
                 )
-    everyone = gather(store, f"{key}/ports", rank, world, results)
     if listener is not None:
+        # a node done with its peers keeps its port open until every node has tried it:
+        # closing at once refuses the nodes still connecting (the more nodes, the more often)
+        barrier(store, f"{key}/ports-tried", rank, len(nodes))
         listener.close()
+    everyone = gather(store, f"{key}/ports", rank, world, results)
     return [r for rs in everyone or [] for r in rs]
 
 

@@ -166,3 +166,30 @@ def test_facts_gather_on_rank_0_and_its_verdict_reaches_every_rank():
     assert got[0][0] == [{"rank": r} for r in range(world)]
     assert all(got[r][0] is None for r in range(1, world))
     assert all(got[r][1] == "from 0" for r in range(world))
+
+
+def test_every_node_reaches_every_other_nodes_port_even_when_some_finish_early():
+    """Through a real store, node leaders in threads (each its own listener on this machine):
+    a leader that has tried all its peers keeps its port open until every leader has tried
+    it; closing at once refused the slower leaders' connections."""
+    import threading
+
+    import torch.distributed as dist
+
+    from ddpkit.tools.check import port_probe
+
+    store, leaders, got = dist.HashStore(), 8, {}
+
+    def leader(r):
+        got[r] = port_probe(store, "k", r, leaders, list(range(leaders)), "127.0.0.1")
+
+    threads = [threading.Thread(target=leader, args=(r,)) for r in range(leaders)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+    ports = got[0]
+    assert sorted((p["from"], p["to"]) for p in ports) == [
+        (a, b) for a in range(leaders) for b in range(leaders) if a != b
+    ]
+    assert [p for p in ports if not p["ok"]] == []
