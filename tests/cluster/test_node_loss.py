@@ -94,7 +94,10 @@ def test_a_lost_node_resumes_from_memory_and_ends_with_the_uninterrupted_model(
     assert not _snapshots_left(run_id)  # the survivor's, and the lost node's
 
 
-@STRATEGIES
+# HSDP only: the join itself is the same for DDP, and DDP's way of handing the snapshot over (a
+# broadcast from the lowest rank holding it) is the lost-node test's too; HSDP's joining ranks
+# receive their shards point to point, which nothing else exercises
+@pytest.mark.parametrize("strategy", ["hsdp"])
 def test_a_node_that_joins_a_running_job_is_admitted_and_the_model_is_the_same(
     two_nodes, tmp_path, reference_run, strategy
 ):
