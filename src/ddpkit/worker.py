@@ -29,6 +29,7 @@ from .reporting.summary import format_summary
 from .runtime import Runtime
 from .runtime.watchdog import HangWatchdog, fresh_hang_dir, is_timeout
 from .task import Task, as_task, build_task
+from .textfile import write_text_atomic
 from .training.loop import fit
 from .training.signals import ENDING_SIGNALS, StopRequest
 from .training.trace import to_float64
@@ -217,9 +218,7 @@ def request_requeue(stop: StopRequest) -> None:
         return
     request = os.environ.get(REQUEUE_FILE_VAR)
     if request:
-        tmp = Path(f"{request}.tmp")
-        tmp.write_text(f"{job}\n")
-        os.replace(tmp, request)  # the batch script sees the whole request or none
+        write_text_atomic(request, f"{job}\n")  # the batch script sees the whole request or none
         print(f"ddpkit: checkpoint saved; the batch script requeues SLURM job {job}", flush=True)
         return
     requeue_slurm_job(job)

@@ -13,7 +13,9 @@ LAYERS = [
         "errors",
         "envvars",
         "tree",
-    ],  # envvars: variable names both sides read; tree: the one walk over nested batches and states
+        "textfile",
+    ],  # envvars: variable names both sides read; tree: the one walk over nested batches and states;
+    # textfile: small text files written whole or not at all
     ["config_values"],
     ["strategy_config"],  # the strategies' typed settings and rules, which config's validation calls
     ["config_groups"],  # each group's choices and checks, below RunConfig

@@ -12,6 +12,7 @@ import os
 import shutil
 from pathlib import Path
 
+from ..textfile import write_text_atomic
 from .file import CKPT_DIR, list_checkpoints
 
 METRICS = "metrics.json"  # checkpoint name -> its --best-metric value
@@ -29,9 +30,7 @@ def record_metric(run_dir: str | os.PathLike, name: str, value: float) -> None:
     path = Path(run_dir) / CKPT_DIR / METRICS
     known = _metrics(run_dir)
     known[name] = float(value)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(known, indent=1))
-    os.replace(tmp, path)
+    write_text_atomic(path, json.dumps(known, indent=1))
 
 
 def _metrics(run_dir: str | os.PathLike) -> dict[str, float]:

@@ -27,6 +27,7 @@ from typing import Any
 
 import torch
 
+from ..textfile import write_text_atomic
 from .file import BackgroundWriter, atomic_save
 
 SHM = Path("/dev/shm")
@@ -82,9 +83,7 @@ class SnapshotStore:
         """The last optimizer step this node finished, and when (what a restart redoes and how
         long it took to train again are measured from it)."""
         self.folder.mkdir(parents=True, exist_ok=True)
-        tmp = self.folder / ".progress.tmp"
-        tmp.write_text(f"{step} {time.time()!r}\n")
-        os.replace(tmp, self.folder / "progress")
+        write_text_atomic(self.folder / "progress", f"{step} {time.time()!r}\n")
 
     # -- reading ----------------------------------------------------------------------
     def steps(self) -> list[int]:

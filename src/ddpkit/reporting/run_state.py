@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import DdpkitError
+from ..textfile import write_text_atomic
 
 FAILED_FILE = "failed.json"
 STATES = ("finished", "stopped", "failed", "running?")
@@ -31,10 +32,8 @@ def record_failure(run_dir: str | os.PathLike, error: BaseException, rank: int |
     if rank is not None:
         message = f"rank {rank}: {message}"
     record = {"error": message[:500], "time": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
-    tmp = folder / f".{FAILED_FILE}.tmp"
     try:
-        tmp.write_text(json.dumps(record, indent=2) + "\n")
-        os.replace(tmp, folder / FAILED_FILE)
+        write_text_atomic(folder / FAILED_FILE, json.dumps(record, indent=2) + "\n")
     except OSError:
         pass  # the run's own error is what the user needs to see, not this one
 
