@@ -329,7 +329,7 @@ class RunConfig:
         None,
         "with --max-restarts: keep the newest state in each node's memory (/dev/shm) every K optimizer steps, "
         "so that after a lost node or process the survivors resume from it rather than from the last disk "
-        "checkpoint (DDP); 0 = off",
+        "checkpoint (FSDP/HSDP: each process keeps its own shards; used when every shard survived); 0 = off",
         group=FAULTS,
         type=int,
         metavar="K",
