@@ -19,6 +19,7 @@ import torch
 
 from .checkpoint import hf_config
 from .checkpoint.export import export_run
+from .checkpoint.world_mark import WorldMark
 from .config import RunConfig
 from .environments import DistEnv
 from .envvars import BENCH_RESULT_VAR, ERROR_DIR_VAR, LAUNCH_TIME_VAR, REQUEUE_FILE_VAR
@@ -135,8 +136,10 @@ def _train(cfg: RunConfig, env: DistEnv, held: contextlib.ExitStack, given: Task
         if watchdog is not None:
             watchdog.watch_model(task.model)  # a forward pass is progress
         seed_everything(cfg.seed + 1 + env.rank)  # then per-rank streams (dropout, augmentation)
+        mark = WorldMark(run_dir, rt.is_main, env.world_size, env.nnodes)  # the folder is this world's from now on
         if rt.is_main:
             run_dir.mkdir(parents=True, exist_ok=True)
+            mark.claim()  # before this world writes there: a world still training there stops at its next step
             (run_dir / "config.json").write_text(json.dumps(cfg.as_dict(), indent=2) + "\n")
             not_kept = hf_config.record(task.model, run_dir, required=cfg.export == "hf")  # for export --format hf
             if not_kept:
@@ -148,7 +151,7 @@ def _train(cfg: RunConfig, env: DistEnv, held: contextlib.ExitStack, given: Task
         stop = held.enter_context(StopRequest(cfg.save_on_signal.split(","))) if cfg.save_on_signal else None
         fit_start = time.time()
         try:
-            stats = fit(cfg, task, rt, run_dir, stop)
+            stats = fit(cfg, task, rt, run_dir, stop, mark)
         except Exception as e:
             if watchdog is not None and is_timeout(e):
                 watchdog.on_error(e)  # every rank's stacks and collectives, before the job is torn down
@@ -177,6 +180,8 @@ def _train(cfg: RunConfig, env: DistEnv, held: contextlib.ExitStack, given: Task
             **stats,
             "run_dir": str(run_dir),
         }
+    if mark.lost():  # rank 0, after the last collective: the other world's export and summary stay
+        raise mark.error("the end of the run, before summary.json")
     if cfg.export and env.is_main and not stats["stopped_early"]:  # the process group is down: rank 0 alone
         export_run(run_dir, cfg.export, run_dir / "export", replace=True, say=print if not cfg.quiet else _silent)
     launched = float(os.environ.get(LAUNCH_TIME_VAR, "0") or 0)
