@@ -23,7 +23,7 @@ from .checkpoint.world_mark import WorldMark
 from .config import RunConfig
 from .environments import DistEnv
 from .envvars import BENCH_RESULT_VAR, ERROR_DIR_VAR, LAUNCH_TIME_VAR, REQUEUE_FILE_VAR
-from .errors import DdpkitError
+from .errors import DdpkitError, RunDirTaken
 from .reporting.rank_output import rank_stdout
 from .reporting.run_state import record_failure
 from .reporting.summary import format_summary
@@ -38,6 +38,12 @@ from .training.trace import to_float64
 def _is_peer_loss(e: BaseException) -> bool:
     text = str(e)
     return any(s in text for s in ("Connection closed by peer", "Connection reset by peer", "Broken pipe"))
+
+
+def _restarts_left() -> bool:
+    """Will torch's agent restart this node's workers after a failure (--max-restarts not used up)?"""
+    count = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0)
+    return int(os.environ.get("TORCHELASTIC_MAX_RESTARTS", "0") or 0) > count
 
 
 def die_with_parent() -> None:
@@ -86,6 +92,12 @@ def train_worker(config: dict[str, Any], task: Task | None = None) -> dict[str, 
     except DdpkitError as e:
         if not error_dir:  # started by torchrun/srun/in-process: the caller reports it
             raise
+        if isinstance(e, RunDirTaken) and _restarts_left():
+            # the agent restarts this node's workers to rejoin the job and the launcher reports
+            # nothing: each node says why here (and leaves no error that a later failure would show)
+            if env.local_rank == 0:
+                print(f"ddpkit: warning: {e}; restarting this node's workers", file=sys.stderr, flush=True)
+            sys.exit(2)
         Path(error_dir, f"rank-{env.rank}.txt").write_text(str(e))
         sys.exit(2)
     except Exception as e:
