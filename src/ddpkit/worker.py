@@ -40,6 +40,13 @@ def _is_peer_loss(e: BaseException) -> bool:
     return any(s in text for s in ("Connection closed by peer", "Connection reset by peer", "Broken pipe"))
 
 
+def _say_rejoining(e: RunDirTaken, env: DistEnv) -> None:
+    """The agent restarts this node's workers to rejoin the job, and the launcher reports nothing:
+    each node says why, at once (the agent stops this process as soon as another rank has left)."""
+    if os.environ.get(ERROR_DIR_VAR) and _restarts_left() and env.local_rank == 0:
+        print(f"ddpkit: warning: {e}; restarting this node's workers", file=sys.stderr, flush=True)
+
+
 def _restarts_left() -> bool:
     """Will torch's agent restart this node's workers after a failure (--max-restarts not used up)?"""
     count = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0)
@@ -93,11 +100,7 @@ def train_worker(config: dict[str, Any], task: Task | None = None) -> dict[str, 
         if not error_dir:  # started by torchrun/srun/in-process: the caller reports it
             raise
         if isinstance(e, RunDirTaken) and _restarts_left():
-            # the agent restarts this node's workers to rejoin the job and the launcher reports
-            # nothing: each node says why here (and leaves no error that a later failure would show)
-            if env.local_rank == 0:
-                print(f"ddpkit: warning: {e}; restarting this node's workers", file=sys.stderr, flush=True)
-            sys.exit(2)
+            sys.exit(2)  # said already (_say_rejoining); no error file that a later failure would show
         Path(error_dir, f"rank-{env.rank}.txt").write_text(str(e))
         sys.exit(2)
     except Exception as e:
@@ -165,6 +168,8 @@ def _train(cfg: RunConfig, env: DistEnv, held: contextlib.ExitStack, given: Task
         try:
             stats = fit(cfg, task, rt, run_dir, stop, mark)
         except Exception as e:
+            if isinstance(e, RunDirTaken):
+                _say_rejoining(e, env)
             if watchdog is not None and is_timeout(e):
                 watchdog.on_error(e)  # every rank's stacks and collectives, before the job is torn down
             raise
@@ -193,7 +198,9 @@ def _train(cfg: RunConfig, env: DistEnv, held: contextlib.ExitStack, given: Task
             "run_dir": str(run_dir),
         }
     if mark.lost():  # rank 0, after the last collective: the other world's export and summary stay
-        raise mark.error("the end of the run, before summary.json")
+        taken = mark.error("the end of the run, before summary.json")
+        _say_rejoining(taken, env)
+        raise taken
     if cfg.export and env.is_main and not stats["stopped_early"]:  # the process group is down: rank 0 alone
         export_run(run_dir, cfg.export, run_dir / "export", replace=True, say=print if not cfg.quiet else _silent)
     launched = float(os.environ.get(LAUNCH_TIME_VAR, "0") or 0)
