@@ -73,8 +73,8 @@ class WorldMark:
             return True
         try:
             now = _signature(self.path)
-        except FileNotFoundError:
-            return False  # removed by hand: no other world claimed it
+        except OSError:
+            return False  # removed by hand, or unreadable for now (NFS): no other world is known to own it
         if now == self._seen:
             return False
         found = _read(self.path)
