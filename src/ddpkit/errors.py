@@ -10,3 +10,11 @@ class WorkerFailed(DdpkitError):
     `ddpkit launch` exits 1 for it, as torchrun does, keeping 2 for its own usage errors."""
 
     exit_code = 1
+
+
+class RunDirTaken(DdpkitError):
+    """Another world of the job (or another run) started training in this run's directory:
+    this world stopped without writing more (checkpoint/world_mark.py). Its message opens with
+    OPENING, by which a launcher knows it again from the text a worker left."""
+
+    OPENING = "another world took over the run directory"

@@ -19,10 +19,11 @@ import torch
 
 from .checkpoint import hf_config
 from .checkpoint.export import export_run
+from .checkpoint.world_mark import WorldMark
 from .config import RunConfig
 from .environments import DistEnv
 from .envvars import BENCH_RESULT_VAR, ERROR_DIR_VAR, LAUNCH_TIME_VAR, REQUEUE_FILE_VAR
-from .errors import DdpkitError
+from .errors import DdpkitError, RunDirTaken
 from .reporting.rank_output import rank_stdout
 from .reporting.run_state import record_failure
 from .reporting.summary import format_summary
@@ -38,6 +39,19 @@ from .training.trace import to_float64
 def _is_peer_loss(e: BaseException) -> bool:
     text = str(e)
     return any(s in text for s in ("Connection closed by peer", "Connection reset by peer", "Broken pipe"))
+
+
+def _say_rejoining(e: RunDirTaken, env: DistEnv) -> None:
+    """The agent restarts this node's workers to rejoin the job, and the launcher reports nothing:
+    each node says why, at once (the agent stops this process as soon as another rank has left)."""
+    if os.environ.get(ERROR_DIR_VAR) and _restarts_left() and env.local_rank == 0:
+        print(f"ddpkit: warning: {e}; restarting this node's workers", file=sys.stderr, flush=True)
+
+
+def _restarts_left() -> bool:
+    """Will torch's agent restart this node's workers after a failure (--max-restarts not used up)?"""
+    count = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0)
+    return int(os.environ.get("TORCHELASTIC_MAX_RESTARTS", "0") or 0) > count
 
 
 def die_with_parent() -> None:
@@ -86,6 +100,8 @@ def train_worker(config: dict[str, Any], task: Task | None = None) -> dict[str, 
     except DdpkitError as e:
         if not error_dir:  # started by torchrun/srun/in-process: the caller reports it
             raise
+        if isinstance(e, RunDirTaken) and _restarts_left():
+            sys.exit(2)  # said already (_say_rejoining); no error file that a later failure would show
         Path(error_dir, f"rank-{env.rank}.txt").write_text(str(e))
         sys.exit(2)
     except Exception as e:
@@ -136,8 +152,10 @@ def _train(cfg: RunConfig, env: DistEnv, held: contextlib.ExitStack, given: Task
         if watchdog is not None:
             watchdog.watch_model(task.model)  # a forward pass is progress
         seed_everything(cfg.seed + 1 + env.rank)  # then per-rank streams (dropout, augmentation)
+        mark = WorldMark(run_dir, rt.is_main, env.world_size, env.nnodes)  # the folder is this world's from now on
         if rt.is_main:
             run_dir.mkdir(parents=True, exist_ok=True)
+            mark.claim()  # before this world writes there: a world still training there stops at its next step
             (run_dir / "config.json").write_text(json.dumps(cfg.as_dict(), indent=2) + "\n")
             not_kept = hf_config.record(task.model, run_dir, required=cfg.export == "hf")  # for export --format hf
             if not_kept:
@@ -149,8 +167,10 @@ def _train(cfg: RunConfig, env: DistEnv, held: contextlib.ExitStack, given: Task
         stop = held.enter_context(StopRequest(cfg.save_on_signal.split(","))) if cfg.save_on_signal else None
         fit_start = time.time()
         try:
-            stats = fit(cfg, task, rt, run_dir, stop)
+            stats = fit(cfg, task, rt, run_dir, stop, mark)
         except Exception as e:
+            if isinstance(e, RunDirTaken):
+                _say_rejoining(e, env)
             if watchdog is not None and is_timeout(e):
                 watchdog.on_error(e)  # every rank's stacks and collectives, before the job is torn down
             raise
@@ -178,6 +198,10 @@ def _train(cfg: RunConfig, env: DistEnv, held: contextlib.ExitStack, given: Task
             **stats,
             "run_dir": str(run_dir),
         }
+    if mark.lost():  # rank 0, after the last collective: the other world's export and summary stay
+        taken = mark.error("the end of the run, before summary.json")
+        _say_rejoining(taken, env)
+        raise taken
     if cfg.export and env.is_main and not stats["stopped_early"]:  # the process group is down: rank 0 alone
         export_run(run_dir, cfg.export, run_dir / "export", replace=True, say=print if not cfg.quiet else _silent)
     launched = float(os.environ.get(LAUNCH_TIME_VAR, "0") or 0)

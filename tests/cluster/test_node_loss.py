@@ -1,18 +1,24 @@
 """Lose a node, keep the run: 2 namespace nodes x 2 processes, `--nnodes 1:2 --global-batch-size
 16`. Node 2 is SIGKILLed (its agent and workers) mid-epoch: node 1 resumes from the snapshot in
-its memory and continues alone. Or node 2 joins a running job: it is admitted at a restart.
-Either way the final model must be the uninterrupted 4-process run's (float64, SGD with
-momentum: only a wrong sample, batch or state could move it by 1e-5). Each for DDP (local rank 0
-keeps its node's replica) and HSDP (one replica group per node, every rank keeps its own shards:
-the survivors resume from their own, the joining node's ranks receive theirs from a peer)."""
+its memory and continues alone. Or node 2 joins a running job: it is admitted at a restart. Or
+node 1's agent stalls while node 2 joins: the rendezvous drops node 1 and node 2 trains alone (a
+split brain) until node 1's world finds the run directory taken, stops and rejoins. Every way
+the final model must be the uninterrupted 4-process run's (float64, SGD with momentum: only a
+wrong sample, batch or state could move it by 1e-5). The lost node for DDP (local rank 0 keeps
+its node's replica) and HSDP (one replica group per node, every rank keeps its own shards: the
+survivors resume from their own; a joining node's ranks receive theirs from a peer)."""
 
 import json
+import os
+import signal
 import subprocess
 import sys
 import time
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
+import torch.distributed as dist
 
 from conftest import REPO, assert_state_close, load_model
 
@@ -132,5 +138,48 @@ def test_a_node_that_joins_a_running_job_is_admitted_and_the_model_is_the_same(
     recovery = summary["recovery"]
     print("node joined:", recovery)
     assert recovery["resumed_from"] == "memory" and recovery["resumed_step"] >= 9, recovery  # not from scratch
+    assert_state_close(load_model(run_dir), reference, rtol=1e-5, atol=1e-8)
+    assert not _snapshots_left(run_id)
+
+
+def test_a_node_dropped_by_the_rendezvous_stops_when_the_other_world_takes_the_run_dir_and_rejoins(
+    two_nodes, tmp_path, reference_run
+):
+    reference = load_model(reference_run(*TRAIN, "--nproc", "4", "--quiet"))
+    run_dir, run_id = tmp_path / "run", f"split-{tmp_path.name}"[:40]
+    # the rendezvous store outside both nodes: it keeps serving while node 1's launcher is stopped
+    port = two_nodes.next_port()
+    store = dist.TCPStore(
+        two_nodes.bridge_ip, port, None, True, timedelta(seconds=60), wait_for_workers=False, multi_tenant=True
+    )
+    endpoint = f"{two_nodes.bridge_ip}:{port}"
+    paced = {"WINE_STEP_SLEEP_S": "0.06"}  # both still training when node 1 rejoins
+    first, first_log = _start(two_nodes.nodes[0], run_dir, endpoint, run_id, "node1.log", env=paced)
+    try:
+        _wait_epochs(run_dir, 1, [first])
+        mark = (run_dir / ".world").read_text()
+        os.kill(first.pid, signal.SIGSTOP)  # an overloaded agent: no keep-alive; its workers train on
+        try:
+            second, second_log = _start(
+                two_nodes.nodes[1], run_dir, endpoint, run_id, "node2.log", "--auto-resume", env=paced
+            )
+            deadline = time.monotonic() + 60
+            while (run_dir / ".world").read_text() == mark:  # node 2 dropped node 1 and started a world alone
+                assert second.poll() is None and time.monotonic() < deadline, "node 2 formed no world of its own"
+                time.sleep(0.05)
+        finally:
+            os.kill(first.pid, signal.SIGCONT)
+    except BaseException:
+        first.kill()
+        raise
+    codes, outs = _finish([first, second], [first_log, second_log])
+    del store
+    out = outs[0]
+    assert codes == [0, 0], "\n\n".join(outs)
+    assert "ddpkit: warning: another world took over the run directory" in out, out
+    assert "restarting this node's workers" in out, out
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["world_size"] == 4 and summary["nnodes"] == 2 and summary["epochs_done"] == 40, summary
+    assert not (run_dir / "failed.json").exists()
     assert_state_close(load_model(run_dir), reference, rtol=1e-5, atol=1e-8)
     assert not _snapshots_left(run_id)

@@ -114,9 +114,11 @@ class Checkpointer:
         optimizer: torch.optim.Optimizer,
         policy: Policy,
         config: dict[str, Any],
+        mark: Any = None,
     ) -> None:
         self.run_dir, self.rt, self.strategy, self.model, self.optimizer = run_dir, rt, strategy, model, optimizer
         self.policy, self.config = policy, config
+        self.mark = mark  # world_mark.py: a world that no longer owns the run directory writes no checkpoint there
         self.parts: dict[str, Part] = {}
         self.writer = ckpt_file.BackgroundWriter() if policy.async_save else None
         self.last_save = time.monotonic()
@@ -222,7 +224,11 @@ class Checkpointer:
             ckpt_file.model_signature(unwrap(self.model).state_dict()),
             [len(g["params"]) for g in self.optimizer.param_groups],
         )
-        if not weights_finite(self.model, self.rt.collectives, self.rt.device):
+        taken = self.mark is not None and self.mark.lost()
+        finite, taken = weights_finite(self.model, self.rt.collectives, self.rt.device, taken)
+        if taken:
+            raise self.mark.error(f"the checkpoint of step {position.global_step}")
+        if not finite:
             raise DdpkitError(
                 f"the weights hold NaN/inf at epoch {position.epoch + 1}; no checkpoint written, the last one is intact"
             )

@@ -111,11 +111,15 @@ def all_finite(ts: Any) -> bool:
     return all(torch.isfinite(t.to_local() if hasattr(t, "to_local") else t).all() for t in ts if t.is_floating_point())
 
 
-def weights_finite(model: nn.Module, collectives: Any, device: torch.device) -> bool:
+def weights_finite(model: nn.Module, collectives: Any, device: torch.device, taken: bool = False) -> tuple[bool, bool]:
     """Whether every weight of every rank is finite (each rank checks what it holds: its
     shards, or its replica), the same answer on every rank: a checkpoint of NaN weights would
-    replace the last good one."""
-    flag = torch.tensor([0.0 if all_finite(model.parameters()) else 1.0], dtype=torch.float64, device=device)
+    replace the last good one. With it, in the same all-reduce: whether any rank found the run
+    directory `taken` by another world (world_mark.py)."""
+    flag = torch.tensor(
+        [0.0 if all_finite(model.parameters()) else 1.0, 1.0 if taken else 0.0], dtype=torch.float64, device=device
+    )
     if collectives is not None:
         collectives.all_reduce_(flag)
-    return flag.item() == 0
+    bad, lost = flag.tolist()
+    return bad == 0, lost > 0

@@ -22,7 +22,7 @@ from typing import Any, Callable, Iterator
 
 from ..config import DEFAULT_TIMEOUT_S
 from ..envvars import ERROR_DIR_VAR
-from ..errors import DdpkitError, WorkerFailed
+from ..errors import DdpkitError, RunDirTaken, WorkerFailed
 from .joined import NEVER_JOINED, JoinWatch
 
 
@@ -195,7 +195,7 @@ def _launch(
             print_hang_summary(hang_dir, since=started)
         user_error = _user_error(errors)
         if user_error:  # a worker refused the user's input (ddpkit train): ddpkit's own exit 2
-            raise DdpkitError(user_error) from None
+            raise (RunDirTaken if user_error.startswith(RunDirTaken.OPENING) else DdpkitError)(user_error) from None
         raise WorkerFailed(_failure_message(e, errors)) from None
     except (
         RendezvousTimeoutError,

@@ -65,9 +65,12 @@ def _make_plan(cfg: RunConfig, common: dict[str, Any], lo: int, hi: int) -> Laun
         rdzv: dict[str, Any] = {"is_host": network.is_local_address(target)}
         if lo < hi:
             # elastic: a survivor's next round starts once the lost node's keep-alive has expired
-            # (interval x attempts: ~3 s), then waits last_call for more nodes (a joining one
-            # polls every second): back to training within seconds of a node loss
-            rdzv.update(keep_alive_interval=1, keep_alive_max_attempt=3, last_call_timeout=2)
+            # (interval x attempts: ~5 s), then waits last_call for more nodes (a joining one
+            # polls every second): back to training within seconds of a node loss. A node whose
+            # agent sends no keep-alive for (attempts - 1) x interval (an overloaded node: 4 s) is
+            # declared dead too; 1 s x 5 tolerates twice the stall of 1 s x 3 for ~1.5 s more
+            # recovery (2 s x 3 tolerates as much for ~3 s more; README, Reliability)
+            rdzv.update(keep_alive_interval=1, keep_alive_max_attempt=5, last_call_timeout=2)
         return LaunchPlan(
             **common,
             rdzv_backend="c10d",

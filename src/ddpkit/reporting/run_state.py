@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ..errors import DdpkitError
+from ..errors import DdpkitError, RunDirTaken
 from ..textfile import write_text_atomic
 
 FAILED_FILE = "failed.json"
@@ -21,7 +21,11 @@ def record_failure(run_dir: str | os.PathLike, error: BaseException, rank: int |
     """Say in the run's folder that its attempt failed, and why (one line), for `ddpkit runs`.
     Only for a run that started (its config.json is there): a refusal before the start
     leaves an earlier run in that folder as it was. The first record of an attempt stays: the
-    worker that failed writes its own error before the launcher learns that one did."""
+    worker that failed writes its own error before the launcher learns that one did. A world
+    that stopped because another took its folder over records nothing: the attempt in that
+    folder is the other world's, and it is not failing."""
+    if isinstance(error, RunDirTaken):
+        return
     folder = Path(run_dir)
     start = _mtime(folder / "config.json")
     if start < 0 or _mtime(folder / FAILED_FILE) >= start:

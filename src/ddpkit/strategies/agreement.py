@@ -1,5 +1,6 @@
 """The step's agreement (training/step.py: any loss not finite, any rank asked to stop, the
-global count, a timed save due) carried by the gradient sync instead of a collective of its own.
+global count, a timed save due, the run directory taken by another world) carried by the
+gradient sync instead of a collective of its own.
 
 Why: a separate all-reduce per optimizer step costs a round trip (on 2 busy CPU cores ~0.3 ms
 with gloo, a barrier with shared memory) and, issued before the last backward, makes the

@@ -18,6 +18,7 @@ from torch import nn
 from ..checkpoint import file as ckpt_file
 from ..checkpoint.checkpointer import Checkpointer, Policy, Stateful
 from ..checkpoint.state import Position
+from ..checkpoint.world_mark import WorldMark
 from ..config import RunConfig
 from ..data import ShardedLoader, StreamLoader
 from ..data.loaders import rank_loader
@@ -37,10 +38,18 @@ from .stragglers import StepClock
 from .trace import ParamTrace
 
 
-def fit(cfg: RunConfig, task: Task, rt: Runtime, run_dir: Path, stop: StopRequest | None = None) -> dict[str, Any]:
+def fit(
+    cfg: RunConfig,
+    task: Task,
+    rt: Runtime,
+    run_dir: Path,
+    stop: StopRequest | None = None,
+    mark: WorldMark | None = None,
+) -> dict[str, Any]:
     """Train `task` as `cfg` says; returns the run's summary (the same on every rank).
-    With `stop`, a signal makes every rank save a checkpoint at the same step boundary and return."""
-    run = Run(cfg, task, rt, run_dir, stop)  # model, optimizer, data, steps, checkpoints: resumed where they were
+    With `stop`, a signal makes every rank save a checkpoint at the same step boundary and return.
+    With `mark` (claimed), every rank stops at the same step once another world has claimed the run directory."""
+    run = Run(cfg, task, rt, run_dir, stop, mark)  # model, optimizer, data, steps, checkpoints: resumed where they were
     moment = None
     with run.checkpointer.writing():  # --async-save: every checkpoint is on disk when this block is left
         for moment in run.cadence.moments(run.start_pass):
@@ -61,15 +70,23 @@ class Run:
     their parts, a resume puts everything where its checkpoint was, then the plan of the steps
     left (at this world size and batch) and the cadence follow."""
 
-    def __init__(self, cfg: RunConfig, task: Task, rt: Runtime, run_dir: Path, stop: StopRequest | None) -> None:
+    def __init__(
+        self,
+        cfg: RunConfig,
+        task: Task,
+        rt: Runtime,
+        run_dir: Path,
+        stop: StopRequest | None,
+        mark: WorldMark | None = None,
+    ) -> None:
         reset_peak_memory(rt.device)
-        self.cfg, self.task, self.rt, self.run_dir, self.stop = cfg, task, rt, run_dir, stop
+        self.cfg, self.task, self.rt, self.run_dir, self.stop, self.mark = cfg, task, rt, run_dir, stop, mark
         self.strategy = make_strategy(cfg, rt, task)  # DDP or FSDP, the precision, DDP's knobs
         self.model = self.strategy.setup_module(task.model)
         self.optimizer = self.strategy.setup_optimizer(task.optimizer, self.model, cfg.lr)
         self.loader = make_loader(task.train_set, cfg, rt)  # a global order over a map-style set, or a stream's readers
         self.checkpointer = Checkpointer(
-            run_dir, rt, self.strategy, self.model, self.optimizer, Policy.of(cfg), cfg.as_dict()
+            run_dir, rt, self.strategy, self.model, self.optimizer, Policy.of(cfg), cfg.as_dict(), mark
         )
         scheduler = make_scheduler(
             task.scheduler,
@@ -95,6 +112,7 @@ class Run:
             scaler=self.strategy.grad_scaler(),
             timed_save=self.checkpointer.clock_due,
             after_step=ParamTrace(run_dir, self.strategy, self.model) if cfg.trace_steps else None,
+            mark=mark,
         )
         self.planned = PlannedSteps()
         for name, part in (
@@ -199,6 +217,8 @@ class Run:
             final = self.strategy.full_state_dict(
                 self.model
             )  # gathered from the shards under FSDP: every rank takes part
+            if self.mark is not None and self.mark.lost_anywhere(self.rt.collectives, self.rt.device):
+                raise self.mark.error("the end of the run, before model.pt")  # after the last step's agreement
             if self.rt.is_main:
                 ckpt_file.save_or_explain(final, self.run_dir / "model.pt")
             self.checkpointer.end_snapshots()  # the run is done: nothing to restart from memory

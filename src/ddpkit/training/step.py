@@ -10,10 +10,11 @@ Why each piece is here:
     returns (loss_sum, count) is summed instead, and the synced gradients are divided by
     the count over every micro-batch and rank (world / global count, after the sync).
   * Agreement: (any loss not finite, any rank asked to stop, this rank's count, a timed save
-    due) summed over the ranks: every rank takes the same branch, so none waits for a
-    collective the others skip. The numbers ride with the gradient sync of the last
-    backward (strategies/agreement.py), so a step costs no collective of its own; a rank
-    whose loss is not finite still runs that backward, and every rank drops the gradients.
+    due, rank 0 found the run directory taken by another world) summed over the ranks: every
+    rank takes the same branch, so none waits for a collective the others skip. The numbers
+    ride with the gradient sync of the last backward (strategies/agreement.py), so a step
+    costs no collective of its own; a rank whose loss is not finite still runs that
+    backward, and every rank drops the gradients.
   * Then, in this order: clip the global gradient norm (--clip-grad-norm; unscaled first
     under fp16), the optimizer step (through the gradient scaler under fp16), the LR
     scheduler's step.
@@ -37,6 +38,8 @@ from ..strategies.activation import SavedBytes
 from .batches import compute_loss, sample_count, split, to_device, zero_loss
 from .prefetch import expected_sync
 from .signals import StopRequest
+
+FLAGS = 5  # the step's agreement: not finite, stop, count, timed save, run directory taken
 
 
 @dataclass
@@ -66,6 +69,7 @@ class StepRunner:
     timed_save: Callable[[], bool] | None = None  # rank 0's clock says a checkpoint is due (--save-every-minutes)
     wait_s: float = 0.0  # seconds this rank waited for the gradient sync (the others) after its backward, in all
     after_step: Callable[[], None] | None = None  # called after every optimizer step (ddpkit verify's trace)
+    mark: Any = None  # checkpoint/world_mark.py: does this world still own the run directory (rank 0's stat)
     activation_bytes: int | None = None  # what the first forward kept for backward (the summary's)
     _output_checked: bool = False
 
@@ -76,7 +80,7 @@ class StepRunner:
         pending = None  # non-finite losses of earlier micro-batches (no extra collective)
         totals = torch.zeros(2, dtype=torch.float64, device=self.rt.device)  # loss sum, count
         kinds: set[bool] = set()
-        flags = torch.zeros(4, dtype=torch.float64, device=self.rt.device)
+        flags = torch.zeros(FLAGS, dtype=torch.float64, device=self.rt.device)
         agreement = self.strategy.agreement(self.model)
         waited = agreement.waited_s if agreement is not None else 0.0
         for micro, n_micro, last in iter_micro(batch, n_local, self.accumulate):
@@ -100,7 +104,10 @@ class StepRunner:
                     totals[1] += loss.count
                 else:  # no sample for this rank in a short last batch: join the gradient sync with zeros
                     self._backward(self._empty_share_loss(loss))
-        bad, stop_now, global_count, save_now = self._agreed(flags, agreement, waited)
+        bad, stop_now, global_count, save_now, taken = self._agreed(flags, agreement, waited)
+        if taken:  # every rank, at this step, before its optimizer step: the other world's files stay as they are
+            self.optimizer.zero_grad(set_to_none=True)
+            raise self.mark.error(where)
         if bad:
             self.optimizer.zero_grad(set_to_none=True)  # drop the non-finite gradients, on every rank
             if self.on_nan == "stop":
@@ -132,7 +139,7 @@ class StepRunner:
                 )
         return loss
 
-    def _agreed(self, flags: torch.Tensor, agreement: Any, waited: float) -> tuple[int, bool, float, bool]:
+    def _agreed(self, flags: torch.Tensor, agreement: Any, waited: float) -> tuple[int, bool, float, bool, bool]:
         """The step's flags summed over the ranks: as the gradient sync carried them, else by an
         all-reduce issued now, after the backward. Reading them on the host is the step's one
         host synchronisation on a GPU: whether to step, skip or stop is the host's decision."""
@@ -144,8 +151,8 @@ class StepRunner:
         if agreement is not None:
             self.wait_s += agreement.waited_s - waited
         with expected_sync():
-            bad, stopping, total, save = agreed.tolist()
-        return int(bad), stopping > 0, total, save > 0
+            bad, stopping, total, save, taken = agreed.tolist()
+        return int(bad), stopping > 0, total, save > 0, taken > 0
 
     def _counting(self) -> ContextManager[Any]:
         """The run's first forward counts the activations it keeps (not under torch.compile,
@@ -196,19 +203,20 @@ class StepRunner:
 
     def flags(
         self, loss: torch.Tensor | None, pending: torch.Tensor | None = None, count: torch.Tensor | float = 0.0
-    ) -> tuple[int, bool, float, bool]:
+    ) -> tuple[int, bool, float, bool, bool]:
         """(ranks whose loss is not finite, whether any rank asked to stop, the global count,
-        whether rank 0's clock says a timed checkpoint is due): the same on every rank, by an
-        all-reduce of its own (between epochs; a step's ride with its gradient sync)."""
+        whether rank 0's clock says a timed checkpoint is due, whether rank 0 found the run
+        directory taken): the same on every rank, by an all-reduce of its own (between epochs; a
+        step's ride with its gradient sync)."""
         return self._agreed(self._local_flags(loss, pending, count), None, 0.0)
 
     def _local_flags(
         self, loss: torch.Tensor | None, pending: torch.Tensor | None, count: torch.Tensor | float
     ) -> torch.Tensor:
-        """This rank's [loss not finite, asked to stop, count, timed save due], on the device.
+        """This rank's [loss not finite, asked to stop, count, timed save due, run directory taken], on the device.
         `pending`: non-finite losses of earlier micro-batches of this step on this rank;
         `count`: this rank's samples or tokens in this step."""
-        flags = torch.zeros(4, dtype=torch.float64, device=self.rt.device)
+        flags = torch.zeros(FLAGS, dtype=torch.float64, device=self.rt.device)
         if loss is not None:
             flags[0] = (~torch.isfinite(loss.detach())).double()
         if pending is not None:
@@ -218,6 +226,8 @@ class StepRunner:
         flags[2] = count
         if self.timed_save is not None and self.timed_save():
             flags[3] = 1.0
+        if self.mark is not None and self.mark.lost():
+            flags[4] = 1.0
         return flags
 
     def stop_requested(self) -> bool:

@@ -5,6 +5,7 @@ import json
 import os
 
 from ddpkit import DdpkitError
+from ddpkit.errors import RunDirTaken
 from ddpkit.reporting.run_state import FAILED_FILE, record_failure, run_state
 
 
@@ -38,3 +39,9 @@ def test_the_newest_attempt_decides(tmp_path):
     assert run_state(tmp_path) == {"state": "running?"}
     _write(tmp_path / "summary.json", {"stopped_early": False}, 400)
     assert run_state(tmp_path)["state"] == "finished"
+
+
+def test_a_world_stopped_by_a_takeover_leaves_the_folder_to_the_world_that_took_it(tmp_path):
+    _write(tmp_path / "config.json", {}, 100)  # the newer world's attempt
+    record_failure(tmp_path, RunDirTaken(f"{RunDirTaken.OPENING} {tmp_path} ..."))
+    assert run_state(tmp_path) == {"state": "running?"}  # the newer world is not failing
