@@ -285,16 +285,27 @@ def main() -> int:
     finally:
         if not args.traces:
             shutil.rmtree(traces, ignore_errors=True)
-    load1, took = os.getloadavg(), time.perf_counter() - t0
-    out = Path(args.out)
-    notes = out.read_text().partition(MARK)[2] if out.is_file() else ""
     import torch
 
+    meta_file = traces / "run.json"  # when and how the traces were taken (--reuse keeps it)
+    if args.reuse and meta_file.is_file():
+        meta = json.loads(meta_file.read_text())
+    else:
+        meta = {
+            "took": time.perf_counter() - t0,
+            "date": time.strftime("%Y-%m-%d %H:%M"),
+            "load": [load0[0], os.getloadavg()[0]],
+            "ddpkit": f"`{args.src}`" if args.src else f"`{_commit()}`",
+        }
+        if args.traces:
+            meta_file.write_text(json.dumps(meta))
+    out = Path(args.out)
+    notes = out.read_text().partition(MARK)[2] if out.is_file() else ""
     md = [
         "# One step of each 2-process variant, profiled\n",
-        f"`python benchmarks/step_profile.py --rounds {args.rounds} --steps {args.steps}` ({took:.0f} s), "
-        f"{time.strftime('%Y-%m-%d %H:%M')}, {os.cpu_count()} cores, torch {torch.__version__}, ddpkit `{_commit()}`; "
-        f"load average {load0[0]:.2f} before, {load1[0]:.2f} after.\n",
+        f"`python benchmarks/step_profile.py --rounds {args.rounds} --steps {args.steps}` ({meta['took']:.0f} s), "
+        f"{meta['date']}, {os.cpu_count()} cores, torch {torch.__version__}, ddpkit {meta['ddpkit']}; "
+        f"load average {meta['load'][0]:.2f} before, {meta['load'][1]:.2f} after.\n",
         "ms per optimizer step on rank 0. Each column (wall and every part) is its lower quartile "
         "over all the variant's profiled steps (every round): on this shared machine other work "
         "delays a step in whichever part it hits, so a part's undisturbed cost lies near its low "
