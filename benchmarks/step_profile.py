@@ -8,7 +8,7 @@ warm-up; ddpkit: src/ddpkit/training/profile.py, the baselines: baselines/common
 
     python benchmarks/step_profile.py [--rounds 3] [--steps 8:28] [--workload mlp|gpt|all]
                                       [--out benchmarks/results/step_profile.md] [--traces DIR]
-                                      [--reuse] [--src OTHER_CHECKOUT/src]
+                                      [--only NAME,NAME] [--reuse] [--src OTHER_CHECKOUT/src]
 
 The variants' commands are run.py's VARIANTS (nothing is repeated here). Writes the .md (a
 table per workload: ms per step of rank 0, each part's lower quartile over every profiled step
@@ -158,8 +158,9 @@ def read_trace(path: Path) -> list[tuple[dict[str, float], dict[str, float]]]:
     return out
 
 
-def chosen(workloads: tuple[str, ...]) -> list[dict]:
-    return [v for v in suite.VARIANTS if v["workload"] in workloads and v["name"] in NAMES]
+def chosen(workloads: tuple[str, ...], only: str = "") -> list[dict]:
+    names = only.split(",") if only else NAMES
+    return [v for v in suite.VARIANTS if v["workload"] in workloads and v["name"] in NAMES and v["name"] in names]
 
 
 def profile_all(
@@ -272,6 +273,7 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--steps", default="8:28", help="A:B, the global steps A..B-1 profiled (of 30 per run)")
     ap.add_argument("--workload", choices=[*WORKLOADS, "all"], default="all")
+    ap.add_argument("--only", default="", help="comma-separated variant names (default: all four)")
     ap.add_argument("--out", default=str(BENCH / "results" / "step_profile.md"))
     ap.add_argument("--traces", default=None, help="keep the traces and logs here (default: deleted)")
     ap.add_argument("--src", default="", help="the src/ folder of the ddpkit to profile (default: this checkout's)")
@@ -281,7 +283,9 @@ def main() -> int:
     traces = Path(args.traces) if args.traces else Path(tempfile.mkdtemp(prefix="step_profile_"))
     load0, t0 = os.getloadavg(), time.perf_counter()
     try:
-        runs = profile_all(chosen(workloads), args.rounds, args.steps, traces, traces / "logs", args.reuse, args.src)
+        runs = profile_all(
+            chosen(workloads, args.only), args.rounds, args.steps, traces, traces / "logs", args.reuse, args.src
+        )
     finally:
         if not args.traces:
             shutil.rmtree(traces, ignore_errors=True)
