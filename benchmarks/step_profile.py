@@ -268,6 +268,30 @@ def _commit() -> str:
     return p.stdout.strip()[:100] or "?"
 
 
+def render(args: argparse.Namespace, meta: dict, workloads: tuple[str, ...], runs: list[dict]) -> list[str]:
+    import torch
+
+    md = [
+        "# One step of each 2-process variant, profiled\n",
+        f"`python benchmarks/step_profile.py --rounds {args.rounds} --steps {args.steps}` ({meta['took']:.0f} s), "
+        f"{meta['date']}, {os.cpu_count()} cores, torch {torch.__version__}, ddpkit {meta['ddpkit']}; "
+        f"load average {meta['load'][0]:.2f} before, {meta['load'][1]:.2f} after.\n",
+        "ms per optimizer step on rank 0. Each column (wall and every part) is its lower quartile "
+        "over all the variant's profiled steps (every round): on this shared machine other work "
+        "delays a step in whichever part it hits, so a part's undisturbed cost lies near its low "
+        "end; `sum of parts` adds the parts (an undisturbed step), `median wall` is the median step. "
+        "The profiler adds a few us per op. The parts (defined in the script's docstring): wall = "
+        "data + forward + backward + sync ops + sync wait + optimizer + step other + between; "
+        "gloo thr runs beside them, on gloo's own thread.\n",
+    ]
+    title = {"mlp": "MLP (9.46M params, SGD, batch 256/process)", "gpt": "GPT (0.8M params, AdamW, batch 16/process)"}
+    for wl in workloads:
+        rows, med = table(wl, runs)
+        md += [f"## {title[wl]}\n", *rows, "", "Differences (ms/step, + = slower):\n", *differences(med), ""]
+        md += ["Top ops by self CPU time (ms/step, rank 0; gloo's thread marked):\n", *top_ops(wl, runs), ""]
+    return md
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--rounds", type=int, default=3)
@@ -289,8 +313,6 @@ def main() -> int:
     finally:
         if not args.traces:
             shutil.rmtree(traces, ignore_errors=True)
-    import torch
-
     meta_file = traces / "run.json"  # when and how the traces were taken (--reuse keeps it)
     if args.reuse and meta_file.is_file():
         meta = json.loads(meta_file.read_text())
@@ -305,27 +327,7 @@ def main() -> int:
             meta_file.write_text(json.dumps(meta))
     out = Path(args.out)
     notes = out.read_text().partition(MARK)[2] if out.is_file() else ""
-    md = [
-        "# One step of each 2-process variant, profiled\n",
-        f"`python benchmarks/step_profile.py --rounds {args.rounds} --steps {args.steps}` ({meta['took']:.0f} s), "
-        f"{meta['date']}, {os.cpu_count()} cores, torch {torch.__version__}, ddpkit {meta['ddpkit']}; "
-        f"load average {meta['load'][0]:.2f} before, {meta['load'][1]:.2f} after.\n",
-        "ms per optimizer step on rank 0. Each column (wall and every part) is its lower quartile "
-        "over all the variant's profiled steps (every round): on this shared machine other work "
-        "delays a step in whichever part it hits, so a part's undisturbed cost lies near its low "
-        "end; `sum of parts` adds the parts (an undisturbed step), `median wall` is the median step. "
-        "The profiler adds a few us per op. The parts (defined in the script's docstring): wall = "
-        "data + forward + backward + sync ops + sync wait + optimizer + step other + between; "
-        "gloo thr runs beside them, on gloo's own thread.\n",
-    ]
-    for wl in workloads:
-        rows, med = table(wl, runs)
-        title = {
-            "mlp": "MLP (9.46M params, SGD, batch 256/process)",
-            "gpt": "GPT (0.8M params, AdamW, batch 16/process)",
-        }
-        md += [f"## {title[wl]}\n", *rows, "", "Differences (ms/step, + = slower):\n", *differences(med), ""]
-        md += ["Top ops by self CPU time (ms/step, rank 0; gloo's thread marked):\n", *top_ops(wl, runs), ""]
+    md = render(args, meta, workloads, runs)
     out.write_text("\n".join(md) + f"\n{MARK}{notes}")
     print(f"wrote {out}")
     return 0 if all(r["ok"] for r in runs) else 1
