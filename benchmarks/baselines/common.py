@@ -12,6 +12,7 @@ MLP work: benchmarks/tasks/mlp.py (the same file ddpkit's benchmark row trains).
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import json
 import os
@@ -85,3 +86,84 @@ def emit(t0: float, **fields) -> None:
     """Print the machine-readable last line: RESULT {json}."""
     fields.setdefault("wall_s", time.perf_counter() - t0)
     print("RESULT " + json.dumps(fields), flush=True)
+
+
+def no_label(name: str) -> contextlib.AbstractContextManager:
+    return contextlib.nullcontext()
+
+
+class StepProfile:
+    """DDPKIT_PROFILE_STEPS=A:B and DDPKIT_PROFILE_OUT=DIR as ddpkit reads them
+    (src/ddpkit/training/profile.py; written again here: the baselines import nothing of
+    ddpkit): global steps A..B-1 under torch.profiler, stepped at each data fetch so that a
+    profiled step is a whole loop iteration, the step before A as its warm-up; each rank writes
+    DIR/rank{R}.json and DIR/rank{R}.txt. `label` puts ddpkit's names on the loop's parts."""
+
+    def __init__(self, first: int, end: int, out: str, rank: int, world: int) -> None:
+        self.first, self.end, self.out, self.rank, self.world = first, end, Path(out), rank, world
+        self.prof = None
+        self.seen = 0
+
+    @classmethod
+    def from_env(cls, rank: int, world: int) -> StepProfile | None:
+        steps, out = os.environ.get("DDPKIT_PROFILE_STEPS"), os.environ.get("DDPKIT_PROFILE_OUT")
+        if not steps:
+            return None
+        first, end = (int(x) for x in steps.split(":"))
+        if not out or not 1 <= first < end:
+            raise SystemExit("DDPKIT_PROFILE_STEPS=A:B (1 <= A < B) needs DDPKIT_PROFILE_OUT=DIR")
+        return cls(first, end, out, rank, world)
+
+    @staticmethod
+    def label(name: str) -> contextlib.AbstractContextManager:
+        from torch.profiler import record_function
+
+        return record_function(name)
+
+    def around(self, batches, done: int = 0):
+        """The batches (the first one for global step done + 1), each fetch labelled step.data."""
+        from torch.profiler import record_function
+
+        it, step = iter(batches), done + 1
+        while True:
+            self._at(step)
+            with record_function("step.data"):
+                item = next(it, None)
+            if item is None:
+                return
+            yield item
+            step += 1
+
+    def _at(self, step: int) -> None:
+        from torch.profiler import ProfilerActivity, profile, schedule
+
+        if step <= self.seen:
+            return
+        self.seen = step
+        if self.prof is None:
+            if self.first - 1 <= step < self.end:
+                warmup = 1 if step < self.first else 0
+                self.prof = profile(
+                    activities=[ProfilerActivity.CPU]
+                    + ([ProfilerActivity.CUDA] if torch.cuda.is_initialized() else []),
+                    schedule=schedule(wait=0, warmup=warmup, active=self.end - step - warmup, repeat=1),
+                    on_trace_ready=self._write,
+                )
+                self.prof.start()
+            return
+        self.prof.step()
+        if step == self.end:
+            self.close()
+
+    def close(self) -> None:
+        if self.prof is not None:
+            prof, self.prof = self.prof, None
+            prof.stop()
+
+    def _write(self, prof) -> None:
+        self.out.mkdir(parents=True, exist_ok=True)
+        stem = self.out / f"rank{self.rank}"
+        prof.export_chrome_trace(f"{stem}.json")
+        header = {"rank": self.rank, "world_size": self.world, "steps": [self.first, self.end]}
+        table = prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=40)
+        Path(f"{stem}.txt").write_text(json.dumps(header) + "\n" + table + "\n")

@@ -142,31 +142,41 @@ def run_mlp(args, model_ctx, rank, world, device):
         if device.type == "cuda":
             torch.cuda.synchronize(device)
 
+    prof = common.StepProfile.from_env(rank, world)  # DDPKIT_PROFILE_STEPS: ddpkit's labels on this loop
+    label = prof.label if prof is not None else common.no_label
+
     model.train()
     steps, all_samples, timed_samples, t_timed = 0, 0, 0, None
     sync()
     t = time.perf_counter()
     for epoch in range(args.epochs):
         sampler.set_epoch(epoch)
-        for xb, yb in batches_by_index(sampler, x, y, bs):
+        batches = batches_by_index(sampler, x, y, bs)
+        for xb, yb in batches if prof is None else prof.around(batches, steps):
             if steps == args.warmup:
                 sync()
                 dist.barrier()
                 t_timed = time.perf_counter()
-            if xb.device != device:
-                xb, yb = xb.to(device, non_blocking=True), yb.to(device, non_blocking=True)
-            opt.zero_grad(set_to_none=True)
-            with model_ctx(model):
-                with autocast():
-                    loss = loss_fn(model(xb), yb)
-                loss.backward()
-            opt.step()
+            with label("step.run"):
+                if xb.device != device:
+                    xb, yb = xb.to(device, non_blocking=True), yb.to(device, non_blocking=True)
+                with label("step.optimizer"):
+                    opt.zero_grad(set_to_none=True)
+                with model_ctx(model):
+                    with label("step.forward"), autocast():
+                        loss = loss_fn(model(xb), yb)
+                    with label("step.backward"):
+                        loss.backward()
+                with label("step.optimizer"):
+                    opt.step()
             steps += 1
             all_samples += len(xb)
             if t_timed is not None:
                 timed_samples += len(xb)
     sync()
     end = time.perf_counter()
+    if prof is not None:
+        prof.close()
     if t_timed is None:
         raise SystemExit(f"only {steps} steps: need more than --warmup {args.warmup}")
     r = torch.tensor([end - t, end - t_timed], dtype=torch.float64, device=device)

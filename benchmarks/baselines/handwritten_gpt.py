@@ -69,26 +69,35 @@ def main():
     sampler.set_epoch(0)
     loader = DataLoader(train_set, batch_size=args.batch_size, sampler=sampler)
 
+    prof = common.StepProfile.from_env(rank, world)  # DDPKIT_PROFILE_STEPS: ddpkit's labels on this loop
+    label = prof.label if prof is not None else common.no_label
+
     model.train()
     steps, all_samples, timed_samples, t_timed = 0, 0, 0, None
     t = time.perf_counter()
-    for batch in loader:
+    for batch in loader if prof is None else prof.around(loader):
         if steps == args.warmup:
             dist.barrier()
             t_timed = time.perf_counter()
-        with model.no_sync() if args.no_sync else contextlib.nullcontext():
-            _, loss = model(**batch)
-            loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        sched.step()
-        opt.zero_grad(set_to_none=True)
+        with label("step.run"):
+            with model.no_sync() if args.no_sync else contextlib.nullcontext():
+                with label("step.forward"):
+                    _, loss = model(**batch)
+                with label("step.backward"):
+                    loss.backward()
+            with label("step.optimizer"):
+                torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+                opt.step()
+                sched.step()
+                opt.zero_grad(set_to_none=True)
         steps += 1
         n = len(batch["idx"])
         all_samples += n
         if t_timed is not None:
             timed_samples += n
     end = time.perf_counter()
+    if prof is not None:
+        prof.close()
     if t_timed is None:
         raise SystemExit(f"only {steps} steps: need more than --warmup {args.warmup}")
     r = torch.tensor([end - t, end - t_timed], dtype=torch.float64)

@@ -12,6 +12,9 @@ REQUEUE_FILE_VAR = "DDPKIT_REQUEUE_FILE"
 BENCH_RESULT_VAR = "DDPKIT_BENCH_RESULT"  # set: rank 0 prints the summary as one `RESULT {json}` line
 SLOW_EXIT_VAR = "DDPKIT_SLOW_EXIT"  # set: the CLI leaves through the interpreter's teardown, not os._exit
 PROGRESS_INTERVAL_VAR = "DDPKIT_PROGRESS_INTERVAL"  # seconds between in-epoch progress lines (default 30)
+# a benchmark -> ddpkit (training/profile.py): torch.profiler over optimizer steps A..B-1, files in DIR
+PROFILE_STEPS_VAR = "DDPKIT_PROFILE_STEPS"  # A:B (1-based global steps, B excluded)
+PROFILE_OUT_VAR = "DDPKIT_PROFILE_OUT"  # DIR: each rank writes DIR/rank{R}.json (Chrome trace) and .txt
 
 # a user -> the experiment trackers (--tracker): their own variables, the defaults of ddpkit's flags
 MLFLOW_URI_VAR = "MLFLOW_TRACKING_URI"  # MLflow's server when no --tracker-uri (else MLflow's own default)

@@ -11,10 +11,19 @@ them to the same barrier (runtime/shm.py). The runner arms an Agreement before t
 backward and collects the sums after it, before the optimizer step; when no hook carried them
 (another hook took over, FSDP, one process) it all-reduces them itself, after the backward.
 
+Appending them to a large first bucket costs more than a collective of their own: a new
+bucket-sized tensor and two copies of the bucket per step (DDP's first bucket is larger than
+~1 MB when one parameter is: the 9.46M-parameter MLP's holds 4.2M elements, whose cat and copy
+back take ~3 ms of CPU per step and rank, ~1.5% of its step: benchmarks/results/step_profile.md).
+Then the hook issues the flags' own small all-reduce, asynchronously, beside that bucket's: the
+backward does not wait for it, and no other collective comes between two steps.
+
 Which path carries them:
   DDP, --grad-sync shm (CPU ranks of one machine, x86)  the shared-memory sum's first barrier
   DDP, the backend's all-reduce (gloo, NCCL)            appended to the first bucket (float32:
-                                                        counts exact up to 2**24 per step)
+                                                        counts exact up to 2**24 per step); a
+                                                        first bucket over CARRY_MAX elements: an
+                                                        all-reduce of their own, issued with it
   DDP with --grad-compression, a user's hook, a bucket  one small all-reduce after the backward
   not float32/64, compiled autograd; FSDP, HSDP
 """
@@ -26,6 +35,8 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+
+CARRY_MAX = 1 << 20  # elements: a larger first bucket does not carry the flags; they go beside it
 
 
 class Agreement:
@@ -40,6 +51,7 @@ class Agreement:
         self.waited_s = 0.0  # seconds this rank waited for the gradient sync after its backward, in all
         self._issued = 0.0  # when the last bucket was handed to the backend (backend hook)
         self._done = 0.0  # when the last of its all-reduces completed
+        self._beside: tuple[Any, torch.Tensor] | None = None  # (work, flags): their own all-reduce
 
     def arm(self, flags: torch.Tensor) -> None:
         self.outgoing, self.agreed = flags, None
@@ -51,8 +63,16 @@ class Agreement:
         flags, self.outgoing = self.outgoing, None
         return flags
 
+    def send_beside(self, flags: torch.Tensor) -> None:
+        """The flags' own all-reduce, not waited for here (a large first bucket's hook)."""
+        self._beside = (dist.all_reduce(flags, group=self.group, async_op=True), flags)
+
     def collect(self) -> torch.Tensor | None:
         """The sums over the ranks (None: no hook carried them: all-reduce them yourself)."""
+        if self._beside is not None:
+            (work, flags), self._beside = self._beside, None
+            work.wait()
+            self.agreed = flags
         agreed, self.agreed, self.outgoing = self.agreed, None, None
         if self._issued:
             self.waited_s += max(0.0, self._done - self._issued)
@@ -74,6 +94,9 @@ def backend_hook(state: Agreement, bucket):  # type: ignore[no-untyped-def]  (DD
         return None
     grad = bucket.buffer()
     flags = state.take(bucket.index()) if grad.dtype in (torch.float32, torch.float64) else None
+    if flags is not None and grad.numel() > CARRY_MAX:
+        state.send_beside(flags)
+        flags = None
     if flags is None:
         packed, n = grad.div_(world), grad.numel()
     else:

@@ -21,10 +21,19 @@ class EpochRun:
     skipped steps, time."""
 
     def __init__(
-        self, rt: Runtime, progress: Any, loader: Any, steps: Any, epoch: int, start: Position, clock: Any = None
+        self,
+        rt: Runtime,
+        progress: Any,
+        loader: Any,
+        steps: Any,
+        epoch: int,
+        start: Position,
+        clock: Any = None,
+        profile: Any = None,
     ) -> None:
         self.rt, self.progress, self.loader, self.steps, self.epoch = rt, progress, loader, steps, epoch
         self.clock = clock  # stragglers.StepClock: where this rank's step time goes
+        self.profile = profile  # profile.StepProfile (DDPKIT_PROFILE_STEPS), or None
         self.steps_done = 0
         self.complete = False  # the pass ran to its end
         self.sums = torch.zeros(2, dtype=torch.float64, device=rt.device)  # loss sum, count (samples or tokens)
@@ -47,6 +56,8 @@ class EpochRun:
         batches = self.loader.iter_steps()
         if self.loader.n is not None:  # a stream's position must not include a batch taken ahead
             batches = iter(Prefetcher(batches, self.rt.device))
+        if self.profile is not None:  # the profiler steps at each fetch: its steps are whole loop iterations
+            batches = self.profile.around(batches, global_step)
         ended = None  # this thread's CPU clock at the last step's end
         while not until():  # asked before the next batch is taken: a stream's saved position must not include it
             if ended is not None and self.clock is not None:

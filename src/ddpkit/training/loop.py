@@ -31,6 +31,7 @@ from ..task import Task
 from .cadence import Cadence, Moment, StepPlan
 from .epoch import EpochRun, RunTotals
 from .evaluate import evaluate
+from .profile import LabelledSteps, StepProfile
 from .schedule import make_scheduler, replan
 from .signals import StopRequest
 from .step import StepRunner
@@ -97,7 +98,8 @@ class Run:
             cfg.min_lr,
             cfg.decay_fraction,
         )
-        self.steps = StepRunner(
+        self.profile = StepProfile.from_env(rt)  # DDPKIT_PROFILE_STEPS: these steps under torch.profiler
+        self.steps = (StepRunner if self.profile is None else LabelledSteps)(
             rt,
             self.strategy,
             self.model,
@@ -163,7 +165,7 @@ class Run:
     def start_pass(self, epoch: int, start: Position) -> EpochRun:
         self.loader.set_epoch(epoch)
         self.model.train()
-        return EpochRun(self.rt, self.progress, self.loader, self.steps, epoch, start, self.clock)
+        return EpochRun(self.rt, self.progress, self.loader, self.steps, epoch, start, self.clock, self.profile)
 
     def record(self, moment: Moment) -> dict[str, Any]:
         if not moment.pass_end:
@@ -208,6 +210,8 @@ class Run:
         """The final model.pt (unless a signal stopped the run) and the run's summary."""
         self.progress.close()
         self.log.close()
+        if self.profile is not None:
+            self.profile.close(reached=self.cadence.global_step)
         if moment is not None and moment.stop and not moment.finished:
             self.totals.stop(
                 0.0 if moment.pass_end else moment.epoch_run.elapsed(),

@@ -1,6 +1,7 @@
 """Wine, counting the collectives this rank's record (runtime/record.py) holds between one
 step's forward and the next: gradient buckets apart from the rest. Rank 0 writes the counts
 of every such interval of the run to RUN_DIR/collectives.json after the first epoch."""
+
 import json
 from pathlib import Path
 
@@ -35,4 +36,28 @@ def build(config=None):
             out.write_text(json.dumps(counting.intervals))
 
     task.on_metrics = write
+    return task
+
+
+def wide(config=None):
+    """The same count over a model whose first gradient bucket is larger than
+    strategies/agreement.py's CARRY_MAX: its 2048 x 2048 layer (4.2M elements) is in it."""
+    import torch
+    from torch import nn
+
+    task = build(config)
+    torch.manual_seed(0)
+    task.model = nn.Sequential(nn.Linear(13, 2048), nn.ReLU(), nn.Linear(2048, 2048), nn.ReLU(), nn.Linear(2048, 3))
+    return task
+
+
+def wide_nan(config=None):
+    """`wide` with one training sample full of NaN: the step that draws it has a NaN loss on one rank."""
+    from torch.utils.data import TensorDataset
+
+    task = wide(config)
+    x, y = task.train_set.tensors
+    x = x.clone()
+    x[7] = float("nan")
+    task.train_set = TensorDataset(x, y)
     return task
