@@ -44,7 +44,7 @@ lint: $(TEST_STAMP)
 	$(BIN)/ruff check src tests benchmarks examples scripts
 
 test: lint
-	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
+	PYTHON=$(BIN)/python scripts/test.sh $(PYTEST_ARGS)
 
 test-cluster: $(TEST_STAMP)
 	$(BIN)/python -m pytest -q -m cluster $(PYTEST_ARGS)

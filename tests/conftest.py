@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
+import hashlib
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -48,19 +52,53 @@ def assert_state_equal(a, b):
         assert torch.equal(a[k], b[k]), f"{k} differs (max abs diff {(a[k] - b[k]).abs().max().item():.3g})"
 
 
+def _shared_dir(tmp_path_factory) -> Path:
+    """Where a reference run lives so that every pytest process of one test run finds it: the
+    folder `make test` gives all its phases (DDPKIT_TEST_SHARED), else the one pytest-xdist's
+    workers share (their base temp's parent), else this session's own base temp."""
+    given = os.environ.get("DDPKIT_TEST_SHARED")
+    if given:
+        return Path(given)
+    base = tmp_path_factory.getbasetemp()
+    return base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+
+
+@contextlib.contextmanager
+def _locked(path: Path):
+    """One process at a time (the others wait): a reference run is trained once for all of them."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def _once(tmp_path_factory, kind: str, key: tuple[str, ...], make) -> Path:
+    """The folder `make(folder)` fills, made once per test run for every process asking for
+    (kind, key); a folder left half-made by a failed attempt is made again."""
+    digest = hashlib.sha256("\0".join((kind, *key)).encode()).hexdigest()[:16]
+    home = _shared_dir(tmp_path_factory) / "ddpkit-references" / f"{kind}-{digest}"
+    with _locked(home.with_suffix(".lock")):
+        if not (home / "done").exists():
+            shutil.rmtree(home, ignore_errors=True)
+            home.mkdir(parents=True)
+            make(home)
+            (home / "done").touch()
+    return home
+
+
 @pytest.fixture(scope="session")
 def reference_run(tmp_path_factory):
-    """`reference_run(*ARGS)`: the run directory of `ddpkit train ARGS`, trained once per
-    session for every test that asks for exactly these ARGS. A reference to compare with:
-    read it, never resume or train into it (copy what a test changes)."""
-    done: dict[tuple[str, ...], Path] = {}
+    """`reference_run(*ARGS)`: the run directory of `ddpkit train ARGS`, trained once per test
+    run (shared by pytest-xdist's workers and make test's phases) for every test that asks for
+    exactly these ARGS. A reference to compare with: read it, never resume or train into it
+    (copy what a test changes)."""
 
     def run(*args: str) -> Path:
-        if args not in done:
-            run_dir = tmp_path_factory.mktemp("reference") / "run"
-            run_ddpkit("train", *args, "--run-dir", str(run_dir))
-            done[args] = run_dir
-        return done[args]
+        home = _once(tmp_path_factory, "train", args, lambda d: run_ddpkit("train", *args, "--run-dir", str(d / "run")))
+        return home / "run"
 
     return run
 
@@ -71,9 +109,13 @@ OWN_LOOP_EPOCHS = "3"
 
 @pytest.fixture(scope="session")
 def own_loop_launched(tmp_path_factory):
-    """`ddpkit launch --nproc 2 examples/own_loop.py --epochs 3`, run once per session for every
+    """`ddpkit launch --nproc 2 examples/own_loop.py --epochs 3`, run once per test run for every
     test that compares another launcher (torchrun, mpirun, Kubeflow's pods) with it: its
     stdout and its final.pt (loaded). Read them, never train into its folder."""
-    out = tmp_path_factory.mktemp("own_loop") / "out"
-    proc = run_ddpkit("launch", "--nproc", "2", OWN_LOOP, "--epochs", OWN_LOOP_EPOCHS, "--out", str(out))
-    return proc.stdout, torch.load(out / "final.pt", weights_only=True)
+
+    def launch(home: Path) -> None:
+        proc = run_ddpkit("launch", "--nproc", "2", OWN_LOOP, "--epochs", OWN_LOOP_EPOCHS, "--out", str(home / "out"))
+        (home / "stdout.txt").write_text(proc.stdout)
+
+    home = _once(tmp_path_factory, "own_loop", (OWN_LOOP_EPOCHS,), launch)
+    return (home / "stdout.txt").read_text(), torch.load(home / "out" / "final.pt", weights_only=True)

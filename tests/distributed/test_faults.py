@@ -140,6 +140,7 @@ def test_without_restarts_a_dying_worker_ends_the_job_and_names_the_rank(tmp_pat
     assert "ddpkit: error: worker rank 1 exited with code 3" in proc.stderr
 
 
+@pytest.mark.serial  # --timeout 3: the healthy rank's set-up must not be slowed past it
 @pytest.mark.parametrize(
     "grad_sync, fragment",
     [

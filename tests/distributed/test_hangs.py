@@ -9,6 +9,8 @@ import pytest
 
 from conftest import run_ddpkit
 
+pytestmark = pytest.mark.serial  # timeouts of 3 s: a busy machine must not fire them early
+
 TASKS = Path(__file__).parent / "scripts" / "fault_tasks.py"
 WINE = ["--nproc", "2", "--epochs", "40", "--batch-size", "16", "--seed", "2", "--quiet"]
 WATCHDOG = ["--hang-timeout", "3", "--timeout", "60"]  # the watchdog fires long before the collective timeout

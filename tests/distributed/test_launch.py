@@ -62,6 +62,7 @@ def test_own_loop_script_runs_the_same_under_ddpkit_launch_and_plain_torchrun(tm
     assert_state_equal(a["model"], b["model"])
 
 
+@pytest.mark.serial  # the script's collectives time out after 5 s: no other load
 def test_a_collective_no_other_rank_reaches_ends_the_job_instead_of_hanging():
     # rank 0 waits for ever: if the collective's timeout did not end the job, the subprocess
     # timeout would fail this test

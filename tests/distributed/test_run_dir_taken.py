@@ -15,6 +15,8 @@ from tests.conftest import REPO, load_model, run_ddpkit
 
 from ddpkit.errors import RunDirTaken
 
+pytestmark = pytest.mark.serial  # the paced first run must still be training when the second takes over: no other load
+
 TASK = str(Path(__file__).parent / "scripts" / "paced_wine.py") + ":build"
 # 142 samples, 16 a step at any world size: 9 steps an epoch; paced at 250 ms a step the first run alone would
 # train ~22 s (time enough for the second to start on a loaded machine), the second (not paced) ~1 s

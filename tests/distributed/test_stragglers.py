@@ -5,7 +5,10 @@ loaded CPU can make one fast rank's compute 1.2x another's, so only the slow ran
 import json
 from pathlib import Path
 
+import pytest
 from tests.conftest import run_ddpkit
+
+pytestmark = pytest.mark.serial  # a rank slower by tens of ms a step is named, and no other: alone
 
 TASK = str(Path(__file__).parent / "scripts" / "slow_data_task.py") + ":build"
 

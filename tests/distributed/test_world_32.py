@@ -11,6 +11,8 @@ import torch
 from conftest import assert_state_close, load_model, run_ddpkit
 from ddpkit.tasks.wine import wine_model
 
+pytestmark = pytest.mark.serial  # 32 processes on this machine's cores: alone
+
 
 @pytest.mark.slow
 def test_world_32_at_batch_2_ends_at_world_1s_model_at_batch_64(tmp_path, reference_run):
