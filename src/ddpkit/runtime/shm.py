@@ -5,7 +5,8 @@ kernel copies every byte in and out of a socket, a ring algorithm adds a reduce-
 and an all-gather, and all of it runs on cores that backward is already using. On a
 9.46M-parameter MLP with 2 processes on 2 cores that is ~30% of a step. Here every rank
 writes its (pre-divided) bucket into its slot of a shared mapping, then
-  2 ranks:  one barrier, and each rank sums both slots straight into its own bucket;
+  2 ranks:  one barrier, and each rank sums both slots straight into its own bucket, 2 MiB
+            at a time (the sum then reads from cache what was just written);
   3+ ranks: a barrier, rank r sums the r-th part of every slot into a shared result, a
             second barrier, and every rank copies the result into its bucket (the work
             per rank stays ~5 passes over the bucket at any rank count).
@@ -58,7 +59,11 @@ from ..errors import DdpkitError
 from .record import CollectiveRecord
 
 SHM_DIR = "/dev/shm"
-DEFAULT_CHUNK_ELEMS = 8 << 20  # 32 MiB of float32 per slot: DDP's default 25 MB buckets in one piece
+DEFAULT_CHUNK_ELEMS = 8 << 20  # 3+ ranks: 32 MiB of float32 per slot: DDP's default 25 MB buckets in one piece
+# 2 ranks: 2 MiB slots, so a bucket goes through in pieces (the two sets of slots alternate, a
+# barrier each) whose writes the sum reads back from the shared cache, not from memory: a
+# 38 MB bucket in ~9 ms instead of ~14 (benchmarks/shm_sum_passes.py)
+PAIR_CHUNK_ELEMS = 1 << 19
 BUDGET_BYTES = 512 << 20  # with many ranks, slots shrink so that the mapping stays under this
 _FREE_SHARE = 0.5  # never take more than half of /dev/shm's free space
 _CTL_STRIDE = 16  # int64 words per rank in the control block: one 128-byte line each
@@ -118,17 +123,20 @@ class ShmAllReduce:
 
     @classmethod
     def create(
-        cls, numel: int, group: Any = None, chunk_elems: int = DEFAULT_CHUNK_ELEMS, timeout: float = DEFAULT_TIMEOUT_S
+        cls, numel: int, group: Any = None, chunk_elems: int | None = None, timeout: float = DEFAULT_TIMEOUT_S
     ) -> ShmAllReduce:
         """Collective: rank 0 creates the mapping, every rank opens it, rank 0 unlinks it.
 
         numel is the number of gradient elements DDP will reduce; a slot holds
-        min(numel, chunk_elems) of them. Raises DdpkitError on every rank when any rank
+        min(numel, chunk_elems) of them (default: PAIR_CHUNK_ELEMS for 2 ranks, else
+        DEFAULT_CHUNK_ELEMS). Raises DdpkitError on every rank when any rank
         cannot open the mapping or /dev/shm has too little room. `timeout`: seconds a
         barrier waits for the other ranks before it fails (give the process group's).
         """
         world, rank = dist.get_world_size(group), dist.get_rank(group)
         shape = (2, 2) if world == 2 else (1, world + 1)  # (sets, slots per set)
+        if chunk_elems is None:
+            chunk_elems = PAIR_CHUNK_ELEMS if world == 2 else DEFAULT_CHUNK_ELEMS
         rows = shape[0] * shape[1]
         chunk = max(1, min(int(numel), int(chunk_elems), BUDGET_BYTES // (4 * rows)))
         flags_bytes = world * _CTL_STRIDE * 8
