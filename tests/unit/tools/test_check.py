@@ -2,7 +2,8 @@
 
 import copy
 
-from ddpkit.tools.check import format_check, gpu_traps, judge
+from ddpkit.tools.check import gpu_traps
+from ddpkit.tools.check_report import format_check, judge
 
 
 def fact(rank, host, node, torch="2.13.0+cpu"):
