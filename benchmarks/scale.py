@@ -190,7 +190,8 @@ def netns_row(tmp: Path) -> dict:
             return head + ["--master-port", port, "--node-rank", str(rank)]
 
         launched = repr(time.time())
-        train_cmd = ["train", "--batch-size", "2", "--epochs", str(EPOCHS), "--quiet", "--run-dir", str(tmp / "nn")]
+        train_cmd = ["train", "--threads", "1", "--batch-size", "2", "--epochs", str(EPOCHS), "--seed", "1"]
+        train_cmd += ["--quiet", "--run-dir", str(tmp / "nn")]
         results = net.run_all(
             [(n, argv(train_cmd, i)) for i, n in enumerate(net.nodes)],
             timeout=300,

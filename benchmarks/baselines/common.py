@@ -12,10 +12,12 @@ MLP work: benchmarks/tasks/mlp.py (the same file ddpkit's benchmark row trains).
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import importlib.util
 import json
 import os
+import shutil
 import socket
 import tempfile
 import time
@@ -71,8 +73,18 @@ def wine_data():
 
 
 def save_dir(arg: str | None) -> str:
-    d = arg or os.environ.get("BENCH_SAVE_DIR") or tempfile.mkdtemp(prefix="bench_ckpt_")
+    """The user's folder as given, else a temporary one that this process removes when it
+    exits (normally or by an exception): only the folder it made itself, never one it was handed."""
+    d = arg or os.environ.get("BENCH_SAVE_DIR")
+    if not d:
+        d = temp_dir("bench_ckpt_")
     os.makedirs(d, exist_ok=True)
+    return d
+
+
+def temp_dir(prefix: str) -> str:
+    d = tempfile.mkdtemp(prefix=prefix)
+    atexit.register(shutil.rmtree, d, ignore_errors=True)
     return d
 
 

@@ -19,8 +19,10 @@ import time
 
 _T0 = time.perf_counter()  # BENCH: in-process wall clock starts before the imports
 
+import atexit  # BENCH
 import json  # BENCH
 import os
+import shutil  # BENCH
 import socket  # BENCH
 import tempfile  # BENCH
 
@@ -217,6 +219,8 @@ if __name__ == "__main__":
 
     world_size = args.nprocs  # BENCH: was torch.cuda.device_count()
     save_dir = args.save_dir or tempfile.mkdtemp(prefix="guide_ddp_")  # BENCH
+    if not args.save_dir:  # BENCH: remove only the folder made here, at exit
+        atexit.register(shutil.rmtree, save_dir, ignore_errors=True)
     os.makedirs(save_dir, exist_ok=True)  # BENCH
     mp.spawn(
         main,

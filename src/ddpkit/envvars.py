@@ -7,6 +7,16 @@ ERROR_DIR_VAR = "DDPKIT_ERROR_DIR"  # where a worker writes a user error for the
 LAUNCH_TIME_VAR = "DDPKIT_LAUNCH_TIME"  # when the command started (the summary's wall time)
 # `ddpkit slurm`'s batch script -> rank 0: after a warning signal's checkpoint write this file; the script requeues
 REQUEUE_FILE_VAR = "DDPKIT_REQUEUE_FILE"
+# torch's agent -> every worker: how many times it has restarted this node's workers (--max-restarts)
+RESTART_COUNT_VAR = "TORCHELASTIC_RESTART_COUNT"
+
+
+def attempt_errors(error_dir, attempt: int):  # noqa: ANN001, ANN201 - str or Path in, Path out
+    """The folder of ERROR_DIR that one attempt's workers write to: after a restart, the files of an
+    earlier attempt must not name the failure of a later one."""
+    from pathlib import Path
+
+    return Path(error_dir, f"attempt-{attempt}")
 
 # a user or a benchmark -> ddpkit
 BENCH_RESULT_VAR = "DDPKIT_BENCH_RESULT"  # set: rank 0 prints the summary as one `RESULT {json}` line

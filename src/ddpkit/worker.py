@@ -22,7 +22,14 @@ from .checkpoint.export import export_run
 from .checkpoint.world_mark import WorldMark
 from .config import RunConfig
 from .environments import DistEnv
-from .envvars import BENCH_RESULT_VAR, ERROR_DIR_VAR, LAUNCH_TIME_VAR, REQUEUE_FILE_VAR
+from .envvars import (
+    BENCH_RESULT_VAR,
+    ERROR_DIR_VAR,
+    LAUNCH_TIME_VAR,
+    REQUEUE_FILE_VAR,
+    RESTART_COUNT_VAR,
+    attempt_errors,
+)
 from .errors import DdpkitError, RunDirTaken
 from .reporting.rank_output import rank_stdout
 from .reporting.run_state import record_failure
@@ -48,9 +55,16 @@ def _say_rejoining(e: RunDirTaken, env: DistEnv) -> None:
         print(f"ddpkit: warning: {e}; restarting this node's workers", file=sys.stderr, flush=True)
 
 
+def _error_file(error_dir: str, name: str) -> Path:
+    """Where this attempt's worker leaves `name` for the launcher (one folder per restart)."""
+    folder = attempt_errors(error_dir, int(os.environ.get(RESTART_COUNT_VAR, "0") or 0))
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder / name
+
+
 def _restarts_left() -> bool:
     """Will torch's agent restart this node's workers after a failure (--max-restarts not used up)?"""
-    count = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0)
+    count = int(os.environ.get(RESTART_COUNT_VAR, "0") or 0)
     return int(os.environ.get("TORCHELASTIC_MAX_RESTARTS", "0") or 0) > count
 
 
@@ -102,7 +116,7 @@ def train_worker(config: dict[str, Any], task: Task | None = None) -> dict[str, 
             raise
         if isinstance(e, RunDirTaken) and _restarts_left():
             sys.exit(2)  # said already (_say_rejoining); no error file that a later failure would show
-        Path(error_dir, f"rank-{env.rank}.txt").write_text(str(e))
+        _error_file(error_dir, f"rank-{env.rank}.txt").write_text(str(e))
         sys.exit(2)
     except Exception as e:
         if not error_dir:
@@ -111,7 +125,7 @@ def train_worker(config: dict[str, Any], task: Task | None = None) -> dict[str, 
             os._exit(1)
         if _is_peer_loss(e):  # a consequence of another rank's failure: one line, not a traceback
             line = f"rank {env.rank} lost contact with another rank ({str(e).splitlines()[0][:200]})"
-            Path(error_dir, f"peer-{env.rank}.txt").write_text(line)
+            _error_file(error_dir, f"peer-{env.rank}.txt").write_text(line)
             print(f"[rank {env.rank}] {line}", file=sys.stderr, flush=True)
             os._exit(1)
         # One traceback, from the rank that failed; the launcher adds one line naming it.

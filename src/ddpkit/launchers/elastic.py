@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterator
 
 from ..config import DEFAULT_TIMEOUT_S
-from ..envvars import ERROR_DIR_VAR
+from ..envvars import ERROR_DIR_VAR, attempt_errors
 from ..errors import DdpkitError, RunDirTaken, WorkerFailed
 from .joined import NEVER_JOINED, JoinWatch
 
@@ -193,10 +193,12 @@ def _launch(
     except ChildFailedError as e:
         if hang_dir is not None:
             print_hang_summary(hang_dir, since=started)
-        user_error = _user_error(errors)
+        # torch's agent ends the job on a failure only once its restarts are spent: the last attempt's
+        failed = attempt_errors(errors, plan.max_restarts)
+        user_error = _user_error(failed)
         if user_error:  # a worker refused the user's input (ddpkit train): ddpkit's own exit 2
             raise (RunDirTaken if user_error.startswith(RunDirTaken.OPENING) else DdpkitError)(user_error) from None
-        raise WorkerFailed(_failure_message(e, errors)) from None
+        raise WorkerFailed(_failure_message(e, failed)) from None
     except (
         RendezvousTimeoutError,
         RendezvousConnectionError,
