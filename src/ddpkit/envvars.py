@@ -1,6 +1,10 @@
 """The environment variables ddpkit itself reads or sets, by name. The launcher side (cli, api,
 launchers) and the worker side (worker, reporting) both import them, so they sit at the bottom
-layer, beside errors.py, and import nothing."""
+layer, beside errors.py, and import nothing of ddpkit."""
+
+from __future__ import annotations
+
+from pathlib import Path
 
 # the launcher -> its workers
 ERROR_DIR_VAR = "DDPKIT_ERROR_DIR"  # where a worker writes a user error for the launcher to print
@@ -11,11 +15,9 @@ REQUEUE_FILE_VAR = "DDPKIT_REQUEUE_FILE"
 RESTART_COUNT_VAR = "TORCHELASTIC_RESTART_COUNT"
 
 
-def attempt_errors(error_dir, attempt: int):  # noqa: ANN001, ANN201 - str or Path in, Path out
+def attempt_errors(error_dir: str | Path, attempt: int) -> Path:
     """The folder of ERROR_DIR that one attempt's workers write to: after a restart, the files of an
     earlier attempt must not name the failure of a later one."""
-    from pathlib import Path
-
     return Path(error_dir, f"attempt-{attempt}")
 
 # a user or a benchmark -> ddpkit
