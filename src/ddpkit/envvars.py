@@ -20,6 +20,7 @@ def attempt_errors(error_dir: str | Path, attempt: int) -> Path:
     earlier attempt must not name the failure of a later one."""
     return Path(error_dir, f"attempt-{attempt}")
 
+
 # a user or a benchmark -> ddpkit
 BENCH_RESULT_VAR = "DDPKIT_BENCH_RESULT"  # set: rank 0 prints the summary as one `RESULT {json}` line
 SLOW_EXIT_VAR = "DDPKIT_SLOW_EXIT"  # set: the CLI leaves through the interpreter's teardown, not os._exit
