@@ -140,6 +140,17 @@ def test_without_restarts_a_dying_worker_ends_the_job_and_names_the_rank(tmp_pat
     assert "ddpkit: error: worker rank 1 exited with code 3" in proc.stderr
 
 
+def test_after_a_restart_the_failure_named_is_the_last_attempts_not_an_earlier_error(tmp_path):
+    proc = run_ddpkit(
+        "train", f"{TASKS}:refuses_then_dies", "--nproc", "2", "--max-restarts", "1", "--quiet",
+        "--run-dir", str(tmp_path / "run"), env={"FAULT_RANK": "1"}, check=False, timeout=120,
+    )  # fmt: skip
+    assert proc.returncode == 2, proc.stderr
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith("ddpkit: error: worker rank 1 exited with code 3"), proc.stderr  # attempt 1's failure
+    assert "refused on the first attempt" not in last
+
+
 @pytest.mark.serial  # --timeout 3: the healthy rank's set-up must not be slowed past it
 @pytest.mark.parametrize(
     "grad_sync, fragment",

@@ -139,3 +139,15 @@ def stuck_in_getitem(config=None):
     task = wine(config)
     task.train_set = StuckItems(task.train_set)
     return task
+
+
+def refuses_then_dies(config=None):
+    """Rank 1 refuses its input with a DdpkitError on the first attempt, and on the restart
+    dies outright (exit 3): the launcher must name the second failure, not the first's file."""
+    from ddpkit.errors import DdpkitError
+
+    if _faulty_rank():
+        if os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") == "0":
+            raise DdpkitError("refused on the first attempt")
+        os._exit(3)
+    return wine(config)
