@@ -4,6 +4,7 @@ layer, beside errors.py, and import nothing of ddpkit."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 # the launcher -> its workers
@@ -19,6 +20,13 @@ def attempt_errors(error_dir: str | Path, attempt: int) -> Path:
     """The folder of ERROR_DIR that one attempt's workers write to: after a restart, the files of an
     earlier attempt must not name the failure of a later one."""
     return Path(error_dir, f"attempt-{attempt}")
+
+
+def error_file(error_dir: str | Path, name: str) -> Path:
+    """Where a worker leaves `name` (its one-line error) for the launcher: this attempt's folder."""
+    folder = attempt_errors(error_dir, int(os.environ.get(RESTART_COUNT_VAR, "0") or 0))
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder / name
 
 
 # a user or a benchmark -> ddpkit

@@ -22,7 +22,7 @@ import traceback
 from typing import Any, Callable, Iterator
 
 from .config import RunConfig
-from .envvars import ERROR_DIR_VAR
+from .envvars import ERROR_DIR_VAR, error_file
 from .errors import DdpkitError
 from .task import Task
 
@@ -154,7 +154,7 @@ def _streams_for_fork() -> Iterator[None]:
 
 def _call(fn: Callable[..., Any], args: tuple, kwargs: dict[str, Any]) -> Any:
     """In every worker: the user's function; its exception becomes the one line the kernel raises."""
-    from .worker import _error_file, _is_peer_loss, die_with_parent
+    from .worker import _is_peer_loss, die_with_parent
 
     die_with_parent()
     rank = int(os.environ.get("RANK", "0"))
@@ -164,12 +164,12 @@ def _call(fn: Callable[..., Any], args: tuple, kwargs: dict[str, Any]) -> Any:
         error_dir = os.environ.get(ERROR_DIR_VAR)
         if _is_peer_loss(e):  # another rank failed first: it is the one to name
             if error_dir:
-                _error_file(error_dir, f"peer-{rank}.txt").write_text(f"rank {rank} lost contact with another rank")
+                error_file(error_dir, f"peer-{rank}.txt").write_text(f"rank {rank} lost contact with another rank")
             os._exit(1)
         traceback.print_exc()
         sys.stderr.flush()
         if error_dir:
-            _error_file(error_dir, f"rank-{rank}.txt").write_text(f"rank {rank} raised {type(e).__name__}: {e}")
+            error_file(error_dir, f"rank-{rank}.txt").write_text(f"rank {rank} raised {type(e).__name__}: {e}")
         sys.exit(2)
 
 

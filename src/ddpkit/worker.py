@@ -28,7 +28,7 @@ from .envvars import (
     LAUNCH_TIME_VAR,
     REQUEUE_FILE_VAR,
     RESTART_COUNT_VAR,
-    attempt_errors,
+    error_file,
 )
 from .errors import DdpkitError, RunDirTaken
 from .reporting.rank_output import rank_stdout
@@ -53,13 +53,6 @@ def _say_rejoining(e: RunDirTaken, env: DistEnv) -> None:
     each node says why, at once (the agent stops this process as soon as another rank has left)."""
     if os.environ.get(ERROR_DIR_VAR) and _restarts_left() and env.local_rank == 0:
         print(f"ddpkit: warning: {e}; restarting this node's workers", file=sys.stderr, flush=True)
-
-
-def _error_file(error_dir: str, name: str) -> Path:
-    """Where this attempt's worker leaves `name` for the launcher (one folder per restart)."""
-    folder = attempt_errors(error_dir, int(os.environ.get(RESTART_COUNT_VAR, "0") or 0))
-    folder.mkdir(parents=True, exist_ok=True)
-    return folder / name
 
 
 def _restarts_left() -> bool:
@@ -116,7 +109,7 @@ def train_worker(config: dict[str, Any], task: Task | None = None) -> dict[str, 
             raise
         if isinstance(e, RunDirTaken) and _restarts_left():
             sys.exit(2)  # said already (_say_rejoining); no error file that a later failure would show
-        _error_file(error_dir, f"rank-{env.rank}.txt").write_text(str(e))
+        error_file(error_dir, f"rank-{env.rank}.txt").write_text(str(e))
         sys.exit(2)
     except Exception as e:
         if not error_dir:
@@ -125,7 +118,7 @@ def train_worker(config: dict[str, Any], task: Task | None = None) -> dict[str, 
             os._exit(1)
         if _is_peer_loss(e):  # a consequence of another rank's failure: one line, not a traceback
             line = f"rank {env.rank} lost contact with another rank ({str(e).splitlines()[0][:200]})"
-            _error_file(error_dir, f"peer-{env.rank}.txt").write_text(line)
+            error_file(error_dir, f"peer-{env.rank}.txt").write_text(line)
             print(f"[rank {env.rank}] {line}", file=sys.stderr, flush=True)
             os._exit(1)
         # One traceback, from the rank that failed; the launcher adds one line naming it.

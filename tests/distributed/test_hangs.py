@@ -51,6 +51,8 @@ def test_a_rank_sleeping_inside_a_step_is_named_with_its_line(tmp_path, flags, f
     err, hang_dir = hang(tmp_path, "exits_midway", *flags, FAULT_HANG="1")
     sleep = f"scripts/fault_tasks.py:{line_of('time.sleep(600)')} in forward: time.sleep(600)"
     assert "ddpkit: hang report" in err and first in err, err
+    last = err.strip().splitlines()[-1]  # the launcher's one line names the hang and where the reports are
+    assert last.startswith("ddpkit: error: rank ") and f"are in {hang_dir}" in last, err
     assert "rank(s) 1 never arrived at all_reduce #" in err and f"rank 1 at {sleep}" in err, err
     assert "rank 0   [" in err and ("waiting in all_reduce #" in err or "timed out in all_reduce #" in err), err
     stack = (hang_dir / "rank-1.txt").read_text()  # faulthandler's dump of every thread

@@ -191,9 +191,9 @@ def _launch(
                 print(NEVER_JOINED.format(n=plan.nproc_per_node), file=sys.stderr, flush=True)
         return results
     except ChildFailedError as e:
-        if hang_dir is not None:
-            print_hang_summary(hang_dir, since=started)
         # torch's agent ends the job on a failure only once its restarts are spent: the last attempt's
+        if hang_dir is not None:
+            print_hang_summary(hang_dir, since=started, attempt=plan.max_restarts)
         failed = attempt_errors(errors, plan.max_restarts)
         user_error = _user_error(failed)
         if user_error:  # a worker refused the user's input (ddpkit train): ddpkit's own exit 2
@@ -261,17 +261,23 @@ def _launch_config(plan: LaunchPlan, scratch: Path, agent_options: dict[str, Any
     return config, endpoint, rdzv_store
 
 
-def print_hang_summary(hang_dir: Path, since: float) -> None:
+def print_hang_summary(hang_dir: Path, since: float, attempt: int | None = None) -> None:
     """The summary rank 0 wrote, or (rank 0 could not: stuck hard, or on another node) one made
-    here from the reports this node can see; nothing when no report is newer than `since`."""
-    from ..runtime.watchdog import format_summary
+    here from the reports this node can see; nothing when no report is newer than `since`, or
+    when the report is of another restart attempt than `attempt` (the one that failed)."""
+    from ..runtime.watchdog import ATTEMPT_FILE, format_summary
 
-    request = hang_dir / "request"
     try:
-        if request.stat().st_mtime < since - 1:
-            return
+        if (hang_dir / "request").stat().st_mtime < since - 1:
+            return  # a report of an earlier launch
     except OSError:
-        return
+        return  # no hang was reported
+    try:
+        hung = int((hang_dir / ATTEMPT_FILE).read_text())
+    except (OSError, ValueError):
+        hung = None  # not recorded: print it
+    if attempt is not None and hung is not None and hung != attempt:
+        return  # an earlier attempt hung and was restarted; the last one failed otherwise
     summary = hang_dir / "summary.txt"
     text = summary.read_text().rstrip() if summary.exists() else format_summary(hang_dir)
     print(text, file=sys.stderr, flush=True)

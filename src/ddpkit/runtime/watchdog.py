@@ -35,8 +35,10 @@ import traceback
 from pathlib import Path
 from typing import Any
 
+from ..envvars import RESTART_COUNT_VAR, error_file
 from .record import CollectiveRecord, is_library, short
 
+ATTEMPT_FILE = "attempt"  # beside the request: the restart attempt (torch's count) that hung
 REPORT_WAIT_S = 10.0  # rank 0 waits this long for the other ranks' reports
 POLL_S = 0.25  # how often the thread looks at the clock and for a request
 
@@ -154,6 +156,8 @@ class HangWatchdog:
                 fd = os.open(self.dir / "request", os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
                 with os.fdopen(fd, "w") as f:
                     f.write(reason + "\n")
+                # which restart attempt hung: the launcher prints this report only if that one failed last
+                (self.dir / ATTEMPT_FILE).write_text(os.environ.get(RESTART_COUNT_VAR, "0") + "\n")
             except FileExistsError:
                 pass
         write_report(self.dir, self.rank, reason, self._main, self.record, error)
@@ -175,7 +179,7 @@ class HangWatchdog:
     def _end_job(self, reason: str) -> None:
         line = f"{reason}; every rank's stacks and collectives are in {self.dir}"
         if self.error_dir:  # the launcher prints it
-            Path(self.error_dir, f"rank-{self.rank}.txt").write_text(line)
+            error_file(self.error_dir, f"rank-{self.rank}.txt").write_text(line)
         else:
             print(f"[rank {self.rank}] ddpkit: error: {line}", file=sys.stderr, flush=True)
         os._exit(2)
