@@ -12,8 +12,19 @@ ERROR_DIR_VAR = "DDPKIT_ERROR_DIR"  # where a worker writes a user error for the
 LAUNCH_TIME_VAR = "DDPKIT_LAUNCH_TIME"  # when the command started (the summary's wall time)
 # `ddpkit slurm`'s batch script -> rank 0: after a warning signal's checkpoint write this file; the script requeues
 REQUEUE_FILE_VAR = "DDPKIT_REQUEUE_FILE"
-# torch's agent -> every worker: how many times it has restarted this node's workers (--max-restarts)
+# torch's agent -> every worker: how many times it has restarted this node's workers, and how often it may
 RESTART_COUNT_VAR = "TORCHELASTIC_RESTART_COUNT"
+MAX_RESTARTS_VAR = "TORCHELASTIC_MAX_RESTARTS"
+
+
+def restart_count() -> int:
+    """How many times torch's agent has restarted this worker's group (0: the first attempt, or no agent)."""
+    return int(os.environ.get(RESTART_COUNT_VAR, "0") or 0)
+
+
+def max_restarts() -> int:
+    """--max-restarts as torch's agent passed it to this worker (0 without an agent)."""
+    return int(os.environ.get(MAX_RESTARTS_VAR, "0") or 0)
 
 
 def attempt_errors(error_dir: str | Path, attempt: int) -> Path:
@@ -24,7 +35,7 @@ def attempt_errors(error_dir: str | Path, attempt: int) -> Path:
 
 def error_file(error_dir: str | Path, name: str) -> Path:
     """Where a worker leaves `name` (its one-line error) for the launcher: this attempt's folder."""
-    folder = attempt_errors(error_dir, int(os.environ.get(RESTART_COUNT_VAR, "0") or 0))
+    folder = attempt_errors(error_dir, restart_count())
     folder.mkdir(parents=True, exist_ok=True)
     return folder / name
 

@@ -27,8 +27,9 @@ from .envvars import (
     ERROR_DIR_VAR,
     LAUNCH_TIME_VAR,
     REQUEUE_FILE_VAR,
-    RESTART_COUNT_VAR,
     error_file,
+    max_restarts,
+    restart_count,
 )
 from .errors import DdpkitError, RunDirTaken
 from .reporting.rank_output import rank_stdout
@@ -57,8 +58,7 @@ def _say_rejoining(e: RunDirTaken, env: DistEnv) -> None:
 
 def _restarts_left() -> bool:
     """Will torch's agent restart this node's workers after a failure (--max-restarts not used up)?"""
-    count = int(os.environ.get(RESTART_COUNT_VAR, "0") or 0)
-    return int(os.environ.get("TORCHELASTIC_MAX_RESTARTS", "0") or 0) > count
+    return max_restarts() > restart_count()
 
 
 def die_with_parent() -> None:
@@ -167,7 +167,7 @@ def _train(cfg: RunConfig, env: DistEnv, held: contextlib.ExitStack, given: Task
             not_kept = hf_config.record(task.model, run_dir, required=cfg.export == "hf")  # for export --format hf
             if not_kept:
                 print(f"ddpkit: warning: {not_kept}; `ddpkit export --format hf` will refuse this run", flush=True)
-        if os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") != "0":
+        if restart_count() > 0:
             cfg = cfg.replace(auto_resume=True)  # restarted after a failure: continue, don't redo
         # Its handlers stay until the summary is written and the requeue asked for (they leave with
         # `held`): a second signal during the save or after it must not kill this process.

@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
+from ..envvars import max_restarts
 from .snapshot import SnapshotStore
 
 COST_SHARE = 0.05  # auto: a snapshot may cost this share of a step
@@ -20,9 +21,7 @@ MEASURE_STEPS = 5  # auto: steps measured (after the first) before K is chosen
 def wanted() -> bool:
     """Whether snapshots are taken in this worker: only a worker that torch's agent restarts
     (--max-restarts) can resume from one."""
-    return (
-        bool(os.environ.get("TORCHELASTIC_RUN_ID")) and int(os.environ.get("TORCHELASTIC_MAX_RESTARTS", "0") or 0) > 0
-    )
+    return bool(os.environ.get("TORCHELASTIC_RUN_ID")) and max_restarts() > 0
 
 
 class MemorySnapshots:

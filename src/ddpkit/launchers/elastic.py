@@ -191,7 +191,8 @@ def _launch(
                 print(NEVER_JOINED.format(n=plan.nproc_per_node), file=sys.stderr, flush=True)
         return results
     except ChildFailedError as e:
-        # torch's agent ends the job on a failure only once its restarts are spent: the last attempt's
+        # torch's agent ends the job on a failure only once its restarts are spent: the failing
+        # attempt is number max_restarts (restarts for a node joining or leaving are not counted)
         if hang_dir is not None:
             print_hang_summary(hang_dir, since=started, attempt=plan.max_restarts)
         failed = attempt_errors(errors, plan.max_restarts)

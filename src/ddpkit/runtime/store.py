@@ -9,6 +9,7 @@ from typing import Any
 
 import torch.distributed as dist
 
+from ..envvars import RESTART_COUNT_VAR
 from ..errors import DdpkitError
 
 
@@ -20,7 +21,8 @@ def make_store(env: Any, timeout: float) -> dist.Store:
     wait = timedelta(seconds=timeout)
     if os.environ.get("TORCHELASTIC_USE_AGENT_STORE", "").lower() == "true":
         store = dist.TCPStore(env.master_addr, env.master_port, env.world_size, False, wait)
-        return dist.PrefixStore(f"/worker/attempt_{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}", store)
+        prefix = f"/worker/attempt_{os.environ.get(RESTART_COUNT_VAR, '0')}"  # the agent's own, string as torch sets it
+        return dist.PrefixStore(prefix, store)
     if env.rank != 0:
         return dist.TCPStore(env.master_addr, env.master_port, env.world_size, False, wait)
     fd = bound_listener(env.master_addr, env.master_port).detach()  # the store owns the socket now

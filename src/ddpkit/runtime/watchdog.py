@@ -35,7 +35,7 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-from ..envvars import RESTART_COUNT_VAR, error_file
+from ..envvars import error_file, restart_count
 from .record import CollectiveRecord, is_library, short
 
 ATTEMPT_FILE = "attempt"  # beside the request: the restart attempt (torch's count) that hung
@@ -157,7 +157,7 @@ class HangWatchdog:
                 with os.fdopen(fd, "w") as f:
                     f.write(reason + "\n")
                 # which restart attempt hung: the launcher prints this report only if that one failed last
-                (self.dir / ATTEMPT_FILE).write_text(os.environ.get(RESTART_COUNT_VAR, "0") + "\n")
+                (self.dir / ATTEMPT_FILE).write_text(f"{restart_count()}\n")
             except FileExistsError:
                 pass
         write_report(self.dir, self.rank, reason, self._main, self.record, error)
