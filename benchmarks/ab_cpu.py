@@ -13,17 +13,16 @@ training time the runs report (train_s).
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import resource
 import statistics
-import subprocess
 import sys
-import tempfile
-import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+BENCH = Path(__file__).resolve().parent
+ROOT = BENCH.parent
+sys.path.insert(0, str(BENCH))
+import harness  # noqa: E402
+
 GPT = [
     "examples/gpt.py:build",
     "--epochs",
@@ -56,22 +55,11 @@ WORKLOADS = {
 
 
 def run_once(src: str, argv: list[str], env: dict[str, str]) -> tuple[float, float, float]:
-    """(CPU s of the whole process tree, wall s, train_s from summary.json) of one ddpkit train."""
-    with tempfile.TemporaryDirectory() as tmp:
-        before = resource.getrusage(resource.RUSAGE_CHILDREN)
-        t0 = time.perf_counter()
-        subprocess.run(
-            [sys.executable, "-m", "ddpkit", "train", *argv, "--quiet", "--run-dir", f"{tmp}/run"],
-            cwd=ROOT,
-            env={**os.environ, **env, "PYTHONPATH": src},
-            check=True,
-            capture_output=True,
-        )
-        wall = time.perf_counter() - t0
-        after = resource.getrusage(resource.RUSAGE_CHILDREN)
-        summary = json.loads((Path(tmp) / "run" / "summary.json").read_text())
-    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
-    return cpu, wall, float(summary["train_s"])
+    """(CPU s of the whole process tree, wall s, train_s from the summary) of one ddpkit train."""
+    argv = ["{python}", "-m", "ddpkit", "train", *argv, "--quiet", "--run-dir", "{tmp}/run"]
+    env = {**env, "PYTHONPATH": src, "DDPKIT_BENCH_RESULT": "1"}
+    res = harness.require(harness.run_cmd(f"ddpkit from {src}", argv, env, cwd=str(ROOT)))
+    return res["cpu_s"], res["wall_s"], float(res["train_s"])
 
 
 def main() -> None:
@@ -92,10 +80,8 @@ def main() -> None:
         if not name.startswith(args.only):
             continue
         new, old = [], []
-        for r in range(args.rounds):
-            order = [(new, new_src), (old, old_src)] if r % 2 == 0 else [(old, old_src), (new, new_src)]
-            for out, src in order:
-                out.append(run_once(src, argv + args.extra.split(), env))
+        for _, (out, src) in harness.interleave([(new, new_src), (old, old_src)], args.rounds, mirror=True):
+            out.append(run_once(src, argv + args.extra.split(), env))
         pairs = ", ".join(f"{a[0] / b[0]:.2f}" for a, b in zip(new, old, strict=True))
         med = [statistics.median(x[i] for x in side) for side in (new, old) for i in (0, 2)]
         print(

@@ -14,17 +14,16 @@ CPU time of the whole process tree (the machine is shared: CPU time moves less t
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import resource
-import statistics
-import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+BENCH = Path(__file__).resolve().parent
+ROOT = BENCH.parent
+sys.path.insert(0, str(BENCH))
+import harness  # noqa: E402
+
 SIZES = {"n_layer": 4, "n_head": 4, "n_embd": 128, "block_size": 256, "max_samples": 192}
 BATCH = 32
 VARIANTS = {
@@ -35,10 +34,10 @@ VARIANTS = {
 }
 
 
-def argv(variant: str, run_dir: Path) -> list[str]:
+def argv(variant: str) -> list[str]:
     task_args = [a for k, v in SIZES.items() for a in ("--task-arg", f"{k}={v}")]
     return [
-        sys.executable,
+        "{python}",
         "-m",
         "ddpkit",
         "train",
@@ -53,40 +52,24 @@ def argv(variant: str, run_dir: Path) -> list[str]:
         "0",
         "--quiet",
         "--run-dir",
-        str(run_dir),
+        "{tmp}/run",
         *task_args,
         *VARIANTS[variant],
     ]
 
 
-def run(variant: str, tmp: Path) -> dict:
-    run_dir = tmp / f"{variant.replace(' ', '')}-{time.monotonic_ns()}"
-    before = resource.getrusage(resource.RUSAGE_CHILDREN)
-    proc = subprocess.run(
-        argv(variant, run_dir),
-        cwd=ROOT,
-        env={**os.environ, "PYTHONPATH": str(ROOT / "src")},
-        capture_output=True,
-        text=True,
-        timeout=900,
-    )
-    after = resource.getrusage(resource.RUSAGE_CHILDREN)
-    if proc.returncode != 0:
-        raise SystemExit(f"{variant} failed:\n{proc.stdout}\n{proc.stderr}")
-    s = json.loads((run_dir / "summary.json").read_text())
+def run(variant: str) -> dict:
+    env = {"PYTHONPATH": str(ROOT / "src"), "DDPKIT_BENCH_RESULT": "1"}
+    s = harness.require(harness.run_cmd(variant, argv(variant), env, timeout=900, cwd=str(ROOT)))
     return {
         "variant": variant,
         "peak_mib": max(s["peak_memory_bytes"]) / 2**20,
         "kind": s["peak_memory_kind"],
         "activations_mib": (s.get("activation_bytes_per_rank") or 0) / 2**20,
         "samples_per_s": s["samples_per_s"],
-        "cpu_s": (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime),
+        "cpu_s": s["cpu_s"],
         "eval_loss": s.get("eval_loss"),
     }
-
-
-def cell(values: list[float], fmt: str) -> str:
-    return f"{statistics.median(values):{fmt}} ({min(values):{fmt}}-{max(values):{fmt}})"
 
 
 def main() -> None:
@@ -96,24 +79,24 @@ def main() -> None:
     ns = p.parse_args()
     load_before = os.getloadavg()
     results = []
-    with tempfile.TemporaryDirectory(prefix="ddpkit-ac-bench-") as tmp:
-        for r in range(ns.rounds):
-            for variant in VARIANTS:
-                results.append(run(variant, Path(tmp)))
-                print(f"round {r + 1}: {results[-1]}", flush=True)
+    for r, variant in harness.interleave(list(VARIANTS), ns.rounds):
+        results.append(run(variant))
+        print(f"round {r + 1}: {results[-1]}", flush=True)
     load_after = os.getloadavg()
-    rows = [
-        "| variant | peak memory per rank, MiB | activations kept per rank, MiB | samples/s | CPU s | eval loss |",
-        "|---|---|---|---|---|---|",
+    head = [
+        "variant",
+        "peak memory per rank, MiB",
+        "activations kept per rank, MiB",
+        "samples/s",
+        "CPU s",
+        "eval loss",
     ]
+    rows = []
     for variant in VARIANTS:
         runs = [x for x in results if x["variant"] == variant]
-        rows.append(
-            f"| {variant} | {cell([x['peak_mib'] for x in runs], '.0f')} | "
-            f"{cell([x['activations_mib'] for x in runs], '.1f')} | "
-            f"{cell([x['samples_per_s'] for x in runs], '.1f')} | {cell([x['cpu_s'] for x in runs], '.1f')} | "
-            f"{runs[0]['eval_loss']:.4f} |"
-        )
+        cells = [harness.spread([x[k] for x in runs], f) for k, f in (("peak_mib", ".0f"), ("activations_mib", ".1f"))]
+        cells += [harness.spread([x[k] for x in runs], ".1f") for k in ("samples_per_s", "cpu_s")]
+        rows.append([variant, *cells, f"{runs[0]['eval_loss']:.4f}"])
     sizes = ", ".join(f"{k}={v}" for k, v in SIZES.items())
     text = "\n".join(
         [
@@ -126,7 +109,7 @@ def main() -> None:
             "the activations). Cells: median (min-max).",
             f"`python benchmarks/activation_memory.py --rounds {ns.rounds}`",
             "",
-            *rows,
+            *harness.md_table(head, rows),
             "",
         ]
     )

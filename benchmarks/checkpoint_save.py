@@ -12,23 +12,29 @@ command, per variant: the median over rounds and the range.
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import shutil
 import statistics
-import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+BENCH = Path(__file__).resolve().parent
+ROOT = BENCH.parent
+sys.path.insert(0, str(BENCH))
+import harness  # noqa: E402
+
+VARIANTS = ("blocking", "async")
 
 
-def run(variant: str, steps: int, tmp: Path) -> dict:
-    run_dir = tmp / f"{variant}-{time.monotonic_ns()}"
+def checkpoints(tmp: str) -> dict:
+    """How many checkpoints the run left in {tmp}/run and their mean size."""
+    files = list((Path(tmp) / "run" / "checkpoints").iterdir())
+    return {"saves": len(files), "mb_per_checkpoint": sum(f.stat().st_size for f in files) / max(1, len(files)) / 1e6}
+
+
+def run(variant: str, steps: int) -> dict:
     argv = [
-        sys.executable,
+        "{python}",
         "-m",
         "ddpkit",
         "train",
@@ -45,31 +51,11 @@ def run(variant: str, steps: int, tmp: Path) -> dict:
         "0",
         "--quiet",
         "--run-dir",
-        str(run_dir),
+        "{tmp}/run",
     ] + (["--async-save"] if variant == "async" else [])
-    env = {
-        **os.environ,
-        "PYTHONPATH": str(ROOT / "src"),
-        "BENCH_MLP_SAMPLES": str(steps * 2 * 256),
-        "DDPKIT_BENCH_RESULT": "1",
-    }
-    t0 = time.perf_counter()
-    proc = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=900)
-    wall = time.perf_counter() - t0
-    if proc.returncode != 0:
-        raise SystemExit(f"{variant} failed:\n{proc.stdout}\n{proc.stderr}")
-    summary = json.loads(next(line for line in proc.stdout.splitlines() if line.startswith("RESULT "))[7:])
-    saves = len(list((run_dir / "checkpoints").iterdir()))
-    size = sum(p.stat().st_size for p in (run_dir / "checkpoints").iterdir()) / max(1, saves)
-    shutil.rmtree(run_dir, ignore_errors=True)
-    return {
-        "variant": variant,
-        "fit_s": summary["fit_s"],
-        "train_s": summary["train_s"],
-        "wall_s": wall,
-        "saves": saves,
-        "mb_per_checkpoint": size / 1e6,
-    }
+    env = {"PYTHONPATH": str(ROOT / "src"), "BENCH_MLP_SAMPLES": str(steps * 2 * 256), "DDPKIT_BENCH_RESULT": "1"}
+    res = harness.require(harness.run_cmd(variant, argv, env, timeout=900, collect=checkpoints))
+    return {"variant": variant, **{k: res[k] for k in ("fit_s", "train_s", "wall_s", "saves", "mb_per_checkpoint")}}
 
 
 def main() -> None:
@@ -80,27 +66,23 @@ def main() -> None:
     ns = p.parse_args()
     load_before = os.getloadavg()
     results = []
-    with tempfile.TemporaryDirectory(prefix="ddpkit-ckpt-bench-") as tmp:
-        for r in range(ns.rounds):
-            for variant in ("blocking", "async"):
-                results.append(run(variant, ns.steps, Path(tmp)))
-                print(f"round {r + 1}: {results[-1]}", flush=True)
+    for r, variant in harness.interleave(VARIANTS, ns.rounds):
+        results.append(run(variant, ns.steps))
+        print(f"round {r + 1}: {results[-1]}", flush=True)
     load_after = os.getloadavg()
-    rows = [
-        "| variant | fit s (median, range) | wall s (median, range) | checkpoints | MB each |",
-        "|---|---|---|---|---|",
-    ]
-    medians = {}
-    for variant in ("blocking", "async"):
+    medians, rows = {}, []
+    for variant in VARIANTS:
         runs = [x for x in results if x["variant"] == variant]
-        fit = [x["fit_s"] for x in runs]
-        wall = [x["wall_s"] for x in runs]
-        medians[variant] = statistics.median(fit)
+        medians[variant] = statistics.median(x["fit_s"] for x in runs)
         rows.append(
-            f"| {variant} | {statistics.median(fit):.2f} ({min(fit):.2f}-{max(fit):.2f}) | "
-            f"{statistics.median(wall):.2f} ({min(wall):.2f}-{max(wall):.2f}) | {runs[0]['saves']} | "
-            f"{runs[0]['mb_per_checkpoint']:.0f} |"
+            [
+                variant,
+                harness.spread([x["fit_s"] for x in runs], ".2f"),
+                harness.spread([x["wall_s"] for x in runs], ".2f"),
+            ]
+            + [runs[0]["saves"], f"{runs[0]['mb_per_checkpoint']:.0f}"]
         )
+    head = ["variant", "fit s (median, range)", "wall s (median, range)", "checkpoints", "MB each"]
     ratio = medians["async"] / medians["blocking"]
     text = "\n".join(
         [
@@ -112,7 +94,7 @@ def main() -> None:
             f"{ns.steps} optimizer steps, a checkpoint every 5.",
             f"`python benchmarks/checkpoint_save.py --rounds {ns.rounds} --steps {ns.steps}`",
             "",
-            *rows,
+            *harness.md_table(head, rows),
             "",
             f"fit time async / blocking: {ratio:.2f}x (fit = training + evaluation + checkpoints inside the run).",
             "",

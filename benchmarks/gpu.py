@@ -121,32 +121,10 @@ def device_name(device: str) -> str:
     return f"CPU, {len(os.sched_getaffinity(0))} usable cores"
 
 
-def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--device", choices=["cuda", "cpu"], default="cuda")
-    ap.add_argument("--batch-size", type=int, default=4096, help="per process (default 4096)")
-    ap.add_argument("--steps", type=int, default=50, help="steps per pass; 2 passes, the second timed (default 50)")
-    ap.add_argument("--rounds", type=int, default=2, help="interleaved rounds per variant (default 2)")
-    ap.add_argument("--threads", type=int, default=None, help="CPU threads per process (default: all usable cores)")
-    ap.add_argument("--timeout", type=float, default=240, help="seconds per run")
-    ap.add_argument("--out", default=str(BENCH / "results" / "gpu.md"))
-    ap.add_argument("--json", default=None, help="also write every run as JSON here")
-    ap.add_argument("--logs", default=None, help="stdout/stderr of each run (default: beside --out, logs-gpu/)")
-    args = ap.parse_args()
+def report(args: argparse.Namespace, vs: list[dict], tab: str, threads: int, elapsed: float) -> str:
+    """gpu.md: the machine and workload, the table, the exact commands."""
     import torch
 
-    threads = args.threads or len(os.sched_getaffinity(0))
-    vs = variants(args.device, args.batch_size, args.steps, threads)
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    logs = Path(args.logs) if args.logs else out.parent / "logs-gpu"
-    t0 = time.perf_counter()
-    results = harness.alternate(
-        vs, args.rounds, log=lambda m: print(m, flush=True), cwd=str(ROOT), log_dir=str(logs), timeout=args.timeout
-    )
-    elapsed = time.perf_counter() - t0
-    cols = ["steady_samples_per_s", "samples_per_s", "train_s", "wall_s", "final_loss"]
-    tab = harness.table(results, baselines=["hw-ddp-fp32", "hw-ddp-bf16"], metric="steady_samples_per_s", columns=cols)
     cuda = (
         f", CUDA {torch.version.cuda}, NCCL {'.'.join(map(str, torch.cuda.nccl.version()))}"
         if args.device == "cuda"
@@ -168,7 +146,35 @@ def main() -> int:
         env = " ".join(f"{k}={val}" for k, val in v.get("env", {}).items() if k != "PYTHONPATH")
         cmd = " ".join(a.replace("{python}", "python").replace("{tmp}", "$TMP") for a in v["argv"])
         md.append(f"- `{v['name']}`: {v['about']}: `{(env + ' ') if env else ''}{cmd}`")
-    out.write_text("\n".join(md) + "\n")
+    return "\n".join(md) + "\n"
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--device", choices=["cuda", "cpu"], default="cuda")
+    ap.add_argument("--batch-size", type=int, default=4096, help="per process (default 4096)")
+    ap.add_argument("--steps", type=int, default=50, help="steps per pass; 2 passes, the second timed (default 50)")
+    ap.add_argument("--rounds", type=int, default=2, help="interleaved rounds per variant (default 2)")
+    ap.add_argument("--threads", type=int, default=None, help="CPU threads per process (default: all usable cores)")
+    ap.add_argument("--timeout", type=float, default=240, help="seconds per run")
+    ap.add_argument("--out", default=str(BENCH / "results" / "gpu.md"))
+    ap.add_argument("--json", default=None, help="also write every run as JSON here")
+    ap.add_argument("--logs", default=None, help="stdout/stderr of each run (default: beside --out, logs-gpu/)")
+    args = ap.parse_args()
+
+    threads = args.threads or len(os.sched_getaffinity(0))
+    vs = variants(args.device, args.batch_size, args.steps, threads)
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    logs = Path(args.logs) if args.logs else out.parent / "logs-gpu"
+    t0 = time.perf_counter()
+    results = harness.alternate(
+        vs, args.rounds, log=lambda m: print(m, flush=True), cwd=str(ROOT), log_dir=str(logs), timeout=args.timeout
+    )
+    elapsed = time.perf_counter() - t0
+    cols = ["steady_samples_per_s", "samples_per_s", "train_s", "wall_s", "final_loss"]
+    tab = harness.table(results, baselines=["hw-ddp-fp32", "hw-ddp-bf16"], metric="steady_samples_per_s", columns=cols)
+    out.write_text(report(args, vs, tab, threads, elapsed))
     print("\n" + tab + f"\n\nwrote {out} ({elapsed:.0f}s)", flush=True)
     if args.json:
         Path(args.json).write_text(

@@ -21,6 +21,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import resource
 import shutil
 import statistics
 import subprocess
@@ -28,8 +29,9 @@ import sys
 import tempfile
 import time
 from collections import OrderedDict
-from typing import Callable, Iterable
+from typing import Callable, Iterable, Iterator, Sequence, TypeVar
 
+T = TypeVar("T")
 RESULT_RE = re.compile(r"RESULT (\{.*\})\s*$")
 ALIASES = {"final_loss": "train_loss", "test_acc": "eval_accuracy"}  # ddpkit's summary names
 
@@ -96,19 +98,42 @@ def run_cmd(
     log_name: str | None = None,
     collect: Callable[[str], dict] | None = None,
 ) -> dict:
-    """Run argv once; return a result dict (name, argv, rc, ok, wall_s, parsed RESULT fields)."""
+    """Run argv once; return a result dict (name, argv, rc, ok, wall_s, cpu_s, parsed RESULT fields).
+
+    cpu_s is the user + system time of the whole process tree the command started (what a
+    shared machine's load changes far less than the wall time). The run's {tmp} folder is
+    removed whatever happens, an interrupt included."""
     tmp = tempfile.mkdtemp(prefix="bench_run_")
-    mapping = {"python": sys.executable, "tmp": tmp, **(subst or {})}
-    if any("{port}" in a for a in argv):
-        mapping["port"] = free_port()
-    argv = [_fill(a, mapping) for a in argv]
-    full_env = clean_env({k: _fill(str(v), mapping) for k, v in (env or {}).items()})
-    full_env.setdefault("BENCH_SAVE_DIR", os.path.join(tmp, "ckpt"))
-    launched = time.time()
-    full_env["DDPKIT_LAUNCH_TIME"] = repr(launched)  # ddpkit times its phases from here
+    try:
+        mapping = {"python": sys.executable, "tmp": tmp, **(subst or {})}
+        if any("{port}" in a for a in argv):
+            mapping["port"] = free_port()
+        argv = [_fill(a, mapping) for a in argv]
+        full_env = clean_env({k: _fill(str(v), mapping) for k, v in (env or {}).items()})
+        full_env.setdefault("BENCH_SAVE_DIR", os.path.join(tmp, "ckpt"))
+        full_env["DDPKIT_LAUNCH_TIME"] = repr(time.time())  # ddpkit times its phases from here
+        rc, out, err, wall, cpu = _launch(argv, full_env, cwd, timeout)
+        collected, collect_error = {}, None
+        if collect is not None and rc == 0:
+            try:
+                collected = collect(tmp)
+            except Exception as e:  # noqa: BLE001 - a missing file is reported as this run's failure
+                collect_error = f"collect: {type(e).__name__}: {e}"
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    res = _result(name, argv, rc, out, err, wall, collected, collect_error)
+    res["cpu_s"] = cpu
+    if log_dir:
+        _write_log(log_dir, log_name or name, argv, rc, wall, out, err)
+    return res
+
+
+def _launch(argv: list[str], env: dict, cwd: str | None, timeout: float) -> tuple[object, str, str, float, float]:
+    """(rc or "timeout"/"oserror", stdout, stderr, wall s, CPU s of the children) of one command."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     t0 = time.perf_counter()
     try:
-        p = subprocess.run(argv, env=full_env, cwd=cwd, capture_output=True, text=True, timeout=timeout)
+        p = subprocess.run(argv, env=env, cwd=cwd, capture_output=True, text=True, timeout=timeout)
         rc, out, err = p.returncode, p.stdout, p.stderr
     except subprocess.TimeoutExpired as e:
         rc = "timeout"
@@ -117,14 +142,15 @@ def run_cmd(
     except OSError as e:
         rc, out, err = "oserror", "", str(e)
     wall = time.perf_counter() - t0
-    collected, collect_error = {}, None
-    if collect is not None and rc == 0:
-        try:
-            collected = collect(tmp)
-        except Exception as e:  # noqa: BLE001 - a missing file is reported as this run's failure
-            collect_error = f"collect: {type(e).__name__}: {e}"
-    shutil.rmtree(tmp, ignore_errors=True)
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    return rc, out, err, wall, cpu
 
+
+def _result(
+    name: str, argv: list[str], rc: object, out: str, err: str, wall: float, collected: dict, collect_error: str | None
+) -> dict:
+    """The result dict of one run: its RESULT fields (wall_s kept as inner_wall_s), ok, error."""
     parsed = parse_result(out) or parse_result(err)
     if parsed is not None and collected:
         parsed = {**parsed, **collected}
@@ -145,15 +171,33 @@ def run_cmd(
             + (f"{collect_error}; " if collect_error else "")
             + " | ".join(tail)[-800:]
         )
-    if log_dir:
-        os.makedirs(log_dir, exist_ok=True)
-        stem = re.sub(r"[^A-Za-z0-9_.-]+", "_", log_name or name)
-        i = 0
-        while os.path.exists(os.path.join(log_dir, f"{stem}.{i}.log")):
-            i += 1
-        with open(os.path.join(log_dir, f"{stem}.{i}.log"), "w") as f:
-            f.write(f"$ {' '.join(argv)}\nrc={rc} wall_s={wall:.3f}\n--- stdout\n{out}\n--- stderr\n{err}\n")
     return res
+
+
+def _write_log(log_dir: str, name: str, argv: list[str], rc: object, wall: float, out: str, err: str) -> None:
+    os.makedirs(log_dir, exist_ok=True)
+    stem = re.sub(r"[^A-Za-z0-9_.-]+", "_", name)
+    i = 0
+    while os.path.exists(os.path.join(log_dir, f"{stem}.{i}.log")):
+        i += 1
+    with open(os.path.join(log_dir, f"{stem}.{i}.log"), "w") as f:
+        f.write(f"$ {' '.join(argv)}\nrc={rc} wall_s={wall:.3f}\n--- stdout\n{out}\n--- stderr\n{err}\n")
+
+
+def require(res: dict, what: str | None = None) -> dict:
+    """res if its run succeeded; else stop the driver with what failed and the run's last lines."""
+    if not res.get("ok"):
+        raise SystemExit(f"{what or res['name']} failed (rc={res['rc']}): {res.get('error', '')}")
+    return res
+
+
+def interleave(variants: Sequence[T], rounds: int, *, mirror: bool = False) -> Iterator[tuple[int, T]]:
+    """(round, variant) for `rounds` rounds, A B C A B C ..., so that slow drifts of a shared
+    machine hit every variant alike; mirror: every other round backwards (A B C C B A ...),
+    so that a machine getting busier or quieter within a round hits them alike too."""
+    for r in range(rounds):
+        for v in variants if not (mirror and r % 2) else list(variants)[::-1]:
+            yield r, v
 
 
 def alternate(variants: list[dict], repeats: int, *, log: Callable[[str], None] = print, **run_kw) -> list[dict]:
@@ -165,31 +209,30 @@ def alternate(variants: list[dict], repeats: int, *, log: Callable[[str], None] 
     """
     out = []
     total = repeats * len(variants)
-    for r in range(repeats):
-        for v in variants:
-            kw = dict(run_kw)
-            if "timeout" in v:
-                kw["timeout"] = v["timeout"]
-            log_name = f"{v['workload']}-{v['name']}" if v.get("workload") else v["name"]
-            res = run_cmd(v["name"], v["argv"], v.get("env"), log_name=log_name, collect=v.get("collect"), **kw)
-            res["repeat"] = r
-            for k, val in v.items():
-                if k not in ("name", "argv", "env", "collect") and k not in res:
-                    res[k] = val
-            want = v.get("world_size")
-            if res["ok"] and want is not None and res.get("world_size") != want:
-                res["ok"] = False
-                res["error"] = f"world size {res.get('world_size')} != expected {want}"
-            out.append(res)
-            n = len(out)
-            if res["ok"]:
-                extra = "".join(
-                    f" {k}={res[k]:.4g}" for k in ("train_s", "samples_per_s") if isinstance(res.get(k), (int, float))
-                )
-                log(f"[{n}/{total}] {v['name']}: wall {res['wall_s']:.2f}s{extra} (world {res.get('world_size')})")
-            else:
-                log(f"[{n}/{total}] {v['name']}: FAILED rc={res['rc']}: {res.get('error', '')[:300]}")
+    for r, v in interleave(variants, repeats):
+        kw = dict(run_kw)
+        if "timeout" in v:
+            kw["timeout"] = v["timeout"]
+        log_name = f"{v['workload']}-{v['name']}" if v.get("workload") else v["name"]
+        res = run_cmd(v["name"], v["argv"], v.get("env"), log_name=log_name, collect=v.get("collect"), **kw)
+        res["repeat"] = r
+        for k, val in v.items():
+            if k not in ("name", "argv", "env", "collect") and k not in res:
+                res[k] = val
+        want = v.get("world_size")
+        if res["ok"] and want is not None and res.get("world_size") != want:
+            res["ok"] = False
+            res["error"] = f"world size {res.get('world_size')} != expected {want}"
+        out.append(res)
+        log(_progress(res, len(out), total))
     return out
+
+
+def _progress(res: dict, n: int, total: int) -> str:
+    if not res["ok"]:
+        return f"[{n}/{total}] {res['name']}: FAILED rc={res['rc']}: {res.get('error', '')[:300]}"
+    extra = "".join(f" {k}={res[k]:.4g}" for k in ("train_s", "samples_per_s") if isinstance(res.get(k), (int, float)))
+    return f"[{n}/{total}] {res['name']}: wall {res['wall_s']:.2f}s{extra} (world {res.get('world_size')})"
 
 
 # ---------------------------------------------------------------- reporting
@@ -228,6 +271,18 @@ def _cell(v: list[float]) -> str:
     if len(v) == 1:
         return _fmt(med)
     return f"{_fmt(med)} ({_fmt(min(v))}-{_fmt(max(v))})"
+
+
+def spread(values: list[float], fmt: str) -> str:
+    """median (min-max) of values, each formatted with fmt (e.g. ".2f"): a driver's table cell."""
+    return f"{statistics.median(values):{fmt}} ({min(values):{fmt}}-{max(values):{fmt}})"
+
+
+def md_table(head: Sequence[str], rows: Iterable[Sequence[object]]) -> list[str]:
+    """The lines of a markdown table: the head, its rule, one line per row (cells as str())."""
+    return ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)] + [
+        "| " + " | ".join(map(str, row)) + " |" for row in rows
+    ]
 
 
 _LABELS = {
@@ -297,7 +352,7 @@ def table(
     paired = bool(paired_suffix) and any(n + paired_suffix in groups for n in groups)
     if paired:
         head.append(f"{_LABELS.get(metric, metric)} ÷ same variant {paired_suffix} (per round)")
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    rows = []
     for name, runs in groups.items():
         ok = [r for r in runs if r.get("ok")]
         procs = sorted({r.get("world_size") for r in ok if r.get("world_size") is not None})
@@ -308,7 +363,8 @@ def table(
             row.append(f"{statistics.median(mv) / bm:.2f}x" if mv and bm else "-")
         if paired:
             row.append(_paired_cell(runs, groups.get(name + paired_suffix, []), metric))
-        lines.append("| " + " | ".join(row) + " |")
+        rows.append(row)
+    lines = md_table(head, rows)
     fails = [r for r in results if not r.get("ok")]
     for r in fails:
         lines.append(f"\nFAILED {r['name']} (repeat {r.get('repeat')}): rc={r['rc']} {r.get('error', '')[:400]}")

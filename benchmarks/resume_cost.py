@@ -14,33 +14,31 @@ step, exit) and the time inside fit() (the resume and one step), medians and ran
 from __future__ import annotations
 
 import argparse
-import json
 import os
+import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+BENCH = Path(__file__).resolve().parent
+ROOT = BENCH.parent
+sys.path.insert(0, str(BENCH))
+import harness  # noqa: E402
+
 STEPS = (10, 10_000)
 KINDS = ("map", "stream")
 
 
 def train(kind: str, run_dir: Path, max_steps: int, *extra: str) -> tuple[float, dict]:
     argv = [
-        sys.executable, "-m", "ddpkit", "train", f"{ROOT}/benchmarks/tasks/resume.py:build",
+        "{python}", "-m", "ddpkit", "train", f"{ROOT}/benchmarks/tasks/resume.py:build",
         "--task-arg", f"kind={kind}", "--nproc", "2", "--batch-size", "8", "--epochs", "1",
         "--max-steps", str(max_steps), "--save-every", "0", "--quiet", "--run-dir", str(run_dir), *extra,
     ]  # fmt: skip
-    env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
-    t0 = time.perf_counter()
-    proc = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=1800)
-    wall = time.perf_counter() - t0
-    if proc.returncode != 0:
-        raise SystemExit(f"{kind} {max_steps} failed:\n{proc.stdout}\n{proc.stderr}")
-    return wall, json.loads((run_dir / "summary.json").read_text())
+    env = {"PYTHONPATH": str(ROOT / "src"), "DDPKIT_BENCH_RESULT": "1"}
+    res = harness.require(harness.run_cmd(f"{kind} {max_steps}", argv, env, timeout=1800))
+    return res["wall_s"], res["result"]
 
 
 def main() -> None:
@@ -63,17 +61,15 @@ def main() -> None:
             print(f"checkpoint at step {steps} ({kind}): written in {wall:.1f} s", flush=True)
     times: dict[tuple[str, int], list[tuple[float, float]]] = {k: [] for k in written}
     loads = [os.getloadavg()[0]]  # the machine is shared: its 1-minute load beside every resume
-    for r in range(args.rounds):
-        order = [(kind, steps) for kind in KINDS for steps in STEPS]
-        for kind, steps in order if r % 2 == 0 else order[::-1]:  # a machine getting busier or quieter hits both
-            src = written[kind, steps]
-            run_dir = Path(tempfile.mkdtemp(dir=tmp, prefix=f"{kind}-{steps}-r{r}-"))
-            subprocess.run(["cp", "-r", f"{src}/.", str(run_dir)], check=True)
-            wall, summary = train(kind, run_dir, steps + 1, "--resume")
-            assert summary["steps_done"] == steps + 1, summary
-            times[kind, steps].append((wall, summary["fit_s"]))
-            loads.append(os.getloadavg()[0])
-            print(f"round {r + 1}: {kind} resumed at step {steps}: wall {wall:.2f} s, fit {summary['fit_s']:.2f} s")
+    order = [(kind, steps) for kind in KINDS for steps in STEPS]
+    for r, (kind, steps) in harness.interleave(order, args.rounds, mirror=True):
+        run_dir = Path(tempfile.mkdtemp(dir=tmp, prefix=f"{kind}-{steps}-r{r}-"))
+        shutil.copytree(written[kind, steps], run_dir, dirs_exist_ok=True)
+        wall, summary = train(kind, run_dir, steps + 1, "--resume")
+        assert summary["steps_done"] == steps + 1, summary
+        times[kind, steps].append((wall, summary["fit_s"]))
+        loads.append(os.getloadavg()[0])
+        print(f"round {r + 1}: {kind} resumed at step {steps}: wall {wall:.2f} s, fit {summary['fit_s']:.2f} s")
     lines = [
         "# Resume cost against the steps done",
         "",
@@ -83,17 +79,15 @@ def main() -> None:
         f"The machine's 1-minute load average ({os.cpu_count()} cores) during the resumes: "
         f"{min(loads):.1f}-{max(loads):.1f}, median {statistics.median(loads):.1f}.",
         "",
-        "| data | resumed at step | wall of the command (s) | inside fit(): resume + 1 step (s) |",
-        "|---|---|---|---|",
     ]
-    for kind in KINDS:
-        for steps in STEPS:
-            walls = [w for w, _ in times[kind, steps]]
-            fits = [f for _, f in times[kind, steps]]
-            lines.append(
-                f"| {kind} | {steps:,} | {statistics.median(walls):.2f} ({min(walls):.2f}-{max(walls):.2f}) "
-                f"| {statistics.median(fits):.3f} ({min(fits):.3f}-{max(fits):.3f}) |"
-            )
+    rows = [
+        [kind, f"{steps:,}", harness.spread([w for w, _ in times[kind, steps]], ".2f")]
+        + [harness.spread([f for _, f in times[kind, steps]], ".3f")]
+        for kind in KINDS
+        for steps in STEPS
+    ]
+    head = ["data", "resumed at step", "wall of the command (s)", "inside fit(): resume + 1 step (s)"]
+    lines += harness.md_table(head, rows)
     text = "\n".join(lines) + "\n"
     Path(args.out).write_text(text)
     print(text)

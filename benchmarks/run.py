@@ -523,7 +523,15 @@ def _cmdline(argv: list[str], env: dict | None, subst: dict) -> str:
     return (pre + " " if pre else "") + " ".join(a)
 
 
-def main() -> int:
+TITLES = {
+    "wine": "Wine (the guide's workload: 100 epochs, 142 samples, batch 32)",
+    "mlp": "MLP 512-2048-2048-2048-10 (9.46M params), SGD, batch 256/process, {samples} samples",
+    "gpt": "GPT example (examples/gpt.py: 4 blocks x 128, 0.8M params), AdamW, warm-up + cosine, clip 1.0, "
+    "batch 16/process, {gpt_samples} windows of 128 characters",
+}
+
+
+def _args() -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--repeats", type=int, default=None, help="rounds per variant (default 3; --quick: 1)")
     ap.add_argument("--quick", action="store_true", help="1 round, a smaller MLP data set (~3 min)")
@@ -540,14 +548,16 @@ def main() -> int:
         help="src/ folder of another ddpkit checkout: also run each ddpkit variant from it, as NAME@baseline",
     )
     args = ap.parse_args()
-    baseline = Path(args.baseline_src).resolve() if args.baseline_src else None
-    if baseline and not (baseline / "ddpkit" / "__init__.py").is_file():
+    args.baseline = Path(args.baseline_src).resolve() if args.baseline_src else None
+    if args.baseline and not (args.baseline / "ddpkit" / "__init__.py").is_file():
         ap.error(f"--baseline-src {args.baseline_src}: no ddpkit/__init__.py there")
-    repeats = args.repeats or (1 if args.quick else 3)
-    samples = args.samples or MLP_SAMPLES["quick" if args.quick else "full"]
-    gpt_samples = GPT_SAMPLES["quick" if args.quick else "full"]
-    subst = {"samples": samples, "gpt_samples": gpt_samples}
+    args.repeats = args.repeats or (1 if args.quick else 3)
+    args.samples = args.samples or MLP_SAMPLES["quick" if args.quick else "full"]
+    return args
 
+
+def _chosen(args: argparse.Namespace) -> list[dict]:
+    """The variants --workload, --quick and --only select, with their --baseline-src twins."""
     chosen = [
         v
         for v in VARIANTS
@@ -555,29 +565,11 @@ def main() -> int:
         and not (args.quick and v.get("full_only") and not args.only)
         and (not args.only or v["name"] in args.only.split(","))
     ]
-    if baseline:
-        chosen = _with_baseline(chosen, str(baseline))
-    if args.list:
-        for v in chosen:
-            print(f"{v['workload']:5} {v['name']:14} {_cmdline(v['argv'], v.get('env'), subst)}")
-        return 0
+    return _with_baseline(chosen, str(args.baseline)) if args.baseline else chosen
 
-    runnable, skipped = [], []
-    for v in chosen:
-        why = _skip_reason(v)
-        if why:
-            print(f"NOTICE: skipping {v['workload']}/{v['name']}: {why}", flush=True)
-            skipped.append((v, why))
-        else:
-            runnable.append(v)
 
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    logs = out / "logs"
-    shutil.rmtree(logs, ignore_errors=True)
-
-    # untimed: compile .pyc files and warm the page cache for everything the variants import
-    t = time.perf_counter()
+def _prime(baseline: Path | None) -> None:
+    """Untimed: compile .pyc files and warm the page cache for everything the variants import."""
     subprocess.run(
         [
             sys.executable,
@@ -593,14 +585,10 @@ def main() -> int:
     )
     for src in [ROOT / "src"] + ([baseline] if baseline else []):  # every module, lazy imports too
         subprocess.run([sys.executable, "-m", "compileall", "-q", str(src)], cwd=ROOT, check=False)
-    print(
-        f"primed imports in {time.perf_counter() - t:.1f}s; {len(runnable)} variants x {repeats} rounds, "
-        f"MLP samples {samples}",
-        flush=True,
-    )
 
-    load0 = os.getloadavg()
-    t0 = time.perf_counter()
+
+def _run(runnable: list[dict], args: argparse.Namespace, subst: dict, logs: Path) -> list[dict]:
+    """Every runnable variant, workload by workload, its variants interleaved round by round."""
     results = []
     for wl in WORKLOADS:
         vs = [v for v in runnable if v["workload"] == wl]
@@ -608,23 +596,26 @@ def main() -> int:
             print(f"== {wl}", flush=True)
             results += harness.alternate(
                 vs,
-                repeats,
+                args.repeats,
                 log=lambda m: print(m, flush=True),
                 cwd=str(ROOT),
                 log_dir=str(logs),
                 timeout=args.timeout,
                 subst=subst,
             )
-    elapsed = time.perf_counter() - t0
-    load1 = os.getloadavg()
+    return results
 
-    ver = _versions()
+
+def _report(args: argparse.Namespace, run: dict, chosen: list[dict], skipped: list, results: list[dict]) -> str:
+    """results.md: the header, then per workload its table (once), its commands and what was skipped."""
+    baseline, subst = args.baseline, run["subst"]
     md = [
         "# ddpkit benchmark results\n",
-        f"{time.strftime('%Y-%m-%d %H:%M:%S')}; {os.cpu_count()} cores; "
-        + ", ".join(f"{k} {v}" for k, v in ver.items())
-        + f"; {repeats} round(s), interleaved; MLP data set {samples} samples; suite took {elapsed:.0f}s; "
-        f"load average {load0[0]:.2f} before, {load1[0]:.2f} after.\n",
+        f"{run['date']}; {os.cpu_count()} cores; "
+        + ", ".join(f"{k} {v}" for k, v in run["versions"].items())
+        + f"; {args.repeats} round(s), interleaved; MLP data set {args.samples} samples; "
+        f"suite took {run['elapsed_s']:.0f}s; "
+        f"load average {run['loadavg'][0][0]:.2f} before, {run['loadavg'][1][0]:.2f} after.\n",
         *(
             [f"ddpkit: this checkout `{_commit(ROOT)}`; NAME{BASELINE}: PYTHONPATH={baseline} `{_commit(baseline)}`.\n"]
             if baseline
@@ -643,35 +634,72 @@ def main() -> int:
         if not rs and not sk:
             continue
         metric, bases = JUDGE[wl]
-        title = {
-            "wine": "Wine (the guide's workload: 100 epochs, 142 samples, batch 32)",
-            "mlp": f"MLP 512-2048-2048-2048-10 (9.46M params), SGD, batch 256/process, {samples} samples",
-            "gpt": f"GPT example (examples/gpt.py: 4 blocks x 128, 0.8M params), AdamW, warm-up + cosine, clip 1.0, "
-            f"batch 16/process, {gpt_samples} windows of 128 characters",
-        }[wl]
-        tab = (
-            harness.table(rs, baselines=bases, metric=metric, paired_suffix=BASELINE if baseline else "")
-            if rs
-            else "(nothing ran)"
-        )
-        print(f"\n## {title}\n\n{tab}")
-        md += [f"## {title}\n", tab + "\n", "Commands (from the repository root):\n"]
+        paired = BASELINE if baseline else ""
+        tab = harness.table(rs, baselines=bases, metric=metric, paired_suffix=paired) if rs else "(nothing ran)"
+        md += [f"## {TITLES[wl].format(**subst)}\n", tab + "\n", "Commands (from the repository root):\n"]
         for v in [v for v in chosen if v["workload"] == wl]:
             md.append(f"- `{v['name']}`: {v['about']}: `{_cmdline(v['argv'], v.get('env'), subst)}`")
         for v, why in sk:
             md.append(f"- skipped `{v['name']}`: {why}")
         md.append("")
-    (out / "results.md").write_text("\n".join(md))
+    return "\n".join(md)
+
+
+def main() -> int:
+    args = _args()
+    subst = {"samples": args.samples, "gpt_samples": GPT_SAMPLES["quick" if args.quick else "full"]}
+    chosen = _chosen(args)
+    if args.list:
+        for v in chosen:
+            print(f"{v['workload']:5} {v['name']:14} {_cmdline(v['argv'], v.get('env'), subst)}")
+        return 0
+    runnable, skipped = [], []
+    for v in chosen:
+        why = _skip_reason(v)
+        if why:
+            print(f"NOTICE: skipping {v['workload']}/{v['name']}: {why}", flush=True)
+            skipped.append((v, why))
+        else:
+            runnable.append(v)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    shutil.rmtree(out / "logs", ignore_errors=True)
+    t = time.perf_counter()
+    _prime(args.baseline)
+    print(
+        f"primed imports in {time.perf_counter() - t:.1f}s; {len(runnable)} variants x {args.repeats} rounds, "
+        f"MLP samples {args.samples}",
+        flush=True,
+    )
+    load0, t0 = os.getloadavg(), time.perf_counter()
+    results = _run(runnable, args, subst, out / "logs")
+    run = {
+        "date": time.strftime("%Y-%m-%d %H:%M:%S"),
+        "versions": _versions(),
+        "elapsed_s": time.perf_counter() - t0,
+        "loadavg": [load0, os.getloadavg()],
+        "subst": subst,
+    }
+    report = _report(args, run, chosen, skipped, results)
+    (out / "results.md").write_text(report)
+    _write_data(out, args, run, skipped, results)
+    wrote = ", ".join(str(out / f) for f in ("results.md", "results.json", "results.png"))
+    print(f"\n{report}\nwrote {wrote} ({run['elapsed_s']:.0f}s)")
+    return 0 if all(r.get("ok") for r in results) else 1
+
+
+def _write_data(out: Path, args: argparse.Namespace, run: dict, skipped: list, results: list[dict]) -> None:
+    """results.json (every run) and results.png (the chart)."""
     (out / "results.json").write_text(
         json.dumps(
             {
-                "versions": ver,
-                "repeats": repeats,
-                "mlp_samples": samples,
-                "gpt_samples": gpt_samples,
-                "elapsed_s": elapsed,
-                "loadavg": [load0, load1],
-                "baseline_src": str(baseline) if baseline else None,
+                "versions": run["versions"],
+                "repeats": args.repeats,
+                "mlp_samples": args.samples,
+                "gpt_samples": run["subst"]["gpt_samples"],
+                "elapsed_s": run["elapsed_s"],
+                "loadavg": run["loadavg"],
+                "baseline_src": str(args.baseline) if args.baseline else None,
                 "skipped": [{"name": v["name"], "workload": v["workload"], "why": w} for v, w in skipped],
                 "runs": results,
             },
@@ -684,10 +712,8 @@ def main() -> int:
             results,
             str(out / "results.png"),
             metrics={wl: m for wl, (m, _) in JUDGE.items()},
-            title=f"ddpkit benchmark ({os.cpu_count()} cores, {repeats} round(s))",
+            title=f"ddpkit benchmark ({os.cpu_count()} cores, {args.repeats} round(s))",
         )
-    print(f"\nwrote {out / 'results.md'}, {out / 'results.json'}, {out / 'results.png'} ({elapsed:.0f}s)")
-    return 0 if all(r.get("ok") for r in results) else 1
 
 
 if __name__ == "__main__":

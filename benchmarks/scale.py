@@ -47,8 +47,12 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-BL = ROOT / "benchmarks" / "baselines"
+BENCH = Path(__file__).resolve().parent
+ROOT = BENCH.parent
+BL = BENCH / "baselines"
+sys.path.insert(0, str(BENCH))
+import harness  # noqa: E402
+
 EPOCHS = 6
 COLUMNS = (
     ("world", "world"),
@@ -68,28 +72,15 @@ COLUMNS = (
 
 
 def env(**extra: str) -> dict[str, str]:
-    drop = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "OMP_NUM_THREADS")
-    e = {k: v for k, v in os.environ.items() if k not in drop and not k.startswith("DDPKIT_")}
-    return {**e, "PYTHONPATH": str(ROOT / "src"), "PYTHONUNBUFFERED": "1", **extra}
+    """The environment of a command this driver starts by hand (this checkout's ddpkit)."""
+    return harness.clean_env({"PYTHONPATH": str(ROOT / "src"), **extra})
 
 
-def ddpkit(args: list[str], timeout: float = 600, prefix: list[str] | None = None, **extra: str) -> dict:
-    """One `ddpkit ...` command; its RESULT line (train) or just its wall time."""
-    e = env(DDPKIT_LAUNCH_TIME=repr(time.time()), DDPKIT_BENCH_RESULT="1", **extra)
-    t0 = time.perf_counter()
-    p = subprocess.run(
-        [*(prefix or []), sys.executable, "-m", "ddpkit", *args], env=e, capture_output=True, text=True, timeout=timeout
-    )
-    out = {
-        "rc": p.returncode,
-        "wall_s": time.perf_counter() - t0,
-        "stderr": p.stderr[-2000:],
-        "stdout": p.stdout[-3000:],
-    }
-    for line in (p.stdout + p.stderr).splitlines():
-        if line.startswith("RESULT "):
-            out.update(json.loads(line[7:]), wall_s=out["wall_s"])
-    return out
+def ddpkit(args: list[str], timeout: float = 600) -> dict:
+    """One `ddpkit ...` command: rc, wall_s (from outside), its RESULT line's fields (train)
+    and, when it failed, why (error)."""
+    env = {"PYTHONPATH": str(ROOT / "src"), "DDPKIT_BENCH_RESULT": "1"}
+    return harness.run_cmd(f"ddpkit {args[0]}", ["{python}", "-m", "ddpkit", *args], env, timeout=timeout)
 
 
 def train(world: int, run: Path, *extra: str) -> dict:
@@ -98,7 +89,7 @@ def train(world: int, run: Path, *extra: str) -> dict:
         + ["--quiet", "--run-dir", str(run), *extra]
     )
     if r["rc"] != 0 or "fit_s" not in r:
-        raise SystemExit(f"ddpkit train at world {world} failed:\n{r['stderr']}")
+        raise SystemExit(f"ddpkit train at world {world} failed:\n{r.get('error', '')}")
     r["teardown_s"] = r["wall_s"] - r["fit_end_s"]
     r["setup_s"] = r["fit_s"] - r["train_s"]
     return r
@@ -117,14 +108,13 @@ def rank0_cpu_ms(r: dict) -> float | None:
 
 def handwritten(world: int) -> float:
     """The hand-written loop's training seconds per step, at batch 2 per process."""
-    argv = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(world)]
+    argv = ["{python}", "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(world)]
     argv += [str(BL / "handwritten_ddp.py"), "--workload", "wine", "--loader", "index"]
     argv += ["--wine-batch", "2", "--wine-epochs", str(EPOCHS)]
-    p = subprocess.run(argv, env=env(), capture_output=True, text=True, timeout=900)
-    res = [json.loads(line[7:]) for line in (p.stdout + p.stderr).splitlines() if line.startswith("RESULT ")]
-    if p.returncode != 0 or not res:
-        raise SystemExit(f"hand-written loop at world {world} failed:\n{p.stderr[-2000:]}")
-    return 1000 * res[-1]["train_s"] / res[-1]["steps"]
+    res = harness.require(
+        harness.run_cmd("hand-written loop", argv, timeout=900), f"hand-written loop at world {world}"
+    )
+    return 1000 * res["train_s"] / res["steps"]
 
 
 def hang_report_s(world: int, tmp: Path) -> float | None:
@@ -167,7 +157,7 @@ def one_world(world: int, tmp: Path) -> dict:
         check = ddpkit(["check", "--nproc", str(world), "--run-dir", str(tmp / "check")])
         row["check_s"] = check["wall_s"] if check["rc"] == 0 else None
         if check["rc"] != 0:  # the cell stays empty: say why
-            print(f"ddpkit check at world {world} failed:\n{check['stdout']}{check['stderr']}", file=sys.stderr)
+            print(f"ddpkit check at world {world} failed: {check.get('error', '')}", file=sys.stderr)
         row["hang_s"] = hang_report_s(world, tmp)
     else:
         row["hw_step_ms"] = handwritten(1)
@@ -198,10 +188,9 @@ def netns_row(tmp: Path) -> dict:
             env=env(DDPKIT_LAUNCH_TIME=launched, DDPKIT_BENCH_RESULT="1"),
         )
         out = results[0].output
-        res = [json.loads(line[7:]) for line in out.splitlines() if line.startswith("RESULT ")]
-        if not res:
+        r = harness.parse_result(out)
+        if r is None:
             raise SystemExit(f"netns train failed:\n{out[-2000:]}")
-        r = res[-1]
         row.update(
             startup_s=r["startup_s"],
             setup_s=r["fit_s"] - r["train_s"],

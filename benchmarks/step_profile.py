@@ -45,7 +45,6 @@ import json
 import os
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -168,32 +167,29 @@ def profile_all(
 ) -> list[dict]:
     subst = {"samples": suite.MLP_SAMPLES["full"], "gpt_samples": suite.GPT_SAMPLES["full"]}
     runs = []
-    for r in range(rounds):
-        for v in variants:
-            where = traces / f"{v['workload']}-{v['name']}-{r}"
-            env = {**v.get("env", {}), "DDPKIT_PROFILE_STEPS": steps, "DDPKIT_PROFILE_OUT": str(where)}
-            if src and "PYTHONPATH" in env:  # a ddpkit variant: the ddpkit of another checkout
-                env["PYTHONPATH"] = src
-            if reuse and (where / "rank0.json").is_file():
-                res = {"ok": True}
-            else:
-                res = harness.run_cmd(
-                    v["name"], v["argv"], env, timeout=600, cwd=str(ROOT), log_dir=str(log), subst=subst,
-                    log_name=f"{v['workload']}-{v['name']}",
-                )  # fmt: skip
-            got = {"workload": v["workload"], "name": v["name"], "round": r, "ok": res["ok"]}
-            if res["ok"] and (where / "rank0.json").is_file():
-                got["steps"] = read_trace(where / "rank0.json")
-                if (where / "rank1.json").is_file():
-                    got["rank1_walls"] = [p["wall"] for p, _ in read_trace(where / "rank1.json")]
-                walls = ", ".join(f"{p['wall']:.0f}" for p, _ in got["steps"])
-                print(f"[{r + 1}/{rounds}] {v['workload']}/{v['name']}: {walls} ms/step", flush=True)
-            else:
-                got["ok"] = False
-                print(
-                    f"[{r + 1}/{rounds}] {v['workload']}/{v['name']}: FAILED {res.get('error', '')[:300]}", flush=True
-                )
-            runs.append(got)
+    for r, v in harness.interleave(variants, rounds):
+        where = traces / f"{v['workload']}-{v['name']}-{r}"
+        env = {**v.get("env", {}), "DDPKIT_PROFILE_STEPS": steps, "DDPKIT_PROFILE_OUT": str(where)}
+        if src and "PYTHONPATH" in env:  # a ddpkit variant: the ddpkit of another checkout
+            env["PYTHONPATH"] = src
+        if reuse and (where / "rank0.json").is_file():
+            res = {"ok": True}
+        else:
+            res = harness.run_cmd(
+                v["name"], v["argv"], env, timeout=600, cwd=str(ROOT), log_dir=str(log), subst=subst,
+                log_name=f"{v['workload']}-{v['name']}",
+            )  # fmt: skip
+        got = {"workload": v["workload"], "name": v["name"], "round": r, "ok": res["ok"]}
+        if res["ok"] and (where / "rank0.json").is_file():
+            got["steps"] = read_trace(where / "rank0.json")
+            if (where / "rank1.json").is_file():
+                got["rank1_walls"] = [p["wall"] for p, _ in read_trace(where / "rank1.json")]
+            walls = ", ".join(f"{p['wall']:.0f}" for p, _ in got["steps"])
+            print(f"[{r + 1}/{rounds}] {v['workload']}/{v['name']}: {walls} ms/step", flush=True)
+        else:
+            got["ok"] = False
+            print(f"[{r + 1}/{rounds}] {v['workload']}/{v['name']}: FAILED {res.get('error', '')[:300]}", flush=True)
+        runs.append(got)
     return runs
 
 
@@ -218,12 +214,12 @@ def _fmt(x: float) -> str:
 
 def table(wl: str, runs: list[dict]) -> tuple[list[str], dict[str, dict[str, float]]]:
     head = ["variant", *COLUMNS, "sum of parts", "median wall", "rank 1 median wall", "steps"]
-    rows = [f"| {' | '.join(head)} |", "|---" * len(head) + "|"]
+    rows: list[list[str]] = []
     med: dict[str, dict[str, float]] = {}
     for name in NAMES:
         ok = [r for r in runs if r["workload"] == wl and r["name"] == name and r["ok"]]
         if not ok:
-            rows.append(f"| {name} | " + " | ".join("-" for _ in head[1:]) + " |")
+            rows.append([name, *("-" for _ in head[1:])])
             continue
         med[name] = m = quiet([p for r in ok for p, _ in r["steps"]])
         walls = [p["wall"] for r in ok for p, _ in r["steps"]]
@@ -231,8 +227,8 @@ def table(wl: str, runs: list[dict]) -> tuple[list[str], dict[str, dict[str, flo
         total = sum(m[c] for c in COLUMNS if c not in ("wall", "gloo thr"))
         extra = [_fmt(total), _fmt(statistics.median(walls)), _fmt(statistics.median(r1)) if r1 else "-"]
         extra.append(str(len(walls)))
-        rows.append(f"| {name} | " + " | ".join([*(_fmt(m[c]) for c in COLUMNS), *extra]) + " |")
-    return rows, med
+        rows.append([name, *(_fmt(m[c]) for c in COLUMNS), *extra])
+    return harness.md_table(head, rows), med
 
 
 def differences(med: dict[str, dict[str, float]]) -> list[str]:
@@ -261,11 +257,6 @@ def top_ops(wl: str, runs: list[dict]) -> list[str]:
         top = sorted(mean.items(), key=lambda kv: -kv[1])[:TOP]
         out.append(f"- {name}: " + ", ".join(f"`{k}` {v:.1f}" for k, v in top))
     return out
-
-
-def _commit() -> str:
-    p = subprocess.run(["git", "-C", str(ROOT), "log", "-1", "--format=%h %s"], capture_output=True, text=True)
-    return p.stdout.strip()[:100] or "?"
 
 
 def render(args: argparse.Namespace, meta: dict, workloads: tuple[str, ...], runs: list[dict]) -> list[str]:
@@ -321,7 +312,7 @@ def main() -> int:
             "took": time.perf_counter() - t0,
             "date": time.strftime("%Y-%m-%d %H:%M"),
             "load": [load0[0], os.getloadavg()[0]],
-            "ddpkit": f"`{args.src}`" if args.src else f"`{_commit()}`",
+            "ddpkit": f"`{args.src}`" if args.src else f"`{suite._commit(ROOT)[:100]}`",
         }
         if args.traces:
             meta_file.write_text(json.dumps(meta))

@@ -5,8 +5,6 @@ from __future__ import annotations
 
 from typing import Any
 
-import torch
-
 from ..runtime import Runtime
 from .sharding import ShardedLoader
 from .streams import StreamLoader, is_stream
@@ -19,7 +17,6 @@ def rank_loader(
     a pass ends through the job's collectives, on the device the backend moves (the GPU
     under NCCL, else the CPU). `options`: the loader's own (num_workers; drop_last for a map-style set)."""
     if is_stream(dataset):
-        device = rt.device if rt.backend == "nccl" else torch.device("cpu")
         return StreamLoader(
             dataset,
             batch_size,
@@ -28,7 +25,7 @@ def rank_loader(
             seed=seed,
             shuffle=shuffle,
             agree=rt.collectives.all_reduce_,
-            device=device,
+            device=rt.collective_device,
             **options,
         )
     return ShardedLoader(dataset, batch_size, rt.rank, rt.world_size, seed=seed, shuffle=shuffle, **options)

@@ -91,6 +91,12 @@ class Runtime:
     def distributed(self) -> bool:
         return dist.is_initialized() and self.world_size > 1
 
+    @property
+    def collective_device(self) -> torch.device:
+        """Where a small tensor for a collective goes: this rank's GPU under NCCL (it moves
+        CUDA tensors only), the CPU under gloo."""
+        return self.device if self.backend == "nccl" else torch.device("cpu")
+
     def print(self, *args: Any, **kwargs: Any) -> None:
         """print() on rank 0 only."""
         if self.is_main:

@@ -77,10 +77,8 @@ def choose_strategy(config: StrategyConfig, rt: Runtime, task: Task, quiet: bool
     if budget is None:
         budget, name = detect_device_memory(rt.device.type, rt.env.local_world_size)
         if rt.distributed:  # the smallest device decides, the same on every rank: -max(-budget)
-            device = rt.device if rt.backend == "nccl" else torch.device("cpu")
-            budget = -int(
-                rt.collectives.all_reduce_(torch.tensor([-budget], dtype=torch.int64, device=device), "max").item()
-            )
+            smallest = torch.tensor([-budget], dtype=torch.int64, device=rt.collective_device)
+            budget = -int(rt.collectives.all_reduce_(smallest, "max").item())
     plan = make_plan(
         task.model, task.optimizer, rt.world_size, config.precision, budget, name, task.fsdp_blocks or default_blocks
     )

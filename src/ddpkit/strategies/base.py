@@ -69,8 +69,7 @@ class Strategy:
         if init.seed is not None or self.rt.world_size < 2 or not on_meta(model):
             return init
         seed = torch.randint(0, 2**62, (1,)) if self.rt.is_main else torch.zeros(1, dtype=torch.int64)
-        device = self.rt.device if self.rt.backend == "nccl" else torch.device("cpu")
-        shared = self.rt.collectives.all_sum(seed.to(device))
+        shared = self.rt.collectives.all_sum(seed.to(self.rt.collective_device))
         return dataclasses.replace(init, seed=int(shared.item()))
 
     def checkpoint_activations(self, model: nn.Module) -> None:

@@ -205,9 +205,7 @@ def _step(rt: Any, spec: dict[str, Any]) -> dict[str, float]:
         result["nosync"] = result["sync"]
     med = {}
     for key, values in result.items():
-        v = torch.tensor(
-            values, dtype=torch.float64, device=rt.device if rt.backend == "nccl" else "cpu"
-        )  # NCCL: CUDA only
+        v = torch.tensor(values, dtype=torch.float64, device=rt.collective_device)
         if rt.world_size > 1:
             dist.all_reduce(v, op=dist.ReduceOp.MAX)  # the slowest rank sets the pace
         med[key] = statistics.median(v.tolist())

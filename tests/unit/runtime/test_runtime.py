@@ -51,6 +51,15 @@ def test_one_process_has_no_group_and_its_collectives_are_the_identity():
         assert rt.all_gather_object({"a": 1}) == [{"a": 1}] and rt.broadcast_object(7) == 7
 
 
+def test_a_collectives_tensor_goes_to_the_gpu_under_nccl_and_to_the_cpu_under_gloo():
+    with Runtime(DistEnv(), device="cpu", threads=1) as rt:
+        assert rt.backend == "gloo" and rt.collective_device == torch.device("cpu")
+        rt.device = torch.device("cuda", 1)  # a GPU rank under gloo: gloo's small tensors stay on the CPU
+        assert rt.collective_device == torch.device("cpu")
+        rt.backend = "nccl"  # NCCL moves CUDA tensors only: this rank's GPU
+        assert rt.collective_device == torch.device("cuda", 1)
+
+
 class _Mapping:
     """Stands in for the job's shared-memory mapping: records what it was asked to sum."""
 
