@@ -7,7 +7,8 @@ from pathlib import Path
 from types import SimpleNamespace
 
 from ddpkit.envvars import attempt_errors
-from ddpkit.launchers.elastic import _failure_message, _user_error
+from ddpkit.launchers.report import failure_message as _failure_message
+from ddpkit.launchers.report import user_error as _user_error
 
 
 class _Failed:
