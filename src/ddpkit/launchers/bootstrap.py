@@ -52,8 +52,9 @@ def main(argv: list[str]) -> None:
 
 def run_file(path: str) -> None:
     """Run the file at `path` as python runs a script: a fresh `__main__` module, sys.path[0] the
-    folder of the real file, `__file__` absolute (python >= 3.9)."""
-    full = os.path.abspath(path)
+    folder of the real file, `__file__` absolute (python >= 3.9: joined to the working directory
+    as typed, `..` and all)."""
+    full = path if os.path.isabs(path) else os.path.join(os.getcwd(), path)
     sys.path[0] = os.path.dirname(os.path.realpath(path))
     with io.open_code(full) as f:
         code = compile(f.read(), full, "exec", dont_inherit=True)  # not this file's __future__ imports

@@ -77,13 +77,17 @@ def how_it_ended(exitcode: int) -> str:
 
 
 def after_return(failures: dict[int, Any], folder: Path) -> tuple[str, list[int]] | None:
-    """(the line naming them, this node's ranks whose script had not returned) when every failed
-    rank had returned from its script (a launch's bootstrap says so); None otherwise."""
+    """(the line naming them, this node's ranks whose script had not returned) when the failures
+    came after a script returned (a launch's bootstrap says so): some failed rank had returned,
+    and every other failed rank ended by the agent's stop of the group (SIGTERM, SIGKILL after
+    it); None otherwise."""
     returned = _ranks_with(folder, RETURNED_FILE)
-    if not failures or not set(failures) <= returned:
+    after = {rank: f for rank, f in failures.items() if rank in returned}
+    stopped = {-signal.SIGTERM, -signal.SIGKILL}
+    if not after or any(f.exitcode not in stopped for rank, f in failures.items() if rank not in returned):
         return None
     parts = []
-    for rank, failure in sorted(failures.items()):
+    for rank, failure in sorted(after.items()):
         code = failure.exitcode
         if code < 0:
             verb = "aborted" if -code == signal.SIGABRT else "crashed"
@@ -136,7 +140,9 @@ class RestartLine:
     errors: Path  # the launch's error folder
 
     def failed(self, failures: dict[int, Any], restarts_done: int, max_restarts: int) -> str:
-        rank, failure = min(failures.items(), key=lambda kv: (kv[1].timestamp, kv[0]))
+        # as torch's get_first_failure: the earliest; on a tie the first recorded (the ranks torch's
+        # agent stopped because of it are recorded after it, in the same second)
+        rank, failure = min(failures.items(), key=lambda kv: kv[1].timestamp)
         why = user_error(attempt_errors(self.errors, restarts_done - 1))
         how = how_it_ended(failure.exitcode) + (f" ({why[:200]})" if why else "")
         return (

@@ -148,11 +148,13 @@ def hang_line(hang_dir: Path | str, world_size: int | None = None) -> str:
         what = f"rank(s) {_ranks(found.missing)} did not report: look at their node's log"
     elif found.waiting and found.outside:
         target = ", ".join(sorted({_describe_short(e) for e in found.waiting.values()}))
-        hung = "; ".join(f"rank {r} is at {w}" for r, w in sorted(found.outside.items()))
-        what = (
-            f"rank(s) {_ranks(found.outside)} hung: never reached {target}, in which rank(s) "
-            f"{_ranks(found.waiting)} waited; {hung}"
-        )
+        waited = f"in which {_rank_words(found.waiting)} waited"
+        if len(found.outside) == 1:
+            (rank, at), *_ = found.outside.items()
+            what = f"rank {rank} hung at {at}: it never reached {target}, {waited}"
+        else:
+            hung = "; ".join(f"rank {r} at {w}" for r, w in sorted(found.outside.items()))
+            what = f"ranks {_ranks(found.outside)} hung ({hung}): they never reached {target}, {waited}"
     elif found.waiting and len({(e["seq"], e["op"]) for e in found.waiting.values()}) > 1:
         what = "the ranks disagree on the collective: " + "; ".join(
             f"rank {r} in {_describe_short(e)} at {e['user'] or e['caller']}" for r, e in sorted(found.waiting.items())
@@ -168,6 +170,10 @@ def hang_line(hang_dir: Path | str, world_size: int | None = None) -> str:
 
 def _ranks(ranks: Any) -> str:
     return ", ".join(map(str, sorted(ranks)))
+
+
+def _rank_words(ranks: Any) -> str:
+    return f"rank {_ranks(ranks)}" if len(ranks) == 1 else f"ranks {_ranks(ranks)}"
 
 
 def _describe(e: dict[str, Any]) -> str:
