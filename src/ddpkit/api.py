@@ -101,7 +101,7 @@ def _after_signal(cfg: RunConfig, signum: int) -> str:
     state = run_state(run_dir)
     if state["state"] == "stopped":
         steps = (state.get("summary") or {}).get("steps_done")
-        at = f" after step {steps}" if steps is not None else ""
+        at = f" at step {steps}" if steps is not None else ""
         return f" after saving a checkpoint{at}: continue with --resume --run-dir {run_dir}"
     checkpoints = run_dir / "checkpoints"
     name = signal.Signals(signum).name.removeprefix("SIG")
