@@ -16,7 +16,7 @@ from .envvars import HANG_DIR_VAR, HANG_TIMEOUT_VAR, LAUNCH_TIME_VAR, TIMEOUT_VA
 from .errors import DdpkitError, Interrupted
 from .launchers.elastic import run_elastic
 from .launchers.plan import describe, make_launch_plan, resolve_nproc
-from .launchers.report import RESUME_SCRIPT
+from .launchers.report import RESUME_SCRIPT, RESUME_TRAIN
 from .reporting.run_state import record_failure
 from .runtime import default_threads, resolve_backend, resolve_device_type
 from .session import Session
@@ -87,7 +87,9 @@ def train(
                 return train_worker(cfg.as_dict())
             hang_dir = Path(cfg.run_dir) / "hang"
             try:
-                results = run_elastic(plan, train_worker, [cfg.as_dict()], verbose=cfg.verbose, hang_dir=hang_dir)
+                results = run_elastic(
+                    plan, train_worker, [cfg.as_dict()], verbose=cfg.verbose, hang_dir=hang_dir, restarted=RESUME_TRAIN
+                )
             except Interrupted as e:
                 raise Interrupted(e.signum, f"{e}{_after_signal(cfg, e.signum)}") from None
     return results.get(0, {}) if isinstance(results, dict) else results[0]

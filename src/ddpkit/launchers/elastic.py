@@ -24,7 +24,7 @@ from ..config import DEFAULT_TIMEOUT_S
 from ..envvars import ERROR_DIR_VAR
 from ..errors import DdpkitError, Interrupted
 from .joined import NEVER_JOINED, JoinWatch
-from .report import RESUME_TRAIN, RestartLine, job_failure, rendezvous_message, restarts_announced
+from .report import FROM_START, RestartLine, job_failure, rendezvous_message, restarts_announced
 from .scope import scoped_environ, signal_handlers_kept, whole_line_tail
 from .stacks import StackCollector
 
@@ -71,7 +71,7 @@ def run_elastic(
     verbose: bool = False,
     agent_options: dict[str, Any] | None = None,
     hang_dir: Path | None = None,
-    restarted: str = RESUME_TRAIN,
+    restarted: str = FROM_START,
 ) -> dict[int, Any]:
     """Run `entrypoint(*args)` (a function, or an executable path) in nproc workers.
     Returns each local rank's return value. A worker's DdpkitError becomes ours; any other

@@ -18,6 +18,7 @@ from ..errors import DdpkitError, RunDirTaken, WorkerFailed
 
 # what restarted workers do, by what they run
 RESUME_TRAIN = "they resume from the newest checkpoint"
+FROM_START = "they start again from the beginning"  # a function, the checks, a benchmark
 RESUME_SCRIPT = (
     "the script starts again from its beginning (it continues where it stopped only if it loads its own checkpoint)"
 )

@@ -49,8 +49,8 @@ from ..envvars import (
 )
 
 # asks a worker for every thread's stack: a real-time signal no library uses (USR1/USR2 are the
-# schedulers' and --save-on-signal's)
-STACK_SIGNAL = signal.SIGRTMIN + 3
+# schedulers' and --save-on-signal's); none where the system has no real-time signals
+STACK_SIGNAL: int | None = signal.SIGRTMIN + 3 if hasattr(signal, "SIGRTMIN") else None
 
 
 class ScriptGuard:
@@ -89,7 +89,7 @@ class ScriptGuard:
     def install(self) -> None:
         # torch's flight recorder: the progress the watchdog sees, and each rank's last collectives in a report
         os.environ.setdefault("TORCH_FR_BUFFER_SIZE", "2000")
-        if self.error_dir:
+        if self.error_dir and STACK_SIGNAL is not None:
             self._stacks = open(error_file(self.error_dir, STACKS_FILE.format(rank=self.rank)), "w")  # noqa: SIM115
             self._stacks.write(f"{os.getpid()} {self._main}\n")
             self._stacks.flush()
@@ -108,9 +108,9 @@ class ScriptGuard:
                 module.default_pg_timeout = default
                 if getattr(module, "default_pg_nccl_timeout", None) is not None:
                     module.default_pg_nccl_timeout = default
-        ours = self._wrap(c10d.init_process_group)
-        c10d.init_process_group = ours
-        dist.init_process_group = ours
+        init, destroy = self._wrap(c10d.init_process_group), self._wrap_destroy(c10d.destroy_process_group)
+        c10d.init_process_group = dist.init_process_group = init
+        c10d.destroy_process_group = dist.destroy_process_group = destroy
 
     def _wrap(self, torch_init: Callable[..., Any]) -> Callable[..., Any]:
         signature = inspect.signature(torch_init)
@@ -124,6 +124,17 @@ class ScriptGuard:
             return result
 
         return init_process_group
+
+    def _wrap_destroy(self, torch_destroy: Callable[..., Any]) -> Callable[..., Any]:
+        @functools.wraps(torch_destroy)
+        def destroy_process_group(*args: Any, **kwargs: Any) -> Any:
+            group = kwargs.get("group", args[0] if args else None)
+            if group is None and self.watchdog is not None:  # the default group: no collective can hang now
+                self.watchdog.stop()
+                self.watchdog = None
+            return torch_destroy(*args, **kwargs)
+
+        return destroy_process_group
 
     def _before_group(self, given: dict[str, Any]) -> None:
         import torch
@@ -142,8 +153,9 @@ class ScriptGuard:
         import torch.distributed as dist
 
         asked = given.get("timeout")
-        group_timeout = asked.total_seconds() if isinstance(asked, timedelta) else (self.timeout or 1800.0)
         nccl = "nccl" in str(dist.get_backend()).lower()
+        default = dist.distributed_c10d.default_pg_nccl_timeout if nccl else dist.distributed_c10d.default_pg_timeout
+        group_timeout = (asked if isinstance(asked, timedelta) else default or timedelta(minutes=30)).total_seconds()
         if self.hang_timeout is not None:
             hang = self.hang_timeout
         else:  # torch aborts a process whose NCCL collective passes its timeout: report first
@@ -166,6 +178,8 @@ class ScriptGuard:
 
         if rank == 0:
             fresh_hang_dir(self.hang_dir)  # a report of an earlier run in this folder moves aside
+        if self.watchdog is not None:  # a group before this one
+            self.watchdog.stop()
         self.rank = rank
         self.watchdog = HangWatchdog(
             self.hang_dir,

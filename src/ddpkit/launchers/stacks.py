@@ -75,6 +75,8 @@ class StackCollector:
         from ..runtime.watchdog import write_dumped_report
         from .script_guard import STACK_SIGNAL
 
+        if STACK_SIGNAL is None:
+            return False
         try:
             pid, main_ident = (int(x) for x in stacks.read_text().splitlines()[0].split())
             before = stacks.stat().st_size
