@@ -162,10 +162,10 @@ class ScriptGuard:
             hang = (0.9 if nccl else 2.0) * group_timeout
         rank, world = dist.get_rank(), dist.get_world_size()
         if rank == 0 and self.timeout and group_timeout > self.timeout:
+            watch = f"a hang is reported after {hang:g} s without progress" if hang else "the hang watchdog is off"
             print(
                 f"ddpkit: the script sets its process group's timeout to {group_timeout:g} s, longer than "
-                f"--timeout {self.timeout:g}: its own stands; a hang is reported after {hang:g} s without "
-                "progress (--hang-timeout)",
+                f"--timeout {self.timeout:g}: its own stands; {watch} (--hang-timeout)",
                 file=sys.stderr,
                 flush=True,
             )
