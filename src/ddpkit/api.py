@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import signal
 import tempfile
 import time
 from pathlib import Path
@@ -11,10 +12,11 @@ from typing import Any, Iterator
 
 from .config import DEFAULT_TIMEOUT_S, RunConfig
 from .environments import DistEnv
-from .envvars import LAUNCH_TIME_VAR
-from .errors import DdpkitError
+from .envvars import HANG_DIR_VAR, HANG_TIMEOUT_VAR, LAUNCH_TIME_VAR, TIMEOUT_VAR
+from .errors import DdpkitError, Interrupted
 from .launchers.elastic import run_elastic
 from .launchers.plan import describe, make_launch_plan, resolve_nproc
+from .launchers.report import RESUME_SCRIPT, RESUME_TRAIN
 from .reporting.run_state import record_failure
 from .runtime import default_threads, resolve_backend, resolve_device_type
 from .session import Session
@@ -72,16 +74,69 @@ def train(
             )
         return {"plan": plan}
     _check_strategy(cfg, device_type, nproc * plan.max_nodes)
+    # the folders preparing the run makes (the default run directory is a new folder in runs/)
+    missing = _missing_folders(Path(cfg.run_dir) if cfg.run_dir else Path("runs") / f".ddpkit-{os.getpid()}")
     cfg = prepare_local_run(cfg)
+    made = [Path(cfg.run_dir), *missing[1:]] if missing else []
     in_process = nproc == 1 and not cfg.multi_node and not cfg.rdzv_endpoint and cfg.max_restarts == 0
-    if not in_process:
-        _check_task_exists(cfg)
-    with failure_recorded(cfg.run_dir):
-        if in_process:
-            return train_worker(cfg.as_dict())
-        hang_dir = Path(cfg.run_dir) / "hang"
-        results = run_elastic(plan, train_worker, [cfg.as_dict()], verbose=cfg.verbose, hang_dir=hang_dir)
+    with _unused_folders_removed_on_a_signal(made):
+        if not in_process:
+            _check_task_exists(cfg)
+        with failure_recorded(cfg.run_dir):
+            if in_process:
+                return train_worker(cfg.as_dict())
+            hang_dir = Path(cfg.run_dir) / "hang"
+            try:
+                results = run_elastic(
+                    plan, train_worker, [cfg.as_dict()], verbose=cfg.verbose, hang_dir=hang_dir, restarted=RESUME_TRAIN
+                )
+            except Interrupted as e:
+                raise Interrupted(e.signum, f"{e}{_after_signal(cfg, e.signum)}") from None
     return results.get(0, {}) if isinstance(results, dict) else results[0]
+
+
+def _after_signal(cfg: RunConfig, signum: int) -> str:
+    """What a run stopped by a signal left to continue from, and how (the launcher's line goes on)."""
+    from .reporting.run_state import run_state
+
+    run_dir = Path(cfg.run_dir or ".")
+    state = run_state(run_dir)
+    if state["state"] == "stopped":
+        steps = (state.get("summary") or {}).get("steps_done")
+        at = f" at step {steps}" if steps is not None else ""
+        return f" after saving a checkpoint{at}: continue with --resume --run-dir {run_dir}"
+    checkpoints = run_dir / "checkpoints"
+    name = signal.Signals(signum).name.removeprefix("SIG")
+    covered = name in {n.strip().upper().removeprefix("SIG") for n in cfg.save_on_signal.split(",")}
+    hint = "" if covered else f" (--save-on-signal {name} saves one first)"
+    if checkpoints.is_dir() and any(checkpoints.iterdir()):
+        return f"; nothing newer was saved{hint}: --resume continues from the newest checkpoint in {checkpoints}"
+    return f" before a checkpoint was written{hint}"
+
+
+def _missing_folders(folder: Path) -> list[Path]:
+    """`folder` and those of its parents that do not exist, deepest first."""
+    missing = []
+    for f in (folder, *folder.parents):
+        if f.exists() or str(f) in ("", "."):
+            break
+        missing.append(f)
+    return missing
+
+
+@contextlib.contextmanager
+def _unused_folders_removed_on_a_signal(folders: list[Path]) -> Iterator[None]:
+    """A run stopped by a signal before anything was written leaves no empty run directory behind
+    (the folders this command made, deepest first, while they are empty)."""
+    try:
+        yield
+    except (KeyboardInterrupt, Interrupted):
+        for folder in folders:
+            try:
+                folder.rmdir()  # only an empty folder goes
+            except OSError:
+                break
+        raise
 
 
 @contextlib.contextmanager
@@ -235,11 +290,14 @@ def _check_task_exists(cfg: RunConfig) -> None:
 
 
 def init(
-    device: str = "auto", backend: str = "auto", timeout: float = DEFAULT_TIMEOUT_S, threads: int | None = None
+    device: str = "auto", backend: str = "auto", timeout: float | None = None, threads: int | None = None
 ) -> Session:
     """For scripts with their own loop: join the job this process was started in (by
     `ddpkit launch`, torchrun or srun; alone otherwise) and return its Session (session.py).
-    Use it as a context manager so the process group is always torn down."""
+    Use it as a context manager so the process group is always torn down. `timeout`: seconds a
+    collective may wait (default: `ddpkit launch --timeout`, else DEFAULT_TIMEOUT_S)."""
+    if timeout is None:
+        timeout = float(os.environ.get(TIMEOUT_VAR) or DEFAULT_TIMEOUT_S)
     return Session(DistEnv.detect_worker(), device=device, backend=backend, timeout=timeout, threads=threads)
 
 
@@ -282,8 +340,30 @@ def launch(
     if dry_run:
         print(describe(plan, resolve_backend(cfg.backend, device_type), device_type))
         return 0
-    if no_python:  # torchrun --no-python: the executable itself in every worker
-        run_elastic(plan, shutil.which(argv[0]) or argv[0], argv[1:], verbose=cfg.verbose, agent_options=agent_options)
-    else:
-        run_elastic(plan, sys.executable, ["-u", *argv], verbose=cfg.verbose, agent_options=agent_options)
+    if no_python:  # torchrun --no-python: the executable itself in every worker (no guard can go in)
+        run_elastic(
+            plan,
+            shutil.which(argv[0]) or argv[0],
+            argv[1:],
+            verbose=cfg.verbose,
+            agent_options=agent_options,
+            restarted=RESUME_SCRIPT,
+        )
+        return 0
+    # every worker runs the script through ddpkit's bootstrap (launchers/bootstrap.py): --timeout for its
+    # process group, the hang watchdog and report, the name of a teardown abort after it returned
+    hang_dir = (Path(cfg.log_dir) if cfg.log_dir else Path.cwd()).resolve() / f"ddpkit-hang-{plan.rdzv_id}"
+    guard = {TIMEOUT_VAR: repr(float(cfg.timeout)), HANG_DIR_VAR: str(hang_dir)}
+    if cfg.hang_timeout is not None:
+        guard[HANG_TIMEOUT_VAR] = repr(float(cfg.hang_timeout))
+    run_elastic(
+        plan,
+        sys.executable,
+        ["-u", "-m", "ddpkit.launchers.bootstrap", *argv],
+        env=guard,
+        verbose=cfg.verbose,
+        agent_options=agent_options,
+        hang_dir=hang_dir,
+        restarted=RESUME_SCRIPT,
+    )
     return 0

@@ -106,7 +106,9 @@ class RunConfig:
     )
     max_restarts: int = setting(
         0,
-        "restart all workers this many times after a failure; they resume from the newest checkpoint",
+        "restart all workers this many times after a failure (train: they resume from the newest "
+        "checkpoint; launch: the script starts again from its beginning, continuing only from a "
+        "checkpoint it loads itself); a line says so at each restart",
         group=PROCESSES,
         aliases=("--max_restarts",),
     )
@@ -123,18 +125,21 @@ class RunConfig:
     )
     timeout: float = setting(
         DEFAULT_TIMEOUT_S,
-        "seconds any collective or rendezvous may wait before the job fails instead of hanging",
+        "seconds any collective or rendezvous may wait before the job fails instead of hanging "
+        "(launch: the default timeout of the script's own process group; one the script passes "
+        "to init_process_group itself stands)",
         group=PROCESSES,
     )
     hang_timeout: float | None = setting(
         None,
-        "seconds a rank may make no progress (no forward pass, no collective completed) "
-        "before every rank dumps its Python stacks and last collectives into RUN_DIR/hang, "
-        "rank 0 prints which rank is stuck where, and the job stops; 0 = off (the dumps on "
-        "a --timeout stay)",
+        "seconds a rank may make no progress (no forward pass, no collective completed; launch: "
+        "no collective completed and the main thread on the same line) before every rank dumps "
+        "its Python stacks and last collectives into RUN_DIR/hang (launch: ddpkit-hang-RDZV_ID in "
+        "the working directory, or in --log-dir), the report names the rank that hung, and the "
+        "job stops; 0 = off (the dumps on a --timeout stay)",
         group=FAULTS,
         type=float,
-        default_help="2 x --timeout; 0.9 x --timeout on NCCL, which aborts at --timeout",
+        default_help="2 x --timeout (launch: x the script's own timeout); 0.9 x on NCCL, which aborts at it",
     )
     debug_collectives: bool = setting(
         False,

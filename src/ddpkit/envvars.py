@@ -15,6 +15,14 @@ REQUEUE_FILE_VAR = "DDPKIT_REQUEUE_FILE"
 # torch's agent -> every worker: how many times it has restarted this node's workers, and how often it may
 RESTART_COUNT_VAR = "TORCHELASTIC_RESTART_COUNT"
 MAX_RESTARTS_VAR = "TORCHELASTIC_MAX_RESTARTS"
+# `ddpkit launch` -> the bootstrap its workers start through (launchers/bootstrap.py)
+TIMEOUT_VAR = "DDPKIT_TIMEOUT"  # --timeout: the default timeout of the script's process group
+HANG_TIMEOUT_VAR = "DDPKIT_HANG_TIMEOUT"  # --hang-timeout, when given (else 2 x the group's timeout)
+HANG_DIR_VAR = "DDPKIT_HANG_DIR"  # where the workers write hang reports
+# what a launch's worker leaves in its attempt's error folder (error_file): the script returned
+# (a later abort is torch's teardown, not the script's), and where its stacks go on STACK_SIGNAL
+RETURNED_FILE = "returned-{rank}"
+STACKS_FILE = "stacks-{rank}.txt"  # first line: "PID MAIN_THREAD_ID", then faulthandler's dumps
 
 
 def restart_count() -> int:

@@ -6,10 +6,21 @@ class DdpkitError(Exception):
 
 
 class WorkerFailed(DdpkitError):
-    """A worker of the job failed (its own exception, exit code or signal), not ddpkit's input:
-    `ddpkit launch` exits 1 for it, as torchrun does, keeping 2 for its own usage errors."""
+    """A worker of the job failed (its own exception, exit code or signal, a hang), not ddpkit's
+    input: the CLI exits 1 for it (`train` and `launch` alike, as torchrun does), keeping 2 for
+    usage errors."""
 
     exit_code = 1
+
+
+class Interrupted(DdpkitError):
+    """The command was stopped by a signal (Ctrl-C, a TERM from a scheduler or `kill`): the CLI
+    exits 128 + the signal's number, the shell's convention (130 after SIGINT, 143 after SIGTERM)."""
+
+    def __init__(self, signum: int, message: str) -> None:
+        super().__init__(message)
+        self.signum = signum
+        self.exit_code = 128 + signum
 
 
 class RunDirTaken(DdpkitError):
@@ -18,3 +29,10 @@ class RunDirTaken(DdpkitError):
     OPENING, by which a launcher knows it again from the text a worker left."""
 
     OPENING = "another world took over the run directory"
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM before a launch handles signals itself (the CLI's handler raises it): it unwinds as
+    Ctrl-C's KeyboardInterrupt does, which nothing catches by accident; exit 143."""
+
+    signum = 15

@@ -42,6 +42,7 @@ def notebook_launch(
     from .api import prepare_local_run
     from .launchers.elastic import run_elastic
     from .launchers.plan import make_launch_plan
+    from .launchers.report import FROM_START, RESUME_TRAIN
     from .runtime import default_threads, resolve_device_type
 
     if nproc < 1:
@@ -58,13 +59,14 @@ def notebook_launch(
     cfg = RunConfig(**{"task": "notebook", **settings}).replace(nproc=nproc, start_method="fork", tee="3")
     device_type = resolve_device_type(cfg.device)
     plan = make_launch_plan(cfg, nproc, device_type, True, cfg.threads or default_threads(nproc))
+    restarted = FROM_START  # what the workers do after a restart (--max-restarts)
     if isinstance(fn, Task):
         cfg = prepare_local_run(cfg)
-        entry, entry_args = _train_task, [cfg.as_dict(), fn]
+        entry, entry_args, restarted = _train_task, [cfg.as_dict(), fn], RESUME_TRAIN
     else:
         entry, entry_args = _call, [fn, args, kwargs or {}]
     with _streams_for_fork():
-        results = run_elastic(plan, entry, entry_args, verbose=cfg.verbose)
+        results = run_elastic(plan, entry, entry_args, verbose=cfg.verbose, restarted=restarted)
     return results.get(0) if isinstance(results, dict) else results[0]
 
 

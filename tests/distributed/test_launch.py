@@ -63,13 +63,18 @@ def test_own_loop_script_runs_the_same_under_ddpkit_launch_and_plain_torchrun(tm
 
 
 @pytest.mark.serial  # the script's collectives time out after 5 s: no other load
-def test_a_collective_no_other_rank_reaches_ends_the_job_instead_of_hanging():
+def test_a_collective_no_other_rank_reaches_ends_the_job_instead_of_hanging(tmp_path):
     # rank 0 waits for ever: if the collective's timeout did not end the job, the subprocess
     # timeout would fail this test
-    proc = run_ddpkit("launch", "--nproc", "2", str(HERE / "collective_mismatch.py"), check=False, timeout=120)
+    script = HERE / "collective_mismatch.py"
+    proc = run_ddpkit("launch", "--nproc", "2", str(script), check=False, timeout=120, cwd=tmp_path)
     assert proc.returncode == 1  # a failed worker: torchrun's exit code
     assert "Timed out waiting 5000ms" in proc.stderr  # gloo's own words: the 5 s of ddpkit.init(timeout=5)
-    assert "ddpkit: error: worker rank 1" in proc.stderr
+    # the rank that never arrived is named, not rank 1, which waited in the all-reduce
+    sleep = next(i for i, line in enumerate(script.read_text().splitlines(), 1) if "time.sleep(0.2)" in line)
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith(f"ddpkit: error: rank 0 hung at scripts/collective_mismatch.py:{sleep} in <module>"), last
+    assert "it never reached gloo:all_reduce #1, in which rank 1 waited" in last, last
 
 
 def test_launch_refuses_a_missing_script(tmp_path):

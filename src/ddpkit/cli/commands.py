@@ -3,15 +3,18 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
+import signal
 import sys
+import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 from .. import config
 from ..envvars import LAUNCH_TIME_VAR, REQUEUE_FILE_VAR, SLOW_EXIT_VAR
-from ..errors import DdpkitError, WorkerFailed
+from ..errors import DdpkitError, Terminated
 from .config_args import refuse_worker_placement, with_config_file
 from .flags import add_config_flags, add_option_flags, config_from, flag_defaults
 from .options import (
@@ -47,7 +50,10 @@ LAUNCH_HELP = """Run any script on N local worker processes, with the environmen
 (RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT, ...). In the script,
 `rt = ddpkit.init()` joins the job; the same script runs unchanged under torchrun. Every torchrun
 flag is accepted with torchrun's meaning (also with underscores: --nproc_per_node, --rdzv_conf, ...);
-with several local workers every output line is whole and prefixed with its rank (--tee 3)."""
+with several local workers every output line is whole and prefixed with its rank (--tee 3). Each
+worker runs the script as python would (same argv, __file__, sys.path[0]) through a small ddpkit
+bootstrap: --timeout becomes the default timeout of the script's process group, and a hang
+(--hang-timeout) ends the job with every rank's Python stack and the rank that hung named."""
 
 
 PLAN_HELP = """Print the memory plan of a task: per-rank bytes of parameters, gradients and optimizer
@@ -184,11 +190,7 @@ def cmd_launch(ns: argparse.Namespace) -> int:
 
     argv = (["-m", ns.script] if ns.module else [ns.script]) + list(ns.args)
     agent = {name: getattr(ns, name) for name in agent_options() if getattr(ns, name) not in (None, False)}
-    try:
-        return launch(argv, config_from(ns), dry_run=ns.dry_run, no_python=ns.no_python, agent_options=agent)
-    except WorkerFailed as e:  # the script failed, not ddpkit's input: torchrun's exit code, where CI looks
-        print(f"ddpkit: error: {e}", file=sys.stderr, flush=True)
-        return e.exit_code
+    return launch(argv, config_from(ns), dry_run=ns.dry_run, no_python=ns.no_python, agent_options=agent)
 
 
 def cmd_slurm(ns: argparse.Namespace) -> int:
@@ -378,6 +380,7 @@ COMMANDS = {
         "run any script on N local workers (like torchrun)",
         LAUNCH_HELP,
         (config.PROCESSES, config.NODES),
+        ("hang_timeout",),
         options=LaunchOptions,
     ),
     "slurm": Command(
@@ -439,25 +442,50 @@ COMMANDS = {
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """The command's exit code, by the shell's convention: 0 done, 1 a failure (a worker's crash,
+    a hang), 2 a usage error (a refusal of ddpkit's, one line), 128 + N after signal N (130 for
+    Ctrl-C's SIGINT, 143 for SIGTERM)."""
     os.environ.setdefault(LAUNCH_TIME_VAR, repr(time.time()))
-    parser = build_parser()
-    ns = parser.parse_args(argv)
-    if ns.command is None:
-        parser.print_help()
-        return 2
-    try:
-        if getattr(ns, "config", None):
-            ns = parse_args(argv)
-        code = COMMANDS[ns.command].run(ns)
-    except DdpkitError as e:
-        print(f"ddpkit: error: {e}", file=sys.stderr, flush=True)
-        code = 2
-    except KeyboardInterrupt:
-        print("ddpkit: interrupted", file=sys.stderr, flush=True)
-        code = 130
+    with terminated_as_interrupt(argv is None):
+        parser = build_parser()
+        ns = parser.parse_args(argv)
+        if ns.command is None:
+            parser.print_help()
+            return 2
+        try:
+            if getattr(ns, "config", None):
+                ns = parse_args(argv)
+            code = COMMANDS[ns.command].run(ns)
+        except DdpkitError as e:
+            print(f"ddpkit: error: {e}", file=sys.stderr, flush=True)
+            code = getattr(e, "exit_code", 2)
+        except KeyboardInterrupt as e:  # Ctrl-C, or SIGTERM (Terminated) before a launch handles signals
+            signum = getattr(e, "signum", signal.SIGINT)
+            print(f"ddpkit: stopped by {signal.Signals(signum).name}", file=sys.stderr, flush=True)
+            code = 128 + signum
     if argv is None and ns.command in ("train", "bench", "check", "verify") and not os.environ.get(SLOW_EXIT_VAR):
         quick_exit(code)
     return code
+
+
+@contextlib.contextmanager
+def terminated_as_interrupt(install: bool) -> Iterator[None]:
+    """SIGTERM raises Terminated (a KeyboardInterrupt) in the command line's own process: it
+    unwinds as Ctrl-C does, so that a TERM in the first seconds (while torch loads, before a
+    launch handles signals) leaves nothing half made and says so, instead of ending the process
+    where it stands. Only for the real command line (`install`), never in a caller's process."""
+    if not install or threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def terminated(signum: int, frame: Any) -> None:
+        raise Terminated()
+
+    previous = signal.signal(signal.SIGTERM, terminated)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def quick_exit(code: int) -> None:

@@ -21,9 +21,12 @@ from pathlib import Path
 from typing import Any, Callable, Iterator
 
 from ..config import DEFAULT_TIMEOUT_S
-from ..envvars import ERROR_DIR_VAR, attempt_errors
-from ..errors import DdpkitError, RunDirTaken, WorkerFailed
+from ..envvars import ERROR_DIR_VAR
+from ..errors import DdpkitError, Interrupted
 from .joined import NEVER_JOINED, JoinWatch
+from .report import FROM_START, RestartLine, job_failure, rendezvous_message, restarts_announced
+from .scope import scoped_environ, signal_handlers_kept, whole_line_tail
+from .stacks import StackCollector
 
 
 @dataclass
@@ -68,15 +71,19 @@ def run_elastic(
     verbose: bool = False,
     agent_options: dict[str, Any] | None = None,
     hang_dir: Path | None = None,
+    restarted: str = FROM_START,
 ) -> dict[int, Any]:
     """Run `entrypoint(*args)` (a function, or an executable path) in nproc workers.
     Returns each local rank's return value. A worker's DdpkitError becomes ours; any other
-    failure becomes a WorkerFailed that names the rank and exit code. Workers never outlive
-    this call: the agent stops the whole group when one fails or on SIGINT/SIGTERM.
+    failure becomes a WorkerFailed that names the rank and exit code (launchers/report.py);
+    SIGINT/SIGTERM an Interrupted. Workers never outlive this call: the agent stops the whole
+    group when one fails or on a signal.
     `hang_dir`: where the workers write hang reports (runtime/watchdog.py); when the job
-    failed and they wrote one, its summary is printed before the error.
+    failed and they wrote one, its summary is printed before the error, which names the rank
+    that hung. `restarted`: what restarted workers do, said at each restart (--max-restarts).
     What this process changes for the launch (the environment the agent hands its workers,
-    torch's log tail, the agent's log levels) is put back when it returns or raises."""
+    torch's log tail, the agent's log levels and class, the signal handlers it installs) is
+    put back when it returns or raises."""
     from ..checkpoint.snapshot import remove_this_agents  # torch: imported by the launch anyway
 
     with contextlib.ExitStack() as scope:
@@ -88,6 +95,8 @@ def run_elastic(
         scope.enter_context(scoped_environ(_launch_environ(plan, env, errors), also=AGENT_SETS))
         scope.enter_context(_agent_logs(verbose))
         scope.enter_context(whole_line_tail())
+        scope.enter_context(signal_handlers_kept())
+        scope.enter_context(restarts_announced(RestartLine(restarted, errors)))
         return _launch(plan, entrypoint, args, scratch, errors, agent_options, hang_dir)
 
 
@@ -110,36 +119,6 @@ def _launch_environ(plan: LaunchPlan, env: dict[str, str] | None, errors: Path) 
     if plan.debug_collectives:
         out["TORCH_DISTRIBUTED_DEBUG"] = "DETAIL"  # ranks check that their collectives match
     return out
-
-
-@contextlib.contextmanager
-def scoped_environ(changes: dict[str, str], also: tuple[str, ...] = ()) -> Iterator[None]:
-    """os.environ with `changes` for the duration, then exactly these keys (and `also`, which
-    others set meanwhile) as they were; what anyone else changed meanwhile stays."""
-    before = {k: os.environ.get(k) for k in (*changes, *also)}
-    os.environ.update(changes)
-    try:
-        yield
-    finally:
-        for key, value in before.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
-
-
-@contextlib.contextmanager
-def whole_line_tail() -> Iterator[None]:
-    """torch's agent tails --tee'd log files with tail_log.tail_logfile, a module global it
-    offers no parameter for: ddpkit's whole-line version for the launch, torch's after."""
-    from torch.distributed.elastic.multiprocessing import tail_log
-
-    torch_tail = tail_log.tail_logfile
-    tail_log.tail_logfile = tail_whole_lines
-    try:
-        yield
-    finally:
-        tail_log.tail_logfile = torch_tail
 
 
 @contextlib.contextmanager
@@ -183,6 +162,7 @@ def _launch(
         import_before_fork()
     # a script's workers (ddpkit train's join before any task code runs): did any join a process group?
     watch = JoinWatch().start() if isinstance(entrypoint, str) and plan.nproc_per_node * plan.max_nodes > 1 else None
+    stacks = StackCollector(hang_dir, errors, started).start() if hang_dir is not None else None
     try:
         results = elastic_launch(config, entrypoint)(*args)
         if watch is not None:
@@ -191,15 +171,14 @@ def _launch(
                 print(NEVER_JOINED.format(n=plan.nproc_per_node), file=sys.stderr, flush=True)
         return results
     except ChildFailedError as e:
+        if stacks is not None:
+            stacks.stop()  # what it asked a rank for is in the report before the report is read
         # torch's agent ends the job on a failure only once its restarts are spent: the failing
         # attempt is number max_restarts (restarts for a node joining or leaving are not counted)
-        if hang_dir is not None:
-            print_hang_summary(hang_dir, since=started, attempt=plan.max_restarts)
-        failed = attempt_errors(errors, plan.max_restarts)
-        user_error = _user_error(failed)
-        if user_error:  # a worker refused the user's input (ddpkit train): ddpkit's own exit 2
-            raise (RunDirTaken if user_error.startswith(RunDirTaken.OPENING) else DdpkitError)(user_error) from None
-        raise WorkerFailed(_failure_message(e, failed)) from None
+        failure = job_failure(e, errors, plan.max_restarts, hang_dir, started)
+        if failure is None:
+            return {}  # every script had returned: what failed after was the teardown (said)
+        raise failure from None
     except (
         RendezvousTimeoutError,
         RendezvousConnectionError,
@@ -208,15 +187,15 @@ def _launch(
         DistNetworkError,
     ) as e:
         # the agent's own store (static rendezvous: node 0 serves it) never completing is a rendezvous failure too
-        raise DdpkitError(_rendezvous_message(e, plan, endpoint)) from None
+        raise DdpkitError(rendezvous_message(e, plan, endpoint)) from None
     except SignalException as e:
-        raise DdpkitError(
-            f"stopped by {signal.Signals(e.sigval).name}; the workers were stopped (with --save-on-signal "
-            "they saved a checkpoint first: continue with --resume)"
-        ) from None
+        name = signal.Signals(e.sigval).name
+        raise Interrupted(e.sigval, f"stopped by {name}; the workers were stopped") from None
     finally:
         if watch is not None:
             watch.stop()
+        if stacks is not None:
+            stacks.stop()
         del rdzv_store
 
 
@@ -260,28 +239,6 @@ def _launch_config(plan: LaunchPlan, scratch: Path, agent_options: dict[str, Any
         **agent,
     )
     return config, endpoint, rdzv_store
-
-
-def print_hang_summary(hang_dir: Path, since: float, attempt: int | None = None) -> None:
-    """The summary rank 0 wrote, or (rank 0 could not: stuck hard, or on another node) one made
-    here from the reports this node can see; nothing when no report is newer than `since`, or
-    when the report is of another restart attempt than `attempt` (the one that failed)."""
-    from ..runtime.watchdog import ATTEMPT_FILE, format_summary
-
-    try:
-        if (hang_dir / "request").stat().st_mtime < since - 1:
-            return  # a report of an earlier launch
-    except OSError:
-        return  # no hang was reported
-    try:
-        hung = int((hang_dir / ATTEMPT_FILE).read_text())
-    except (OSError, ValueError):
-        hung = None  # not recorded: print it
-    if attempt is not None and hung is not None and hung != attempt:
-        return  # an earlier attempt hung and was restarted; the last one failed otherwise
-    summary = hang_dir / "summary.txt"
-    text = summary.read_text().rstrip() if summary.exists() else format_summary(hang_dir)
-    print(text, file=sys.stderr, flush=True)
 
 
 def _host_rendezvous_store(endpoint: str, timeout: float) -> tuple[str, Any]:
@@ -353,54 +310,6 @@ def _ranks(text: str) -> set[int] | None:
     return {int(r) for r in text.split(",")} if text else None
 
 
-def _rendezvous_message(e: BaseException, plan: LaunchPlan, endpoint: str) -> str:
-    """One line for a rendezvous that did not complete, naming the endpoint and what to check."""
-    nodes = plan.nnodes if plan.min_nodes == plan.max_nodes else f"{plan.min_nodes} to {plan.max_nodes}"
-    detail = str(e).strip().splitlines()[0][:160] if str(e).strip() else "closed"
-    if type(e).__name__ == "RendezvousTimeoutError":
-        what = "timed out"
-    elif "timed out" in detail.lower():
-        what = f"timed out ({detail})"
-    else:
-        what = f"failed ({type(e).__name__}: {detail})"
-    if plan.rdzv_backend == "static":
-        kind, same = (
-            "static rendezvous",
-            (
-                f"--nnodes {plan.nnodes}, the same --master-addr and --master-port, its own "
-                f"--node-rank; this is node {plan.node_rank}"
-            ),
-        )
-    else:
-        kind, same = "rendezvous", f"--nnodes {plan.nnodes}, the same --rdzv-endpoint and --rdzv-id {plan.rdzv_id}"
-    return (
-        f"{kind} at {endpoint} {what}: {nodes} node(s) were expected within --timeout {plan.timeout:g} s. "
-        f"Check that every node runs the same command ({same}), that {endpoint} is reachable from every node "
-        "(firewall, address), and that the other launchers have started"
-    )
-
-
-def _user_error(errors: Path) -> str | None:
-    """The first rank's DdpkitError, as the workers of `ddpkit train` write it (worker.py)."""
-    user_errors = sorted(errors.glob("rank-*.txt"), key=lambda p: int(p.stem.split("-")[1]))
-    return user_errors[0].read_text().strip() if user_errors else None
-
-
-def _failure_message(e: Any, errors: Path) -> str:
-    rank, failure = e.get_first_failure()
-    peer_losses = {int(p.stem.split("-")[1]): p for p in errors.glob("peer-*.txt")}
-    if rank in peer_losses:
-        # the first failure was a lost connection: the rank that died first is elsewhere
-        return (
-            peer_losses[rank].read_text().strip() + "; a process or node elsewhere in the job died "
-            "(see that node's log); this node's workers were stopped"
-        )
-    how = (
-        f"was killed by signal {-failure.exitcode}" if failure.exitcode < 0 else f"exited with code {failure.exitcode}"
-    )
-    return f"worker rank {rank} {how}; the other workers were stopped (see its output above)"
-
-
 def start_method_for(requested: str, device_type: str, clean_parent: bool) -> str:
     """fork is ~2 s faster per run (torch is already imported), but is only safe while the
     parent has touched neither CUDA nor OpenMP (a forked child inherits a broken thread
@@ -418,45 +327,3 @@ def import_before_fork() -> None:
     which on an oversubscribed node (32 workers on 2 cores) was ~35 s of the start of every
     job. The import starts no thread (measured: none), so the parent stays safe to fork."""
     import torch._dynamo  # noqa: F401
-
-
-def tail_whole_lines(
-    header: str,
-    file: str,
-    dst: Any,
-    finished: Any,
-    interval_sec: float,
-    log_line_filter: Callable[[str], bool] | None = None,
-) -> None:
-    """torch's tail of a worker's log file for --tee, but it writes whole lines only: torch's
-    writes what readline() returns at the end of the file, so a line the worker is writing
-    at that moment comes out in two pieces, each with its rank prefix (seen in 1 of 3 CI runs:
-    '[rank0]:rank 0 to stderr[rank0]:'). A piece waits here for the rest of its line. A line
-    that already starts with its rank's prefix keeps that one (see _prefixed)."""
-    while not os.path.exists(file):
-        if finished.is_set():
-            return
-        time.sleep(interval_sec)
-    with open(file, errors="replace") as fp:
-        pending = ""
-        while True:
-            piece = fp.readline()
-            if piece:
-                pending += piece
-                if not pending.endswith("\n"):
-                    continue  # the rest of this line is still being written
-                if log_line_filter is None or log_line_filter(pending):
-                    dst.write(_prefixed(header, pending))
-                pending = ""
-            elif finished.is_set():
-                if pending and (log_line_filter is None or log_line_filter(pending)):
-                    dst.write(_prefixed(header, pending) + "\n")  # the worker ended without a newline
-                break
-            else:
-                time.sleep(interval_sec)
-
-
-def _prefixed(header: str, line: str) -> str:
-    """One rank prefix per line: torch's own exception hook in a worker that joined a process
-    group already writes `[rank0]: ` before each traceback line, as torchrun shows it."""
-    return line if header and line.startswith(header) else f"{header}{line}"

@@ -16,6 +16,7 @@ import torch.distributed as dist
 from ..config import DEFAULT_TIMEOUT_S
 from ..environments import DistEnv
 from .collectives import Collectives
+from .debug import apply_debug_level
 from .devices import default_threads, resolve_backend, resolve_device_type, select_gpu
 from .record import CollectiveRecord
 from .store import make_store
@@ -56,6 +57,7 @@ class Runtime:
         self.collectives = Collectives(self.record)
         self._owns_group = False
         if env.distributed and not dist.is_initialized():
+            apply_debug_level()  # --debug-collectives in a worker forked after torch was imported, and DDP under it
             kwargs: dict[str, Any] = {}
             if device_type == "cuda":
                 kwargs["device_id"] = self.device

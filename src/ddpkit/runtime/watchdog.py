@@ -2,8 +2,10 @@
 
 A thread per rank (HangWatchdog) watches for two things:
   * no progress on this rank for --hang-timeout seconds (progress: a forward pass of the
-    model, or a collective that completed): a hang anywhere, inside a collective or not
-    (a rank stuck in data loading, in a sleep, in a collective the others never reach);
+    model, or a collective that completed; for a script `ddpkit launch` runs, what its
+    `progress` sampler sees change, launchers/bootstrap.py): a hang anywhere, inside a
+    collective or not (a rank stuck in data loading, in a sleep, in a collective the others
+    never reach);
   * a request from another rank (a file RUN_DIR/hang/request): some rank hit its
     collective --timeout, or its own watchdog fired.
 Either way the rank writes RUN_DIR/hang/rank-R.txt (every thread's Python stack, by
@@ -14,8 +16,9 @@ every other rank does the same within a second. Rank 0 then waits for the other 
 reports (up to REPORT_WAIT_S), writes RUN_DIR/hang/summary.txt (format_summary: which rank
 waits in which collective, at which line, and which one never arrived) and prints it when
 no ddpkit launcher does (torchrun, srun); ddpkit's launcher prints it once the job has
-stopped, also when rank 0 is the one that cannot. A rank whose own watchdog fired then ends
-the job (so does every rank that answered a request): one line for the launcher, exit code 2.
+stopped, also when rank 0 is the one that cannot, and ends the job with one line naming the
+rank that hung (hang_summary.hang_line). A rank whose own watchdog fired then ends the job (so
+does every rank that answered a request): its reason for the launcher (HANG_FILE), exit code 1.
 
 The thread only reads and writes files; it never runs a collective (the group may be the
 thing that is stuck). Ranks on other nodes see the request only when RUN_DIR is one shared
@@ -33,14 +36,16 @@ import threading
 import time
 import traceback
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from ..envvars import error_file, restart_count
-from .record import CollectiveRecord, is_library, short
+from .hang_summary import FR_PATH, format_summary, innermost_user_frame
+from .record import CollectiveRecord
 
 ATTEMPT_FILE = "attempt"  # beside the request: the restart attempt (torch's count) that hung
 REPORT_WAIT_S = 10.0  # rank 0 waits this long for the other ranks' reports
 POLL_S = 0.25  # how often the thread looks at the clock and for a request
+HANG_FILE = "hang-{rank}.txt"  # in the attempt's error folder: why this rank ended the job
 
 
 def is_timeout(error: BaseException) -> bool:
@@ -72,10 +77,15 @@ class HangWatchdog:
         launcher_prints: bool = False,
         *,
         record: CollectiveRecord,
+        progress: Callable[[], Any] | None = None,
     ) -> None:
-        """`record`: the Runtime's record of this rank's collectives (rt.record), read, never written."""
+        """`record`: the Runtime's record of this rank's collectives (rt.record), read, never written.
+        `progress`: sampled by the thread at every poll; a change in its value counts as progress
+        (beat), for code nobody calls beat() in."""
         self.dir = Path(hang_dir)
         self.record = record
+        self.progress = progress
+        self._seen: Any = None
         self.rank, self.world_size = rank, world_size
         self.hang_timeout = hang_timeout or None  # None/0: report only on request
         self.error_dir = error_dir
@@ -107,10 +117,10 @@ class HangWatchdog:
     def on_error(self, error: BaseException) -> None:
         """This rank failed with `error` (a collective timeout, a lost peer): report where
         everyone is, and wait for the report to be complete, before the job is torn down."""
-        self._report(
-            f"rank {self.rank}: {type(error).__name__}: {str(error).splitlines()[0][:300] if str(error) else ''}",
-            error=error,
-        )
+        text = str(error).splitlines()[0] if str(error) else ""
+        if text.startswith("[") and "] " in text:  # gloo's "[/path/to/source.cc:78] Timed out ..."
+            text = text.split("] ", 1)[1]
+        self._report(f"rank {self.rank}: {type(error).__name__}: {text[:300]}", error=error)
 
     # -- the watchdog thread ----------------------------------------------------------------
     def _run(self) -> None:
@@ -118,6 +128,11 @@ class HangWatchdog:
         while not self._stop.wait(POLL_S):
             if self.reported:
                 return
+            if self.progress is not None:
+                seen = self.progress()
+                if seen != self._seen:
+                    self._seen = seen
+                    self.beat()
             if request.exists() and _mtime(request) >= self._started - 1:  # not one of an earlier attempt
                 try:
                     reason = request.read_text().strip()
@@ -141,6 +156,9 @@ class HangWatchdog:
         pending = self.record.pending()
         if pending is not None:
             return f", waiting in {pending.describe()}"
+        seen = fr_pending()
+        if seen is not None:
+            return f", waiting in {seen['op']} #{seen['seq']} (sizes {seen['sizes']}, by torch's flight recorder)"
         frame = sys._current_frames().get(self._main)
         stack = traceback.extract_stack(frame) if frame is not None else []
         return f", outside any collective at {innermost_user_frame(_frames(stack))}" if stack else ""
@@ -179,10 +197,10 @@ class HangWatchdog:
     def _end_job(self, reason: str) -> None:
         line = f"{reason}; every rank's stacks and collectives are in {self.dir}"
         if self.error_dir:  # the launcher prints it
-            error_file(self.error_dir, f"rank-{self.rank}.txt").write_text(line)
+            error_file(self.error_dir, HANG_FILE.format(rank=self.rank)).write_text(line)
         else:
             print(f"[rank {self.rank}] ddpkit: error: {line}", file=sys.stderr, flush=True)
-        os._exit(2)
+        os._exit(1)
 
 
 def _mtime(p: Path) -> float:
@@ -194,22 +212,6 @@ def _mtime(p: Path) -> float:
 
 def _frames(stack: Any) -> list[dict[str, Any]]:
     return [{"file": fs.filename, "line": fs.lineno, "function": fs.name, "code": fs.line or ""} for fs in stack]
-
-
-def innermost_user_frame(frames: list[dict[str, Any]], user_only: bool = False) -> str:
-    """FILE:LINE in FUNCTION: CODE of the innermost frame of user code (else the innermost
-    frame; with user_only, "")."""
-    if not frames:
-        return "" if user_only else "?"
-    pick = next((f for f in reversed(frames) if not is_library(f["file"])), None)
-    if pick is None:
-        if user_only:
-            return ""
-        pick = frames[-1]
-    if user_only:
-        return f"{short(pick['file'])}:{pick['line']} in {pick['function']}"
-    code = f": {pick['code']}" if pick.get("code") else ""
-    return f"{short(pick['file'])}:{pick['line']} in {pick['function']}{code}"
 
 
 def write_report(
@@ -227,9 +229,13 @@ def write_report(
         frame = sys._current_frames().get(main_ident or threading.main_thread().ident)
         main = _frames(traceback.extract_stack(frame)) if frame is not None else []
     entries = record.snapshot()
+    fr = flight_recorder()
+    if error is not None and (not entries or entries[-1]["state"] == "done"):
+        failed = _fr_failed(fr, error)  # torch retires a collective that timed out as completed
+        if failed is not None:
+            entries.append(failed)
     if entries and entries[-1]["state"] != "done" and not entries[-1]["user"]:
         entries[-1]["user"] = innermost_user_frame(main, user_only=True)  # the user's line of the collective it is in
-    fr = flight_recorder()
     report = {
         "rank": rank,
         "host": socket.gethostname(),
@@ -280,6 +286,51 @@ def flight_recorder() -> dict[str, Any] | None:
     return trace if trace.get("entries") or trace.get("pg_status") else None
 
 
+def _fr_failed(fr: dict[str, Any] | None, error: BaseException) -> dict[str, Any] | None:
+    """The collective `error` ended, as a record entry, from the flight recorder's newest entry
+    (the process group's collectives only: ddpkit's own record has none of a script's)."""
+    entries = (fr or {}).get("entries") or []
+    if not entries:
+        return None
+    last = entries[-1]
+    return {
+        "seq": int(last.get("collective_seq_id", -1)),
+        "op": last.get("profiling_name", "?"),
+        "shape": (last.get("input_sizes") or [[]])[0],
+        "dtype": (last.get("input_dtypes") or ["?"])[0],
+        "path": FR_PATH,
+        "what": "",
+        "caller": "",
+        "user": "",
+        "started": time.time(),
+        "state": f"failed: {str(error).splitlines()[0][:200] if str(error) else type(error).__name__}",
+        "seconds": None,
+    }
+
+
+def fr_progress() -> tuple[int, int] | None:
+    """(collectives completed, collectives enqueued), summed over this process's groups, by
+    torch's flight recorder without its entries (~4 us); None when it has nothing yet."""
+    try:
+        from torch._C._distributed_c10d import _dump_fr_trace_json
+
+        status = json.loads(_dump_fr_trace_json(includeCollectives=False)).get("pg_status") or {}
+    except Exception:
+        return None
+    if not status:
+        return None
+    done = sum(int(st.get("last_completed_collective", -1)) for st in status.values())
+    return done, sum(int(st.get("last_enqueued_collective", -1)) for st in status.values())
+
+
+def fr_pending() -> dict[str, Any] | None:
+    """The collective torch's flight recorder shows this process inside ({op, sizes, seq}), if any."""
+    counts = fr_progress()
+    if counts is None or counts[1] <= counts[0]:
+        return None  # (the cheap look first: the full trace is ~45 ms at 2,000 entries)
+    return next((st["pending"] for st in (_fr_status(flight_recorder()) or {}).values() if st["pending"]), None)
+
+
 def _fr_status(fr: dict[str, Any] | None) -> dict[str, Any] | None:
     """The flight recorder's last collectives per process group: enqueued vs completed, and the op pending."""
     if not fr:
@@ -301,143 +352,58 @@ def _fr_status(fr: dict[str, Any] | None) -> dict[str, Any] | None:
             "last_completed": done,
             "pending": None
             if enq <= done or pending is None
-            else {"op": pending.get("profiling_name"), "sizes": pending.get("input_sizes"), "seq": enq},
+            else {
+                "op": pending.get("profiling_name"),
+                "sizes": pending.get("input_sizes"),
+                "dtype": (pending.get("input_dtypes") or ["?"])[0],
+                "seq": enq,
+            },
         }
     return status
 
 
-def _load_reports(hang_dir: Path) -> dict[int, dict[str, Any]]:
-    reports = {}
-    for p in hang_dir.glob("rank-*.json"):
-        try:
-            r = json.loads(p.read_text())
-            reports[int(r["rank"])] = r
-        except (OSError, ValueError, KeyError):
-            continue
-    return reports
-
-
-def format_summary(hang_dir: Path | str, world_size: int | None = None) -> str:
-    """One summary of every rank's report: which ranks wait in which collective (op, shape,
-    sequence number) called from which line, which are outside any collective (where), which
-    never reported; then a verdict."""
-    hang_dir = Path(hang_dir)
-    reports = _load_reports(hang_dir)
-    world = world_size or (max(reports) + 1 if reports else 0)
-    lines = [f"ddpkit: hang report ({hang_dir}: every rank's Python stacks, collectives, flight recorder)"]
-    first = min(reports.values(), key=lambda r: r["time"]) if reports else None
-    if first:
-        lines.append(f"  first reported: {first['reason']}")
-    waiting: dict[int, dict[str, Any]] = {}
-    outside: dict[int, str] = {}
-    for rank in range(world):
-        r = reports.get(rank)
-        if r is None:
-            lines.append(f"  rank {rank:<3} no report (the process is gone, or RUN_DIR is not this folder on its node)")
-            continue
-        host = f"[{r['host']}] "
-        entries = r.get("collectives") or []
-        last = entries[-1] if entries else None
-        fr_line = _fr_line(r.get("flight_recorder"))
-        fr_pending = next(
-            (st["pending"] for st in (r.get("flight_recorder") or {}).values() if st.get("pending")), None
-        )
-        # inside a collective only torch saw (DDP's own): only while the main thread is in library code (a
-        # backward); the recorder can mark a finished gloo op completed late, and a rank whose main thread
-        # is in the user's code (asleep in a forward) is inside no collective
-        frames = r.get("main_stack") or []
-        in_library = bool(frames) and is_library(frames[-1]["file"])
-        if (last is None or last["state"] == "done") and fr_pending and in_library:
-            last = {
-                "seq": fr_pending["seq"],
-                "op": fr_pending["op"],
-                "shape": (fr_pending["sizes"] or [[]])[0],
-                "dtype": "?",
-                "path": "backend, seen by the flight recorder",
-                "what": "",
-                "state": "waiting",
-                "started": r["time"],
-                "user": innermost_user_frame(r.get("main_stack") or []),
-                "caller": "",
-            }
-            waiting[rank] = last
-            lines.append(f"  rank {rank:<3} {host}waiting in {_describe(last)}, at {last['user']}{fr_line}")
-        elif last is not None and last["state"] != "done":
-            waiting[rank] = last
-            state = "timed out in" if last["state"].startswith("failed") else "waiting in"
-            since = f" for {r['time'] - last['started']:.1f} s" if last["state"] == "waiting" else ""
-            at = last["user"] or last["caller"]
-            lines.append(f"  rank {rank:<3} {host}{state} {_describe(last)}{since}, called at {at}{fr_line}")
-        else:
-            where = innermost_user_frame(r.get("main_stack") or [])
-            outside[rank] = where
-            done = f" (last: {_describe(last)}, done)" if last else ""
-            lines.append(f"  rank {rank:<3} {host}in no collective{done}; main thread at {where}{fr_line}")
-    lines.append("  verdict: " + _verdict(waiting, outside, world, reports))
-    return "\n".join(lines)
-
-
-def _describe(e: dict[str, Any]) -> str:
-    what = f", {e['what']}" if e.get("what") else ""
-    return f"{e['op']} #{e['seq']} (shape {e['shape']}, {e['dtype']}, {e['path']}{what})"
-
-
-def _fr_line(status: dict[str, Any] | None) -> str:
-    if not status:
-        return ""
-    parts = []
-    for pg, st in status.items():
-        p = st.get("pending")
-        if p:
-            parts.append(
-                f"pg {pg}: {p['op']} #{p['seq']} sizes {p['sizes']} not completed "
-                f"(last completed #{st['last_completed']})"
-            )
-        else:
-            parts.append(f"pg {pg}: all {st['last_completed']} completed")
-    return "; flight recorder " + ", ".join(parts)
-
-
-def _verdict(waiting: dict[int, dict[str, Any]], outside: dict[int, str], world: int, reports: dict[int, Any]) -> str:
-    missing = [r for r in range(world) if r not in reports]
-    if missing:
-        return (
-            f"rank(s) {', '.join(map(str, missing))} did not report: look at their node's log (a dead process, or a "
-            "run directory that is not shared)"
-        )
-    if waiting and outside:
-        keys = {(e["seq"], e["op"]) for e in waiting.values()}
-        target = ", ".join(sorted({_describe(e) for e in waiting.values()}))
-        never = "; ".join(f"rank {r} at {w}" for r, w in sorted(outside.items()))
-        return (
-            f"rank(s) {', '.join(map(str, sorted(outside)))} never arrived at {target} that rank(s) "
-            f"{', '.join(map(str, sorted(waiting)))} wait in: {never}"
-            + (" (ranks also disagree on the collective)" if len(keys) > 1 else "")
-        )
-    if waiting:
-        by_key: dict[tuple[Any, ...], list[int]] = {}
-        for rank, e in waiting.items():
-            by_key.setdefault((e["seq"], e["op"], tuple(e["shape"]), e["path"]), []).append(rank)
-        if len(by_key) == 1:
-            return (
-                "every rank waits in the same collective: the process group itself is stuck (network, a node "
-                "that froze); see the flight recorder files"
-            )
-        groups = sorted(by_key.items(), key=lambda kv: kv[1])
-        desc = "; ".join(
-            f"rank(s) {', '.join(map(str, ranks))} in {_describe(waiting[ranks[0]])} at "
-            f"{waiting[ranks[0]]['user'] or waiting[ranks[0]]['caller']}"
-            for _, ranks in groups
-        )
-        seqs = sorted({k[0] for k in by_key})
-        how = (
-            "the same sequence number, different collectives: one rank skipped or added a collective before it"
-            if len(seqs) == 1
-            else f"different sequence numbers ({', '.join(f'#{s}' for s in seqs)}): a rank "
-            "skipped or added a collective"
-        )
-        return f"ranks are in different collectives: {desc}: {how}"
-    return (
-        "no rank is in a collective: every rank is stuck outside collectives "
-        "(data loading, I/O, a lock): see the stacks"
+def write_dumped_report(hang_dir: Path, rank: int, pid: int, main_ident: int, dump: str, reason: str) -> None:
+    """rank-R.txt and rank-R.json of a process that could not write its own (its watchdog thread
+    never ran: the GIL held by a call that does not let go of it), from faulthandler's dump of
+    its threads (`dump`, written on a signal by a C handler); rank-R.json as write_report's."""
+    report = {
+        "rank": rank,
+        "host": socket.gethostname(),
+        "pid": pid,
+        "time": time.time(),
+        "reason": reason,
+        "main_stack": dumped_frames(dump, main_ident),
+        "collectives": [],
+        "flight_recorder": None,
+    }
+    hang_dir.mkdir(parents=True, exist_ok=True)
+    (hang_dir / f"rank-{rank}.txt").write_text(
+        f"ddpkit hang report: rank {rank}, host {report['host']}, pid {pid}, "
+        f"{time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(report['time']))}\n"
+        f"reason: {reason}\n\nPython stacks of every thread (faulthandler, on a signal from the launcher, "
+        f"most recent call first):\n{dump}"
     )
+    tmp = hang_dir / f".rank-{rank}.json.tmp"
+    tmp.write_text(json.dumps(report, indent=1) + "\n")
+    tmp.replace(hang_dir / f"rank-{rank}.json")
+
+
+def dumped_frames(dump: str, thread_ident: int) -> list[dict[str, Any]]:
+    """The frames of one thread in a faulthandler dump, outermost first (as traceback lists them)."""
+    import linecache
+    import re
+
+    frames: list[dict[str, Any]] = []
+    inside = False
+    for line in dump.splitlines():
+        if "(most recent call first)" in line:
+            inside = f"0x{thread_ident:016x}" in line
+            if inside:
+                frames = []  # a later dump of the same thread replaces an earlier one
+            continue
+        m = re.match(r'\s+File "(.*)", line (\d+) in (.*)', line) if inside else None
+        if m:
+            file, number = m.group(1), int(m.group(2))
+            code = linecache.getline(file, number).strip()
+            frames.append({"file": file, "line": number, "function": m.group(3), "code": code})
+    return frames[::-1]

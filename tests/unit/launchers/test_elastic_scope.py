@@ -9,7 +9,8 @@ import pytest
 from torch.distributed.elastic.multiprocessing import tail_log
 
 from ddpkit.errors import DdpkitError
-from ddpkit.launchers.elastic import LaunchPlan, run_elastic, scoped_environ, tail_whole_lines, whole_line_tail
+from ddpkit.launchers.elastic import LaunchPlan, run_elastic
+from ddpkit.launchers.scope import scoped_environ, tail_whole_lines, whole_line_tail
 
 
 def test_scoped_environ_restores_its_keys_only(monkeypatch):

@@ -7,7 +7,9 @@ from pathlib import Path
 from types import SimpleNamespace
 
 from ddpkit.envvars import attempt_errors
-from ddpkit.launchers.elastic import _failure_message, _user_error
+from ddpkit.launchers.report import RESUME_SCRIPT, RestartLine, after_return
+from ddpkit.launchers.report import failure_message as _failure_message
+from ddpkit.launchers.report import user_error as _user_error
 
 
 class _Failed:
@@ -44,3 +46,49 @@ def test_the_failing_attempts_files_are_reported(tmp_path: Path) -> None:
     last = attempt_errors(tmp_path, 2)
     assert _user_error(last) == "attempt 2: the first rank's"
     assert _failure_message(_Failed(1, 1), last).startswith("rank 1 lost contact with another rank; ")
+
+
+class _Failure(SimpleNamespace):
+    """What torch's ProcessFailure answers to: the exit code (-N: killed by signal N) and when."""
+
+
+def _failures(**codes: int) -> dict[int, _Failure]:
+    return {int(name[1:]): _Failure(exitcode=code, timestamp=100) for name, code in codes.items()}
+
+
+def _started(errors: Path, attempt: int, ranks: range, returned: tuple[int, ...]) -> Path:
+    # what a launch's bootstrap leaves: its stacks file when it starts, a mark when the script returned
+    for rank in ranks:
+        _write(errors, attempt, f"stacks-{rank}.txt", "1 2\n")
+    for rank in returned:
+        _write(errors, attempt, f"returned-{rank}", "")
+    return attempt_errors(errors, attempt)
+
+
+def test_an_abort_after_every_script_returned_is_named_and_ends_nothing(tmp_path: Path) -> None:
+    folder = _started(tmp_path, 0, range(2), returned=(0, 1))
+    line, unfinished = after_return(_failures(r1=-6), folder)
+    assert line == "rank 1 aborted in torch's shutdown after the script finished (signal 6)" and unfinished == []
+
+
+def test_an_abort_after_return_while_another_rank_worked_leaves_that_rank_unfinished(tmp_path: Path) -> None:
+    folder = _started(tmp_path, 0, range(2), returned=(1,))
+    assert after_return(_failures(r1=-6, r0=-15), folder) == (
+        "rank 1 aborted in torch's shutdown after the script finished (signal 6)",
+        [0],
+    )
+    assert after_return(_failures(r1=-6, r0=-11), folder) is None  # rank 0 crashed by itself: a failure of its own
+    assert after_return(_failures(r0=-6), folder) is None  # rank 0 had not returned: the script failed
+
+
+def test_a_restart_line_says_which_rank_failed_how_and_what_the_restarted_workers_do(tmp_path: Path) -> None:
+    line = RestartLine(RESUME_SCRIPT, tmp_path)
+    failures = {1: _Failure(exitcode=-9, timestamp=100), 0: _Failure(exitcode=-15, timestamp=100)}
+    assert line.failed(failures, 1, 1) == (
+        "ddpkit: worker rank 1 was killed by signal 9; restarting the workers, attempt 2 of 2: the script "
+        "starts again from its beginning (it continues where it stopped only if it loads its own checkpoint)"
+    )
+    _write(tmp_path, 1, "rank-0.txt", "bad --lr")  # the failing attempt's own words
+    failures = {0: _Failure(exitcode=2, timestamp=100)}
+    assert line.failed(failures, 2, 3).startswith("ddpkit: worker rank 0 exited with code 2 (bad --lr); ")
+    assert "attempt 3 of 4" in line.failed(failures, 2, 3)

@@ -6,7 +6,8 @@ import time
 
 import torch
 
-from ddpkit.runtime.watchdog import format_summary, is_timeout
+from ddpkit.runtime.hang_summary import format_summary, hang_line
+from ddpkit.runtime.watchdog import dumped_frames, is_timeout, write_dumped_report
 
 TORCH = os.path.dirname(torch.__file__)  # a frame inside torch (a backward waiting in DDP's all-reduce)
 
@@ -107,3 +108,43 @@ def test_a_collective_the_flight_recorder_marks_late_is_no_wait_while_the_rank_r
     text = format_summary(tmp_path, 2)
     assert "rank 1   [n1] in no collective" in text and "x/train.py:40 in forward" in text, text
     assert "verdict: rank(s) 1 never arrived at all_reduce #12" in text, text
+
+
+def test_the_line_that_ends_a_hung_job_names_the_rank_that_hung_not_the_one_that_waited(tmp_path):
+    write(tmp_path, 0, [entry(11, state="done"), entry(12, user="train.py:30 in step")])
+    write(tmp_path, 1, [entry(11, state="done")], [("/x/train.py", 40, "forward", "time.sleep(600)")])
+    line = hang_line(tmp_path, 2)
+    assert line.startswith("rank 1 hung at x/train.py:40 in forward: time.sleep(600): it never reached all_reduce #12")
+    assert "in which rank 0 waited" in line and line.endswith(f"every rank's stacks and collectives are in {tmp_path}")
+    assert "(first reported: rank 0 made no progress)" in line
+
+
+def test_the_line_of_a_hang_without_one_culprit_says_what_the_ranks_were_doing(tmp_path):
+    write(tmp_path, 0, [entry(12, user="train.py:30 in step")])
+    write(tmp_path, 1, [entry(12, op="broadcast", user="train.py:31 in step")])
+    assert hang_line(tmp_path, 2).startswith(
+        "the ranks disagree on the collective: rank 0 in all_reduce #12 at train.py:30 in step; "
+        "rank 1 in broadcast #12 at train.py:31 in step"
+    )
+    write(tmp_path, 1, [entry(12, user="train.py:30 in step")])
+    assert hang_line(tmp_path, 2).startswith("every rank waits in all_reduce #12: the process group is stuck")
+    assert hang_line(tmp_path, 3).startswith("rank(s) 2 did not report")
+
+
+def test_a_faulthandler_dump_gives_the_main_threads_frames_outermost_first(tmp_path):
+    script = tmp_path / "train.py"
+    script.write_text("import time\n\ntime.sleep(600)\n")
+    dump = (
+        "Thread 0x00007f0000000001 (most recent call first):\n"
+        '  File "/usr/lib/python3.11/threading.py", line 331 in wait\n\n'
+        "Current thread 0x00007f0000000002 (most recent call first):\n"
+        f'  File "{script}", line 3 in <module>\n'
+        '  File "/x/ddpkit/launchers/bootstrap.py", line 70 in run_file\n'
+    )
+    frames = dumped_frames(dump, 0x7F0000000002)
+    assert [(f["line"], f["function"]) for f in frames] == [(70, "run_file"), (3, "<module>")]
+    assert frames[-1]["code"] == "time.sleep(600)" and frames[-1]["file"] == str(script)
+    write_dumped_report(tmp_path / "hang", 1, 4242, 0x7F0000000002, dump, "rank 1 did not answer")
+    report = json.loads((tmp_path / "hang" / "rank-1.json").read_text())
+    assert report["pid"] == 4242 and report["main_stack"] == frames and report["collectives"] == []
+    assert dump in (tmp_path / "hang" / "rank-1.txt").read_text()

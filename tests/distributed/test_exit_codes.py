@@ -1,0 +1,98 @@
+"""`ddpkit train` ends as the shell expects (0 done, 1 a failure, 2 a usage error, 130 after SIGINT,
+143 after SIGTERM) and with one true line: a TERM in its first seconds, a backend or device that
+needs a GPU on a machine without one, --debug-collectives (torch's check of every collective)."""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from conftest import REPO, run_ddpkit
+
+SLOW_TO_IMPORT = """
+import os, time
+from pathlib import Path
+
+from ddpkit.tasks.wine import build
+
+Path(os.environ["IMPORTED"]).write_text("")  # the launcher is checking the task: no worker has started
+time.sleep(120)
+
+
+def task(config=None):
+    return build(config)
+"""
+
+RECORDS_DEBUG_LEVEL = """
+import os
+from pathlib import Path
+
+import torch.distributed as dist
+
+from ddpkit.tasks.wine import build
+
+
+def task(config=None):
+    Path(f"{os.environ['LEVEL_OUT']}.{dist.get_rank()}").write_text(str(dist.get_debug_level()))
+    return build(config)
+"""
+
+
+def test_sigterm_in_the_first_seconds_says_so_exits_143_and_leaves_no_empty_run_directory(tmp_path):
+    (tmp_path / "slow.py").write_text(SLOW_TO_IMPORT)
+    marker = tmp_path / "imported"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "ddpkit", "train", "slow.py:task", "--nproc", "2", "--epochs", "1"],
+        cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": str(REPO / "src"), "IMPORTED": str(marker)},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        deadline = time.monotonic() + 120
+        while not marker.exists():
+            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+            time.sleep(0.1)
+        assert any((tmp_path / "runs").iterdir())  # the run directory exists by now, still empty
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 143, (proc.returncode, err)
+    assert err.strip().splitlines() == ["ddpkit: stopped by SIGTERM"], err
+    assert not (tmp_path / "runs").exists()  # nothing was written: no empty folder is left behind
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without a GPU")
+@pytest.mark.parametrize(
+    "flags, line",
+    [
+        (["--backend", "nccl"], "--backend nccl needs a CUDA GPU and none is in use; use --backend gloo (or auto)"),
+        (["--device", "cuda"], "--device cuda was asked for but no CUDA GPU is visible; use --device cpu (or auto)"),
+    ],
+)
+def test_a_choice_that_needs_a_gpu_on_a_machine_without_one_is_one_line_before_any_worker(tmp_path, flags, line):
+    proc = run_ddpkit("train", *flags, "--nproc", "2", "--epochs", "1", cwd=tmp_path, check=False, timeout=60)
+    assert proc.returncode == 2 and proc.stderr.strip().splitlines() == [f"ddpkit: error: {line}"], proc.stderr
+    assert not (tmp_path / "runs").exists()
+
+
+@pytest.mark.parametrize("start", ["fork", "spawn"])
+def test_debug_collectives_is_in_force_in_every_worker_and_ddp_runs_under_it(tmp_path, start):
+    """A forked worker kept torch's level of the launcher (off: the flag did nothing); a spawned one
+    crashed in DDP's constructor (SIGSEGV on gloo)."""
+    (tmp_path / "level.py").write_text(RECORDS_DEBUG_LEVEL)
+    out = tmp_path / "level"
+    run_ddpkit(
+        "train", "level.py:task", "--nproc", "2", "--epochs", "2", "--debug-collectives", "--start-method", start,
+        "--run-dir", str(tmp_path / "run"), "--quiet", cwd=tmp_path, env={"LEVEL_OUT": str(out)}, timeout=180,
+    )  # fmt: skip
+    assert [Path(f"{out}.{rank}").read_text() for rank in (0, 1)] == ["DebugLevel.DETAIL"] * 2
+    assert (tmp_path / "run" / "model.pt").exists()
