@@ -123,7 +123,10 @@ def _argparse_type(parse: Callable[[str], Any]) -> Callable[[str], Any]:
 def flag_defaults(settings: dict[str, Any]) -> dict[str, Any]:
     """A config file's settings as the defaults of their flags: a repeatable flag's default is
     the list its values are appended to (--task-arg on the command line adds to the file's)."""
-    return {k: list(v.items()) if _FIELDS[k].metadata.get("append") else v for k, v in settings.items()}
+    return {
+        k: (list(v.items()) if isinstance(v, dict) else list(v)) if _FIELDS[k].metadata.get("append") else v
+        for k, v in settings.items()
+    }
 
 
 def config_from(ns: argparse.Namespace, **changes: Any) -> RunConfig:
