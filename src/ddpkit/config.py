@@ -10,6 +10,7 @@ from typing import Any
 
 from .config_groups import (  # noqa: F401  (re-exported: the choices and rules other layers name)
     BACKENDS,
+    CONTRADICTIONS,
     DEVICES,
     EXPORT_FORMATS,
     FAULTS,

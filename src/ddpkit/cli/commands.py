@@ -150,7 +150,12 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     from ..config_file import read_config_file
 
     settings = read_config_file(path)
+    given = ns  # the command line alone: which switches it turned on
     ns = build_parser(settings).parse_args(argv)
+    for pair in config.CONTRADICTIONS:
+        for mine, theirs in (pair, pair[::-1]):
+            if getattr(given, mine, None) is True and settings.get(theirs) is True and not getattr(given, theirs, None):
+                setattr(ns, theirs, False)  # --verbose given over the file's quiet = true: the flag wins
     ns.file_settings = settings
     return ns
 

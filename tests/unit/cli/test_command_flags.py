@@ -9,7 +9,7 @@ import pytest
 
 from ddpkit import RunConfig
 from ddpkit.cli.commands import COMMANDS, build_parser
-from ddpkit.cli.flags import flag_names, names_of
+from ddpkit.cli.flags import flag_names, names_of, opposite
 from ddpkit.cli.options import LaunchOptions, agent_options
 
 # the least each command needs to parse
@@ -43,8 +43,10 @@ def test_each_flag_is_a_declared_setting_with_its_spellings_and_help(name):
         assert f.metadata["help"] and f.metadata["help"] in action.help, (name, action.dest)
         assert tuple(action.choices or ()) == tuple(f.metadata.get("choices") or ()), (name, action.dest)
         if action.option_strings:
-            spellings = flag_names(f.name) if action.dest in config_fields else names_of(f)
-            assert list(action.option_strings) == list(spellings), (name, action.dest)
+            spellings = list(flag_names(f.name) if action.dest in config_fields else names_of(f))
+            if action.dest in config_fields and isinstance(f.default, bool):  # a setting's switch: and its opposite
+                spellings.append(opposite(spellings[0]))
+            assert list(action.option_strings) == spellings, (name, action.dest)
         else:
             assert f.metadata["positional"], (name, action.dest)
 
