@@ -120,8 +120,8 @@ def build_parser(file_settings: dict[str, Any] | None = None) -> argparse.Argume
     so a flag given on the command line wins over the file and a flag left out does not."""
     parser = argparse.ArgumentParser(
         prog="ddpkit",
-        description="Run a PyTorch training task on one process, every GPU of a node, or many nodes, with DDP or FSDP "
-        "(HSDP is coming).",
+        description="Run a PyTorch training task on one process, every GPU of a node, or many nodes, with DDP, FSDP "
+        "or HSDP.",
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name, command in COMMANDS.items():

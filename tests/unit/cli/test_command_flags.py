@@ -100,3 +100,16 @@ def test_agent_options_are_the_torchrun_agent_group():
         "logs_specs",
     )
     assert all(f.name in agent_options() or f.metadata["group"] == "" for f in dataclasses.fields(LaunchOptions))
+
+
+def test_the_help_and_the_package_description_say_what_ddpkit_does_today():
+    from pathlib import Path
+
+    try:
+        import tomllib
+    except ModuleNotFoundError:  # Python 3.10: the same parser, a dependency there
+        import tomli as tomllib
+
+    described = tomllib.loads((Path(__file__).parents[3] / "pyproject.toml").read_text())["project"]["description"]
+    for text in (build_parser().description, described):
+        assert "HSDP" in text and "coming" not in text, text
