@@ -49,6 +49,28 @@ def _is_peer_loss(e: BaseException) -> bool:
     return any(s in text for s in ("Connection closed by peer", "Connection reset by peer", "Broken pipe"))
 
 
+def another_rank_failed(e: BaseException) -> str | None:
+    """Whether `e` is what another rank's failure does to this one: "stopped" when torch's agent
+    is stopping this worker (its SIGTERM, raised as SignalException, often while this rank was
+    handling the error of a collective), "peer" when a collective lost its peer; None for this
+    rank's own failure. The rank that failed first is the one to name, with its traceback."""
+    seen: BaseException | None = e
+    chain = []
+    while seen is not None and len(chain) < 10:
+        chain.append(seen)
+        seen = seen.__cause__ or seen.__context__
+    if any(type(x).__name__ == "SignalException" for x in chain):
+        return "stopped"
+    return "peer" if any(_is_peer_loss(x) for x in chain) else None
+
+
+def exception_line(e: BaseException) -> str:
+    """`Type: the first line of its message`, short enough for one line of an error."""
+    first = (str(e).strip().splitlines() or [""])[0]
+    first = first if len(first) <= 300 else first[:300] + "..."
+    return f"{type(e).__name__}: {first}".rstrip(": ")
+
+
 def _say_rejoining(e: RunDirTaken, env: DistEnv) -> None:
     """The agent restarts this node's workers to rejoin the job, and the launcher reports nothing:
     each node says why, at once (the agent stops this process as soon as another rank has left)."""
@@ -121,9 +143,11 @@ def train_worker(config: dict[str, Any], task: Task | None = None) -> dict[str, 
             error_file(error_dir, f"peer-{env.rank}.txt").write_text(line)
             print(f"[rank {env.rank}] {line}", file=sys.stderr, flush=True)
             os._exit(1)
-        # One traceback, from the rank that failed; the launcher adds one line naming it.
+        # One traceback, from the rank that failed; the launcher adds one line naming it, the
+        # exception and its message (read from this rank's file)
         record_failure(cfg.run_dir or "runs/latest", e, env.rank)
         print(f"[rank {env.rank}] " + traceback.format_exc(), file=sys.stderr, flush=True)
+        error_file(error_dir, f"raised-{env.rank}.txt").write_text(exception_line(e))
         sys.exit(1)
 
 

@@ -395,6 +395,10 @@ def _failure_message(e: Any, errors: Path) -> str:
             peer_losses[rank].read_text().strip() + "; a process or node elsewhere in the job died "
             "(see that node's log); this node's workers were stopped"
         )
+    raised = errors / f"raised-{rank}.txt"
+    if raised.is_file():  # a worker of `ddpkit train` whose task raised (however it then ended): its exception
+        said = raised.read_text().strip()
+        return f"worker rank {rank} raised {said}; the other workers were stopped (its traceback is above)"
     how = (
         f"was killed by signal {-failure.exitcode}" if failure.exitcode < 0 else f"exited with code {failure.exitcode}"
     )
