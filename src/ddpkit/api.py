@@ -16,6 +16,8 @@ from .errors import DdpkitError
 from .launchers.elastic import run_elastic
 from .launchers.plan import describe, make_launch_plan, resolve_nproc
 from .reporting.run_state import record_failure
+from .reporting.sinks import end_abandoned_trackers
+from .reporting.sinks.base import FAILED, STOPPED
 from .runtime import default_threads, resolve_backend, resolve_device_type
 from .session import Session
 from .strategy_config import check
@@ -86,12 +88,15 @@ def train(
 
 @contextlib.contextmanager
 def failure_recorded(run_dir: str | None) -> Iterator[None]:
-    """A run that fails after it started says so in its folder (failed.json, for `ddpkit runs`)."""
+    """A run that fails after it started says so in its folder (failed.json, for `ddpkit runs`),
+    and in the tracker runs its rank 0 left running (killed before it could end them)."""
     try:
         yield
     except BaseException as e:
         if run_dir:
             record_failure(run_dir, e)
+            stopped = isinstance(e, KeyboardInterrupt) or getattr(e, "signum", None) or str(e).startswith("stopped by")
+            end_abandoned_trackers(run_dir, STOPPED if stopped else FAILED)
         raise
 
 

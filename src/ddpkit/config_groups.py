@@ -222,6 +222,13 @@ def validate_output(cfg: Any) -> None:
         package = TRACKER_PACKAGES.get(name)
         if package and importlib.util.find_spec(package) is None:
             raise DdpkitError(f"--tracker {name} needs the {package} package: pip install 'ddpkit[{package}]'")
+    if cfg.tracker_uri and "mlflow" not in cfg.tracker:
+        raise DdpkitError("--tracker-uri is MLflow's tracking server: add --tracker mlflow (or drop --tracker-uri)")
+    if cfg.experiment and not {"mlflow", "wandb"} & set(cfg.tracker):
+        raise DdpkitError(
+            "--experiment names the MLflow experiment or W&B project: add --tracker mlflow or --tracker wandb "
+            "(or drop --experiment)"
+        )
     if cfg.export is not None:
         check_export_format("--export", cfg.export)
 
