@@ -41,7 +41,7 @@ from .task import Task, as_task, build_task
 from .textfile import write_text_atomic
 from .training.loop import fit
 from .training.signals import ENDING_SIGNALS, StopRequest
-from .training.trace import to_float64
+from .training.trace import DROPOUT_FILE, TRACE_DIR, dropout_off, to_float64
 
 
 def _is_peer_loss(e: BaseException) -> bool:
@@ -180,9 +180,15 @@ def _train(cfg: RunConfig, env: DistEnv, held: contextlib.ExitStack, given: Task
             hf_config.check_hf(task.model)  # on every rank, before any training
         if cfg.float64:
             task.model = to_float64(task.model)
+        if cfg.dropout_off:  # `ddpkit verify`: no mask drawn per rank; the report names what was turned off
+            turned_off = dropout_off(task.model)
+            if rt.is_main:
+                (run_dir / TRACE_DIR).mkdir(parents=True, exist_ok=True)
+                write_text_atomic(run_dir / TRACE_DIR / DROPOUT_FILE, json.dumps(turned_off) + "\n")
         if watchdog is not None:
             watchdog.watch_model(task.model)  # a forward pass is progress
-        seed_everything(cfg.seed + 1 + env.rank)  # then per-rank streams (dropout, augmentation)
+        draws = cfg.seed if cfg.draws_seed is None else cfg.draws_seed  # verify's probe: other draws, same model
+        seed_everything(draws + 1 + env.rank)  # then per-rank streams (dropout, augmentation)
         mark = WorldMark(run_dir, rt.is_main, env.world_size, env.nnodes)  # the folder is this world's from now on
         if rt.is_main:
             run_dir.mkdir(parents=True, exist_ok=True)
