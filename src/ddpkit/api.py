@@ -15,7 +15,7 @@ from .envvars import LAUNCH_TIME_VAR
 from .errors import DdpkitError
 from .launchers.elastic import run_elastic
 from .launchers.plan import describe, make_launch_plan, resolve_nproc
-from .reporting.run_state import record_failure
+from .reporting.run_state import record_failure, stopped_by
 from .reporting.sinks import end_abandoned_trackers
 from .reporting.sinks.base import FAILED, STOPPED
 from .runtime import default_threads, resolve_backend, resolve_device_type
@@ -95,8 +95,7 @@ def failure_recorded(run_dir: str | None) -> Iterator[None]:
     except BaseException as e:
         if run_dir:
             record_failure(run_dir, e)
-            stopped = isinstance(e, KeyboardInterrupt) or getattr(e, "signum", None) or str(e).startswith("stopped by")
-            end_abandoned_trackers(run_dir, STOPPED if stopped else FAILED)
+            end_abandoned_trackers(run_dir, STOPPED if stopped_by(e) else FAILED)
         raise
 
 
