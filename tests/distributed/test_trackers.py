@@ -243,8 +243,8 @@ ENDINGS = REPO / "tests" / "distributed" / "scripts" / "run_endings.py"
 @pytest.mark.slow
 def test_a_run_that_fails_dies_or_stops_ends_its_tracker_run_so(tmp_path, mlflow_uri):
     """The task raises (rank 0 marks its runs failed), rank 0 dies outright (the launcher marks
-    the MLflow run it left running), a signal stops the run with a checkpoint (killed); never a
-    run left RUNNING, and under --quiet no "View run" line of MLflow's."""
+    the MLflow run it left running), a signal stops the run with a checkpoint, or Ctrl-C without
+    one (killed); never a run left RUNNING, and under --quiet no "View run" line of MLflow's."""
     client = mlflow_client.MlflowClient(mlflow_uri)
     wandb_dir = tmp_path / "wandb"
 
@@ -282,3 +282,36 @@ def test_a_run_that_fails_dies_or_stops_ends_its_tracker_run_so(tmp_path, mlflow
 
     proc, status = train("stops", "signals_itself", "--save-on-signal", "USR1")
     assert proc.returncode == 0 and status == "KILLED"
+
+    # Ctrl-C without --save-on-signal: rank 0, stopped by torch's agent, cannot tell why; the launcher can
+    run = tmp_path / "ctrl-c"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "ddpkit", "train", "--nproc", "2", "--epochs", "1000", "--quiet", "--run-dir", str(run)]
+        + ["--tracker", "mlflow", "--tracker-uri", mlflow_uri, "--experiment", "ddpkit-endings"],
+        env={**os.environ, **QUIET_CLIENTS, "PYTHONPATH": str(REPO / "src")},
+        start_new_session=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        deadline = time.monotonic() + 300
+        while not (run / "tracker-mlflow.json").exists() or len(_lines(run / "metrics.jsonl")) < 2:
+            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+            time.sleep(0.05)
+        os.killpg(proc.pid, signal.SIGINT)  # what Ctrl-C sends: the launcher and every worker
+        out, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    assert "stopped by SIGINT" in err and "View run" not in out
+    run_id = json.loads((run / "tracker-mlflow.json").read_text())["run_id"]
+    assert client.get_run(run_id).info.status == "KILLED"
+
+
+def _lines(path):
+    try:
+        return path.read_text().splitlines()
+    except OSError:
+        return []

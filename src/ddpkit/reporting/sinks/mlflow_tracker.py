@@ -81,8 +81,11 @@ class MlflowSink(Tracker):
             kept = json.loads((Path(run_dir) / f"tracker-{cls.name}.json").read_text())
             os.environ.setdefault(MLFLOW_QUIET_VAR, "true")  # the launcher's own lines say what happened
             client = _client(kept.get("tracking_uri"))
-            if client.get_run(kept["run_id"]).info.status != "RUNNING":
-                return False  # its rank 0 ended it
+            status = client.get_run(kept["run_id"]).info.status
+            # rank 0 ends its run itself; stopped by torch's agent it cannot tell a signal to the
+            # launcher from another rank's failure and says FAILED: a stop the launcher saw is KILLED
+            if status != "RUNNING" and not (ending == STOPPED and status == "FAILED"):
+                return False
             client.set_terminated(kept["run_id"], status=STATUS[ending])
             return True
         except Exception:  # no such file, no server, no such run: nothing more to do than the run's own error

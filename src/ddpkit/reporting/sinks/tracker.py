@@ -92,8 +92,9 @@ class Tracker(MetricSink):
 
     @classmethod
     def end_abandoned(cls, run_dir: Path, ending: str) -> bool:
-        """Mark the tracker run of `run_dir` as `ending` if it is still running, from outside
-        the run (the launcher, once every worker is gone); True when it did. A tracker that
+        """Mark the tracker run of `run_dir` as `ending` if it is still running (or STOPPED where
+        rank 0, stopped by torch's agent, said FAILED), from outside the run (the launcher, once
+        every worker is gone); True when it did. A tracker that
         cannot (its service does it itself, as W&B marks a run whose process is gone) keeps
         this default."""
         return False
