@@ -9,8 +9,9 @@ parallel op waits forever on threads that were not forked: a forked probe finds 
 Output: the workers write to their real file descriptors, which torch's agent tees, line by
 line and prefixed with the rank, into the kernel's stdout and stderr: the notebook shows
 them. A worker's exception is raised in the kernel as a DdpkitError naming the rank, the
-exception and its message (its traceback is in the output above); rank 0's return value is
-returned.
+exception and its message (its traceback is in the output above; a Task's: a WorkerFailed
+saying the same); the ranks that another's failure stopped say nothing of it. Rank 0's
+return value is returned.
 """
 
 from __future__ import annotations
