@@ -71,6 +71,14 @@ def exception_line(e: BaseException) -> str:
     return f"{type(e).__name__}: {first}".rstrip(": ")
 
 
+def _dropout_off(model: torch.nn.Module, is_main: bool, run_dir: Path) -> None:
+    """`ddpkit verify`'s runs: no dropout mask drawn per rank; the report names what was turned off."""
+    turned_off = dropout_off(model)
+    if is_main:
+        (run_dir / TRACE_DIR).mkdir(parents=True, exist_ok=True)
+        write_text_atomic(run_dir / TRACE_DIR / DROPOUT_FILE, json.dumps(turned_off) + "\n")
+
+
 def _say_rejoining(e: RunDirTaken, env: DistEnv) -> None:
     """The agent restarts this node's workers to rejoin the job, and the launcher reports nothing:
     each node says why, at once (the agent stops this process as soon as another rank has left)."""
@@ -180,11 +188,8 @@ def _train(cfg: RunConfig, env: DistEnv, held: contextlib.ExitStack, given: Task
             hf_config.check_hf(task.model)  # on every rank, before any training
         if cfg.float64:
             task.model = to_float64(task.model)
-        if cfg.dropout_off:  # `ddpkit verify`: no mask drawn per rank; the report names what was turned off
-            turned_off = dropout_off(task.model)
-            if rt.is_main:
-                (run_dir / TRACE_DIR).mkdir(parents=True, exist_ok=True)
-                write_text_atomic(run_dir / TRACE_DIR / DROPOUT_FILE, json.dumps(turned_off) + "\n")
+        if cfg.dropout_off:
+            _dropout_off(task.model, rt.is_main, run_dir)
         if watchdog is not None:
             watchdog.watch_model(task.model)  # a forward pass is progress
         draws = cfg.seed if cfg.draws_seed is None else cfg.draws_seed  # verify's probe: other draws, same model

@@ -201,23 +201,27 @@ def diagnose(ev: Evidence) -> tuple[str, int]:
             "e.g. --task-arg augment=False) and run verify again to judge the rest",
             RANDOM,
         )
+    line = f"ddpkit verify: NOT exact: {where}: {_batch_cause(ev)}" + also
+    return line + (f" ({dropout})" if dropout else ""), DRIFTS
+
+
+def _batch_cause(ev: Evidence) -> str:
+    """Why cutting the batch otherwise drifts, when neither BatchNorm nor randomness explain it."""
     if ev.accumulation is not None and ev.accumulation.first is None:
-        cause = (
+        return (
             f"accumulating 2 micro-batches is exact but {ev.ranks.label} is not: something is computed per process "
             "and not reduced across processes (a loss divided by the world size or by the process's own count, a "
             "forward or data that reads the rank)"
         )
-    elif ev.accumulation is not None:
-        cause = (
+    if ev.accumulation is not None:
+        return (
             "a loss averaged per micro-batch (a mean over padded tokens, a mean of means) instead of summed over "
             "the global count: return (loss_sum, count) from Task.step"
         )
-    else:  # an odd global batch: no accumulation to tell the two apart
-        cause = (
-            "a loss averaged per micro-batch instead of summed over the global count (return (loss_sum, count) "
-            "from Task.step), or something computed per process and not reduced across processes"
-        )
-    return f"ddpkit verify: NOT exact: {where}: {cause}" + also + (f" ({dropout})" if dropout else ""), DRIFTS
+    return (  # an odd global batch: no accumulation to tell the two apart
+        "a loss averaged per micro-batch instead of summed over the global count (return (loss_sum, count) "
+        "from Task.step), or something computed per process and not reduced across processes"
+    )
 
 
 def _dropout_note(names: list[str]) -> str:
