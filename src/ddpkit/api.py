@@ -17,7 +17,9 @@ from .errors import DdpkitError, Interrupted
 from .launchers.elastic import run_elastic
 from .launchers.plan import describe, make_launch_plan, resolve_nproc
 from .launchers.report import RESUME_SCRIPT, RESUME_TRAIN
-from .reporting.run_state import record_failure
+from .reporting.run_state import record_failure, stopped_by
+from .reporting.sinks import end_abandoned_trackers
+from .reporting.sinks.base import FAILED, STOPPED
 from .runtime import default_threads, resolve_backend, resolve_device_type
 from .session import Session
 from .strategy_config import check
@@ -141,12 +143,14 @@ def _unused_folders_removed_on_a_signal(folders: list[Path]) -> Iterator[None]:
 
 @contextlib.contextmanager
 def failure_recorded(run_dir: str | None) -> Iterator[None]:
-    """A run that fails after it started says so in its folder (failed.json, for `ddpkit runs`)."""
+    """A run that fails after it started says so in its folder (failed.json, for `ddpkit runs`),
+    and in the tracker runs its rank 0 left running (killed before it could end them)."""
     try:
         yield
     except BaseException as e:
         if run_dir:
             record_failure(run_dir, e)
+            end_abandoned_trackers(run_dir, STOPPED if stopped_by(e) else FAILED)
         raise
 
 

@@ -10,6 +10,7 @@ from typing import Any
 
 from .config_groups import (  # noqa: F401  (re-exported: the choices and rules other layers name)
     BACKENDS,
+    CONTRADICTIONS,
     DEVICES,
     EXPORT_FORMATS,
     FAULTS,
@@ -516,6 +517,10 @@ class RunConfig:
     # and the model with its floating inputs in float64, so that rounding cannot hide or fake a drift
     trace_steps: bool = setting(False, "write the parameters after every optimizer step to RUN_DIR/trace", cli=False)
     float64: bool = setting(False, "train the model and its floating inputs in float64", cli=False)
+    dropout_off: bool = setting(False, "turn the model's dropout modules off (p = 0)", cli=False)
+    draws_seed: int | None = setting(
+        None, "seed the per-rank random streams (dropout, augmentation) from this, not from --seed", cli=False
+    )
 
     def __post_init__(self) -> None:
         self._torchrun_spellings()

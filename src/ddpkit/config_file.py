@@ -90,8 +90,16 @@ def _parse(text: str, kind: str, path: Path) -> Any:
     try:
         return loads(text)
     except errors as e:
-        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise DdpkitError(f"{path}: not valid {kind}: {first}") from None
+        raise DdpkitError(f"{path}: not valid {kind}: {_syntax_error(e)}") from None
+
+
+def _syntax_error(e: Exception) -> str:
+    """A parser's complaint in one line, with the line it points at: JSON and TOML say it in
+    their first line; PyYAML says it in a "mark" after the problem."""
+    mark, problem = getattr(e, "problem_mark", None), getattr(e, "problem", None)
+    if mark is not None and problem:
+        return f"line {mark.line + 1}, column {mark.column + 1}: {problem}"
+    return str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
 
 
 def _toml() -> Any:
@@ -163,6 +171,8 @@ def _convert(f: dataclasses.Field, key: str, value: Any, where: str) -> Any:
         if "None" in annotation:
             return None
         raise bad("a value (it has no 'unset')")
+    if is_list(f):
+        return _list(f, key, value, where)
     if _is_table(f):
         if isinstance(value, list) and meta.get("append") and all(isinstance(v, str) for v in value):
             return dict(_parsed(parse_task_arg, v, key, where) for v in value)  # ["hidden=64"], as the flags
@@ -188,7 +198,25 @@ def _convert(f: dataclasses.Field, key: str, value: Any, where: str) -> Any:
 
 def _is_table(f: dataclasses.Field) -> bool:
     """A setting whose value is a table of its own (task_args, extra), not a group's table."""
-    return f.default_factory is not dataclasses.MISSING
+    return f.default_factory is not dataclasses.MISSING and isinstance(f.default_factory(), dict)
+
+
+def is_list(f: dataclasses.Field) -> bool:
+    """A setting whose value is a list (--tracker, a repeatable flag of single values)."""
+    return f.default_factory is not dataclasses.MISSING and isinstance(f.default_factory(), list)
+
+
+def _list(f: dataclasses.Field, key: str, value: Any, where: str) -> list[Any]:
+    """A list-valued setting: one value (`tracker = "csv"`) or a list of them, each read as
+    one repetition of its flag would be."""
+    choices = f.metadata.get("choices")
+    expected = ("one of " + ", ".join(choices) if choices else "a value") + " (or a list of them)"
+    out = []
+    for item in value if isinstance(value, list) else [value]:
+        if not isinstance(item, str) or (choices and item not in choices):
+            raise DdpkitError(f"{where}: {key} must be {expected}, got {item!r}")
+        out.append(_parsed(f.metadata["type"], item, key, where) if f.metadata.get("type") else item)
+    return out
 
 
 def _parsed(parse: Any, text: str, key: str, where: str) -> Any:

@@ -35,6 +35,10 @@ ON_NAN_MODES = ("stop", "skip")
 EXPORT_FORMATS = ("safetensors", "hf")  # what `ddpkit export` and train's --export write (checkpoint/export.py)
 TRACKERS = ("mlflow", "wandb", "tensorboard", "csv")  # --tracker (reporting/sinks/)
 TRACKER_PACKAGES = {"mlflow": "mlflow", "wandb": "wandb", "tensorboard": "tensorboard"}  # tracker: package = extra
+# Boolean settings that cannot both be on, with what each asks for: refused together when one
+# place (the command line, a config file, the Python API) sets both; a flag on the command line
+# switches off a config file's contradicting setting, as any flag wins over the file (cli/commands.py).
+CONTRADICTIONS = {("quiet", "verbose"): "only errors, or every rank's output and the agent's logs"}
 
 
 def validate_processes(cfg: Any) -> None:
@@ -203,6 +207,12 @@ def validate_checkpoints(cfg: Any) -> None:
 def validate_output(cfg: Any) -> None:
     """What rank 0 shows and which metric files it writes besides metrics.jsonl."""
     _choice("--progress", cfg.progress, PROGRESS_MODES)
+    for (a, b), what in CONTRADICTIONS.items():
+        if getattr(cfg, a) is True and getattr(cfg, b) is True:
+            raise DdpkitError(
+                f"--{a} and --{b} contradict each other ({what}): keep one (a flag given on the command "
+                "line wins over a config file's contradicting setting)"
+            )
     if cfg.tensorboard and importlib.util.find_spec("tensorboard") is None:
         raise DdpkitError(
             "--tensorboard needs the tensorboard package: pip install 'ddpkit[tensorboard]' (or tensorboard)"
@@ -212,6 +222,13 @@ def validate_output(cfg: Any) -> None:
         package = TRACKER_PACKAGES.get(name)
         if package and importlib.util.find_spec(package) is None:
             raise DdpkitError(f"--tracker {name} needs the {package} package: pip install 'ddpkit[{package}]'")
+    if cfg.tracker_uri and "mlflow" not in cfg.tracker:
+        raise DdpkitError("--tracker-uri is MLflow's tracking server: add --tracker mlflow (or drop --tracker-uri)")
+    if cfg.experiment and not {"mlflow", "wandb"} & set(cfg.tracker):
+        raise DdpkitError(
+            "--experiment names the MLflow experiment or W&B project: add --tracker mlflow or --tracker wandb "
+            "(or drop --experiment)"
+        )
     if cfg.export is not None:
         check_export_format("--export", cfg.export)
 

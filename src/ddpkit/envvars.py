@@ -61,7 +61,9 @@ MLFLOW_URI_VAR = "MLFLOW_TRACKING_URI"  # MLflow's server when no --tracker-uri 
 MLFLOW_EXPERIMENT_VAR = "MLFLOW_EXPERIMENT_NAME"  # MLflow's experiment when no --experiment (else the task's name)
 WANDB_PROJECT_VAR = "WANDB_PROJECT"  # W&B's project when no --experiment (else the task's name)
 WANDB_DIR_VAR = "WANDB_DIR"  # where W&B writes its files (else RUN_DIR)
+WANDB_SILENT_VAR = "WANDB_SILENT"  # ddpkit -> W&B under --quiet: none of its own lines
 WANDB_MODE_VAR = "WANDB_MODE"  # offline: W&B writes the run for a later `wandb sync` (online needs its login)
+MLFLOW_QUIET_VAR = "MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT"  # ddpkit -> MLflow under --quiet: no "View run" lines
 # ddpkit -> MLflow's HTTP client, unless the user set them: a few short retries, not minutes of them
 MLFLOW_CLIENT_LIMITS = {
     "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "1",

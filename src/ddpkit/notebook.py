@@ -9,13 +9,15 @@ parallel op waits forever on threads that were not forked: a forked probe finds 
 Output: the workers write to their real file descriptors, which torch's agent tees, line by
 line and prefixed with the rank, into the kernel's stdout and stderr: the notebook shows
 them. A worker's exception is raised in the kernel as a DdpkitError naming the rank, the
-exception and its message (its traceback is in the output above); rank 0's return value is
-returned.
+exception and its message (its traceback is in the output above; a Task's: a WorkerFailed
+saying the same); the ranks that another's failure stopped say nothing of it. Rank 0's
+return value is returned.
 """
 
 from __future__ import annotations
 
 import contextlib
+import gc
 import os
 import sys
 import traceback
@@ -65,6 +67,11 @@ def notebook_launch(
         entry, entry_args, restarted = _train_task, [cfg.as_dict(), fn], RESUME_TRAIN
     else:
         entry, entry_args = _call, [fn, args, kwargs or {}]
+    # Garbage an earlier launch left in the kernel (its objects in reference cycles, some holding
+    # a store's or a process group's threads) is freed here, where those threads run: a forked
+    # worker's first collection would free it where they do not, and abort (seen after a launch
+    # that failed: `terminate called after throwing ... std::system_error`, the worker killed by SIGABRT).
+    gc.collect()
     with _streams_for_fork():
         results = run_elastic(plan, entry, entry_args, verbose=cfg.verbose, restarted=restarted)
     return results.get(0) if isinstance(results, dict) else results[0]
@@ -156,7 +163,7 @@ def _streams_for_fork() -> Iterator[None]:
 
 def _call(fn: Callable[..., Any], args: tuple, kwargs: dict[str, Any]) -> Any:
     """In every worker: the user's function; its exception becomes the one line the kernel raises."""
-    from .worker import _is_peer_loss, die_with_parent
+    from .worker import another_rank_failed, die_with_parent, exception_line
 
     die_with_parent()
     rank = int(os.environ.get("RANK", "0"))
@@ -164,14 +171,15 @@ def _call(fn: Callable[..., Any], args: tuple, kwargs: dict[str, Any]) -> Any:
         return fn(*args, **kwargs)
     except BaseException as e:  # noqa: BLE001 - every failure of the user's function is reported by rank
         error_dir = os.environ.get(ERROR_DIR_VAR)
-        if _is_peer_loss(e):  # another rank failed first: it is the one to name
-            if error_dir:
+        consequence = another_rank_failed(e)
+        if consequence:  # another rank failed first (this one lost it, or the agent is stopping us): name that one
+            if error_dir and consequence == "peer":
                 error_file(error_dir, f"peer-{rank}.txt").write_text(f"rank {rank} lost contact with another rank")
             os._exit(1)
         traceback.print_exc()
         sys.stderr.flush()
         if error_dir:
-            error_file(error_dir, f"rank-{rank}.txt").write_text(f"rank {rank} raised {type(e).__name__}: {e}")
+            error_file(error_dir, f"rank-{rank}.txt").write_text(f"rank {rank} raised {exception_line(e)}")
         sys.exit(2)
 
 

@@ -41,12 +41,42 @@ from .task import Task, as_task, build_task
 from .textfile import write_text_atomic
 from .training.loop import fit
 from .training.signals import ENDING_SIGNALS, StopRequest
-from .training.trace import to_float64
+from .training.trace import DROPOUT_FILE, TRACE_DIR, dropout_off, to_float64
 
 
 def _is_peer_loss(e: BaseException) -> bool:
     text = str(e)
     return any(s in text for s in ("Connection closed by peer", "Connection reset by peer", "Broken pipe"))
+
+
+def another_rank_failed(e: BaseException) -> str | None:
+    """Whether `e` is what another rank's failure does to this one: "stopped" when torch's agent
+    is stopping this worker (its SIGTERM, raised as SignalException, often while this rank was
+    handling the error of a collective), "peer" when a collective lost its peer; None for this
+    rank's own failure. The rank that failed first is the one to name, with its traceback."""
+    seen: BaseException | None = e
+    chain = []
+    while seen is not None and len(chain) < 10:
+        chain.append(seen)
+        seen = seen.__cause__ or seen.__context__
+    if any(type(x).__name__ == "SignalException" for x in chain):
+        return "stopped"
+    return "peer" if any(_is_peer_loss(x) for x in chain) else None
+
+
+def exception_line(e: BaseException) -> str:
+    """`Type: the first line of its message`, short enough for one line of an error."""
+    first = (str(e).strip().splitlines() or [""])[0]
+    first = first if len(first) <= 300 else first[:300] + "..."
+    return f"{type(e).__name__}: {first}".rstrip(": ")
+
+
+def _dropout_off(model: torch.nn.Module, is_main: bool, run_dir: Path) -> None:
+    """`ddpkit verify`'s runs: no dropout mask drawn per rank; the report names what was turned off."""
+    turned_off = dropout_off(model)
+    if is_main:
+        (run_dir / TRACE_DIR).mkdir(parents=True, exist_ok=True)
+        write_text_atomic(run_dir / TRACE_DIR / DROPOUT_FILE, json.dumps(turned_off) + "\n")
 
 
 def _say_rejoining(e: RunDirTaken, env: DistEnv) -> None:
@@ -121,9 +151,11 @@ def train_worker(config: dict[str, Any], task: Task | None = None) -> dict[str, 
             error_file(error_dir, f"peer-{env.rank}.txt").write_text(line)
             print(f"[rank {env.rank}] {line}", file=sys.stderr, flush=True)
             os._exit(1)
-        # One traceback, from the rank that failed; the launcher adds one line naming it.
+        # One traceback, from the rank that failed; the launcher adds one line naming it, the
+        # exception and its message (read from this rank's file)
         record_failure(cfg.run_dir or "runs/latest", e, env.rank)
         print(f"[rank {env.rank}] " + traceback.format_exc(), file=sys.stderr, flush=True)
+        error_file(error_dir, f"raised-{env.rank}.txt").write_text(exception_line(e))
         sys.exit(1)
 
 
@@ -156,9 +188,12 @@ def _train(cfg: RunConfig, env: DistEnv, held: contextlib.ExitStack, given: Task
             hf_config.check_hf(task.model)  # on every rank, before any training
         if cfg.float64:
             task.model = to_float64(task.model)
+        if cfg.dropout_off:
+            _dropout_off(task.model, rt.is_main, run_dir)
         if watchdog is not None:
             watchdog.watch_model(task.model)  # a forward pass is progress
-        seed_everything(cfg.seed + 1 + env.rank)  # then per-rank streams (dropout, augmentation)
+        draws = cfg.seed if cfg.draws_seed is None else cfg.draws_seed  # verify's probe: other draws, same model
+        seed_everything(draws + 1 + env.rank)  # then per-rank streams (dropout, augmentation)
         mark = WorldMark(run_dir, rt.is_main, env.world_size, env.nnodes)  # the folder is this world's from now on
         if rt.is_main:
             run_dir.mkdir(parents=True, exist_ok=True)

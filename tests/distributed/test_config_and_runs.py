@@ -2,6 +2,11 @@
 tells how each run of a folder ended: finished, stopped by a signal, failed, with its figures."""
 
 import json
+import os
+import signal
+import subprocess
+import sys
+import time
 
 import pytest
 
@@ -24,7 +29,31 @@ def runs(tmp_path_factory, reference_run):
     run_ddpkit("train", f"{TASKS}:signals_itself", *one, "--save-on-signal", "USR1", "--run-dir", str(folder / "stop"))
     failed = run_ddpkit("train", f"{TASKS}:fails_at_step_3", *one, "--run-dir", str(folder / "failed"), check=False)
     assert failed.returncode != 0 and "third call" in failed.stderr
+    _ctrl_c(folder / "interrupted")
     return folder, reference
+
+
+def _ctrl_c(run):
+    """A run on 2 processes, without --save-on-signal, stopped by Ctrl-C after its first epoch."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "ddpkit", "train", "--nproc", "2", "--epochs", "1000", "--quiet", "--run-dir", str(run)],
+        env={**os.environ, "PYTHONPATH": str(REPO / "src")},
+        start_new_session=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        deadline = time.monotonic() + 120
+        while not ((run / "metrics.jsonl").exists() and (run / "metrics.jsonl").read_text().strip()):
+            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+            time.sleep(0.05)
+        os.killpg(proc.pid, signal.SIGINT)  # what Ctrl-C sends: the launcher and every worker
+        proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
 
 
 @pytest.mark.slow  # with the module's five runs (the reference run is shared with test_train)
@@ -40,7 +69,7 @@ def test_runs_tells_how_each_run_ended(runs, capsys):
     folder, reference = runs
     assert main(["runs", str(folder), "--json"]) == 0
     found = {r["run"]: r for r in json.loads(capsys.readouterr().out)}
-    assert sorted(found) == ["failed", "replay", "steps", "stop"]
+    assert sorted(found) == ["failed", "interrupted", "replay", "steps", "stop"]
     summary = json.loads((reference / "summary.json").read_text())
     replay = found["replay"]
     assert (replay["state"], replay["world_size"], replay["strategy"], replay["resumable"]) == (
@@ -59,12 +88,14 @@ def test_runs_tells_how_each_run_ended(runs, capsys):
     failed = found["failed"]
     assert (failed["state"], failed["resumable"]) == ("failed", False)
     assert failed["error"] == "RuntimeError: the task's loss failed at its third call"
+    interrupted = found["interrupted"]  # Ctrl-C without --save-on-signal: stopped, not failed
+    assert (interrupted["state"], interrupted["error"]) == ("interrupted", "stopped by SIGINT")
 
     assert main(["runs", str(folder)]) == 0
     table = capsys.readouterr().out.splitlines()
     assert table[0].split() == ["RUN", "TASK", "WORLD", "STRATEGY", "STEPS", "TRAIN", "EVAL", "STATE", "RESUME"]
     assert all(len(line) <= 100 for line in table)
-    rows = {line.split()[0]: line.split() for line in table[1:5]}
+    rows = {line.split()[0]: line.split() for line in table[1:6]}
     assert rows["replay"][1:] == ["wine", "2", "ddp", f"{summary['steps_done']}/{summary['steps_done']}"] + [
         f"{summary['train_loss']:.4f}",
         f"{summary['eval_loss']:.4f}",
@@ -72,7 +103,8 @@ def test_runs_tells_how_each_run_ended(runs, capsys):
         "yes",
     ]
     assert rows["stop"][-2:] == ["stopped", "yes"] and rows["failed"][-2:] == ["failed", "no"]
-    assert table[-1] == "  failed: RuntimeError: the task's loss failed at its third call"
+    assert rows["interrupted"][-2] == "interrupted"
+    assert table[-2:] == ["failed:", "  failed: RuntimeError: the task's loss failed at its third call"]
 
 
 def test_runs_of_an_empty_or_a_missing_folder(tmp_path, capsys):

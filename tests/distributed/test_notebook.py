@@ -3,6 +3,7 @@ on 2 processes (an own loop and a ddpkit.Task) with every rank's lines in the no
 test-made notebook shows a worker's exception raised in the kernel naming the rank, the kernel
 still launching afterwards, and the refusal of a kernel whose CPU thread pool has started."""
 
+import json
 import re
 
 import nbclient  # the test extra installs nbclient, nbformat and ipykernel
@@ -46,11 +47,46 @@ def test_the_example_notebook_trains_on_2_processes_with_every_ranks_lines(tmp_p
     assert len(runs) == 1 and (runs[0] / "model.pt").is_file()
 
 
+WAITS = """
+def waits(busy):  # rank 1 fails while rank 0 waits for it in a collective (the normal case), or computes
+    import time
+    import torch
+    rt = ddpkit.init()
+    if rt.rank == 1:
+        time.sleep(1)  # rank 0 is inside the all-reduce by then
+        raise ValueError("bad batch on rank 1 (sample 7)")
+    if busy:
+        time.sleep(60)  # still computing when torch's agent stops it (its SIGTERM: a SignalException here)
+    torch.distributed.all_reduce(torch.ones(3))
+"""
+
+FAILING_TASK = """
+import torch
+from torch.utils.data import TensorDataset
+
+def loss(out, y):  # rank 1 raises at its first step; rank 0 goes on into the gradients' all-reduce
+    if os.environ["RANK"] == "1":
+        raise ValueError("bad batch on rank 1 (sample 7)")
+    return torch.nn.functional.mse_loss(out, y)
+
+g = torch.Generator().manual_seed(0)
+task = ddpkit.Task(
+    model=torch.nn.Linear(4, 1),
+    train_set=TensorDataset(torch.randn(64, 4, generator=g), torch.randn(64, 1, generator=g)),
+    optimizer=lambda params: torch.optim.SGD(params, lr=0.1),
+    loss_fn=loss,
+)
+ddpkit.notebook_launch(task, nproc=2, epochs=1, batch_size=8, quiet=True)
+"""
+
 MADE = [
     "import os\nimport ddpkit",
     'def boom():\n    if os.environ["RANK"] == "1":\n        raise ValueError("bad batch on this rank")\n    return 0',
     "ddpkit.notebook_launch(boom, nproc=2)",
     'ddpkit.notebook_launch(lambda base: base + int(os.environ["RANK"]), 41, nproc=2)',
+    WAITS + "ddpkit.notebook_launch(waits, False, nproc=2)",
+    "ddpkit.notebook_launch(waits, True, nproc=2)",
+    FAILING_TASK,
     "import torch\ntorch.set_num_threads(2)\ntorch.ones(1 << 20).mul_(2).sum().item()",
     "ddpkit.notebook_launch(lambda: 1, nproc=2)",
 ]
@@ -64,6 +100,25 @@ def test_a_workers_exception_is_raised_in_the_kernel_naming_the_rank(tmp_path, m
     assert "[rank1]:ValueError: bad batch on this rank" in text(cells[2], "stderr")  # its traceback, prefixed
     # the kernel launches again, and rank 0's value comes back
     assert errors(cells[3]) == [] and cells[3].outputs[-1]["data"]["text/plain"] == "41"
+    # rank 0 inside a collective when rank 1 raises: rank 1 is named, and rank 0 says nothing of
+    # the stop that followed (no SignalException, no traceback of its own)
+    for cell in cells[4:6]:
+        assert errors(cell) == [("DdpkitError", "rank 1 raised ValueError: bad batch on rank 1 (sample 7)")]
+        assert "[rank1]:ValueError: bad batch on rank 1 (sample 7)" in text(cell, "stderr")
+        assert "SignalException" not in text(cell, "stderr") and "[rank0]:Traceback" not in text(cell, "stderr")
+    # a Task that raises on rank 1: its exception and message, not only an exit code
+    assert errors(cells[6]) == [
+        (
+            "WorkerFailed",
+            "worker rank 1 raised ValueError: bad batch on rank 1 (sample 7); the other workers were stopped "
+            "(its traceback is above)",
+        )
+    ]
+    assert "SignalException" not in text(cells[6], "stderr")
+    [run] = (tmp_path / "runs").glob("notebook-*")
+    assert (
+        json.loads((run / "failed.json").read_text())["error"] == "rank 1: ValueError: bad batch on rank 1 (sample 7)"
+    )
     # a parallel torch op in the kernel started its thread pool: a forked worker would hang, so it is refused
-    [(name, message)] = errors(cells[5])
+    [(name, message)] = errors(cells[8])
     assert name == "DdpkitError" and "torch's CPU thread pool is running in this kernel" in message

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import run_ddpkit
+from conftest import REPO, assert_state_close, load_model, run_ddpkit
 
 mlflow_client = pytest.importorskip("mlflow.tracking", reason="needs the mlflow extra (pip install 'ddpkit[mlflow]')")
 wandb_proto = pytest.importorskip("wandb.proto.wandb_internal_pb2", reason="needs the wandb extra")
@@ -97,7 +97,7 @@ def _assert_same(got, expected, what=""):
 @pytest.mark.slow
 def test_every_tracker_gets_every_record_at_its_step_and_a_resume_continues_the_same_runs(tmp_path, mlflow_uri):
     run, wandb_dir = tmp_path / "run", tmp_path / "wandb"
-    _train(run, mlflow_uri, wandb_dir, "--epochs", "2")
+    assert "View run" not in _train(run, mlflow_uri, wandb_dir, "--epochs", "2").stdout  # --quiet: MLflow's too
     records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert any("train_loss" not in r for r in records)  # evaluations inside an epoch: step-level records
     run_id = json.loads((run / "tracker-mlflow.json").read_text())["run_id"]
@@ -132,8 +132,9 @@ def test_every_tracker_gets_every_record_at_its_step_and_a_resume_continues_the_
     tb = pytest.importorskip("tensorboard.backend.event_processing.event_accumulator")
     acc = tb.EventAccumulator(str(run / "tensorboard"))
     acc.Reload()
-    train = [(r["epoch"], r["train_loss"]) for r in records if "train_loss" in r]
-    _assert_same([(e.step, e.value) for e in acc.Scalars("loss/train")], train)  # TensorBoard's step is the epoch
+    # at the optimizer step, as MLflow and W&B: an evaluation inside an epoch has its own x
+    _assert_same([(e.step, e.value) for e in acc.Scalars("loss/train")], _numbers(records, "train_loss"))
+    _assert_same([(e.step, e.value) for e in acc.Scalars("loss/eval")], _numbers(records, "eval_loss"))
 
     # W&B offline: its run file, read with its own record format
     runs = _wandb_runs(wandb_dir)
@@ -148,13 +149,34 @@ def test_every_tracker_gets_every_record_at_its_step_and_a_resume_continues_the_
     records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert max(r["epoch"] for r in records) == 3
     assert json.loads((run / "tracker-mlflow.json").read_text())["run_id"] == run_id
-    assert client.get_run(run_id).info.status == "FINISHED"
+    resumed = client.get_run(run_id)
+    assert resumed.info.status == "FINISHED"
+    # MLflow keeps a parameter's first value: what the resume changed is a tag with the new one
+    assert (resumed.data.params["epochs"], resumed.data.tags["ddpkit.resumed.epochs"]) == ("2", "3")
+    assert "ddpkit.resumed.batch_size" not in resumed.data.tags  # only what changed
     history = [(m.step, m.value) for m in client.get_metric_history(run_id, "train_loss")]
     _assert_same(sorted(history), _numbers(records, "train_loss"))
     assert len(client.search_runs([got.info.experiment_id])) == 1
     runs = _wandb_runs(wandb_dir)
     assert [r["id"] for r in runs] == [wandb_id, wandb_id]  # a second offline file of the same run
     assert [h["global_step"] for h in runs[1]["history"]] == [r["step"] for r in records if r["epoch"] == 3]
+    assert runs[1]["config"]["epochs"] == 3  # W&B's config takes the changed setting
+
+    # the run's config.json replays it, trackers and all: a new run of each tracker, the same model
+    replay = tmp_path / "replay"
+    run_ddpkit(
+        *["train", "--config", str(run / "config.json"), "--run-dir", str(replay)],
+        env={**QUIET_CLIENTS, "WANDB_MODE": "offline", "WANDB_DIR": str(wandb_dir)},
+        timeout=400,
+    )
+    replayed = json.loads((replay / "config.json").read_text())
+    assert replayed == {**json.loads((run / "config.json").read_text()), "run_dir": str(replay), "resume": False}
+    assert_state_close(load_model(replay), load_model(run))  # 3 epochs at once = 2, then 1 more by a resume
+    assert (replay / "metrics.csv").is_file() and list((replay / "tensorboard").iterdir())
+    replay_id = json.loads((replay / "tracker-mlflow.json").read_text())["run_id"]
+    assert replay_id != run_id and client.get_run(replay_id).info.status == "FINISHED"
+    assert client.get_run(replay_id).data.params["tracker"] == "mlflow,wandb,csv,tensorboard"
+    assert len(_wandb_runs(wandb_dir)) == 3
 
 
 @pytest.mark.slow
@@ -188,6 +210,8 @@ def _wandb_runs(wandb_dir: Path) -> list[dict]:
                 run.update(id=record.run.run_id, project=record.run.project, tags=list(record.run.tags))
             elif kind == "config":
                 run["config"].update({i.key: json.loads(i.value_json) for i in record.config.update})
+            elif kind == "exit":
+                run["exit_code"] = record.exit.exit_code
             elif kind == "history":
                 row = {i.key or "/".join(i.nested_key): json.loads(i.value_json) for i in record.history.item}
                 run["history"].append({k: v for k, v in row.items() if not k.startswith("_")})
@@ -211,3 +235,83 @@ def _wandb_records(data: bytes) -> list:
             records.append(wandb_proto.Record.FromString(pieces))
             pieces = b""
     return records
+
+
+ENDINGS = REPO / "tests" / "distributed" / "scripts" / "run_endings.py"
+
+
+@pytest.mark.slow
+def test_a_run_that_fails_dies_or_stops_ends_its_tracker_run_so(tmp_path, mlflow_uri):
+    """The task raises (rank 0 marks its runs failed), rank 0 dies outright (the launcher marks
+    the MLflow run it left running), a signal stops the run with a checkpoint, or Ctrl-C without
+    one (killed); never a run left RUNNING, and under --quiet no "View run" line of MLflow's."""
+    client = mlflow_client.MlflowClient(mlflow_uri)
+    wandb_dir = tmp_path / "wandb"
+
+    def train(name, task, *more):
+        proc = run_ddpkit(
+            *[
+                "train",
+                f"{ENDINGS}:{task}",
+                "--nproc",
+                "2",
+                "--epochs",
+                "3",
+                "--quiet",
+                "--run-dir",
+                str(tmp_path / name),
+            ],
+            *["--tracker", "mlflow", "--tracker-uri", mlflow_uri, "--experiment", "ddpkit-endings", *more],
+            env={**QUIET_CLIENTS, "WANDB_MODE": "offline", "WANDB_DIR": str(wandb_dir)},
+            timeout=400,
+            check=False,
+        )
+        assert "View run" not in proc.stdout
+        run_id = json.loads((tmp_path / name / "tracker-mlflow.json").read_text())["run_id"]
+        return proc, client.get_run(run_id).info.status
+
+    proc, status = train("raises", "fails_at_step_3", "--tracker", "wandb")
+    assert proc.returncode != 0 and "the task's loss failed at its third call" in proc.stderr
+    assert status == "FAILED"
+    [wandb_run] = _wandb_runs(wandb_dir)
+    assert wandb_run["exit_code"] == 1
+
+    proc, status = train("dies", "rank_0_dies")
+    assert proc.returncode != 0 and "worker rank 0 exited with code 3" in proc.stderr
+    assert status == "FAILED"
+
+    proc, status = train("stops", "signals_itself", "--save-on-signal", "USR1")
+    assert proc.returncode == 0 and status == "KILLED"
+
+    # Ctrl-C without --save-on-signal: rank 0, stopped by torch's agent, cannot tell why; the launcher can
+    run = tmp_path / "ctrl-c"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "ddpkit", "train", "--nproc", "2", "--epochs", "1000", "--quiet", "--run-dir", str(run)]
+        + ["--tracker", "mlflow", "--tracker-uri", mlflow_uri, "--experiment", "ddpkit-endings"],
+        env={**os.environ, **QUIET_CLIENTS, "PYTHONPATH": str(REPO / "src")},
+        start_new_session=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        deadline = time.monotonic() + 300
+        while not (run / "tracker-mlflow.json").exists() or len(_lines(run / "metrics.jsonl")) < 2:
+            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+            time.sleep(0.05)
+        os.killpg(proc.pid, signal.SIGINT)  # what Ctrl-C sends: the launcher and every worker
+        out, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    assert "stopped by SIGINT" in err and "View run" not in out
+    run_id = json.loads((run / "tracker-mlflow.json").read_text())["run_id"]
+    assert client.get_run(run_id).info.status == "KILLED"
+
+
+def _lines(path):
+    try:
+        return path.read_text().splitlines()
+    except OSError:
+        return []

@@ -140,3 +140,86 @@ def test_slurm_checks_the_file_and_hands_it_to_the_job(tmp_path, capsys):
     assert "nproc = 4 in" in capsys.readouterr().err
     assert main(["slurm", "--config", _write(tmp_path, "c.toml", "epoch = 4\n"), "--dry-run"]) == 2
     assert "did you mean 'epochs'?" in capsys.readouterr().err
+
+
+def _list_fields():
+    """Every list-valued setting of RunConfig (--tracker today): a new one is covered here too."""
+    import dataclasses
+
+    return [
+        f
+        for f in dataclasses.fields(RunConfig)
+        if f.default_factory is not dataclasses.MISSING and isinstance(f.default_factory(), list)
+    ]
+
+
+def test_there_is_a_list_valued_setting_to_test():
+    assert "tracker" in [f.name for f in _list_fields()]
+
+
+@pytest.mark.parametrize("field", _list_fields(), ids=lambda f: f.name)
+@pytest.mark.parametrize("kind", ["toml", "yaml", "json"])
+def test_a_list_valued_setting_is_read_from_a_file_as_one_value_or_a_list(tmp_path, field, kind):
+    choices = list(field.metadata["choices"])
+    two = choices[:2]
+    dump = {"toml": lambda d: "\n".join(f"{k} = {json.dumps(v)}" for k, v in d.items()), "json": json.dumps}
+    dump["yaml"] = dump["json"]  # JSON is YAML
+    one = load_config(_write(tmp_path, f"one.{kind}", dump[kind]({field.name: two[0]})))
+    assert getattr(one, field.name) == [two[0]]
+    several = load_config(_write(tmp_path, f"two.{kind}", dump[kind]({field.name: two})))
+    assert getattr(several, field.name) == two
+    # as the repeated flag: the command line adds to the file's list
+    flag = field.metadata.get("flag") or "--" + field.name.replace("_", "-")
+    cfg = _cfg("train", "--config", str(tmp_path / f"two.{kind}"), flag, choices[-1])
+    assert getattr(cfg, field.name) == list(dict.fromkeys([*two, choices[-1]]))
+
+
+def test_config_files_name_trackers_and_csv_is_one_of_them(tmp_path):
+    assert load_config(_write(tmp_path, "a.toml", 'tracker = "csv"\n')).csv is True
+    cfg = load_config(_write(tmp_path, "b.yaml", "tracker: [mlflow, wandb]\ntensorboard: true\n"))
+    assert cfg.tracker == ["mlflow", "wandb", "tensorboard"] and cfg.tensorboard is True
+
+
+@pytest.mark.parametrize(
+    "text, fragment",
+    [
+        (
+            'tracker = "comet"\n',
+            "tracker must be one of mlflow, wandb, tensorboard, csv (or a list of them), got 'comet'",
+        ),
+        ('tracker = ["csv", 3]\n', "tracker must be one of mlflow, wandb, tensorboard, csv (or a list of them), got 3"),
+        ("tracker = 3\n", "tracker must be one of mlflow, wandb, tensorboard, csv (or a list of them), got 3"),
+    ],
+)
+def test_a_bad_list_value_names_the_file_and_the_key(tmp_path, text, fragment):
+    with pytest.raises(DdpkitError, match="bad.toml") as e:
+        read_config_file(_write(tmp_path, "bad.toml", text))
+    assert fragment in str(e.value)
+
+
+def test_the_config_json_of_a_run_with_trackers_replays_it(tmp_path):
+    run = RunConfig(tracker=["mlflow", "wandb"], csv=True, tracker_uri="http://127.0.0.1:5000", run_dir="runs/x")
+    path = _write(tmp_path, "config.json", json.dumps({**run.as_dict(), "resume": False}))
+    assert load_config(path) == run
+    assert _cfg("train", "--config", path) == run
+    assert _cfg("train", "--config", path, "--tracker", "mlflow", "--run-dir", "y") == run.replace(run_dir="y")
+
+
+def test_slurm_takes_a_config_file_with_trackers(tmp_path, capsys):
+    path = _write(tmp_path, "a.toml", 'tracker = ["csv", "tensorboard"]\n')
+    assert main(["slurm", "--config", path, "--dry-run", "--", "--run-dir", str(tmp_path / "r")]) == 0
+    assert f"--config {path}" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    "text, said",
+    [
+        ("epochs: 3\n  lr: 2\n", "line 2, column 5: mapping values are not allowed here"),
+        ("epochs: 3\nbatch_size: [1\nlr: 2\n", "line 3, column 3: expected ',' or ']', but got ':'"),
+        ('epochs: 3\nlr: "abc\n', "line 3, column 1: found unexpected end of stream"),
+    ],
+)
+def test_a_yaml_syntax_error_names_its_line(tmp_path, text, said):
+    with pytest.raises(DdpkitError) as e:
+        read_config_file(_write(tmp_path, "bad.yaml", text))
+    assert str(e.value) == f"{tmp_path / 'bad.yaml'}: not valid YAML: {said}"

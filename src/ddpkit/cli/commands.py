@@ -97,17 +97,19 @@ BENCH_HELP = (
 
 RUNS_HELP = (
     "List the runs in a folder (default runs/): task, world size, strategy, optimizer steps done/planned, the "
-    "final train and eval loss, how the run ended (finished; stopped: by a signal, with a checkpoint; failed: "
-    "with the error; running?: no end recorded, still running or killed without a word) and whether a "
+    "final train and eval loss, how the run ended (finished; stopped: by a --save-on-signal signal, with a "
+    "checkpoint; interrupted: by Ctrl-C or a TERM without one; failed: with the error; running?: no end "
+    "recorded, still running or killed without a word) and whether a "
     "checkpoint whose header loads is there to resume from."
 )
 
 VERIFY_HELP = (
     "Train the task for a few optimizer steps at one global batch G (= --nproc x --batch-size x --accumulate) "
     "as 1 x G, N x G/N and 1 x G/2 accumulating 2, checkpoint the N-process run part way and resume a copy, and "
-    "compare the parameters after every step (in float64 where the task allows it). Prints the largest drift per "
-    "parameter and the first step over the tolerance; exit 0 when the task is exact, 1 when it drifts (with the "
-    "usual causes), 2 for bad input. Takes every flag of train."
+    "compare the parameters after every step (in float64 where the task allows it; the model's nn.Dropout off, "
+    "named). Prints the largest drift per parameter, the first step over the tolerance and the cause the evidence "
+    "points to; exit 0 when the task is exact, 1 when it drifts, 3 when the training draws random numbers verify "
+    "cannot turn off (turn them off and verify again), 2 for bad input. Takes every flag of train."
 )
 
 
@@ -126,8 +128,8 @@ def build_parser(file_settings: dict[str, Any] | None = None) -> argparse.Argume
     so a flag given on the command line wins over the file and a flag left out does not."""
     parser = argparse.ArgumentParser(
         prog="ddpkit",
-        description="Run a PyTorch training task on one process, every GPU of a node, or many nodes, with DDP or FSDP "
-        "(HSDP is coming).",
+        description="Run a PyTorch training task on one process, every GPU of a node, or many nodes, with DDP, FSDP "
+        "or HSDP.",
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name, command in COMMANDS.items():
@@ -156,7 +158,12 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     from ..config_file import read_config_file
 
     settings = read_config_file(path)
+    given = ns  # the command line alone: which switches it turned on
     ns = build_parser(settings).parse_args(argv)
+    for pair in config.CONTRADICTIONS:
+        for mine, theirs in (pair, pair[::-1]):
+            if getattr(given, mine, None) is True and settings.get(theirs) is True and not getattr(given, theirs, None):
+                setattr(ns, theirs, False)  # --verbose given over the file's quiet = true: the flag wins
     ns.file_settings = settings
     return ns
 
@@ -283,7 +290,7 @@ def cmd_verify(ns: argparse.Namespace) -> int:
 
     report = verify(config_from(ns), steps=ns.steps, _clean_parent=True)
     print(report["text"], flush=True)
-    return 0 if report["exact"] else 1
+    return report["exit_code"]
 
 
 def cmd_check(ns: argparse.Namespace) -> int:

@@ -34,14 +34,19 @@ def add_config_flags(
 
 def add_option_flags(parser: argparse.ArgumentParser, options: type) -> None:
     """Add the flags of a command's own options (a dataclass of `setting(...)` fields)."""
-    add_flags(parser, dataclasses.fields(options))
+    add_flags(parser, dataclasses.fields(options), opposites=False)
 
 
 def add_flags(
-    parser: argparse.ArgumentParser, fields: Iterable[dataclasses.Field], defaults: dict[str, Any] | None = None
+    parser: argparse.ArgumentParser,
+    fields: Iterable[dataclasses.Field],
+    defaults: dict[str, Any] | None = None,
+    opposites: bool = True,
 ) -> None:
     """One argparse argument per field: positionals first-class, the others under their group's
-    title (a field without a group goes to the command's own "options")."""
+    title (a field without a group goes to the command's own "options"). With `opposites`
+    every boolean flag comes with its opposite (--csv and --no-csv), so that a config file's
+    setting can be switched off on the command line."""
     titles: dict[str, Any] = {}
     for f in fields:
         meta = f.metadata
@@ -56,7 +61,10 @@ def add_flags(
             if meta["group"] not in titles:
                 titles[meta["group"]] = parser.add_argument_group(meta["group"])
             target = titles[meta["group"]]
-        target.add_argument(*names_of(f), **_argparse_kwargs(f, default))
+        names, kwargs = names_of(f), _argparse_kwargs(f, default)
+        if opposites and isinstance(f.default, bool):
+            names, kwargs["action"], kwargs["on"] = (*names, opposite(names[0])), _Switch, not f.default
+        target.add_argument(*names, **kwargs)
 
 
 def flag_names(name: str) -> tuple[str, ...]:
@@ -67,6 +75,23 @@ def flag_names(name: str) -> tuple[str, ...]:
 def names_of(f: dataclasses.Field) -> tuple[str, ...]:
     """The spellings of a field's flag: its own (--the-name by default), then its aliases."""
     return (f.metadata.get("flag") or "--" + f.name.replace("_", "-"), *f.metadata.get("aliases", ()))
+
+
+def opposite(flag: str) -> str:
+    """The flag that undoes a boolean flag: --no-csv for --csv, --shuffle for --no-shuffle."""
+    return "--" + flag.removeprefix("--no-") if flag.startswith("--no-") else "--no-" + flag.removeprefix("--")
+
+
+class _Switch(argparse.Action):
+    """A boolean flag and its opposite in one argument: the flag always sets the value it
+    names and its opposite the other, whatever the default (a config file's setting) is."""
+
+    def __init__(self, option_strings: list[str], dest: str, on: bool = True, **kwargs: Any) -> None:
+        self.on = on
+        super().__init__(option_strings, dest, nargs=0, **kwargs)
+
+    def __call__(self, parser: Any, ns: argparse.Namespace, values: Any, option_string: str | None = None) -> None:
+        setattr(ns, self.dest, self.on if option_string in self.option_strings[:-1] else not self.on)
 
 
 def _positional_kwargs(meta: Any, default: Any) -> dict[str, Any]:
@@ -83,8 +108,8 @@ def _positional_kwargs(meta: Any, default: Any) -> dict[str, Any]:
 def _argparse_kwargs(f: dataclasses.Field, default: Any) -> dict[str, Any]:
     meta = f.metadata
     kwargs: dict[str, Any] = {"dest": f.name, "default": default, "help": meta["help"] + _default_text(meta, default)}
-    if isinstance(default, bool):
-        kwargs["action"] = "store_false" if default else "store_true"
+    if isinstance(f.default, bool):  # what the flag means is the field's, not this default's (a file's)
+        kwargs["action"] = "store_false" if f.default else "store_true"
         return kwargs
     kind = meta.get("type") or (type(f.default) if f.default not in (None, dataclasses.MISSING) else type(default))
     if kind is type(None):  # no default value to tell the type: text
@@ -123,7 +148,10 @@ def _argparse_type(parse: Callable[[str], Any]) -> Callable[[str], Any]:
 def flag_defaults(settings: dict[str, Any]) -> dict[str, Any]:
     """A config file's settings as the defaults of their flags: a repeatable flag's default is
     the list its values are appended to (--task-arg on the command line adds to the file's)."""
-    return {k: list(v.items()) if _FIELDS[k].metadata.get("append") else v for k, v in settings.items()}
+    return {
+        k: (list(v.items()) if isinstance(v, dict) else list(v)) if _FIELDS[k].metadata.get("append") else v
+        for k, v in settings.items()
+    }
 
 
 def config_from(ns: argparse.Namespace, **changes: Any) -> RunConfig:

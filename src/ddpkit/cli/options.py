@@ -16,7 +16,8 @@ AGENT = "torchrun's agent options (passed to torch's elastic agent as they are)"
 PLAN_ONLY = "print the launch plan (nodes, ranks, master, backend, device) and start nothing"
 CONFIG_HELP = (
     "read settings from a TOML, YAML or JSON file (keys as the flags or the field names; a run's "
-    "config.json replays it); flags given here win over the file"
+    "config.json replays it); flags given here win over the file (--no-X turns a file's X off; "
+    "--verbose wins over the file's quiet)"
 )
 
 

@@ -70,6 +70,10 @@ def failure_message(e: Any, folder: Path) -> str:
             peer_losses[rank].read_text().strip() + "; a process or node elsewhere in the job died "
             "(see that node's log); this node's workers were stopped"
         )
+    raised = folder / f"raised-{rank}.txt"
+    if raised.is_file():  # a worker of `ddpkit train` whose task raised (however it then ended): its exception
+        said = raised.read_text().strip()
+        return f"worker rank {rank} raised {said}; the other workers were stopped (its traceback is above)"
     return f"worker rank {rank} {how_it_ended(failure.exitcode)}; the other workers were stopped (see its output above)"
 
 

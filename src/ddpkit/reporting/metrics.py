@@ -6,11 +6,13 @@ from __future__ import annotations
 
 import json
 import os
+import signal
+import threading
 from pathlib import Path
 from typing import Any, Mapping
 
 from .sinks import MetricSink, ResumePoint, wanted_sinks
-from .sinks.base import jsonl_path
+from .sinks.base import FAILED, FINISHED, jsonl_path
 
 
 class MetricsLog:
@@ -41,7 +43,7 @@ class MetricsLog:
                 sink.open(Path(run_dir), settings, resume)
                 self.sinks.append(sink)
         except BaseException:
-            self.close()
+            self.close(FAILED)
             raise
 
     def write(self, record: dict[str, Any]) -> None:
@@ -49,10 +51,26 @@ class MetricsLog:
         for sink in self.sinks:
             sink.write(record, step)
 
-    def close(self) -> None:
+    def close(self, ending: str = FINISHED) -> None:
+        """Close every sink, telling each how the run ended (a tracker marks its run so)."""
         sinks, self.sinks = self.sinks, []
         for sink in sinks:
-            sink.close()
+            sink.close(ending)
+
+    def close_after_failure(self, ending: str = FAILED) -> None:
+        """close(ending) on the way out of a failed run. When another rank failed too, torch's
+        agent stops this worker with SIGTERM (a SignalException) meanwhile, which would cut a
+        tracker's last calls short and leave its run RUNNING: a SIGTERM is ignored until the sinks
+        are closed (a tracker's wait is bounded; the agent kills the worker 30 s after its SIGTERM)."""
+        if not self.sinks or threading.current_thread() is not threading.main_thread():
+            self.close(ending)
+            return
+        # the run is ending with its own exception anyway: a SIGTERM meanwhile needs nothing more
+        before = signal.signal(signal.SIGTERM, lambda signum, frame: None)
+        try:
+            self.close(ending)
+        finally:
+            signal.signal(signal.SIGTERM, before)
 
 
 def read_metrics(run_dir: str | os.PathLike) -> list[dict[str, Any]]:

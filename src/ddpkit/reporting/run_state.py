@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import signal
 import time
 from pathlib import Path
 from typing import Any
@@ -14,7 +16,23 @@ from ..errors import DdpkitError, RunDirTaken
 from ..textfile import write_text_atomic
 
 FAILED_FILE = "failed.json"
-STATES = ("finished", "stopped", "failed", "running?")
+STATES = ("finished", "stopped", "interrupted", "failed", "running?")
+
+
+def stopped_by(error: BaseException) -> str | None:
+    """The signal's name when `error` is a run being stopped by one (Ctrl-C, a TERM from a
+    scheduler or `kill`) rather than failing: KeyboardInterrupt, an error that carries the
+    signal's number, or the launcher's "stopped by SIGNAME" line. None for a failure."""
+    signum = getattr(error, "signum", None)
+    if isinstance(signum, int):
+        try:
+            return signal.Signals(signum).name
+        except ValueError:
+            return f"signal {signum}"
+    if isinstance(error, KeyboardInterrupt):
+        return "SIGINT"
+    said = re.match(r"stopped by (SIG[A-Z0-9]+)\b", str(error))
+    return said.group(1) if said else None
 
 
 def record_failure(run_dir: str | os.PathLike, error: BaseException, rank: int | None = None) -> None:
@@ -36,6 +54,9 @@ def record_failure(run_dir: str | os.PathLike, error: BaseException, rank: int |
     if rank is not None:
         message = f"rank {rank}: {message}"
     record = {"error": message[:500], "time": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+    signal_name = stopped_by(error)
+    if signal_name:  # not a failure: a user or a scheduler stopped it (no --save-on-signal checkpoint)
+        record = {"error": f"stopped by {signal_name}", "interrupted": signal_name, "time": record["time"]}
     try:
         write_text_atomic(folder / FAILED_FILE, json.dumps(record, indent=2) + "\n")
     except OSError:
@@ -43,9 +64,10 @@ def record_failure(run_dir: str | os.PathLike, error: BaseException, rank: int |
 
 
 def run_state(run_dir: str | os.PathLike) -> dict[str, Any]:
-    """{"state": finished | stopped | failed | running?, "summary": ..., "error": ...} of the
-    newest attempt. running?: no end was recorded: still running, or killed without a word
-    (SIGKILL, a lost node)."""
+    """{"state": finished | stopped | interrupted | failed | running?, "summary": ..., "error": ...}
+    of the newest attempt. stopped: by a --save-on-signal signal, with a checkpoint at that step;
+    interrupted: by a signal without one (Ctrl-C, a TERM); running?: no end was recorded: still
+    running, or killed without a word (SIGKILL, a lost node)."""
     folder = Path(run_dir)
     start = _mtime(folder / "config.json")
     summary = _read(folder / "summary.json") if _mtime(folder / "summary.json") >= start else None
@@ -53,7 +75,7 @@ def run_state(run_dir: str | os.PathLike) -> dict[str, Any]:
         return {"state": "stopped" if summary.get("stopped_early") else "finished", "summary": summary}
     failed = _read(folder / FAILED_FILE) if _mtime(folder / FAILED_FILE) >= start else None
     if isinstance(failed, dict):
-        return {"state": "failed", "error": failed.get("error")}
+        return {"state": "interrupted" if failed.get("interrupted") else "failed", "error": failed.get("error")}
     return {"state": "running?"}
 
 

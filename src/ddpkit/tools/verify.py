@@ -8,7 +8,11 @@ optimizer steps at one global batch G: 1 x G (the reference), N x G/N (the user'
 with its --accumulate), 1 x G/2 accumulating 2; the N-process run also checkpoints part way
 and a copy of it resumes from there (the round trip). Every run writes its parameters after
 each step (training/trace.py); this compares them step by step against the reference (the
-round trip against the run it copied) and the final evaluation's loss and metric.
+round trip against the run it copied) and the final evaluation's loss and metric. The model's
+nn.Dropout is off in every run (each process draws its own masks: with it on no two world
+sizes agree), and the report names what was turned off. When cutting the batch otherwise
+drifts, one more 1 x G run with other random draws tells randomness from the task's
+arithmetic; tools/verify_report.py names the cause the evidence points to.
 
 Rounding must neither hide nor fake a drift: runs are in float64 where the task allows it
 (the model and its floating inputs cast), where rounding over a few steps stays far below
@@ -19,48 +23,26 @@ learning rate. The report says which was done.
 
 from __future__ import annotations
 
-import math
 import shutil
 import tempfile
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from ..errors import DdpkitError
+from .verify_report import (  # noqa: F401  (compare, eval_differences, Setup: verify's parts, tested as such)
+    EXACT,
+    Comparison,
+    Evidence,
+    Setup,
+    compare,
+    diagnose,
+    eval_differences,
+    format_report,
+)
 
 TOLERANCE = {True: 1e-9, False: 1e-5}  # float64 / float32: far above rounding over a few steps
 JUDGED_STEPS_FLOAT32 = 2
 EVAL_RTOL = 1e-7  # the final evaluation's loss and metric (float64 runs only)
-
-CAUSES = (
-    "usual causes: a loss averaged per micro-batch (a mean over padded tokens, a mean of means) instead of "
-    "summed over the global count: return (loss_sum, count) from Task.step; a forward that depends on the "
-    "rank or world size (BatchNorm's per-rank batch statistics); randomness not drawn from the generators "
-    "ddpkit seeds (dropout draws per rank: verify with it off); a checkpoint that misses state (the round trip)"
-)
-
-
-@dataclass(frozen=True)
-class Setup:
-    nproc: int
-    batch_size: int
-    accumulate: int = 1
-
-    @property
-    def label(self) -> str:
-        return f"{self.nproc} x {self.batch_size}" + (f" accumulate {self.accumulate}" if self.accumulate > 1 else "")
-
-
-@dataclass
-class Comparison:
-    """One run against its reference: the largest drift of every parameter over the steps
-    compared, and the first step (and parameter) where a drift passed the tolerance."""
-
-    label: str
-    against: str
-    steps: range
-    drift: dict[str, float] = field(default_factory=dict)
-    first: tuple[int, str, float] | None = None
 
 
 def plan_setups(nproc: int, batch_size: int, accumulate: int) -> list[Setup]:
@@ -123,31 +105,58 @@ def _verify(cfg: Any, nproc: int, steps: int, root: Path, clean_parent: bool) ->
     summaries[user] = _run(cfg, user, dirs[user], steps, float64, clean_parent, save_every_steps=resume_at)
     for s in others:
         summaries[s] = _run(cfg, s, dirs[s], steps, float64, clean_parent)
-    round_trip = root / "resumed"
-    _copy_until(dirs[user], round_trip)
-    _run(cfg, user, round_trip, steps, float64, clean_parent, resume=True)
+    round_trip_dir = root / "resumed"
+    _copy_until(dirs[user], round_trip_dir)
+    _run(cfg, user, round_trip_dir, steps, float64, clean_parent, resume=True)
     judged = range(1, steps + 1) if float64 else range(1, min(steps, JUDGED_STEPS_FLOAT32) + 1)
     tol = TOLERANCE[float64]
-    comparisons = [
+    ranks, *accumulation = [
         compare(dirs[ref], dirs[s], range(1, steps + 1), judged, tol, s.label, ref.label) for s in setups[1:]
     ]
-    comparisons.append(
-        compare(
-            dirs[user],
-            round_trip,
-            range(resume_at + 1, steps + 1),
-            range(resume_at + 1, steps + 1),  # the same world size and arithmetic: every step is judged
-            tol,
-            f"resumed at step {resume_at}",
-            f"{user.label} uninterrupted",
-        )
+    round_trip = compare(
+        dirs[user],
+        round_trip_dir,
+        range(resume_at + 1, steps + 1),
+        range(resume_at + 1, steps + 1),  # the same world size and arithmetic: every step is judged
+        tol,
+        f"resumed at step {resume_at}",
+        f"{user.label} uninterrupted",
     )
     # in float32 the later steps' rounding may have grown: the final evaluations are not comparable
-    evals = eval_differences(summaries, ref, EVAL_RTOL) if float64 else []
+    evidence = Evidence(
+        ranks,
+        accumulation[0] if accumulation else None,
+        round_trip,
+        eval_differences(summaries, ref, EVAL_RTOL) if float64 else [],
+        _turned_off(dirs[ref]),
+    )
+    if evidence.batch_drifts and not evidence.batchnorm_first:  # would other random draws alone change 1 x G?
+        probe = root / "other-draws"
+        _run(cfg, ref, probe, steps, float64, clean_parent, draws_seed=cfg.seed + 7919)
+        evidence.draws_matter = compare(dirs[ref], probe, judged, judged, tol, "", "").first is not None
+    comparisons = evidence.comparisons
     text = format_report(cfg.task, steps, nproc * cfg.batch_size * cfg.accumulate, float64, judged, tol, comparisons)
-    exact = all(c.first is None for c in comparisons) and not evals
-    text += "\n" + verdict(comparisons, evals, exact)
-    return {"exact": exact, "float64": float64, "comparisons": comparisons, "eval_differences": evals, "text": text}
+    line, code = diagnose(evidence)
+    text += "\n" + line
+    return {
+        "exact": code == EXACT,
+        "exit_code": code,
+        "float64": float64,
+        "comparisons": comparisons,
+        "eval_differences": evidence.evals,
+        "dropout_off": evidence.dropout_off,
+        "text": text,
+    }
+
+
+def _turned_off(run_dir: Path) -> list[str]:
+    """The dropout modules a run turned off (its trace says), by name."""
+    import json
+
+    from ..training.trace import DROPOUT_FILE, TRACE_DIR
+
+    path = run_dir / TRACE_DIR / DROPOUT_FILE
+    return json.loads(path.read_text()) if path.is_file() else []
 
 
 def _run(
@@ -166,6 +175,7 @@ def _run(
         quiet=True,
         trace_steps=True,
         float64=float64,
+        dropout_off=True,  # its masks are drawn per process: with it on no two world sizes agree
         save_every=0,
         save_every_steps=None,
         save_every_minutes=None,
@@ -224,90 +234,3 @@ def _child(config: dict[str, Any], send: Any, clean: bool, silent: bool) -> None
 def _copy_until(src: Path, dst: Path) -> None:
     """The run and its one checkpoint, without what came after it (its trace, its model.pt)."""
     shutil.copytree(src, dst, ignore=shutil.ignore_patterns("trace", "model.pt", "hang"))
-
-
-def load_step(run_dir: Path, step: int) -> dict[str, Any]:
-    import torch
-
-    from ..training.trace import trace_file
-
-    path = trace_file(run_dir, step)
-    if not path.is_file():
-        raise DdpkitError(f"{run_dir.name} wrote no parameters for step {step}: did the run stop early?")
-    return torch.load(path, weights_only=True)
-
-
-def compare(ref: Path, other: Path, steps: range, judged: range, tol: float, label: str, against: str) -> Comparison:
-    """The largest drift per parameter (float64 differences) over `steps`; a drift over `tol`
-    counts only in the `judged` steps."""
-    out = Comparison(label, against, steps)
-    for step in steps:
-        a, b = load_step(ref, step), load_step(other, step)
-        worst: tuple[float, str] | None = None
-        for name, value in a.items():
-            if not value.is_floating_point():
-                continue
-            d = (value.double() - b[name].double()).abs().max().item() if value.numel() else 0.0
-            d = d if math.isfinite(d) else math.inf
-            out.drift[name] = max(out.drift.get(name, 0.0), d)
-            if worst is None or d > worst[0]:
-                worst = (d, name)
-        if out.first is None and worst is not None and worst[0] > tol and step in judged:
-            out.first = (step, worst[1], worst[0])
-    return out
-
-
-def eval_differences(summaries: dict[Setup, dict[str, Any]], ref: Setup, rtol: float) -> list[str]:
-    """The final evaluation's figures that differ from the reference's more than rounding."""
-    out = []
-    base = summaries[ref]
-    for setup, summary in summaries.items():
-        for key in sorted(k for k in base if k.startswith("eval_")):
-            x, y = base[key], summary.get(key)
-            if isinstance(x, (int, float)) and isinstance(y, (int, float)) and abs(x - y) > rtol * max(1.0, abs(x)):
-                out.append(f"{key} {y:.6g} at {setup.label}, {x:.6g} at {ref.label}")
-    return out
-
-
-def format_report(
-    task: str, steps: int, g: int, float64: bool, judged: range, tol: float, comparisons: list[Comparison]
-) -> str:
-    how = (
-        "in float64 (the model and its floating inputs cast)"
-        if float64
-        else f"in float32 (the task fails in float64): only steps 1-{judged.stop - 1} are judged, as Adam lets "
-        "float32 rounding grow"
-    )
-    lines = [
-        f"ddpkit verify: {task}, {steps} optimizer steps at global batch {g}, {how}; tolerance {tol:.0e}",
-    ]
-    for c in comparisons:
-        where = f"first over at step {c.first[0]} ({c.first[1]})" if c.first else "within tolerance"
-        lines.append(f"  {c.label} vs {c.against} (steps {c.steps.start}-{c.steps.stop - 1}): {where}")
-    names = list(comparisons[0].drift)
-    width = max(len("parameter"), *(len(n) for n in names))
-    heads = [c.label if len(c.label) <= 22 else c.label[:21] + "." for c in comparisons]
-    col = max(12, *(len(h) for h in heads))
-    lines.append("  largest drift per parameter:")
-    lines.append("    " + "parameter".ljust(width) + "".join("  " + h.rjust(col) for h in heads))
-    for n in names:
-        lines.append("    " + n.ljust(width) + "".join(f"  {c.drift.get(n, 0.0):>{col}.2e}" for c in comparisons))
-    return "\n".join(lines)
-
-
-def verdict(comparisons: list[Comparison], evals: list[str], exact: bool) -> str:
-    if exact:
-        return "ddpkit verify: exact: the same parameters at every step, world size, accumulation and after a resume"
-    drifting = [c for c in comparisons if c.first is not None]
-    if drifting:
-        c = min(drifting, key=lambda c: c.first[0])
-        step, name, value = c.first
-        return (
-            f"ddpkit verify: NOT exact: {name} drifts by {value:.2e} at step {step} ({c.label} vs {c.against}); "
-            + CAUSES
-        )
-    return (
-        "ddpkit verify: NOT exact: the parameters agree but the final evaluation differs ("
-        + "; ".join(evals)
-        + "): a metric must return the batch's SUM (e.g. the number correct), ddpkit divides by the count"
-    )

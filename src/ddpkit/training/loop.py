@@ -24,6 +24,7 @@ from ..data import ShardedLoader, StreamLoader
 from ..data.loaders import rank_loader
 from ..reporting.metrics import MetricsLog
 from ..reporting.progress import Progress, choose_mode
+from ..reporting.sinks.base import FAILED, FINISHED, STOPPED
 from ..runtime import Runtime
 from ..strategies import Strategy, make_strategy
 from ..strategies.memory import local_state_bytes, peak_memory_bytes, reset_peak_memory
@@ -52,17 +53,21 @@ def fit(
     With `mark` (claimed), every rank stops at the same step once another world has claimed the run directory."""
     run = Run(cfg, task, rt, run_dir, stop, mark)  # model, optimizer, data, steps, checkpoints: resumed where they were
     moment = None
-    with run.checkpointer.writing():  # --async-save: every checkpoint is on disk when this block is left
-        for moment in run.cadence.moments(run.start_pass):
-            record = run.record(moment)  # a pass's figures (one all-reduce), or a step's place
-            if moment.evaluate:
-                record.update(run.evaluate())
-            run.report(record, moment)
-            if moment.save:
-                run.checkpointer.save(moment.position(), record)
-            if moment.snapshot:
-                run.checkpointer.snapshot(moment.global_step, moment.position)
-    return run.finish(moment)
+    try:
+        with run.checkpointer.writing():  # --async-save: every checkpoint is on disk when this block is left
+            for moment in run.cadence.moments(run.start_pass):
+                record = run.record(moment)  # a pass's figures (one all-reduce), or a step's place
+                if moment.evaluate:
+                    record.update(run.evaluate())
+                run.report(record, moment)
+                if moment.save:
+                    run.checkpointer.save(moment.position(), record)
+                if moment.snapshot:
+                    run.checkpointer.snapshot(moment.global_step, moment.position)
+        return run.finish(moment)
+    except BaseException as e:  # a tracker's run is marked so (nothing more when finish() closed the log)
+        run.log.close_after_failure(STOPPED if isinstance(e, KeyboardInterrupt) else FAILED)
+        raise
 
 
 class Run:
@@ -209,10 +214,10 @@ class Run:
     def finish(self, moment: Moment | None) -> dict[str, Any]:
         """The final model.pt (unless a signal stopped the run) and the run's summary."""
         self.progress.close()
-        self.log.close()
         if self.profile is not None:
             self.profile.close(reached=self.cadence.global_step)
-        if moment is not None and moment.stop and not moment.finished:
+        stopped = moment is not None and moment.stop and not moment.finished
+        if stopped:
             self.totals.stop(
                 0.0 if moment.pass_end else moment.epoch_run.elapsed(),
                 self.stop.received if self.stop is not None else None,
@@ -226,6 +231,7 @@ class Run:
             if self.rt.is_main:
                 ckpt_file.save_or_explain(final, self.run_dir / "model.pt")
             self.checkpointer.end_snapshots()  # the run is done: nothing to restart from memory
+        self.log.close(STOPPED if stopped else FINISHED)  # after model.pt: a tracker's run ends as the run did
         memory = self.checkpointer.memory
         return (
             self.totals.summary(self.task.metric_name)

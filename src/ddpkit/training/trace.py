@@ -18,6 +18,8 @@ from torch import nn
 from ..tree import map_tensors
 
 TRACE_DIR = "trace"
+DROPOUT_FILE = "dropout-off.json"  # the dropout modules a verify run turned off, by name
+DROPOUTS = (nn.Dropout, nn.Dropout1d, nn.Dropout2d, nn.Dropout3d, nn.AlphaDropout, nn.FeatureAlphaDropout)
 
 
 def trace_file(run_dir: Path | str, step: int) -> Path:
@@ -56,3 +58,15 @@ def to_float64(model: nn.Module) -> nn.Module:
 
     model.register_forward_pre_hook(hook, with_kwargs=True)
     return model
+
+
+def dropout_off(model: nn.Module) -> list[str]:
+    """Set p = 0 in every dropout module of `model` (nn.Dropout, its 1d/2d/3d and alpha forms)
+    and return their names. Each rank draws its own masks for its share of the batch, so with
+    dropout on no two world sizes can agree; with it off verify can judge the rest."""
+    off = []
+    for name, module in model.named_modules():
+        if isinstance(module, DROPOUTS) and module.p > 0:
+            module.p = 0.0
+            off.append(name)
+    return off

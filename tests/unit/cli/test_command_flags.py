@@ -9,7 +9,7 @@ import pytest
 
 from ddpkit import RunConfig
 from ddpkit.cli.commands import COMMANDS, build_parser
-from ddpkit.cli.flags import flag_names, names_of
+from ddpkit.cli.flags import flag_names, names_of, opposite
 from ddpkit.cli.options import LaunchOptions, agent_options
 
 # the least each command needs to parse
@@ -43,8 +43,10 @@ def test_each_flag_is_a_declared_setting_with_its_spellings_and_help(name):
         assert f.metadata["help"] and f.metadata["help"] in action.help, (name, action.dest)
         assert tuple(action.choices or ()) == tuple(f.metadata.get("choices") or ()), (name, action.dest)
         if action.option_strings:
-            spellings = flag_names(f.name) if action.dest in config_fields else names_of(f)
-            assert list(action.option_strings) == list(spellings), (name, action.dest)
+            spellings = list(flag_names(f.name) if action.dest in config_fields else names_of(f))
+            if action.dest in config_fields and isinstance(f.default, bool):  # a setting's switch: and its opposite
+                spellings.append(opposite(spellings[0]))
+            assert list(action.option_strings) == spellings, (name, action.dest)
         else:
             assert f.metadata["positional"], (name, action.dest)
 
@@ -98,3 +100,16 @@ def test_agent_options_are_the_torchrun_agent_group():
         "logs_specs",
     )
     assert all(f.name in agent_options() or f.metadata["group"] == "" for f in dataclasses.fields(LaunchOptions))
+
+
+def test_the_help_and_the_package_description_say_what_ddpkit_does_today():
+    from pathlib import Path
+
+    try:
+        import tomllib
+    except ModuleNotFoundError:  # Python 3.10: the same parser, a dependency there
+        import tomli as tomllib
+
+    described = tomllib.loads((Path(__file__).parents[3] / "pyproject.toml").read_text())["project"]["description"]
+    for text in (build_parser().description, described):
+        assert "HSDP" in text and "coming" not in text, text

@@ -92,3 +92,33 @@ def test_a_restart_line_says_which_rank_failed_how_and_what_the_restarted_worker
     failures = {0: _Failure(exitcode=2, timestamp=100)}
     assert line.failed(failures, 2, 3).startswith("ddpkit: worker rank 0 exited with code 2 (bad --lr); ")
     assert "attempt 3 of 4" in line.failed(failures, 2, 3)
+
+
+def test_a_rank_whose_task_raised_is_named_with_its_exception_however_it_ended(tmp_path: Path) -> None:
+    _write(tmp_path, 0, "raised-1.txt", "ValueError: bad batch on rank 1 (sample 7)\n")
+    last = attempt_errors(tmp_path, 0)
+    expected = (
+        "worker rank 1 raised ValueError: bad batch on rank 1 (sample 7); the other workers were stopped "
+        "(its traceback is above)"
+    )
+    assert _failure_message(_Failed(1, 1), last) == expected
+    assert _failure_message(_Failed(1, -6), last) == expected  # an abort in its teardown after the exception
+    assert _failure_message(_Failed(0, 1), last).startswith("worker rank 0 exited with code 1")
+
+
+def test_another_ranks_failure_is_told_from_this_ranks_own() -> None:
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+
+    from ddpkit.worker import another_rank_failed
+
+    lost = RuntimeError("[pair.cc:553] Connection closed by peer [127.0.0.1]:13023")
+    try:
+        try:
+            raise lost
+        except RuntimeError:
+            raise SignalException("Process 7 got signal: 15", sigval=15) from None
+    except SignalException as e:
+        stopped = e
+    assert another_rank_failed(stopped) == "stopped"
+    assert another_rank_failed(lost) == "peer"
+    assert another_rank_failed(ValueError("bad batch on rank 1")) is None

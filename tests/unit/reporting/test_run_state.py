@@ -45,3 +45,19 @@ def test_a_world_stopped_by_a_takeover_leaves_the_folder_to_the_world_that_took_
     _write(tmp_path / "config.json", {}, 100)  # the newer world's attempt
     record_failure(tmp_path, RunDirTaken(f"{RunDirTaken.OPENING} {tmp_path} ..."))
     assert run_state(tmp_path) == {"state": "running?"}  # the newer world is not failing
+
+
+def test_a_run_stopped_by_a_signal_is_interrupted_not_failed(tmp_path):
+    class Interrupted(DdpkitError):  # how a launcher may say it: the signal's number on the error
+        signum = 15
+
+    for error, name in (
+        (KeyboardInterrupt(), "SIGINT"),
+        (DdpkitError("stopped by SIGINT; the workers were stopped (with --save-on-signal they saved ...)"), "SIGINT"),
+        (Interrupted("stopped by SIGTERM; the workers were stopped"), "SIGTERM"),
+    ):
+        folder = tmp_path / name / type(error).__name__
+        folder.mkdir(parents=True)
+        _write(folder / "config.json", {}, 100)
+        record_failure(folder, error)
+        assert run_state(folder) == {"state": "interrupted", "error": f"stopped by {name}"}

@@ -39,8 +39,8 @@ class ListTracker(Tracker):
         self._maybe_fail("log")
         self.calls.append(("log", step, metrics))
 
-    def finish(self):
-        self.calls.append(("finish",))
+    def finish(self, ending="finished"):
+        self.calls.append(("finish", ending))
 
 
 RECORDS = [
@@ -65,7 +65,7 @@ def test_every_record_reaches_the_tracker_at_its_global_step_and_its_run_id_is_k
         ("log", 2, {"epoch": 1.0, "eval_loss": 0.9, "lr": 0.1}),
         ("log", 4, {"epoch": 1.0, "train_loss": 0.8}),  # None and flags are not metrics
         ("log", 8, {"epoch": 2.0, "train_loss": 0.5}),  # nor a NaN
-        ("finish",),
+        ("finish", "finished"),
     ]
     assert json.loads((tmp_path / "tracker-listed.json").read_text()) == {"run_id": "run-1"}
 
@@ -153,3 +153,67 @@ def test_the_cli_refuses_a_missing_tracker_package_in_one_line_before_any_worker
         "ddpkit: error: --tracker mlflow needs the mlflow package: pip install 'ddpkit[mlflow]'\n"
     )
     assert not (tmp_path / "run").exists()  # no worker started, nothing written
+
+
+def test_records_waiting_behind_a_slow_start_are_sent_together(tmp_path):
+    """The end of a run waits for the tracker's queue: what piled up goes in one call, not one each."""
+    import threading
+
+    class SlowStart(ListTracker):
+        def __init__(self):
+            super().__init__()
+            self.go = threading.Event()
+
+        def start(self, settings, old_id):
+            assert self.go.wait(30)  # a service still starting: every record of the run queues behind it
+            return super().start(settings, old_id)
+
+        def log_many(self, records):
+            self.calls.append(("log_many", [step for _, step in records]))
+            records.clear()
+
+    tracker = SlowStart()
+    tracker.open(tmp_path, {}, ResumePoint())
+    for r in RECORDS:
+        tracker.write(r, r["step"])
+    tracker.go.set()
+    tracker.close()
+    assert tracker.calls == [("start", None), ("log_many", [2, 4, 8]), ("finish", "finished")]
+
+
+def test_a_batch_that_fails_part_way_is_retried_from_where_it_stopped(tmp_path):
+    class FailsOnceAtStepFour(ListTracker):
+        def log(self, metrics, step):
+            if step == 4 and not getattr(self, "failed_once", False):
+                self.failed_once = True
+                raise ConnectionError("reset")
+            super().log(metrics, step)
+
+    tracker = FailsOnceAtStepFour()
+    tracker.open(tmp_path, {}, ResumePoint())
+    for r in RECORDS:
+        tracker.write(r, r["step"])
+    tracker.close()
+    assert [c[1] for c in tracker.calls if c[0] == "log"] == [2, 4, 8]  # step 2 once, not again with the retry
+
+
+@pytest.mark.parametrize("ending", ["finished", "stopped", "failed"])
+def test_the_tracker_run_ends_as_the_run_did(tmp_path, ending):
+    tracker = ListTracker()
+    tracker.open(tmp_path, {}, ResumePoint())
+    tracker.write(RECORDS[0], 2)
+    tracker.close(ending)
+    assert tracker.calls[-1] == ("finish", ending)
+
+
+def test_tracker_uri_and_experiment_without_their_tracker_are_refused_in_one_line(tmp_path, capsys):
+    from ddpkit.cli import main
+
+    with pytest.raises(DdpkitError, match="--tracker-uri is MLflow's tracking server: add --tracker mlflow"):
+        RunConfig(tracker_uri="http://127.0.0.1:5000", tracker=["wandb"])
+    with pytest.raises(DdpkitError, match="--experiment names the MLflow experiment or W&B project"):
+        RunConfig(experiment="x", csv=True)
+    assert RunConfig(tracker_uri="http://127.0.0.1:5000", experiment="x", tracker=["mlflow"]).experiment == "x"
+    assert main(["train", "--tracker-uri", "http://127.0.0.1:5000", "--run-dir", str(tmp_path / "run")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "add --tracker mlflow" in err and not (tmp_path / "run").exists()

@@ -23,8 +23,8 @@ class Recorder(MetricSink):
     def write(self, record, global_step):
         self.events.append(("write", record["epoch"], global_step))
 
-    def close(self):
-        self.events.append(("close",))
+    def close(self, ending="finished"):
+        self.events.append(("close", ending))
 
 
 def test_the_settings_choose_the_sinks():
@@ -41,12 +41,12 @@ def test_a_new_sink_is_one_class_in_the_list(tmp_path, monkeypatch):
     log = MetricsLog(tmp_path, enabled=True, keep_until_epoch=2, keep_until_step=20, settings=settings)
     log.write({"epoch": 3, "step": 30, "train_loss": 0.5})
     log.write({"epoch": 4, "train_loss": 0.25})  # a record without a step
-    log.close()
+    log.close("stopped")
     assert Recorder.events == [
         ("open", tmp_path, 7, ResumePoint(2, 20)),
         ("write", 3, 30),
         ("write", 4, None),
-        ("close",),
+        ("close", "stopped"),  # how the run ended: a tracker marks its run so
     ]
     assert len((tmp_path / "metrics.jsonl").read_text().splitlines()) == 2
 
@@ -62,7 +62,7 @@ def test_a_sink_that_fails_to_open_closes_those_already_open(tmp_path, monkeypat
     Recorder.events = []
     with pytest.raises(OSError, match="unreachable"):
         MetricsLog(tmp_path, enabled=True, settings={"epochs": 1, "recorder": True, "broken": True})
-    assert Recorder.events[-1] == ("close",)
+    assert Recorder.events[-1] == ("close", "failed")
 
 
 def test_the_resume_point_keeps_whole_epochs_and_steps_inside_the_next():

@@ -7,8 +7,9 @@ import torch
 from torch import nn
 
 from ddpkit.errors import DdpkitError
-from ddpkit.tools.verify import Setup, compare, eval_differences, plan_setups, verdict, verify
-from ddpkit.training.trace import to_float64, trace_file
+from ddpkit.tools.verify import Setup, compare, eval_differences, plan_setups, verify
+from ddpkit.tools.verify_report import Comparison, Evidence, diagnose
+from ddpkit.training.trace import dropout_off, to_float64, trace_file
 
 
 def test_every_setup_has_the_users_global_batch():
@@ -43,8 +44,10 @@ def test_compare_names_the_largest_drift_per_parameter_and_the_first_step_over_t
     # judged on step 1 only (float32): the later drift is shown, not counted
     only_first = compare(tmp_path / "ref", tmp_path / "other", range(1, 4), range(1, 2), 1e-9, "2 x 8", "1 x 16")
     assert only_first.first is None and only_first.drift["b"] == pytest.approx(1e-2)
-    line = verdict([c], [], exact=False)
+    assert c.first_over == ["b"]  # every tensor over the tolerance at the first step over it
+    line, code = diagnose(Evidence(c, None, _within("resumed")))
     assert "NOT exact: b drifts by 1.00e-03 at step 2 (2 x 8 vs 1 x 16)" in line and "Task.step" in line
+    assert code == 1
 
 
 def test_a_missing_step_of_a_trace_is_named(tmp_path):
@@ -60,7 +63,68 @@ def test_an_evaluation_that_differs_beyond_rounding_is_reported():
     assert eval_differences(same, ref, 1e-7) == []
     off = {ref: {"eval_loss": 0.5, "eval_accuracy": 0.9}, user: {"eval_loss": 0.5, "eval_accuracy": 1.8}}
     assert eval_differences(off, ref, 1e-7) == ["eval_accuracy 1.8 at 2 x 32, 0.9 at 1 x 64"]
-    assert "metric must return the batch's SUM" in verdict([], eval_differences(off, ref, 1e-7), exact=False)
+    evidence = Evidence(_within("2 x 32"), None, _within("resumed"), eval_differences(off, ref, 1e-7))
+    assert "metric must return the batch's SUM" in diagnose(evidence)[0] and diagnose(evidence)[1] == 1
+
+
+def _within(label):
+    return Comparison(label, "1 x 64", range(1, 5), {"w": 0.0})
+
+
+def _over(label, step, *names):
+    return Comparison(label, "1 x 64", range(1, 5), {"w": 1.0}, (step, names[0], 1e-3), list(names))
+
+
+@pytest.mark.parametrize(
+    "evidence, code, said",
+    [
+        (Evidence(_within("2 x 32"), _within("acc"), _within("resumed")), 0, "exact: the same parameters"),
+        (  # a correct model with nn.Dropout: exact with it off, and said so
+            Evidence(_within("2 x 32"), _within("acc"), _within("resumed"), dropout_off=["drop"]),
+            0,
+            "(with the model's dropout off: drop; dropout draws its masks per process",
+        ),
+        (
+            Evidence(
+                _over("2 x 32", 1, "fc.weight", "bn.running_mean"), _over("acc", 1, "bn.running_var"), _within("r")
+            ),
+            1,
+            "BatchNorm's running statistics drift first (bn.running_mean at step 1, 2 x 32 vs 1 x 64)",
+        ),
+        (
+            Evidence(_over("2 x 32", 2, "fc.weight"), _within("acc"), _within("r")),
+            1,
+            "accumulating 2 micro-batches is exact but 2 x 32 is not: something is computed per process",
+        ),
+        (
+            Evidence(_over("2 x 32", 1, "fc.weight"), _over("acc", 1, "fc.weight"), _within("r")),
+            1,
+            "a loss averaged per micro-batch",
+        ),
+        (
+            Evidence(_within("2 x 32"), _within("acc"), _over("resumed at step 3", 4, "fc.weight")),
+            1,
+            "only the resumed run drifts (fc.weight by 1.00e-03 at step 4",
+        ),
+        (
+            Evidence(_over("2 x 32", 1, "fc.weight"), _over("acc", 1, "fc.weight"), _within("r"), draws_matter=True),
+            3,
+            "cannot judge: fc.weight drifts by 1.00e-03 at step 1 (2 x 32 vs 1 x 64), and 1 x G with other random",
+        ),
+    ],
+    ids=["exact", "dropout", "batchnorm", "per-rank", "per-micro-batch", "checkpoint", "randomness"],
+)
+def test_the_verdict_names_the_cause_the_evidence_points_to(evidence, code, said):
+    line, got = diagnose(evidence)
+    assert said in line and got == code, line
+
+
+def test_dropout_off_turns_every_dropout_module_off_and_names_them():
+    model = nn.Sequential(nn.Linear(4, 4), nn.Dropout(0.5), nn.Sequential(nn.Dropout2d(0.1), nn.AlphaDropout(0.2)))
+    model.add_module("none", nn.Dropout(0.0))
+    assert dropout_off(model) == ["1", "2.0", "2.1"]
+    x = torch.ones(8, 4)
+    assert torch.equal(model(x), model(x))  # no mask drawn in training mode
 
 
 def test_to_float64_casts_the_model_and_its_floating_inputs_and_keeps_the_parameters():

@@ -5,6 +5,8 @@ config_groups.py), and its test in tests/unit/reporting/."""
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
 from typing import Any, Mapping
 
 from .base import MetricSink, ResumePoint, read_jsonl
@@ -24,6 +26,19 @@ def wanted_sinks(settings: Mapping[str, Any]) -> list[type[MetricSink]]:
     return [cls for cls in SINKS if cls.wanted(settings)]
 
 
+def end_abandoned_trackers(run_dir: str | os.PathLike, ending: str) -> list[str]:
+    """After a run failed or was stopped and every worker is gone: mark the tracker runs its
+    rank 0 left running (it was killed: a signal, out of memory) as `ending`. The names of
+    those it marked. Only trackers that started a run (their RUN_DIR/tracker-NAME.json)."""
+    return [
+        cls.name
+        for cls in SINKS
+        if issubclass(cls, Tracker)
+        and (Path(run_dir) / f"tracker-{cls.name}.json").is_file()
+        and cls.end_abandoned(Path(run_dir), ending)
+    ]
+
+
 __all__ = [
     "SINKS",
     "CsvSink",
@@ -34,6 +49,7 @@ __all__ = [
     "TensorBoardSink",
     "Tracker",
     "WandbSink",
+    "end_abandoned_trackers",
     "read_jsonl",
     "wanted_sinks",
 ]

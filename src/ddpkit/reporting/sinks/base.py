@@ -13,6 +13,10 @@ from typing import Any, ClassVar, Mapping
 
 JSONL_NAME = "metrics.jsonl"
 
+# How a run ended, as its sinks are told when they close: a tracker marks its run so (MLflow's
+# status, W&B's exit code). STOPPED: by a signal (Ctrl-C, or --save-on-signal's checkpoint and stop).
+FINISHED, STOPPED, FAILED = "finished", "stopped", "failed"
+
 
 @dataclass(frozen=True)
 class ResumePoint:
@@ -50,8 +54,9 @@ class MetricSink(abc.ABC):
         """One record (an epoch's, or a step-based evaluation's); `global_step` is the run's
         optimizer steps so far (None when the record has none)."""
 
-    def close(self) -> None:  # noqa: B027  (not abstract: a sink with nothing to release inherits this)
-        """Flush and release what open() took (called once, also after a failure)."""
+    def close(self, ending: str = FINISHED) -> None:  # noqa: B027  (not abstract: nothing to release, nothing here)
+        """Flush and release what open() took (called once, also after a failure: `ending`
+        says how the run ended, FINISHED, STOPPED or FAILED)."""
 
 
 def read_jsonl(path: Path) -> list[dict[str, Any]]:

@@ -1,13 +1,14 @@
-"""TensorBoard event files (--tensorboard) in RUN_DIR/tensorboard: scalars at step = epoch,
-loss/train, loss/eval, eval/<metric>, perf/... . On resume, events after the checkpoint's
-epoch from the interrupted run are purged."""
+"""TensorBoard event files (--tensorboard) in RUN_DIR/tensorboard: scalars at the run's optimizer
+step, as MLflow and W&B plot them (an evaluation inside an epoch has its own x), loss/train,
+loss/eval, eval/<metric>, perf/..., run/epoch. On resume, events after the checkpoint's step
+from the interrupted run are purged."""
 
 from __future__ import annotations
 
 from pathlib import Path
 from typing import Any, Mapping
 
-from .base import MetricSink, ResumePoint
+from .base import FINISHED, MetricSink, ResumePoint
 
 
 class TensorBoardSink(MetricSink):
@@ -23,17 +24,18 @@ class TensorBoardSink(MetricSink):
     def open(self, run_dir: Path, settings: Mapping[str, Any], resume: ResumePoint) -> None:
         from torch.utils.tensorboard import SummaryWriter  # only when asked for: tensorboard is an extra
 
-        purge = resume.epoch + 1 if resume.epoch else None
+        # the events the checkpoint does not hold (a record without a step is at its epoch)
+        purge = resume.step + 1 if resume.step else resume.epoch + 1 if resume.epoch else None
         self.writer = SummaryWriter(log_dir=str(Path(run_dir) / "tensorboard"), purge_step=purge)
 
     def write(self, record: Mapping[str, Any], global_step: int | None) -> None:
-        step = record["epoch"]
+        step = global_step if global_step is not None else record["epoch"]
         for key, value in record.items():
-            if key == "epoch" or not isinstance(value, (int, float)) or isinstance(value, bool):
+            if key == "step" or not isinstance(value, (int, float)) or isinstance(value, bool):
                 continue
             tag = self.TAGS.get(key) or (f"eval/{key[5:]}" if key.startswith("eval_") else f"run/{key}")
             self.writer.add_scalar(tag, value, step)
         self.writer.flush()
 
-    def close(self) -> None:
+    def close(self, ending: str = FINISHED) -> None:
         self.writer.close()

@@ -1,8 +1,12 @@
 """What every experiment tracker (--tracker mlflow, wandb) shares: a remote service must never
 stop or slow training, so each tracker's calls run in its own background thread behind a
 bounded queue, each tried a few times; one that keeps failing becomes one warning line and
-the run goes on without it (metrics.jsonl has every record). The tracker's run id is kept in
-RUN_DIR/tracker-NAME.json, so a resumed run continues the same tracker run."""
+the run goes on without it (metrics.jsonl has every record). Records that wait in the queue
+(a tracker slower than training, or still starting its run) are sent together, a batch per
+call, so the end of a run does not wait for one request per record. The tracker's run id is
+kept in RUN_DIR/tracker-NAME.json, so a resumed run continues the same tracker run; a run that
+fails or is stopped marks its tracker run so (`finish(ending)`), and the launcher marks one
+that its rank 0 could not (`end_abandoned`: killed by a signal, out of memory)."""
 
 from __future__ import annotations
 
@@ -17,7 +21,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any, Callable, ClassVar, Mapping
 
-from .base import MetricSink, ResumePoint
+from .base import FAILED, FINISHED, MetricSink, ResumePoint
 
 _STOP = object()
 
@@ -31,6 +35,8 @@ class Tracker(MetricSink):
     retry_wait_s = 1.0  # times the try number, between tries
     queue_size = 10_000  # records waiting for a slow tracker; beyond that they are dropped (with a warning)
     close_wait_s = 60.0  # close() waits this long for the queue to drain, then leaves the thread behind
+    failed_wait_s = 10.0  # the same after a failure: torch's agent kills the worker 30 s after it stops it
+    batch_records = 1000  # records sent together at most (MLflow takes 1000 metrics per call)
 
     def open(self, run_dir: Path, settings: Mapping[str, Any], resume: ResumePoint) -> None:
         self.run_dir = Path(run_dir)
@@ -53,14 +59,16 @@ class Tracker(MetricSink):
             if self.dropped == 1:
                 warn(f"--tracker {self.name} falls behind; records are dropped until it catches up")
 
-    def close(self) -> None:
+    def close(self, ending: str = FINISHED) -> None:
+        wait = self.failed_wait_s if ending == FAILED else self.close_wait_s
+        self.ending = ending
         try:
-            self.queue.put(_STOP, timeout=self.close_wait_s)
+            self.queue.put(_STOP, timeout=wait)
         except queue.Full:
             pass
-        self.thread.join(self.close_wait_s)
+        self.thread.join(wait)
         if self.thread.is_alive():
-            warn(f"--tracker {self.name} had not finished after {self.close_wait_s:g} s; leaving it")
+            warn(f"--tracker {self.name} had not finished after {wait:g} s; leaving it")
 
     @abc.abstractmethod
     def start(self, settings: Mapping[str, Any], old_id: dict[str, Any] | None) -> dict[str, Any]:
@@ -71,11 +79,34 @@ class Tracker(MetricSink):
     def log(self, metrics: dict[str, float], step: int) -> None:
         """The numbers of one metrics.jsonl record at the run's global step."""
 
-    def finish(self) -> None:  # noqa: B027  (a tracker with nothing to end inherits this)
-        """End the tracker's run."""
+    def log_many(self, records: list[tuple[dict[str, float], int]]) -> None:
+        """Several records (metrics, step) at once, in order: one call where the service takes
+        a batch (MLflow's log_batch), else one `log` each. What was sent is removed from
+        `records`, so that a retry sends only the rest."""
+        while records:
+            self.log(*records[0])
+            del records[0]
+
+    def finish(self, ending: str = FINISHED) -> None:  # noqa: B027  (a tracker with nothing to end inherits this)
+        """End the tracker's run, marked as `ending` says (FINISHED, STOPPED, FAILED)."""
+
+    @classmethod
+    def end_abandoned(cls, run_dir: Path, ending: str) -> bool:
+        """Mark the tracker run of `run_dir` as `ending` if it is still running (or STOPPED where
+        rank 0, stopped by torch's agent, said FAILED), from outside the run (the launcher, once
+        every worker is gone); True when it did. A tracker that
+        cannot (its service does it itself, as W&B marks a run whose process is gone) keeps
+        this default."""
+        return False
 
     def id_path(self) -> Path:
         return self.run_dir / f"tracker-{self.name}.json"
+
+    def keep_id(self, names: dict[str, Any]) -> None:
+        """Keep what names the tracker's run in RUN_DIR/tracker-NAME.json as soon as the run
+        exists (a start may call it before it returns): a run killed meanwhile can still be
+        found, resumed and marked."""
+        self.id_path().write_text(json.dumps(names) + "\n")
 
     def read_id(self) -> dict[str, Any] | None:
         try:
@@ -84,20 +115,32 @@ class Tracker(MetricSink):
             return None
 
     def _drain(self) -> None:
-        started = False
+        started, pending = False, None
         while True:
-            item = self.queue.get()
+            item, pending = pending or self.queue.get(), None
             if item is _STOP:
                 break
             fn, args, what = item
+            if fn == self.log:  # the records waiting behind it go with it
+                records = [args]
+                while len(records) < self.batch_records:
+                    try:
+                        pending = self.queue.get_nowait()
+                    except queue.Empty:
+                        break
+                    if pending is _STOP or pending[0] != self.log:
+                        break
+                    records.append(pending[1])
+                    pending = None
+                fn, args = self.log_many, (records,)
             if self.given_up:
                 continue
             ok, result = self._try(fn, args, what)
             if ok and fn == self.start:
                 started = True
-                self.id_path().write_text(json.dumps(result) + "\n")
+                self.keep_id(result)
         if started and not self.given_up:
-            self._try(self.finish, (), "end its run")
+            self._try(self.finish, (getattr(self, "ending", FINISHED),), "end its run")
 
     def _try(self, fn: Callable[..., Any], args: tuple, what: str) -> tuple[bool, Any]:
         """(True, fn(*args)), tried `tries` times; after the last failure the tracker is given up."""

@@ -2,14 +2,18 @@
 every metrics.jsonl record's numbers are logged against `global_step` (the run's optimizer
 steps, W&B's x axis for every metric), where and how it ran are its tags. WANDB_MODE=offline
 writes the run under WANDB_DIR (default RUN_DIR) for a later `wandb sync`. A resume continues
-the same W&B run (its id is kept in RUN_DIR/tracker-wandb.json)."""
+the same W&B run (its id is kept in RUN_DIR/tracker-wandb.json) and updates the settings it
+changed. A run that failed or was stopped by a signal ends with exit code 1 (W&B: failed); of a run
+whose processes were all killed outright (SIGKILL) W&B has no end (online, its server marks
+the run crashed when the run's heartbeat stops)."""
 
 from __future__ import annotations
 
 import os
 from typing import Any, Mapping
 
-from ...envvars import WANDB_DIR_VAR, WANDB_MODE_VAR, WANDB_PROJECT_VAR
+from ...envvars import WANDB_DIR_VAR, WANDB_MODE_VAR, WANDB_PROJECT_VAR, WANDB_SILENT_VAR
+from .base import FINISHED
 from .tracker import Tracker, run_tags, task_name
 
 
@@ -18,6 +22,8 @@ class WandbSink(Tracker):
     package = "wandb"
 
     def start(self, settings: Mapping[str, Any], old_id: dict[str, Any] | None) -> dict[str, Any]:
+        if settings.get("quiet"):
+            os.environ.setdefault(WANDB_SILENT_VAR, "true")  # read when wandb loads: only errors
         import wandb
 
         if not self._logged_in(wandb):  # never an interactive prompt waiting in the background
@@ -51,5 +57,5 @@ class WandbSink(Tracker):
     def log(self, metrics: dict[str, float], step: int) -> None:
         self.run.log({**metrics, "global_step": step})
 
-    def finish(self) -> None:
-        self.run.finish()
+    def finish(self, ending: str = FINISHED) -> None:
+        self.run.finish(exit_code=0 if ending == FINISHED else 1)  # W&B shows a non-zero exit as failed
