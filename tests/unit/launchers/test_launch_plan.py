@@ -6,17 +6,19 @@ from ddpkit import DdpkitError, RunConfig
 from ddpkit.launchers.plan import describe, make_launch_plan, resolve_nproc
 
 
-def test_one_node_rendezvous_on_loopback_at_a_port_the_os_picks():
+def test_one_node_meets_through_private_files_not_a_port():
     plan = make_launch_plan(RunConfig(nproc=3, max_restarts=2, timeout=12), 3, "cpu", True, 1)
-    assert (plan.nproc_per_node, plan.rdzv_backend, plan.rdzv_endpoint, plan.local_addr) == (
+    assert (plan.nproc_per_node, plan.rdzv_backend, plan.rdzv_endpoint, plan.local_addr, plan.local) == (
         3,
         "c10d",
-        "127.0.0.1:0",
+        "",
         "127.0.0.1",
+        True,
     )
     assert (plan.max_restarts, plan.timeout, plan.start_method) == (2, 12, "fork")
     text = describe(plan, "gloo", "cpu")
-    assert "world size         3" in text and "127.0.0.1:<free port>" in text
+    assert "world size         3" in text and "rendezvous         c10d, this node only (a file store" in text
+    assert not make_launch_plan(RunConfig(nnodes="1:2", rdzv_endpoint="127.0.0.1:29400"), 2, "cpu", True, 1).local
 
 
 def test_gpu_runs_spawn_and_a_parent_that_touched_torch_never_forks():
