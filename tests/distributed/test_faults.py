@@ -246,11 +246,7 @@ def test_corrupt_newest_checkpoint_is_reported_and_the_newest_valid_one_used(tmp
     newest = run / "checkpoints" / "epoch-000020.pt"
     newest.write_bytes(newest.read_bytes()[:1000])  # truncated
     proc = run_ddpkit(*args, "--resume")
-    assert (
-        "skipping checkpoint" in proc.stdout
-        and "epoch-000020.pt" in proc.stdout
-        and "truncated or corrupt" in proc.stdout
-    )
+    assert "skipping checkpoint" in proc.stdout and "epoch-000020.pt" in proc.stdout and "truncated" in proc.stdout
     assert "epoch-000015.pt" in proc.stdout
     assert_state_equal(load_model(run), load_model(reference))
 
