@@ -6,12 +6,14 @@ import contextlib
 import os
 import tempfile
 import time
+import uuid
 from pathlib import Path
 from typing import Any, Iterator
 
+from .checkpoint.world_mark import started_by_this_launch
 from .config import DEFAULT_TIMEOUT_S, RunConfig
 from .environments import DistEnv
-from .envvars import LAUNCH_TIME_VAR
+from .envvars import LAUNCH_ID_VAR, LAUNCH_TIME_VAR
 from .errors import DdpkitError
 from .launchers.elastic import run_elastic
 from .launchers.plan import describe, make_launch_plan, resolve_nproc
@@ -33,6 +35,7 @@ def train(
     """
     cfg = (config or RunConfig()).replace(**overrides) if overrides else (config or RunConfig())
     os.environ.setdefault(LAUNCH_TIME_VAR, repr(time.time()))
+    os.environ[LAUNCH_ID_VAR] = uuid.uuid4().hex  # the run directory's mark names this launch once it starts
     from .worker import train_worker
 
     env = DistEnv.detect()
@@ -72,11 +75,12 @@ def train(
             )
         return {"plan": plan}
     _check_strategy(cfg, device_type, nproc * plan.max_nodes)
+    _check_task_exists(cfg)  # before the run directory is made: a task that cannot load leaves none
+    cfg = cfg if cfg.run_dir else cfg.replace(run_dir=str(default_run_dir(cfg)))
+    new = _missing_folders(cfg.run_dir)
     cfg = prepare_local_run(cfg)
     in_process = nproc == 1 and not cfg.multi_node and not cfg.rdzv_endpoint and cfg.max_restarts == 0
-    if not in_process:
-        _check_task_exists(cfg)
-    with failure_recorded(cfg.run_dir):
+    with failure_recorded(cfg.run_dir, made=new):
         if in_process:
             return train_worker(cfg.as_dict())
         hang_dir = Path(cfg.run_dir) / "hang"
@@ -85,14 +89,30 @@ def train(
 
 
 @contextlib.contextmanager
-def failure_recorded(run_dir: str | None) -> Iterator[None]:
-    """A run that fails after it started says so in its folder (failed.json, for `ddpkit runs`)."""
+def failure_recorded(run_dir: str | None, made: list[Path] | None = None) -> Iterator[None]:
+    """A run that fails after it started says so in its folder (failed.json, for `ddpkit runs`);
+    one refused before its start leaves the folder as it was: the folders this launch `made`
+    for it are removed again (when nothing else was put there)."""
     try:
         yield
     except BaseException as e:
         if run_dir:
             record_failure(run_dir, e)
+            if made and not started_by_this_launch(run_dir):
+                for folder in made:  # the deepest first
+                    with contextlib.suppress(OSError):
+                        folder.rmdir()  # only if empty
         raise
+
+
+def _missing_folders(run_dir: str) -> list[Path]:
+    """The run directory and its parents that do not exist yet, deepest first."""
+    missing = []
+    for folder in [Path(run_dir), *Path(run_dir).parents]:
+        if folder.exists() or str(folder) in ("", "."):
+            break
+        missing.append(folder)
+    return missing
 
 
 def check_request_matches_launcher(cfg: RunConfig, env: DistEnv) -> None:
@@ -127,9 +147,7 @@ def describe_worker(env: DistEnv, cfg: RunConfig) -> str:
 
 def prepare_local_run(cfg: RunConfig) -> RunConfig:
     """Pick the run directory and make sure starting (or resuming) there loses nothing."""
-    run_dir = (
-        Path(cfg.run_dir) if cfg.run_dir else Path("runs") / f"{_task_slug(cfg.task)}-{time.strftime('%Y%m%d-%H%M%S')}"
-    )
+    run_dir = Path(cfg.run_dir) if cfg.run_dir else default_run_dir(cfg)
     if cfg.auto_resume:
         pass  # continue whatever is there, or start fresh
     elif cfg.resume:
@@ -147,6 +165,11 @@ def prepare_local_run(cfg: RunConfig) -> RunConfig:
     except OSError as e:
         raise DdpkitError(f"cannot write to run directory {run_dir}: {e.strerror}; choose another --run-dir") from None
     return cfg.replace(run_dir=str(run_dir))
+
+
+def default_run_dir(cfg: RunConfig) -> Path:
+    """runs/TASK-DATE-TIME: where a run goes without --run-dir."""
+    return Path("runs") / f"{_task_slug(cfg.task)}-{time.strftime('%Y%m%d-%H%M%S')}"
 
 
 def _check_strategy(cfg: RunConfig, device_type: str, nproc: int) -> None:

@@ -19,6 +19,7 @@ import torch
 
 from .checkpoint import hf_config
 from .checkpoint.export import export_run
+from .checkpoint.file import remove_stale_temporaries
 from .checkpoint.world_mark import WorldMark
 from .config import RunConfig
 from .environments import DistEnv
@@ -135,8 +136,6 @@ def _train(cfg: RunConfig, env: DistEnv, held: contextlib.ExitStack, given: Task
     with Runtime(env, cfg.device, cfg.backend, cfg.timeout, cfg.threads) as rt:
         watchdog = None
         if rt.distributed:  # every rank reports where it is when the job hangs (runtime/watchdog.py)
-            if rt.is_main:
-                fresh_hang_dir(run_dir / "hang")
             hang = cfg.hang_seconds
             if rt.backend == "nccl" and cfg.hang_timeout is None:
                 hang = 0.9 * cfg.timeout  # torch aborts a process whose NCCL collective passes --timeout: report first
@@ -159,14 +158,8 @@ def _train(cfg: RunConfig, env: DistEnv, held: contextlib.ExitStack, given: Task
         if watchdog is not None:
             watchdog.watch_model(task.model)  # a forward pass is progress
         seed_everything(cfg.seed + 1 + env.rank)  # then per-rank streams (dropout, augmentation)
-        mark = WorldMark(run_dir, rt.is_main, env.world_size, env.nnodes)  # the folder is this world's from now on
-        if rt.is_main:
-            run_dir.mkdir(parents=True, exist_ok=True)
-            mark.claim()  # before this world writes there: a world still training there stops at its next step
-            (run_dir / "config.json").write_text(json.dumps(cfg.as_dict(), indent=2) + "\n")
-            not_kept = hf_config.record(task.model, run_dir, required=cfg.export == "hf")  # for export --format hf
-            if not_kept:
-                print(f"ddpkit: warning: {not_kept}; `ddpkit export --format hf` will refuse this run", flush=True)
+        mark = WorldMark(run_dir, rt.is_main, env.world_size, env.nnodes)  # the folder is this world's once it starts
+        model = task.model
         if restart_count() > 0:
             cfg = cfg.replace(auto_resume=True)  # restarted after a failure: continue, don't redo
         # Its handlers stay until the summary is written and the requeue asked for (they leave with
@@ -174,7 +167,7 @@ def _train(cfg: RunConfig, env: DistEnv, held: contextlib.ExitStack, given: Task
         stop = held.enter_context(StopRequest(cfg.save_on_signal.split(","))) if cfg.save_on_signal else None
         fit_start = time.time()
         try:
-            stats = fit(cfg, task, rt, run_dir, stop, mark)
+            stats = fit(cfg, task, rt, run_dir, stop, mark, begin=lambda: _begin(cfg, rt.is_main, run_dir, mark, model))
         except Exception as e:
             if isinstance(e, RunDirTaken):
                 _say_rejoining(e, env)
@@ -231,6 +224,28 @@ def _train(cfg: RunConfig, env: DistEnv, held: contextlib.ExitStack, given: Task
 
 def _silent(line: str) -> None:
     pass
+
+
+def _begin(cfg: RunConfig, is_main: bool, run_dir: Path, mark: WorldMark, model: Any) -> None:
+    """Rank 0, once nothing refused the run (the task, --init-from, the resume): the folder is
+    this world's from now on. Everything the start writes is written here, so a refusal before
+    it leaves the run directory as it was (a finished run stays finished). A full disk is one line."""
+    if not is_main:
+        return
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        not_kept = hf_config.record(model, run_dir, required=cfg.export == "hf")  # for export --format hf; may refuse
+        mark.claim()  # before this world writes there: a world still training there stops at its next step
+        remove_stale_temporaries(run_dir)  # what a killed save left (it may be what filled the disk)
+        fresh_hang_dir(run_dir / "hang")
+        (run_dir / "config.json").write_text(json.dumps(cfg.as_dict(), indent=2) + "\n")
+    except OSError as e:
+        raise DdpkitError(
+            f"cannot write to the run directory {run_dir}: {e.strerror or e} ({e.filename or run_dir}); "
+            "free space (or fix the folder) and start again (with --resume to continue)"
+        ) from None
+    if not_kept:
+        print(f"ddpkit: warning: {not_kept}; `ddpkit export --format hf` will refuse this run", flush=True)
 
 
 def request_requeue(stop: StopRequest) -> None:

@@ -32,6 +32,7 @@ from typing import Any
 
 import torch
 
+from ..envvars import LAUNCH_ID_VAR
 from ..errors import RunDirTaken
 from ..textfile import write_text_atomic
 
@@ -52,6 +53,7 @@ class WorldMark:
             "host": socket.gethostname(),
             "pid": os.getpid(),
             "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+            "launch": os.environ.get(LAUNCH_ID_VAR),  # which `ddpkit train` started this world
         }
         self._seen: tuple[int, ...] | None = None  # the file as rank 0 last found it to be ours
         self.owner: dict[str, Any] | None = None  # who took the folder over (rank 0, once lost)
@@ -110,6 +112,16 @@ class WorldMark:
             "--max-restarts the launcher restarts these workers and they rejoin the job. Otherwise two runs were "
             "started with one --run-dir: give each its own"
         )
+
+
+def started_by_this_launch(run_dir: str | os.PathLike) -> bool:
+    """Did this launch (LAUNCH_ID_VAR) start training in `run_dir`, i.e. is the folder's mark one
+    of its worlds'? A launch refused before its start never marked it. Without the variable
+    (a caller outside ddpkit's train), whether any run started there (its config.json)."""
+    launch = os.environ.get(LAUNCH_ID_VAR)
+    if not launch:
+        return (Path(run_dir) / "config.json").exists()
+    return _read(Path(run_dir) / MARK_FILE).get("launch") == launch
 
 
 def _signature(path: Path) -> tuple[int, ...]:
