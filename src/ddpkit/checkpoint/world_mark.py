@@ -92,9 +92,10 @@ class WorldMark:
             collectives.all_reduce_(flag)
         return flag.item() > 0
 
-    def error(self, where: str) -> RunDirTaken:
+    def error(self, where: str, own_loop: bool = False) -> RunDirTaken:
         """What happened, why, and what brings this node back; `where` names the point it stopped at.
-        A rank other than 0 reads the new owner's mark itself, where it sees the same folder."""
+        A rank other than 0 reads the new owner's mark itself, where it sees the same folder.
+        `own_loop`: the folder an own loop saves into (rt.save), not `ddpkit train`'s run directory."""
         owner = self.owner if self.owner is not None else _read(self.path)
         if owner.get("world_size") is not None:
             other = (
@@ -104,6 +105,13 @@ class WorldMark:
         else:
             other = "another world"
         this = f"{self.mine['world_size']} process(es) on {self.mine['nnodes']} node(s), started {self.mine['started']}"
+        if own_loop:
+            return RunDirTaken(
+                f"{RunDirTaken.OPENING} {self.path.parent} since this world ({this}) first saved there: {other} "
+                f"saved there since. This world refused {where} on every rank and wrote nothing (it would replace "
+                "the other world's checkpoints): two jobs, or two worlds of one elastic job that the rendezvous "
+                "split, save into one folder; give each job its own, and stop this one"
+            )
         return RunDirTaken(
             f"{RunDirTaken.OPENING} {self.path.parent} since this world ({this}) started: {other}. This world "
             f"stopped at {where} on every rank and wrote nothing more there (no checkpoint, model.pt or summary.json "
