@@ -147,7 +147,12 @@ class _ChecksumFileSystem(FileSystem):
             return
         with super().create_stream(path, mode) as raw:
             sink = WriteThrough(raw, crc=True)  # type: ignore[arg-type]
-            yield sink
+            try:
+                yield sink
+            except RuntimeError:
+                if sink.error is not None:  # torch's `unexpected pos`: the write's own error says why (a full disk)
+                    raise sink.error from None
+                raise
         self.sums[Path(path).name] = (sink.size, sink.crc)
 
     def rename(self, path: str | os.PathLike, new_path: str | os.PathLike) -> None:

@@ -223,8 +223,11 @@ def export_run(
     except OSError as e:
         shutil.rmtree(tmp, ignore_errors=True)
         raise DdpkitError(f"cannot write {target}: {e.strerror or e}; nothing was left there") from None
-    except BaseException:
+    except BaseException as e:
         shutil.rmtree(tmp, ignore_errors=True)
+        if type(e).__name__ == "SafetensorError" and "I/O error" in str(e):  # safetensors' own OSError
+            why = str(e).split("I/O error:", 1)[1].split("(os error")[0].strip()
+            raise DdpkitError(f"cannot write {target}: {why}; nothing was left there") from None
         raise
     say(f"ddpkit: wrote {target}: {written} ({len(tensors)} tensors)")
     return target

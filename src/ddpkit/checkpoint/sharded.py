@@ -121,6 +121,10 @@ def write_shards(
 
 
 def _first_line(e: BaseException) -> str:
+    """Why a save failed, in a few words: a rank's OSError (a full disk) before the rest of DCP's report."""
+    if isinstance(e, CheckpointException):
+        errors = [exc for exc, _ in e.failures.values() if isinstance(exc, OSError)]
+        e = errors[0] if errors else e
     lines = [line for line in str(e).splitlines() if line.strip()]
     return (getattr(e, "strerror", None) or (lines[-1] if lines else type(e).__name__))[:200]
 
