@@ -21,6 +21,7 @@ DEFAULT_MASTER_PORT = 29500
 
 def make_launch_plan(cfg: RunConfig, nproc: int, device_type: str, clean_parent: bool, threads: int) -> LaunchPlan:
     lo, hi = cfg.node_range
+    check_process_count(nproc, nproc * hi)
     common: dict[str, Any] = dict(
         nproc_per_node=nproc,
         nnodes=cfg.nnodes,
@@ -41,6 +42,48 @@ def make_launch_plan(cfg: RunConfig, nproc: int, device_type: str, clean_parent:
             value.lower() in ("1", "true", "yes") if key == "is_host" else (int(value) if value.isdigit() else value)
         )
     return plan
+
+
+FILES_PER_PEER = 3  # open files a process holds per process of the job (measured: pipes, logs, gloo's mesh)
+FILES_BASE = 64
+
+
+def check_process_count(nproc: int, world: int) -> None:
+    """Refuse, before anything starts, a process count this machine cannot start: the launcher
+    and every worker hold a few open files per process of the job (the launcher's pipes and
+    logs of each worker, a worker's connection to every other), bounded by `ulimit -n`; and
+    each process needs memory of its own (measured: ~22 MiB private even when forked from a
+    launcher that imported torch, ~220 MiB when spawned)."""
+    import resource
+
+    soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    need = FILES_PER_PEER * world + FILES_BASE
+    if soft != resource.RLIM_INFINITY and need > soft:
+        most = max(1, (soft - FILES_BASE) // FILES_PER_PEER)
+        raise DdpkitError(
+            f"--nproc {nproc}: a job of {world} processes needs about {need:,} open files per process and this shell "
+            f"allows {soft:,} (ulimit -n): at most {most:,} processes here; raise the limit or use fewer"
+        )
+    available = _available_memory()
+    if available is not None and nproc * WORKER_BYTES > available:
+        raise DdpkitError(
+            f"--nproc {nproc}: {nproc} worker processes need at least {nproc * WORKER_BYTES / 2**30:.1f} GiB "
+            f"(~{WORKER_BYTES >> 20} MiB each, even forked) and this machine has "
+            f"{available / 2**30:.1f} GiB available: use at most {max(1, available // WORKER_BYTES)}"
+        )
+
+
+WORKER_BYTES = 20 << 20  # the least a training worker holds of its own
+
+
+def _available_memory() -> int | None:
+    try:
+        for line in open("/proc/meminfo"):
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
 
 
 def _make_plan(cfg: RunConfig, common: dict[str, Any], lo: int, hi: int) -> LaunchPlan:

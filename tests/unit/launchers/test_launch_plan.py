@@ -43,3 +43,18 @@ def test_more_processes_than_gpus_is_refused(monkeypatch):
     assert resolve_nproc(None, "cuda") == 2
     with pytest.raises(DdpkitError, match="--nproc 3 but only 2 GPU"):
         resolve_nproc(3, "cuda")
+
+
+def test_more_processes_than_the_machine_can_start_is_one_line_before_anything_starts(monkeypatch):
+    import resource
+
+    with pytest.raises(DdpkitError, match=r"--nproc 100000: .* open files per process .* at most [\d,]+ processes"):
+        make_launch_plan(RunConfig(nproc=100000), 100000, "cpu", True, 1)
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (256, hard))
+    try:
+        with pytest.raises(DdpkitError, match="allows 256 \\(ulimit -n\\): at most 64 processes"):
+            make_launch_plan(RunConfig(nproc=100), 100, "cpu", True, 1)
+        assert make_launch_plan(RunConfig(nproc=32), 32, "cpu", True, 1).nproc_per_node == 32
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
