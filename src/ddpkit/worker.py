@@ -6,6 +6,7 @@ import contextlib
 import json
 import os
 import random
+import shutil
 import signal
 import subprocess
 import sys
@@ -159,15 +160,20 @@ def _train(cfg: RunConfig, env: DistEnv, held: contextlib.ExitStack, given: Task
             watchdog.watch_model(task.model)  # a forward pass is progress
         seed_everything(cfg.seed + 1 + env.rank)  # then per-rank streams (dropout, augmentation)
         mark = WorldMark(run_dir, rt.is_main, env.world_size, env.nnodes)  # the folder is this world's once it starts
-        model = task.model
+        # the Hugging Face config of the model as built (before a strategy shards it), kept aside until the start
+        hf, not_kept = hf_config.prepare(task.model, required=cfg.export == "hf") if rt.is_main else (None, None)
+        if hf is not None:
+            held.callback(shutil.rmtree, hf, ignore_errors=True)  # once moved into the run, nothing is left there
         if restart_count() > 0:
             cfg = cfg.replace(auto_resume=True)  # restarted after a failure: continue, don't redo
         # Its handlers stay until the summary is written and the requeue asked for (they leave with
         # `held`): a second signal during the save or after it must not kill this process.
         stop = held.enter_context(StopRequest(cfg.save_on_signal.split(","))) if cfg.save_on_signal else None
+        if not_kept:
+            print(f"ddpkit: warning: {not_kept}; `ddpkit export --format hf` will refuse this run", flush=True)
         fit_start = time.time()
         try:
-            stats = fit(cfg, task, rt, run_dir, stop, mark, begin=lambda: _begin(cfg, rt.is_main, run_dir, mark, model))
+            stats = fit(cfg, task, rt, run_dir, stop, mark, begin=lambda: _begin(cfg, rt.is_main, run_dir, mark, hf))
         except Exception as e:
             if isinstance(e, RunDirTaken):
                 _say_rejoining(e, env)
@@ -226,26 +232,26 @@ def _silent(line: str) -> None:
     pass
 
 
-def _begin(cfg: RunConfig, is_main: bool, run_dir: Path, mark: WorldMark, model: Any) -> None:
+def _begin(cfg: RunConfig, is_main: bool, run_dir: Path, mark: WorldMark, hf: Path | None) -> None:
     """Rank 0, once nothing refused the run (the task, --init-from, the resume): the folder is
     this world's from now on. Everything the start writes is written here, so a refusal before
-    it leaves the run directory as it was (a finished run stays finished). A full disk is one line."""
+    it leaves the run directory as it was (a finished run stays finished). A full disk is one line.
+    `hf`: the model's Hugging Face config, prepared aside (hf_config.prepare)."""
     if not is_main:
         return
     try:
         run_dir.mkdir(parents=True, exist_ok=True)
-        not_kept = hf_config.record(model, run_dir, required=cfg.export == "hf")  # for export --format hf; may refuse
         mark.claim()  # before this world writes there: a world still training there stops at its next step
         remove_stale_temporaries(run_dir)  # what a killed save left (it may be what filled the disk)
         fresh_hang_dir(run_dir / "hang")
         (run_dir / "config.json").write_text(json.dumps(cfg.as_dict(), indent=2) + "\n")
+        if hf is not None:
+            hf_config.put(hf, run_dir)  # for export --format hf
     except OSError as e:
         raise DdpkitError(
             f"cannot write to the run directory {run_dir}: {e.strerror or e} ({e.filename or run_dir}); "
             "free space (or fix the folder) and start again (with --resume to continue)"
         ) from None
-    if not_kept:
-        print(f"ddpkit: warning: {not_kept}; `ddpkit export --format hf` will refuse this run", flush=True)
 
 
 def request_requeue(stop: StopRequest) -> None:
