@@ -241,8 +241,8 @@ def _begin(cfg: RunConfig, is_main: bool, run_dir: Path, mark: WorldMark, hf: Pa
         return
     try:
         run_dir.mkdir(parents=True, exist_ok=True)
+        remove_stale_temporaries(run_dir)  # what a killed save left: it may be what filled the disk
         mark.claim()  # before this world writes there: a world still training there stops at its next step
-        remove_stale_temporaries(run_dir)  # what a killed save left (it may be what filled the disk)
         fresh_hang_dir(run_dir / "hang")
         (run_dir / "config.json").write_text(json.dumps(cfg.as_dict(), indent=2) + "\n")
         if hf is not None:
