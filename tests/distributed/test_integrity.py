@@ -69,4 +69,3 @@ def test_a_damaged_newest_checkpoint_is_named_skipped_and_the_previous_one_resum
     assert "weights_only" not in skipped[0]
     assert f"resuming from {run / 'checkpoints' / 'epoch-000004'}" in proc.stdout
     assert_state_equal(load_model(run), load_model(reference))
-
