@@ -140,13 +140,13 @@ class Session:
         on the meta device, an optimizer over other parameters, NaN/inf weights, and a folder
         another world saved into since this one first did (two jobs, or a split elastic job:
         the newest owns it, as `ddpkit train`'s run directory, checkpoint/world_mark.py)."""
+        whole.check_savable(model)  # refusals first: a refused save marks no folder
+        if optimizer is not None:
+            whole.check_optimizer_of(model, optimizer)
         self._check_owner(path)
         if sharded:
             from .checkpoint.sharded import save_state_dir
 
-            whole.check_savable(model)
-            if optimizer is not None:
-                whole.check_optimizer_of(model, optimizer)
             save_state_dir(path, model, optimizer, extra, self.runtime)
             return
         try:
