@@ -7,12 +7,14 @@ import os
 import signal
 import tempfile
 import time
+import uuid
 from pathlib import Path
 from typing import Any, Iterator
 
+from .checkpoint.world_mark import started_by_this_launch
 from .config import DEFAULT_TIMEOUT_S, RunConfig
 from .environments import DistEnv
-from .envvars import HANG_DIR_VAR, HANG_TIMEOUT_VAR, LAUNCH_TIME_VAR, TIMEOUT_VAR
+from .envvars import HANG_DIR_VAR, HANG_TIMEOUT_VAR, LAUNCH_ID_VAR, LAUNCH_TIME_VAR, TIMEOUT_VAR
 from .errors import DdpkitError, Interrupted
 from .launchers.elastic import run_elastic
 from .launchers.plan import describe, make_launch_plan, resolve_nproc
@@ -37,6 +39,7 @@ def train(
     """
     cfg = (config or RunConfig()).replace(**overrides) if overrides else (config or RunConfig())
     os.environ.setdefault(LAUNCH_TIME_VAR, repr(time.time()))
+    os.environ[LAUNCH_ID_VAR] = uuid.uuid4().hex  # the run directory's mark names this launch once it starts
     from .worker import train_worker
 
     env = DistEnv.detect()
@@ -76,24 +79,21 @@ def train(
             )
         return {"plan": plan}
     _check_strategy(cfg, device_type, nproc * plan.max_nodes)
-    # the folders preparing the run makes (the default run directory is a new folder in runs/)
-    missing = _missing_folders(Path(cfg.run_dir) if cfg.run_dir else Path("runs") / f".ddpkit-{os.getpid()}")
+    _check_task_exists(cfg)  # before the run directory is made: a task that cannot load leaves none
+    cfg = cfg if cfg.run_dir else cfg.replace(run_dir=str(default_run_dir(cfg)))
+    new = _missing_folders(cfg.run_dir)
     cfg = prepare_local_run(cfg)
-    made = [Path(cfg.run_dir), *missing[1:]] if missing else []
     in_process = nproc == 1 and not cfg.multi_node and not cfg.rdzv_endpoint and cfg.max_restarts == 0
-    with _unused_folders_removed_on_a_signal(made):
-        if not in_process:
-            _check_task_exists(cfg)
-        with failure_recorded(cfg.run_dir):
-            if in_process:
-                return train_worker(cfg.as_dict())
-            hang_dir = Path(cfg.run_dir) / "hang"
-            try:
-                results = run_elastic(
-                    plan, train_worker, [cfg.as_dict()], verbose=cfg.verbose, hang_dir=hang_dir, restarted=RESUME_TRAIN
-                )
-            except Interrupted as e:
-                raise Interrupted(e.signum, f"{e}{_after_signal(cfg, e.signum)}") from None
+    with failure_recorded(cfg.run_dir, made=new):
+        if in_process:
+            return train_worker(cfg.as_dict())
+        hang_dir = Path(cfg.run_dir) / "hang"
+        try:
+            results = run_elastic(
+                plan, train_worker, [cfg.as_dict()], verbose=cfg.verbose, hang_dir=hang_dir, restarted=RESUME_TRAIN
+            )
+        except Interrupted as e:
+            raise Interrupted(e.signum, f"{e}{_after_signal(cfg, e.signum)}") from None
     return results.get(0, {}) if isinstance(results, dict) else results[0]
 
 
@@ -116,42 +116,33 @@ def _after_signal(cfg: RunConfig, signum: int) -> str:
     return f" before a checkpoint was written{hint}"
 
 
-def _missing_folders(folder: Path) -> list[Path]:
-    """`folder` and those of its parents that do not exist, deepest first."""
-    missing = []
-    for f in (folder, *folder.parents):
-        if f.exists() or str(f) in ("", "."):
-            break
-        missing.append(f)
-    return missing
-
-
 @contextlib.contextmanager
-def _unused_folders_removed_on_a_signal(folders: list[Path]) -> Iterator[None]:
-    """A run stopped by a signal before anything was written leaves no empty run directory behind
-    (the folders this command made, deepest first, while they are empty)."""
-    try:
-        yield
-    except (KeyboardInterrupt, Interrupted):
-        for folder in folders:
-            try:
-                folder.rmdir()  # only an empty folder goes
-            except OSError:
-                break
-        raise
-
-
-@contextlib.contextmanager
-def failure_recorded(run_dir: str | None) -> Iterator[None]:
+def failure_recorded(run_dir: str | None, made: list[Path] | None = None) -> Iterator[None]:
     """A run that fails after it started says so in its folder (failed.json, for `ddpkit runs`),
-    and in the tracker runs its rank 0 left running (killed before it could end them)."""
+    and in the tracker runs its rank 0 left running (killed before it could end them); one
+    refused or stopped by a signal before its start leaves the folder as it was: the folders
+    this launch `made` for it are removed again (when nothing else was put there)."""
     try:
         yield
     except BaseException as e:
         if run_dir:
             record_failure(run_dir, e)
             end_abandoned_trackers(run_dir, STOPPED if stopped_by(e) else FAILED)
+            if made and not started_by_this_launch(run_dir):
+                for folder in made:  # the deepest first
+                    with contextlib.suppress(OSError):
+                        folder.rmdir()  # only if empty
         raise
+
+
+def _missing_folders(run_dir: str) -> list[Path]:
+    """The run directory and its parents that do not exist yet, deepest first."""
+    missing = []
+    for folder in [Path(run_dir), *Path(run_dir).parents]:
+        if folder.exists() or str(folder) in ("", "."):
+            break
+        missing.append(folder)
+    return missing
 
 
 def check_request_matches_launcher(cfg: RunConfig, env: DistEnv) -> None:
@@ -186,9 +177,7 @@ def describe_worker(env: DistEnv, cfg: RunConfig) -> str:
 
 def prepare_local_run(cfg: RunConfig) -> RunConfig:
     """Pick the run directory and make sure starting (or resuming) there loses nothing."""
-    run_dir = (
-        Path(cfg.run_dir) if cfg.run_dir else Path("runs") / f"{_task_slug(cfg.task)}-{time.strftime('%Y%m%d-%H%M%S')}"
-    )
+    run_dir = Path(cfg.run_dir) if cfg.run_dir else default_run_dir(cfg)
     if cfg.auto_resume:
         pass  # continue whatever is there, or start fresh
     elif cfg.resume:
@@ -206,6 +195,11 @@ def prepare_local_run(cfg: RunConfig) -> RunConfig:
     except OSError as e:
         raise DdpkitError(f"cannot write to run directory {run_dir}: {e.strerror}; choose another --run-dir") from None
     return cfg.replace(run_dir=str(run_dir))
+
+
+def default_run_dir(cfg: RunConfig) -> Path:
+    """runs/TASK-DATE-TIME: where a run goes without --run-dir."""
+    return Path("runs") / f"{_task_slug(cfg.task)}-{time.strftime('%Y%m%d-%H%M%S')}"
 
 
 def _check_strategy(cfg: RunConfig, device_type: str, nproc: int) -> None:

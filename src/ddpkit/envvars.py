@@ -10,6 +10,9 @@ from pathlib import Path
 # the launcher -> its workers
 ERROR_DIR_VAR = "DDPKIT_ERROR_DIR"  # where a worker writes a user error for the launcher to print
 LAUNCH_TIME_VAR = "DDPKIT_LAUNCH_TIME"  # when the command started (the summary's wall time)
+LAUNCH_ID_VAR = "DDPKIT_LAUNCH_ID"  # one `ddpkit train` (a token): the run directory's mark names it once started
+SNAPSHOT_DIR_VAR = "DDPKIT_SNAPSHOT_DIR"  # this node's private folder for memory snapshots (checkpoint/snapshot.py)
+STORE_FILE_VAR = "DDPKIT_STORE_FILE"  # one node: the workers' FileStore, this path + attempt (runtime/store.py)
 # `ddpkit slurm`'s batch script -> rank 0: after a warning signal's checkpoint write this file; the script requeues
 REQUEUE_FILE_VAR = "DDPKIT_REQUEUE_FILE"
 # torch's agent -> every worker: how many times it has restarted this node's workers, and how often it may

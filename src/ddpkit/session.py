@@ -9,12 +9,14 @@ The same script runs unchanged under `ddpkit launch`, torchrun and srun, or alon
 from __future__ import annotations
 
 import contextlib
+from pathlib import Path
 from typing import Any, Callable, ContextManager, Iterable
 
 import torch
 from torch import nn
 
 from .checkpoint import whole
+from .checkpoint.world_mark import WorldMark
 from .config import DEFAULT_TIMEOUT_S
 from .data import ShardedLoader, StreamLoader, rank_loader
 from .environments import DistEnv
@@ -39,6 +41,7 @@ class Session:
     ) -> None:
         self.runtime = Runtime(env, device=device, backend=backend, timeout=timeout, threads=threads, store=store)
         self.strategy: Strategy | None = None
+        self._marks: dict[Path, WorldMark] = {}  # the folders this world saved into: it owns them until another does
         self.scaler: Any = None  # fp16's torch.amp.GradScaler after rt.wrap(..., precision="fp16"); None otherwise
 
     def wrap(
@@ -134,19 +137,37 @@ class Session:
         `torch.load(path, weights_only=True)["model"]` loads into a plain model.
         sharded=True: a folder of every rank's shards (torch.distributed.checkpoint), renamed
         into place once complete; loads at any world size. Refused with a clear error: weights
-        on the meta device, an optimizer over other parameters, NaN/inf weights."""
+        on the meta device, an optimizer over other parameters, NaN/inf weights, and a folder
+        another world saved into since this one first did (two jobs, or a split elastic job:
+        the newest owns it, as `ddpkit train`'s run directory, checkpoint/world_mark.py)."""
+        whole.check_savable(model)  # refusals first: a refused save marks no folder
+        if optimizer is not None:
+            whole.check_optimizer_of(model, optimizer)
+        self._check_owner(path)
         if sharded:
             from .checkpoint.sharded import save_state_dir
 
-            whole.check_savable(model)
-            if optimizer is not None:
-                whole.check_optimizer_of(model, optimizer)
             save_state_dir(path, model, optimizer, extra, self.runtime)
             return
         try:
             whole.save_whole(path, model, optimizer, extra, self.is_main)
         finally:
             self.barrier()  # no rank reads the file before it is there (nor hangs if rank 0 refused)
+
+    def _check_owner(self, path: str) -> None:
+        """Collective: the folder of `path` is this world's. The first save into a folder marks
+        it (rank 0); each later one finds out, in one small all-reduce, whether another world
+        has marked it since, and then every rank refuses."""
+        folder = Path(path).absolute().parent
+        mark = self._marks.get(folder)
+        if mark is None:
+            mark = self._marks[folder] = WorldMark(folder, self.is_main, self.world_size, self.env.nnodes)
+            if self.is_main:
+                folder.mkdir(parents=True, exist_ok=True)
+                mark.claim()
+            return
+        if mark.lost_anywhere(self.collectives, self.device):
+            raise mark.error(f"rt.save({path!r})", own_loop=True)
 
     def load(self, path: str, model: nn.Module, optimizer: Any = None) -> dict[str, Any]:
         """Load what save() wrote (either kind) into model/optimizer on every rank, whatever

@@ -117,7 +117,24 @@ def load_task_function(spec: str) -> Callable[..., Any]:
     fn = getattr(module, name, None)
     if fn is None or not callable(fn):
         raise DdpkitError(f"task {spec!r}: {where} has no function {name!r}")
+    check_task_function(spec, fn)
     return fn
+
+
+def check_task_function(spec: str, fn: Any) -> None:
+    """Refuse, before it is called, what a spec (a flag, a config file) names that is not a
+    function written to build a task: a builtin or a class (`os:system`, `subprocess:Popen`),
+    or a function of Python's own library (`subprocess:run`, `shutil:rmtree`). Not a sandbox:
+    a task file or module is code, and naming one runs it (README, Security); this keeps a spec
+    from reaching, by mistake or by a file's say-so, what was never a task."""
+    what = f"{getattr(fn, '__module__', None) or '?'}.{getattr(fn, '__qualname__', type(fn).__name__)}"
+    if not inspect.isfunction(fn):
+        raise DdpkitError(
+            f"task {spec!r} names {what}, a {type(fn).__name__}, not a Python function that builds a task "
+            "(def build(config): return a Task, a dict of its fields or (train_set, model, optimizer))"
+        )
+    if (fn.__module__ or "").split(".")[0] in sys.stdlib_module_names:
+        raise DdpkitError(f"task {spec!r} names {what}, a function of Python's own library, not a training task")
 
 
 def import_failure(what: str, error: Exception) -> DdpkitError:

@@ -6,6 +6,7 @@ import contextlib
 import json
 import os
 import random
+import shutil
 import signal
 import subprocess
 import sys
@@ -19,6 +20,7 @@ import torch
 
 from .checkpoint import hf_config
 from .checkpoint.export import export_run
+from .checkpoint.file import remove_stale_temporaries
 from .checkpoint.world_mark import WorldMark
 from .config import RunConfig
 from .environments import DistEnv
@@ -167,8 +169,6 @@ def _train(cfg: RunConfig, env: DistEnv, held: contextlib.ExitStack, given: Task
     with Runtime(env, cfg.device, cfg.backend, cfg.timeout, cfg.threads) as rt:
         watchdog = None
         if rt.distributed:  # every rank reports where it is when the job hangs (runtime/watchdog.py)
-            if rt.is_main:
-                fresh_hang_dir(run_dir / "hang")
             hang = cfg.hang_seconds
             if rt.backend == "nccl" and cfg.hang_timeout is None:
                 hang = 0.9 * cfg.timeout  # torch aborts a process whose NCCL collective passes --timeout: report first
@@ -194,22 +194,21 @@ def _train(cfg: RunConfig, env: DistEnv, held: contextlib.ExitStack, given: Task
             watchdog.watch_model(task.model)  # a forward pass is progress
         draws = cfg.seed if cfg.draws_seed is None else cfg.draws_seed  # verify's probe: other draws, same model
         seed_everything(draws + 1 + env.rank)  # then per-rank streams (dropout, augmentation)
-        mark = WorldMark(run_dir, rt.is_main, env.world_size, env.nnodes)  # the folder is this world's from now on
-        if rt.is_main:
-            run_dir.mkdir(parents=True, exist_ok=True)
-            mark.claim()  # before this world writes there: a world still training there stops at its next step
-            (run_dir / "config.json").write_text(json.dumps(cfg.as_dict(), indent=2) + "\n")
-            not_kept = hf_config.record(task.model, run_dir, required=cfg.export == "hf")  # for export --format hf
-            if not_kept:
-                print(f"ddpkit: warning: {not_kept}; `ddpkit export --format hf` will refuse this run", flush=True)
+        mark = WorldMark(run_dir, rt.is_main, env.world_size, env.nnodes)  # the folder is this world's once it starts
+        # the Hugging Face config of the model as built (before a strategy shards it), kept aside until the start
+        hf, not_kept = hf_config.prepare(task.model, required=cfg.export == "hf") if rt.is_main else (None, None)
+        if hf is not None:
+            held.callback(shutil.rmtree, hf, ignore_errors=True)  # once moved into the run, nothing is left there
         if restart_count() > 0:
             cfg = cfg.replace(auto_resume=True)  # restarted after a failure: continue, don't redo
         # Its handlers stay until the summary is written and the requeue asked for (they leave with
         # `held`): a second signal during the save or after it must not kill this process.
         stop = held.enter_context(StopRequest(cfg.save_on_signal.split(","))) if cfg.save_on_signal else None
+        if not_kept:
+            print(f"ddpkit: warning: {not_kept}; `ddpkit export --format hf` will refuse this run", flush=True)
         fit_start = time.time()
         try:
-            stats = fit(cfg, task, rt, run_dir, stop, mark)
+            stats = fit(cfg, task, rt, run_dir, stop, mark, begin=lambda: _begin(cfg, rt.is_main, run_dir, mark, hf))
         except Exception as e:
             if isinstance(e, RunDirTaken):
                 _say_rejoining(e, env)
@@ -266,6 +265,28 @@ def _train(cfg: RunConfig, env: DistEnv, held: contextlib.ExitStack, given: Task
 
 def _silent(line: str) -> None:
     pass
+
+
+def _begin(cfg: RunConfig, is_main: bool, run_dir: Path, mark: WorldMark, hf: Path | None) -> None:
+    """Rank 0, once nothing refused the run (the task, --init-from, the resume): the folder is
+    this world's from now on. Everything the start writes is written here, so a refusal before
+    it leaves the run directory as it was (a finished run stays finished). A full disk is one line.
+    `hf`: the model's Hugging Face config, prepared aside (hf_config.prepare)."""
+    if not is_main:
+        return
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        remove_stale_temporaries(run_dir)  # what a killed save left: it may be what filled the disk
+        mark.claim()  # before this world writes there: a world still training there stops at its next step
+        fresh_hang_dir(run_dir / "hang")
+        (run_dir / "config.json").write_text(json.dumps(cfg.as_dict(), indent=2) + "\n")
+        if hf is not None:
+            hf_config.put(hf, run_dir)  # for export --format hf
+    except OSError as e:
+        raise DdpkitError(
+            f"cannot write to the run directory {run_dir}: {e.strerror or e} ({e.filename or run_dir}); "
+            "free space (or fix the folder) and start again (with --resume to continue)"
+        ) from None
 
 
 def request_requeue(stop: StopRequest) -> None:

@@ -242,6 +242,7 @@ def test_killed_while_saving_leaves_the_previous_checkpoint_in_use(tmp_path):
     resumed = run_ddpkit(*args[:-1], "--resume", "--epochs", str(int(complete[-1][6:12]) + 1))
     assert f"resuming from {ckpts / complete[-1]}" in resumed.stdout  # ...and is never loaded
     assert (run / "model.pt").exists()
+    assert not [p.name for p in ckpts.iterdir() if p.name.endswith(".tmp")]  # and removed at the start
 
 
 def test_corrupt_newest_checkpoint_is_reported_and_the_newest_valid_one_used(tmp_path, reference):
@@ -251,11 +252,7 @@ def test_corrupt_newest_checkpoint_is_reported_and_the_newest_valid_one_used(tmp
     newest = run / "checkpoints" / "epoch-000020.pt"
     newest.write_bytes(newest.read_bytes()[:1000])  # truncated
     proc = run_ddpkit(*args, "--resume")
-    assert (
-        "skipping checkpoint" in proc.stdout
-        and "epoch-000020.pt" in proc.stdout
-        and "truncated or corrupt" in proc.stdout
-    )
+    assert "skipping checkpoint" in proc.stdout and "epoch-000020.pt" in proc.stdout and "truncated" in proc.stdout
     assert "epoch-000015.pt" in proc.stdout
     assert_state_equal(load_model(run), load_model(reference))
 

@@ -97,7 +97,7 @@ def test_fsdp_resume_is_bit_identical_and_skips_incomplete_checkpoints(wine_runs
     shutil.copytree(split / "checkpoints" / "epoch-000002", split / "checkpoints" / "epoch-000005")
     (split / "checkpoints" / "epoch-000005" / "__1_0.distcp").unlink()
     proc = run_ddpkit("train", "--strategy", "fsdp", "--nproc", "2", "--resume", "--run-dir", str(split), *WINE[:-1])
-    assert "skipping checkpoint" in proc.stdout and "epoch-000005: incomplete" in proc.stdout
+    assert "skipping checkpoint" in proc.stdout and "epoch-000005/__1_0.distcp: missing" in proc.stdout
     assert "resuming from" in proc.stdout and "epoch-000002 (epoch 2 done)" in proc.stdout
     assert sorted(p.name for p in (split / "checkpoints").iterdir()) == [
         "epoch-000002",

@@ -1,3 +1,4 @@
+import re
 import textwrap
 
 import pytest
@@ -92,3 +93,23 @@ def test_optimizer_of_another_model_is_refused():
     task = as_task({"model": m, "train_set": ds, "optimizer": torch.optim.SGD(nn.Linear(2, 2).parameters(), lr=1)})
     with pytest.raises(DdpkitError, match="does not optimise"):
         make_optimizer(task.optimizer, m, None)
+
+
+@pytest.mark.parametrize(
+    "spec, fragment",
+    [
+        ("subprocess:run", "subprocess.run, a function of Python's own library"),
+        ("shutil:rmtree", "shutil.rmtree, a function of Python's own library"),
+        ("os:system", "posix.system, a builtin_function_or_method, not a Python function"),
+        ("subprocess:Popen", "a type, not a Python function"),
+    ],
+)
+def test_a_spec_naming_what_is_not_a_task_is_refused_before_it_is_called(tmp_path, spec, fragment):
+    from ddpkit.config_file import read_config_file
+
+    marker = tmp_path / "ran"
+    config = tmp_path / "evil.toml"
+    config.write_text(f'task = "{spec}"\n[task_args]\nargs = ["touch", "{marker}"]\n')
+    with pytest.raises(DdpkitError, match=re.escape(fragment)):
+        load_task_function(read_config_file(config)["task"])
+    assert not marker.exists()

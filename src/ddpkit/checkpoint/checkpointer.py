@@ -131,9 +131,9 @@ class Checkpointer:
             return None
         run_id = os.environ["TORCHELASTIC_RUN_ID"]
         if self.sharded:
-            store = SnapshotStore.for_this_node(run_id, shard=self._shards.shard)
+            store = _node_store(run_id, self._shards.shard)
             return MemorySnapshots(self.rt, every, store, sharded=True)
-        store = SnapshotStore.for_this_node(run_id) if self.rt.env.local_rank == 0 else None
+        store = _node_store(run_id) if self.rt.env.local_rank == 0 else None
         return MemorySnapshots(self.rt, every, store)
 
     @property
@@ -395,6 +395,15 @@ class Checkpointer:
                 f"--resume: {has} {KNOWN_PARTS[name]} and the other does not; resume with the settings of "
                 "the run that wrote the checkpoint"
             )
+
+
+def _node_store(run_id: str, shard: tuple[int, int] | None = None) -> SnapshotStore | None:
+    """This node's snapshot folder, or None (and one line saying why) when it is not this job's own."""
+    try:
+        return SnapshotStore.for_this_node(run_id, shard=shard)
+    except DdpkitError as e:
+        print(f"ddpkit: warning: {e}", flush=True)
+        return None
 
 
 KNOWN_PARTS = {

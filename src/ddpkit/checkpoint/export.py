@@ -32,7 +32,7 @@ from ..config_values import format_bytes, parse_memory
 from ..errors import DdpkitError
 from . import file as ckpt_file
 from . import hf_config
-from .file import _first_line
+from .file import _first_line, not_plain_data
 
 DEFAULT_MAX_SHARD_SIZE = "5GB"  # Hugging Face's default
 SINGLE = "model.safetensors"
@@ -71,14 +71,16 @@ class FileSource:
 
     def __init__(self, path: Path) -> None:
         self.path = path
-        self.tensors = [TensorInfo(k, tuple(v.shape), v.dtype) for k, v in self._load().items()]
+        self.tensors = [TensorInfo(k, tuple(v.shape), v.dtype) for k, v in self._load(check=True).items()]
 
-    def _load(self) -> dict[str, torch.Tensor]:
+    def _load(self, check: bool = False) -> dict[str, torch.Tensor]:
         path = self.path
+        if check:
+            ckpt_file.check_file(path)
         try:
             loaded = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
         except pickle.UnpicklingError as e:
-            raise DdpkitError(f"{path}: refused to load: it is not plain data ({_first_line(e)})") from None
+            raise DdpkitError(f"{path}: refused to load: {not_plain_data(e)}") from None
         except Exception as e:  # garbage makes the unpickler fail in many ways
             raise DdpkitError(f"{path}: not a readable checkpoint, truncated or corrupt ({_first_line(e)})") from None
         ddpkit_file = isinstance(loaded, dict) and isinstance(loaded.get("format"), str) and "model" in loaded
@@ -97,14 +99,14 @@ class ShardedSource:
     tensor group: DCP fills whole tensors of the shapes its metadata records."""
 
     def __init__(self, path: Path) -> None:
-        from torch.distributed.checkpoint import FileSystemReader
         from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
+        from .dcp_io import folder_metadata
         from .sharded import read_complete
 
         self.path = path
-        meta = read_complete(path)
-        stored = FileSystemReader(str(path)).read_metadata().state_dict_metadata
+        meta = read_complete(path)  # every file as written
+        stored = folder_metadata(path).state_dict_metadata
         order = list(meta.get("model_signature") or [k.removeprefix("model.") for k in stored])
         self.tensors = []
         for name in order:
@@ -117,15 +119,13 @@ class ShardedSource:
             self.tensors.append(TensorInfo(name, tuple(info.size), info.properties.dtype))
 
     def read(self, names: list[str]) -> dict[str, torch.Tensor]:
-        import torch.distributed.checkpoint as dcp
-        from torch.distributed.checkpoint import FileSystemReader
-
+        from .dcp_io import load_into
         from .sharded import _alone_is_fine
 
         infos = {t.name: t for t in self.tensors}
         state = {"model": {n: torch.empty(infos[n].shape, dtype=infos[n].dtype) for n in names}}
         with _alone_is_fine():
-            dcp.load(state, storage_reader=FileSystemReader(str(self.path)), no_dist=True)
+            load_into(state, self.path, no_dist=True)
         return state["model"]
 
 
@@ -223,8 +223,11 @@ def export_run(
     except OSError as e:
         shutil.rmtree(tmp, ignore_errors=True)
         raise DdpkitError(f"cannot write {target}: {e.strerror or e}; nothing was left there") from None
-    except BaseException:
+    except BaseException as e:
         shutil.rmtree(tmp, ignore_errors=True)
+        if type(e).__name__ == "SafetensorError" and "I/O error" in str(e):  # safetensors' own OSError
+            why = str(e).split("I/O error:", 1)[1].split("(os error")[0].strip()
+            raise DdpkitError(f"cannot write {target}: {why}; nothing was left there") from None
         raise
     say(f"ddpkit: wrote {target}: {written} ({len(tensors)} tensors)")
     return target

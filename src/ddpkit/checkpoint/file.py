@@ -3,43 +3,57 @@
 A checkpoint is one file ``checkpoints/epoch-NNNNNN.pt`` written by rank 0 through a
 temporary file, fsync and rename: it is complete or absent. It holds the model (no
 ``module.`` prefix), the optimizer, the number of finished epochs, every rank's RNG
-states and the config. Files load with ``weights_only=True``: a checkpoint cannot run code.
+states and the config. Files load with ``weights_only=True``: a checkpoint cannot run code;
+and only once every record matches the CRC-32 written with it: a damaged one is never trained from.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import pickle
 import re
+import shutil
 import tempfile
 import threading
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import torch
 from torch import nn
 
 from ..errors import DdpkitError
 from ..tree import map_tensors
+from .integrity import WriteThrough, is_torch_zip, verify_zip
 
 FORMAT = "ddpkit-checkpoint"
 VERSION = 2  # 2: the position in the epoch is kept in samples of the global order (1: in steps)
 READABLE_VERSIONS = (1, 2)  # a version-1 position is turned into samples only at its own global batch
 CKPT_DIR = "checkpoints"
 _NAME = re.compile(r"^epoch-(\d+)(?:-step-(\d+))?\.pt$")
+TMP_SUFFIX = ".tmp"  # atomic_save's temporary file: `.NAME.RANDOM.tmp` beside NAME
 
 
-def atomic_save(obj: Any, path: str | os.PathLike) -> Path:
-    """torch.save to a temporary file in the same folder, fsync, then rename over `path`."""
+def atomic_save(obj: Any, path: str | os.PathLike, private: bool = False) -> Path:
+    """torch.save to a temporary file in the same folder, fsync, then rename over `path`.
+    Every record carries its CRC-32 (torch's zip format; load_file checks them). `private`: the
+    file is 0600 (what another local user must not read), else as open() would create it."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    umask = os.umask(0)
-    os.umask(umask)
-    os.fchmod(fd, 0o666 & ~umask)  # as open() would create it, not mkstemp's 0600
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=TMP_SUFFIX, dir=path.parent)
+    if not private:
+        umask = os.umask(0)
+        os.umask(umask)
+        os.fchmod(fd, 0o666 & ~umask)  # as open() would create it, not mkstemp's 0600
     try:
-        with os.fdopen(fd, "wb") as f:
-            torch.save(obj, f)
+        with os.fdopen(fd, "wb") as f, _crc32_on():
+            sink = WriteThrough(f)
+            try:
+                torch.save(obj, sink)
+            except RuntimeError:
+                if sink.error is not None:  # torch's `unexpected pos`: the write's own error says why
+                    raise sink.error from None
+                raise
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
@@ -53,6 +67,21 @@ def atomic_save(obj: Any, path: str | os.PathLike) -> Path:
     return path
 
 
+@contextlib.contextmanager
+def _crc32_on() -> Iterator[None]:
+    """torch.save writes each record's CRC-32 unless told not to; a checkpoint always has them."""
+    from torch.serialization import get_crc32_options, set_crc32_options
+
+    if get_crc32_options():
+        yield
+        return
+    set_crc32_options(True)
+    try:
+        yield
+    finally:
+        set_crc32_options(False)
+
+
 def save_or_explain(obj: Any, path: Path) -> None:
     """Atomic save; a full disk or unwritable folder becomes a clear error (nothing partial
     is left, and the previous checkpoint stays the one --resume uses)."""
@@ -63,6 +92,30 @@ def save_or_explain(obj: Any, path: Path) -> None:
             f"cannot write {path}: {e.strerror or e}; nothing partial was left and the previous "
             "checkpoint is intact: free space (or fix the folder) and continue with --resume"
         ) from None
+
+
+def remove_stale_temporaries(run_dir: str | os.PathLike) -> list[Path]:
+    """What a killed save left in the run's checkpoints folder (a `.NAME.*.tmp` file, a
+    `.NAME.partial` or `.NAME.old` folder): never read, only taking space. Rank 0, at the start
+    of a run, before any save of its own can be in flight."""
+    folder = Path(run_dir) / CKPT_DIR
+    try:
+        entries = list(folder.iterdir())
+    except OSError:
+        return []
+    gone = []
+    for entry in entries:
+        name = entry.name
+        if not name.startswith("."):
+            continue
+        if name.endswith(TMP_SUFFIX) and entry.is_file():
+            entry.unlink(missing_ok=True)
+        elif name.endswith((".partial", ".old")) and entry.is_dir() and not entry.is_symlink():
+            shutil.rmtree(entry, ignore_errors=True)
+        else:
+            continue
+        gone.append(entry)
+    return gone
 
 
 class BackgroundWriter:
@@ -113,15 +166,36 @@ def fsync_dir(folder: str | os.PathLike) -> None:
 
 
 def load_file(path: str | os.PathLike) -> Any:
-    """torch.load with weights_only=True; anything unreadable becomes a DdpkitError naming the file."""
+    """torch.load with weights_only=True, after every record of the file is checked against its
+    CRC-32 (integrity.py); anything unreadable or damaged becomes a DdpkitError naming the file."""
+    check_file(path)
     try:
         return torch.load(path, map_location="cpu", weights_only=True)
     except FileNotFoundError:
         raise DdpkitError(f"{path}: no such file") from None
     except pickle.UnpicklingError as e:
-        raise DdpkitError(f"{path}: refused to load: it is not plain data ({_first_line(e)})") from None
+        if not is_torch_zip(path):
+            raise DdpkitError(f"{path}: not a torch checkpoint file (random bytes, or another format)") from None
+        raise DdpkitError(f"{path}: refused to load: {not_plain_data(e)}") from None
     except Exception as e:  # garbage makes the unpickler fail in many ways (IndexError, EOFError, ...)
         raise DdpkitError(f"{path}: not a readable checkpoint, truncated or corrupt ({_first_line(e)})") from None
+
+
+def check_file(path: str | os.PathLike) -> None:
+    """A file that exists and, in torch's zip format, whose every record matches its CRC-32."""
+    if not os.path.isfile(path):
+        raise DdpkitError(f"{path}: no such file")
+    if is_torch_zip(path):
+        verify_zip(path)
+
+
+def not_plain_data(e: BaseException) -> str:
+    """What torch's weights_only unpickler refused, without its advice to load the file
+    unrestricted (which is how a crafted file runs its code)."""
+    lines = [line.strip() for line in str(e).splitlines() if line.strip()]
+    why = [line for line in lines if not line.startswith(("Weights only load failed", "Check the documentation"))]
+    detail = f" ({why[0][:200]})" if why else ""
+    return f"it is not plain data{detail}: a file crafted to run code, or one saved with objects"
 
 
 def _first_line(e: BaseException) -> str:

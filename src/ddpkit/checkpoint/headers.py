@@ -1,6 +1,7 @@
 """What a run's checkpoints say without a model to load them into: the newest one whose Header
-reads (for `ddpkit runs`). Reading a one-file checkpoint maps its tensors instead of reading
-them, so a large checkpoint costs little; whether it fits a model is resume's question."""
+reads and whose files are as written (for `ddpkit runs`), and the newer ones a resume would pass
+over. Reading a one-file checkpoint maps its tensors instead of loading them; checking it reads
+every byte once (its CRC-32s, integrity.py). Whether it fits a model is resume's question."""
 
 from __future__ import annotations
 
@@ -14,14 +15,17 @@ from . import file as ckpt_file
 from .schema import Header
 
 
-def read_header(path: str | os.PathLike) -> Header:
-    """The Header of a checkpoint file or sharded folder; a DdpkitError when it does not load."""
+def read_header(path: str | os.PathLike, check: bool = False) -> Header:
+    """The Header of a checkpoint file or sharded folder; a DdpkitError when it does not load
+    (with `check`: or when any of its files is not as written)."""
     path = Path(path)
     if path.is_dir():
-        from .sharded import FORMAT, META
+        from .sharded import FORMAT, META, read_complete
 
-        payload, fmt = ckpt_file.load_file(path / META), FORMAT
+        payload, fmt = (read_complete(path) if check else ckpt_file.load_file(path / META)), FORMAT
     else:
+        if check:
+            ckpt_file.check_file(path)
         try:
             payload = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
         except Exception:  # not a zip torch can map (or not loadable at all): load_file says which
@@ -37,15 +41,22 @@ def read_header(path: str | os.PathLike) -> Header:
         raise DdpkitError(f"{path}: incomplete header ({type(e).__name__}: {e})") from None
 
 
-def newest_header(run_dir: str | os.PathLike) -> tuple[Path, Header] | None:
+def newest_header(run_dir: str | os.PathLike, check: bool = False) -> tuple[Path, Header] | None:
     """The newest checkpoint of either kind whose header loads, or None; newer ones that do
     not load are passed over, as resume passes them over."""
+    return newest_checked(run_dir, check)[0]
+
+
+def newest_checked(run_dir: str | os.PathLike, check: bool = True) -> tuple[tuple[Path, Header] | None, list[str]]:
+    """The newest checkpoint of either kind whose header loads (with `check`: and whose every
+    file is as written), and why each newer one was passed over."""
     from .sharded import list_sharded
 
     candidates = sorted(ckpt_file.list_checkpoints(run_dir) + list_sharded(run_dir), reverse=True)
+    passed: list[str] = []
     for _, path in candidates:
         try:
-            return path, read_header(path)
-        except DdpkitError:
-            continue
-    return None
+            return (path, read_header(path, check)), passed
+        except DdpkitError as e:
+            passed.append(str(e))
+    return None, passed

@@ -14,6 +14,7 @@ import os
 import re
 import shutil
 import sys
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -69,12 +70,19 @@ def record(model: nn.Module, run_dir: str | os.PathLike, required: bool = False)
     """Rank 0, at the start of a run: RUN_DIR/hf_config/ for a transformers model (replaced as a
     whole; nothing for any other model). A config transformers refuses to save is the user's to fix
     only when the run exports as hf (`required`); otherwise the reason is returned, to warn."""
+    prepared, reason = prepare(model, required)
+    if prepared is not None:
+        put(prepared, run_dir)
+    return reason
+
+
+def prepare(model: nn.Module, required: bool = False) -> tuple[Path | None, str | None]:
+    """What record() writes, into a temporary folder outside the run directory, from the model as
+    the task built it (before a strategy wraps or shards it): (the folder or None, a warning or None);
+    a DdpkitError when `required` and transformers refuses. Nothing is written in the run yet."""
     if not is_hf_model(model):
-        return None
-    folder = Path(run_dir) / HF_DIR
-    tmp = folder.parent / f".{HF_DIR}.partial"
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
+        return None, None
+    tmp = Path(tempfile.mkdtemp(prefix="ddpkit-hf-config-"))
     try:
         _write(model, tmp)
     except Exception as e:
@@ -82,11 +90,19 @@ def record(model: nn.Module, run_dir: str | os.PathLike, required: bool = False)
         reason = f"cannot save the model's Hugging Face config ({type(e).__name__}: {str(e)[:200]})"
         if required:
             raise DdpkitError(f"--export hf: {reason}; fix it, or use --export safetensors") from None
-        return reason
+        return None, reason
+    return tmp, None
+
+
+def put(prepared: Path, run_dir: str | os.PathLike) -> None:
+    """A prepared folder as RUN_DIR/hf_config/, replaced as a whole."""
+    folder = Path(run_dir) / HF_DIR
+    tmp = folder.parent / f".{HF_DIR}.partial"
+    shutil.rmtree(tmp, ignore_errors=True)
+    shutil.move(str(prepared), tmp)
     if folder.exists():
         shutil.rmtree(folder)
     os.replace(tmp, folder)
-    return None
 
 
 def _write(model: Any, folder: Path) -> None:

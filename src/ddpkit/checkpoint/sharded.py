@@ -4,7 +4,9 @@ A sharded checkpoint is the directory ``checkpoints/epoch-NNNNNN/`` (or
 ``epoch-NNNNNN-step-MMMMMM/`` after a stop between steps): DCP's ``.metadata``, one
 ``__R_0.distcp`` file per rank (model and optimizer shards), and ``ddpkit.pt`` (the
 checkpointer's Header: position, parts, every rank's RNG states, config, the model's
-signature), written by rank 0.
+signature, and the size and CRC-32 of every other file, integrity.py), written by rank 0. Read
+back only once every file is as written, and `.metadata` and the shards' items as plain data
+(dcp_io.py).
 
 Atomic as a whole: all ranks write into ``checkpoints/.epoch-NNNNNN.partial/`` (files
 fsynced); DCP writes ``.metadata`` on rank 0 only once every rank's shard is on disk; then
@@ -30,18 +32,21 @@ import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch import nn
-from torch.distributed.checkpoint import CheckpointException, FileSystemReader, FileSystemWriter
+from torch.distributed.checkpoint import CheckpointException
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
 from ..errors import DdpkitError
 from ..runtime import Runtime
 from . import file as ckpt_io
+from .dcp_io import ChecksumWriter, folder_metadata, load_into
+from .integrity import DamagedCheckpoint, verify_files
 from .schema import Header
 from .state import unwrap
 
 FORMAT = "ddpkit-sharded-checkpoint"
 STATE_VERSION = 1  # rt.save(..., sharded=True) folders (training checkpoints carry checkpoint.file.VERSION)
 META = "ddpkit.pt"
+FILES = "files"  # in ddpkit.pt: {file name: (size, CRC-32)} of every other file of the folder
 _NAME = re.compile(r"^epoch-(\d+)(?:-step-(\d+))?$")
 
 
@@ -80,8 +85,9 @@ def write_shards(
     final: Path, model: nn.Module, optimizer: torch.optim.Optimizer | None, meta: Any, rt: Runtime, advice: str = ""
 ) -> Path:
     """Collective, atomic as a whole: every rank writes its shards into `.NAME.partial/` (DCP
-    writes .metadata on rank 0 once all are on disk), rank 0 adds ddpkit.pt (`meta()`) and
-    renames the folder to `final`. A failure leaves `final` as it was."""
+    writes .metadata on rank 0 once all are on disk), rank 0 adds ddpkit.pt (`meta()`, with the
+    size and CRC-32 of every file, computed as they were written) and renames the folder to
+    `final`. A failure leaves `final` as it was and removes the partial folder."""
     from torch.distributed.checkpoint.state_dict import get_model_state_dict
 
     tmp = final.parent / f".{final.name}.partial"
@@ -95,20 +101,30 @@ def write_shards(
         else:
             model_state, optim_state = get_state_dict(model, optimizer)
             state = {"model": model_state, "optim": optim_state}
+        writer = ChecksumWriter(tmp, sync_files=True)
         with _alone_is_fine():
-            dcp.save(state, storage_writer=FileSystemWriter(tmp, sync_files=True), no_dist=not rt.distributed)
-        if rt.is_main:  # dcp.save returned on rank 0: every shard and .metadata are written
-            ckpt_io.atomic_save(meta(), tmp / META)
+            dcp.save(state, storage_writer=writer, no_dist=not rt.distributed)
+        everyone = rt.gather_object(writer.sums)  # dcp.save returned: every rank's files are written
+        if rt.is_main:  # and .metadata: DCP writes it on rank 0 once every shard is on disk
+            files = {name: sums for rank_sums in everyone or [] for name, sums in rank_sums.items()}
+            ckpt_io.atomic_save({**meta(), FILES: files}, tmp / META)
             _replace_dir(tmp, final)
     except (OSError, CheckpointException) as e:
+        if rt.is_main:  # every rank is past its writes: DCP gathers their outcome before it raises
+            shutil.rmtree(tmp, ignore_errors=True)
         raise DdpkitError(
-            f"cannot write {final}: {_first_line(e)}; it was not renamed into place" + (f" {advice}" if advice else "")
+            f"cannot write {final}: {_first_line(e)}; it was not renamed into place and its partial folder "
+            "was removed" + (f" {advice}" if advice else "")
         ) from None
     rt.barrier()
     return final
 
 
 def _first_line(e: BaseException) -> str:
+    """Why a save failed, in a few words: a rank's OSError (a full disk) before the rest of DCP's report."""
+    if isinstance(e, CheckpointException):
+        errors = [exc for exc, _ in e.failures.values() if isinstance(exc, OSError)]
+        e = errors[0] if errors else e
     lines = [line for line in str(e).splitlines() if line.strip()]
     return (getattr(e, "strerror", None) or (lines[-1] if lines else type(e).__name__))[:200]
 
@@ -133,7 +149,8 @@ def validate_sharded(path: Path, model: nn.Module, optimizer: torch.optim.Optimi
 
 
 def read_complete(path: Path) -> dict[str, Any]:
-    """ddpkit.pt of a sharded checkpoint whose every shard file is there (any model); a DdpkitError otherwise."""
+    """ddpkit.pt of a sharded checkpoint whose every file is there and as written (any model);
+    a DdpkitError otherwise."""
     meta = ckpt_io.load_file(path / META) if (path / META).is_file() else None
     if not isinstance(meta, dict) or meta.get("format") != FORMAT:
         raise DdpkitError(f"{path}: not a complete ddpkit sharded checkpoint (no {META})")
@@ -142,15 +159,27 @@ def read_complete(path: Path) -> dict[str, Any]:
             f"{path}: sharded checkpoint version {meta.get('version')} is not supported "
             f"(this ddpkit writes {ckpt_io.VERSION})"
         )
-    try:
-        metadata = FileSystemReader(str(path)).read_metadata()
-    except Exception as e:
-        raise DdpkitError(f"{path}: unreadable DCP metadata ({type(e).__name__}: {str(e)[:200]})") from None
-    files = {getattr(info, "relative_path", None) for info in (metadata.storage_data or {}).values()}
-    absent = sorted(f for f in files if f and not (path / f).is_file())
-    if absent:
-        raise DdpkitError(f"{path}: incomplete sharded checkpoint, missing {absent[:3]}")
+    check_files(path, meta)
     return meta
+
+
+def check_files(path: Path, meta: dict[str, Any]) -> None:
+    """Every file of the folder as written: against the size and CRC-32 its header lists (before
+    anything unpickles .metadata), and, for a folder written before ddpkit kept them, each shard
+    at least as long as the items DCP's metadata places in it."""
+    if isinstance(meta.get(FILES), dict):
+        verify_files(path, meta[FILES])
+    metadata = folder_metadata(path)
+    ends: dict[str, int] = {}
+    for info in (metadata.storage_data or {}).values():
+        ends[info.relative_path] = max(ends.get(info.relative_path, 0), info.offset + info.length)
+    for name, end in sorted(ends.items()):
+        try:
+            size = (path / name).stat().st_size
+        except FileNotFoundError:
+            raise DamagedCheckpoint(f"{path}: incomplete sharded checkpoint, missing {name}") from None
+        if size < end:
+            raise DamagedCheckpoint(f"{path / name}: truncated: {size:,} bytes, its items need {end:,}")
 
 
 def load_dcp(path: Path, model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
@@ -158,7 +187,7 @@ def load_dcp(path: Path, model: nn.Module, optimizer: torch.optim.Optimizer) -> 
     to this run's layout (FSDP at any world size, or whole tensors for DDP)."""
     model_state, optim_state = get_state_dict(model, optimizer)
     state = {"model": model_state, "optim": optim_state}
-    dcp.load(state, storage_reader=FileSystemReader(str(path)), no_dist=not dist.is_initialized())
+    load_into(state, path, no_dist=not dist.is_initialized())
     set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
 
 
@@ -225,6 +254,7 @@ def load_state_dir(
     meta = ckpt_io.load_file(path / META) if (path / META).is_file() else None
     if not isinstance(meta, dict) or meta.get("format") != STATE_FORMAT:
         raise DdpkitError(f"{path}: not a complete sharded save of rt.save(..., sharded=True) (no {META})")
+    check_files(path, meta)
     ckpt_io.check_signature(path, ckpt_io.model_signature(unwrap(model).state_dict()), meta["model_signature"])
     if optimizer is not None and not meta.get("has_optimizer"):
         raise DdpkitError(f"{path}: holds no optimizer state")
@@ -232,13 +262,13 @@ def load_state_dir(
     if optimizer is None:
         state: dict[str, Any] = {"model": get_model_state_dict(model)}
         with _alone_is_fine():
-            dcp.load(state, storage_reader=FileSystemReader(str(path)), no_dist=no_dist)
+            load_into(state, path, no_dist)
         set_model_state_dict(model, state["model"])
     else:
         model_state, optim_state = get_state_dict(model, optimizer)
         state = {"model": model_state, "optim": optim_state}
         with _alone_is_fine():
-            dcp.load(state, storage_reader=FileSystemReader(str(path)), no_dist=no_dist)
+            load_into(state, path, no_dist)
         set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
     return meta.get("extra", {})
 

@@ -11,9 +11,15 @@ Under FSDP/HSDP no rank holds the whole state: every rank writes its own shards
 can resume from memory only when every shard of one step is still held by some node (HSDP:
 a surviving replica group; plain FSDP: no node was lost, only workers).
 
-The folder is named after the rendezvous run id and the agent's process id, so that several
-"nodes" sharing one /dev/shm (namespaces on one machine) and several jobs never read each
-other's snapshots, while the restarted workers of the same agent find theirs.
+Private: /dev/shm is shared by every local user, and a snapshot is the model and optimizer (and
+what a restart trains from). ddpkit's launcher creates its workers' folder itself, 0700 under an
+unpredictable name (`ddpkit-snapshots-RUN-PID-RANDOM`, handed to them in SNAPSHOT_DIR_VAR); under
+another agent (torchrun) the folder is named after the rendezvous run id and the agent's process
+id, and one that exists already is used only if it is this user's own and private (a folder
+another user planted there is refused: the node goes on without snapshots). Files are 0600 and
+load as plain data (weights_only=True) once every record matches its CRC-32. Several "nodes"
+sharing one /dev/shm (namespaces on one machine) and several jobs never read each other's
+snapshots, while the restarted workers of the same agent find theirs.
 """
 
 from __future__ import annotations
@@ -21,20 +27,23 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import stat
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-import torch
-
+from ..envvars import SNAPSHOT_DIR_VAR
+from ..errors import DdpkitError
 from ..textfile import write_text_atomic
-from .file import BackgroundWriter, atomic_save
+from .file import BackgroundWriter, atomic_save, load_file
 
 SHM = Path("/dev/shm")
 KEEP = 2  # the one being written never replaces the last complete one
 _NAME = re.compile(r"^snapshot-(\d+)\.pt$")
 _SHARD = re.compile(r"^snapshot-(\d+)-shard-(\d+)-of-(\d+)\.pt$")
 _PREFIX = "ddpkit-snapshots-"
+_FOLDER = re.compile(rf"^{_PREFIX}(?P<run>[A-Za-z0-9_.]+)-(?P<pid>\d+)(?:-[A-Za-z0-9_]+)?$")
 
 
 class SnapshotStore:
@@ -43,15 +52,19 @@ class SnapshotStore:
     `shard` (index, count): this rank writes its shards only, and keeps its own `KEEP` newest."""
 
     def __init__(self, folder: Path, shard: tuple[int, int] | None = None) -> None:
-        self.folder, self.shard = folder, shard
+        self.folder, self.shard = private_folder(folder), shard
         self._writer = BackgroundWriter("ddpkit-snapshot", daemon=True)
 
     @classmethod
     def for_this_node(
         cls, run_id: str, root: Path | None = None, shard: tuple[int, int] | None = None
     ) -> SnapshotStore:
-        """The folder of this agent's workers (their parent process) in this job."""
-        return cls((root or SHM) / f"{_PREFIX}{_safe(run_id)}-{os.getppid()}", shard)
+        """The folder of this agent's workers (their parent process) in this job: the one ddpkit's
+        launcher made for them, else one named after the job and the agent; a DdpkitError when
+        that is not this user's own private folder."""
+        given = os.environ.get(SNAPSHOT_DIR_VAR)
+        folder = Path(given) if given and root is None else (root or SHM) / f"{_PREFIX}{_safe(run_id)}-{os.getppid()}"
+        return cls(folder, shard)
 
     def path(self, step: int, shard: tuple[int, int] | None = None) -> Path:
         if shard is None:
@@ -63,11 +76,10 @@ class SnapshotStore:
         """Hand over a state (already a copy the training does not change) for step `step`;
         waits for the previous write first, so that at most one is in flight."""
         self.wait()
-        self.folder.mkdir(parents=True, exist_ok=True)
         self._writer.submit(lambda: self._write(step, state))
 
     def _write(self, step: int, state: dict[str, Any]) -> None:
-        atomic_save(state, self.path(step, self.shard))
+        atomic_save(state, self.path(step, self.shard), private=True)
         if self.shard is None:
             old = self.steps()[:-KEEP]
         else:
@@ -82,7 +94,6 @@ class SnapshotStore:
     def mark(self, step: int) -> None:
         """The last optimizer step this node finished, and when (what a restart redoes and how
         long it took to train again are measured from it)."""
-        self.folder.mkdir(parents=True, exist_ok=True)
         write_text_atomic(self.folder / "progress", f"{step} {time.time()!r}\n")
 
     # -- reading ----------------------------------------------------------------------
@@ -107,7 +118,8 @@ class SnapshotStore:
         return sorted((int(m[1]), int(m[2]), int(m[3])) for m in map(_SHARD.match, names) if m)
 
     def read(self, step: int, shard: tuple[int, int] | None = None) -> dict[str, Any]:
-        return torch.load(self.path(step, shard), map_location="cpu", weights_only=False)
+        """A snapshot as plain data, once every record matches its CRC-32 (file.load_file)."""
+        return load_file(self.path(step, shard))
 
     def progress(self) -> tuple[int, float] | None:
         try:
@@ -122,16 +134,52 @@ class SnapshotStore:
         gone (nodes lost earlier, when they shared this memory)."""
         self.wait()
         shutil.rmtree(self.folder, ignore_errors=True)
-        job = self.folder.name.rsplit("-", 1)[0] + "-"
+        match = _FOLDER.match(self.folder.name)
+        if match is None:
+            return
+        job = f"{_PREFIX}{match['run']}-"
         for other in self.folder.parent.glob(job + "*"):
-            pid = other.name[len(job) :]
-            if pid.isdigit() and not _alive(int(pid)):
+            found = _FOLDER.match(other.name)
+            if found and found["run"] == match["run"] and not _alive(int(found["pid"])) and _own(other):
                 shutil.rmtree(other, ignore_errors=True)
 
 
-def remove_this_agents(run_id: str) -> None:
-    """The launcher, whatever the end: the snapshots of the workers it started."""
-    shutil.rmtree(SHM / f"{_PREFIX}{_safe(run_id)}-{os.getpid()}", ignore_errors=True)
+def new_agent_folder(run_id: str, root: Path = SHM) -> Path | None:
+    """The launcher, before its agent starts workers: their private snapshot folder (0700, an
+    unpredictable name); None where /dev/shm cannot hold one (the workers then go without)."""
+    try:
+        return Path(tempfile.mkdtemp(prefix=f"{_PREFIX}{_safe(run_id)}-{os.getpid()}-", dir=root))
+    except OSError:
+        return None
+
+
+def private_folder(folder: Path) -> Path:
+    """`folder`, created 0700 if absent; one that exists must be this user's own directory (not
+    a link) that no one else may enter, else a DdpkitError: another local user may have planted
+    it to be read (or to read what is written there)."""
+    try:
+        folder.mkdir(mode=0o700, parents=True)
+    except FileExistsError:
+        pass
+    except OSError as e:
+        raise DdpkitError(f"cannot create the snapshot folder {folder}: {e.strerror}") from None
+    st = os.lstat(folder)
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & 0o077:
+        kind = "a directory" if stat.S_ISDIR(st.st_mode) else "not a directory"
+        raise DdpkitError(
+            f"the snapshot folder {folder} is not this job's own ({kind}, owner uid {st.st_uid}, mode "
+            f"{stat.S_IMODE(st.st_mode):04o}; this job runs as uid {os.geteuid()} and needs 0700): another local user "
+            "may have planted it; it is not read, and this node keeps no snapshots in memory"
+        )
+    return folder
+
+
+def _own(folder: Path) -> bool:
+    try:
+        st = os.lstat(folder)
+    except OSError:
+        return False
+    return stat.S_ISDIR(st.st_mode) and st.st_uid == os.geteuid()
 
 
 def _safe(text: str) -> str:

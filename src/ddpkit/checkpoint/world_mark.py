@@ -32,6 +32,7 @@ from typing import Any
 
 import torch
 
+from ..envvars import LAUNCH_ID_VAR
 from ..errors import RunDirTaken
 from ..textfile import write_text_atomic
 
@@ -52,6 +53,7 @@ class WorldMark:
             "host": socket.gethostname(),
             "pid": os.getpid(),
             "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+            "launch": os.environ.get(LAUNCH_ID_VAR),  # which `ddpkit train` started this world
         }
         self._seen: tuple[int, ...] | None = None  # the file as rank 0 last found it to be ours
         self.owner: dict[str, Any] | None = None  # who took the folder over (rank 0, once lost)
@@ -90,9 +92,10 @@ class WorldMark:
             collectives.all_reduce_(flag)
         return flag.item() > 0
 
-    def error(self, where: str) -> RunDirTaken:
+    def error(self, where: str, own_loop: bool = False) -> RunDirTaken:
         """What happened, why, and what brings this node back; `where` names the point it stopped at.
-        A rank other than 0 reads the new owner's mark itself, where it sees the same folder."""
+        A rank other than 0 reads the new owner's mark itself, where it sees the same folder.
+        `own_loop`: the folder an own loop saves into (rt.save), not `ddpkit train`'s run directory."""
         owner = self.owner if self.owner is not None else _read(self.path)
         if owner.get("world_size") is not None:
             other = (
@@ -102,6 +105,13 @@ class WorldMark:
         else:
             other = "another world"
         this = f"{self.mine['world_size']} process(es) on {self.mine['nnodes']} node(s), started {self.mine['started']}"
+        if own_loop:
+            return RunDirTaken(
+                f"{RunDirTaken.OPENING} {self.path.parent} since this world ({this}) first saved there: {other} "
+                f"saved there since. This world refused {where} on every rank and wrote nothing (it would replace "
+                "the other world's checkpoints): two jobs, or two worlds of one elastic job that the rendezvous "
+                "split, save into one folder; give each job its own, and stop this one"
+            )
         return RunDirTaken(
             f"{RunDirTaken.OPENING} {self.path.parent} since this world ({this}) started: {other}. This world "
             f"stopped at {where} on every rank and wrote nothing more there (no checkpoint, model.pt or summary.json "
@@ -110,6 +120,16 @@ class WorldMark:
             "--max-restarts the launcher restarts these workers and they rejoin the job. Otherwise two runs were "
             "started with one --run-dir: give each its own"
         )
+
+
+def started_by_this_launch(run_dir: str | os.PathLike) -> bool:
+    """Did this launch (LAUNCH_ID_VAR) start training in `run_dir`, i.e. is the folder's mark one
+    of its worlds'? A launch refused before its start never marked it. Without the variable
+    (a caller outside ddpkit's train), whether any run started there (its config.json)."""
+    launch = os.environ.get(LAUNCH_ID_VAR)
+    if not launch:
+        return (Path(run_dir) / "config.json").exists()
+    return _read(Path(run_dir) / MARK_FILE).get("launch") == launch
 
 
 def _signature(path: Path) -> tuple[int, ...]:

@@ -16,7 +16,7 @@ from .. import config
 from ..envvars import LAUNCH_TIME_VAR, REQUEUE_FILE_VAR, SLOW_EXIT_VAR
 from ..errors import DdpkitError, Terminated
 from .config_args import refuse_worker_placement, with_config_file
-from .flags import add_config_flags, add_option_flags, config_from, flag_defaults
+from .flags import OneLineParser, add_config_flags, add_option_flags, config_from, flag_defaults
 from .options import (
     BenchOptions,
     CheckOptions,
@@ -126,7 +126,7 @@ and the requeued job resumes. Example:
 def build_parser(file_settings: dict[str, Any] | None = None) -> argparse.ArgumentParser:
     """The CLI's parser; `file_settings` (a --config file's) become the defaults of the flags,
     so a flag given on the command line wins over the file and a flag left out does not."""
-    parser = argparse.ArgumentParser(
+    parser = OneLineParser(  # its subcommands' parsers too: a bad flag is one line, not the usage
         prog="ddpkit",
         description="Run a PyTorch training task on one process, every GPU of a node, or many nodes, with DDP, FSDP "
         "or HSDP.",

@@ -15,6 +15,14 @@ from ..environments.kubeflow import launcher_defaults
 _FIELDS = {f.name: f for f in dataclasses.fields(RunConfig)}
 
 
+class OneLineParser(argparse.ArgumentParser):
+    """argparse, but a bad flag or value is one line (what was wrong, where the flags are
+    listed) and exit 2, not the command's whole usage above it."""
+
+    def error(self, message: str) -> Any:
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
 def add_config_flags(
     parser: argparse.ArgumentParser,
     groups: Iterable[str] = (),

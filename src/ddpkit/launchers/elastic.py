@@ -1,8 +1,13 @@
 """Start workers on this node with torch's own elastic agent (what torchrun runs).
 
-Rendezvous is c10d on a port the OS picks (never a fixed 12355), with the rendezvous store
-kept apart from the workers' store (TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1): in torch 2.13
-that is the configuration in which restarts after a worker failure work.
+Rendezvous is c10d, with the rendezvous store kept apart from the workers' store
+(TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1): in torch 2.13 that is the configuration in which
+restarts after a worker failure work. On one node both stores are files in this launcher's
+private folder (0700: c10d's FileStore backend for the rendezvous, a FileStore per attempt for
+the workers, runtime/store.py), so no other local user can read or rewrite them: torch's
+TCPStore has no authentication and loopback is open to every user, and the rendezvous state
+it would hold is pickled (rewriting it ran code in the agent). Across nodes the rendezvous is a
+TCPStore on the endpoint's address: a network the job trusts (README, Security).
 """
 
 from __future__ import annotations
@@ -21,7 +26,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterator
 
 from ..config import DEFAULT_TIMEOUT_S
-from ..envvars import ERROR_DIR_VAR
+from ..envvars import ERROR_DIR_VAR, SNAPSHOT_DIR_VAR, STORE_FILE_VAR
 from ..errors import DdpkitError, Interrupted
 from .joined import NEVER_JOINED, JoinWatch
 from .report import FROM_START, RestartLine, job_failure, rendezvous_message, restarts_announced
@@ -37,7 +42,7 @@ class LaunchPlan:
     nnodes: str = "1"  # "N" or "MIN:MAX"
     node_rank: int | None = None  # static rendezvous only
     rdzv_backend: str = "c10d"
-    rdzv_endpoint: str = "127.0.0.1:0"
+    rdzv_endpoint: str = ""  # c10d without an endpoint: this node only, through private files (`local`)
     rdzv_id: str = field(default_factory=lambda: uuid.uuid4().hex[:16])
     rdzv_configs: dict[str, Any] = field(default_factory=dict)
     local_addr: str | None = "127.0.0.1"
@@ -53,6 +58,11 @@ class LaunchPlan:
     redirects: str = "0"
     tee: str = "0"
     local_ranks_filter: str = ""
+
+    @property
+    def local(self) -> bool:
+        """One node, nobody to meet over the network: the stores are files in a private folder."""
+        return self.rdzv_backend == "c10d" and not self.rdzv_endpoint and self.max_nodes == 1
 
     @property
     def min_nodes(self) -> int:
@@ -84,15 +94,20 @@ def run_elastic(
     What this process changes for the launch (the environment the agent hands its workers,
     torch's log tail, the agent's log levels and class, the signal handlers it installs) is
     put back when it returns or raises."""
-    from ..checkpoint.snapshot import remove_this_agents  # torch: imported by the launch anyway
+    from ..checkpoint.snapshot import new_agent_folder  # torch: imported by the launch anyway
 
     with contextlib.ExitStack() as scope:
-        scratch = Path(tempfile.mkdtemp(prefix="ddpkit-"))
+        scratch = Path(tempfile.mkdtemp(prefix="ddpkit-"))  # 0700: only this user can enter it
         scope.callback(shutil.rmtree, scratch, ignore_errors=True)
-        scope.callback(remove_this_agents, plan.rdzv_id)  # the node's memory snapshots (checkpoint/snapshot.py)
+        private = {STORE_FILE_VAR: str(scratch / "workers-store") if plan.local else ""}
+        snapshots = new_agent_folder(plan.rdzv_id) if plan.max_restarts > 0 else None
+        if snapshots is not None:  # the node's memory snapshots (checkpoint/snapshot.py)
+            scope.callback(shutil.rmtree, snapshots, ignore_errors=True)
+            private[SNAPSHOT_DIR_VAR] = str(snapshots)
         errors = scratch / "errors"
         errors.mkdir()
-        scope.enter_context(scoped_environ(_launch_environ(plan, env, errors), also=AGENT_SETS))
+        environ = {**_launch_environ(plan, env, errors), **private}
+        scope.enter_context(scoped_environ(environ, also=(*AGENT_SETS, SNAPSHOT_DIR_VAR)))
         scope.enter_context(_agent_logs(verbose))
         scope.enter_context(whole_line_tail())
         scope.enter_context(signal_handlers_kept())
@@ -207,7 +222,11 @@ def _launch_config(plan: LaunchPlan, scratch: Path, agent_options: dict[str, Any
 
     rdzv_configs = {"join_timeout": int(plan.timeout), **plan.rdzv_configs}
     endpoint, rdzv_store = plan.rdzv_endpoint, None
-    if plan.rdzv_backend == "c10d" and plan.rdzv_configs.get("is_host"):
+    if plan.local:  # c10d's FileStore backend: the rendezvous state in this launcher's private folder
+        endpoint = str(scratch / "rendezvous-store")
+        rdzv_configs["store_type"] = "file"
+        rdzv_configs.pop("is_host", None)
+    elif plan.rdzv_backend == "c10d" and plan.rdzv_configs.get("is_host"):
         endpoint, rdzv_store = _host_rendezvous_store(plan.rdzv_endpoint, plan.timeout)
         if rdzv_store is None:  # another launcher on this host bound it first: join its store, as torchrun does
             rdzv_configs["is_host"] = False

@@ -1,8 +1,8 @@
 """From a RunConfig to a LaunchPlan: processes per node, rendezvous, addresses.
 
 Rules (torchrun's, without the guide's mistakes): world size = nnodes x nproc_per_node;
-global rank = node_rank x nproc_per_node + local_rank; on one node the rendezvous listens on
-loopback at a port the OS picks.
+global rank = node_rank x nproc_per_node + local_rank; on one node the rendezvous and the
+workers' store are files in the launcher's private folder (nothing listens for them).
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ DEFAULT_MASTER_PORT = 29500
 
 def make_launch_plan(cfg: RunConfig, nproc: int, device_type: str, clean_parent: bool, threads: int) -> LaunchPlan:
     lo, hi = cfg.node_range
+    check_process_count(nproc, nproc * hi)
     common: dict[str, Any] = dict(
         nproc_per_node=nproc,
         nnodes=cfg.nnodes,
@@ -43,6 +44,48 @@ def make_launch_plan(cfg: RunConfig, nproc: int, device_type: str, clean_parent:
     return plan
 
 
+FILES_PER_PEER = 3  # open files a process holds per process of the job (measured: pipes, logs, gloo's mesh)
+FILES_BASE = 64
+
+
+def check_process_count(nproc: int, world: int) -> None:
+    """Refuse, before anything starts, a process count this machine cannot start: the launcher
+    and every worker hold a few open files per process of the job (the launcher's pipes and
+    logs of each worker, a worker's connection to every other), bounded by `ulimit -n`; and
+    each process needs memory of its own (measured: ~22 MiB private even when forked from a
+    launcher that imported torch, ~220 MiB when spawned)."""
+    import resource
+
+    soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    need = FILES_PER_PEER * world + FILES_BASE
+    if soft != resource.RLIM_INFINITY and need > soft:
+        most = max(1, (soft - FILES_BASE) // FILES_PER_PEER)
+        raise DdpkitError(
+            f"--nproc {nproc}: a job of {world} processes needs about {need:,} open files per process and this shell "
+            f"allows {soft:,} (ulimit -n): at most {most:,} processes here; raise the limit or use fewer"
+        )
+    available = _available_memory()
+    if available is not None and nproc * WORKER_BYTES > available:
+        raise DdpkitError(
+            f"--nproc {nproc}: {nproc} worker processes need at least {nproc * WORKER_BYTES / 2**30:.1f} GiB "
+            f"(~{WORKER_BYTES >> 20} MiB each, even forked) and this machine has "
+            f"{available / 2**30:.1f} GiB available: use at most {max(1, available // WORKER_BYTES)}"
+        )
+
+
+WORKER_BYTES = 20 << 20  # the least a training worker holds of its own
+
+
+def _available_memory() -> int | None:
+    try:
+        for line in open("/proc/meminfo"):
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
 def _make_plan(cfg: RunConfig, common: dict[str, Any], lo: int, hi: int) -> LaunchPlan:
     if cfg.rdzv_id:
         common["rdzv_id"] = cfg.rdzv_id
@@ -51,13 +94,7 @@ def _make_plan(cfg: RunConfig, common: dict[str, Any], lo: int, hi: int) -> Laun
         where = cfg.rdzv_endpoint or f"{cfg.master_addr}:{cfg.master_port or DEFAULT_MASTER_PORT}"
         common["rdzv_id"] = "ddpkit-" + "".join(ch if ch.isalnum() else "-" for ch in where)
     if not cfg.multi_node and not cfg.rdzv_endpoint:
-        return LaunchPlan(
-            **common,
-            rdzv_backend="c10d",
-            rdzv_endpoint="127.0.0.1:0",
-            local_addr="127.0.0.1",
-            rdzv_configs={"is_host": True},
-        )
+        return LaunchPlan(**common, rdzv_backend="c10d", rdzv_endpoint="", local_addr="127.0.0.1")
     if cfg.rdzv_endpoint:
         host, _, port = cfg.rdzv_endpoint.rpartition(":")
         target = network.resolve(host.strip("[]"))
@@ -107,6 +144,8 @@ def describe(plan: LaunchPlan, backend: str, device_type: str) -> str:
     nodes = f"{lo}" if lo == hi else f"{lo}..{hi} (elastic)"
     world = f"{lo * plan.nproc_per_node}" if lo == hi else f"{lo * plan.nproc_per_node}..{hi * plan.nproc_per_node}"
     endpoint = plan.rdzv_endpoint if not plan.rdzv_endpoint.endswith(":0") else plan.rdzv_endpoint[:-2] + ":<free port>"
+    if plan.local:
+        endpoint = "this node only (a file store in a private folder)"
     if plan.node_rank is not None:
         this_node = f"node rank {plan.node_rank}"
     else:
@@ -116,7 +155,7 @@ def describe(plan: LaunchPlan, backend: str, device_type: str) -> str:
         f"  nodes              {nodes}",
         f"  processes per node {plan.nproc_per_node}",
         f"  world size         {world}",
-        f"  rendezvous         {plan.rdzv_backend} at {endpoint}"
+        f"  rendezvous         {plan.rdzv_backend}{' at' if not plan.local else ','} {endpoint}"
         + (" (this node hosts it)" if plan.rdzv_configs.get("is_host") and plan.rdzv_backend == "c10d" else ""),
         f"  master             {_master(plan)}",
         f"  this node          {this_node}, address {plan.local_addr}",
@@ -148,6 +187,8 @@ def _master(plan: LaunchPlan) -> str:
     if plan.rdzv_backend == "static":
         host, _, port = plan.rdzv_endpoint.rpartition(":")
         return f"{host}:{port} (node 0)"
+    if plan.local:
+        return "this node (the workers' store: a file store in a private folder)"
     if plan.max_nodes == 1:
         return "127.0.0.1:<free port picked at start>"
     return "global rank 0's node, free port, published through the rendezvous"

@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from ..checkpoint.world_mark import started_by_this_launch
 from ..errors import DdpkitError, RunDirTaken
 from ..textfile import write_text_atomic
 
@@ -37,16 +38,17 @@ def stopped_by(error: BaseException) -> str | None:
 
 def record_failure(run_dir: str | os.PathLike, error: BaseException, rank: int | None = None) -> None:
     """Say in the run's folder that its attempt failed, and why (one line), for `ddpkit runs`.
-    Only for a run that started (its config.json is there): a refusal before the start
-    leaves an earlier run in that folder as it was. The first record of an attempt stays: the
-    worker that failed writes its own error before the launcher learns that one did. A world
+    Only for an attempt of this launch that started (the folder's mark is this launch's,
+    world_mark.py): a refusal before the start leaves an earlier run in that folder as it was.
+    The first record of an attempt stays: the worker that failed writes its own error before
+    the launcher learns that one did. A world
     that stopped because another took its folder over records nothing: the attempt in that
     folder is the other world's, and it is not failing."""
     if isinstance(error, RunDirTaken):
         return
     folder = Path(run_dir)
     start = _mtime(folder / "config.json")
-    if start < 0 or _mtime(folder / FAILED_FILE) >= start:
+    if start < 0 or _mtime(folder / FAILED_FILE) >= start or not started_by_this_launch(folder):
         return
     lines = str(error).strip().splitlines()
     first = lines[0] if lines else ""

@@ -1,4 +1,10 @@
-"""The workers' key-value store (rank 0 serves it on the master address only)."""
+"""The workers' key-value store: on one node a file in the launcher's private folder, which no
+other local user can open; across nodes a TCPStore rank 0 serves on the master address only.
+
+Why a file on one node: torch's TCPStore has no authentication, and loopback is open to every
+local user, who could read and rewrite the keys the process group forms from (torch 2.13 has no
+TCPStore on a Unix socket). A FileStore in a 0700 folder is reachable by the job's own user only.
+"""
 
 from __future__ import annotations
 
@@ -9,16 +15,20 @@ from typing import Any
 
 import torch.distributed as dist
 
-from ..envvars import RESTART_COUNT_VAR
+from ..envvars import RESTART_COUNT_VAR, STORE_FILE_VAR
 from ..errors import DdpkitError
 
 
 def make_store(env: Any, timeout: float) -> dist.Store:
-    """The workers' key-value store for `env` (a DistEnv). Rank 0 serves it on the master
+    """The workers' key-value store for `env` (a DistEnv). Started by ddpkit's launcher on one
+    node: a FileStore in its private folder. Otherwise rank 0 serves a TCPStore on the master
     address only (torch's default listens on every interface); under torch's elastic agent
     with a shared store (static rendezvous), every rank is a client of the agent's store,
     as torchrun does."""
     wait = timedelta(seconds=timeout)
+    private = os.environ.get(STORE_FILE_VAR)
+    if private and env.nnodes == 1:
+        return private_store(private, env.world_size, wait)
     if os.environ.get("TORCHELASTIC_USE_AGENT_STORE", "").lower() == "true":
         store = dist.TCPStore(env.master_addr, env.master_port, env.world_size, False, wait)
         prefix = f"/worker/attempt_{os.environ.get(RESTART_COUNT_VAR, '0')}"  # the agent's own, string as torch sets it
@@ -27,6 +37,16 @@ def make_store(env: Any, timeout: float) -> dist.Store:
         return dist.TCPStore(env.master_addr, env.master_port, env.world_size, False, wait)
     fd = bound_listener(env.master_addr, env.master_port).detach()  # the store owns the socket now
     return dist.TCPStore(env.master_addr, env.master_port, env.world_size, True, wait, master_listen_fd=fd)
+
+
+def private_store(base: str, world_size: int, wait: timedelta) -> dist.Store:
+    """This attempt's FileStore under `base` (in ddpkit's launcher's 0700 folder): one file per
+    group of workers the agent starts, named by its restart count and the port torch's rendezvous
+    picked for that round, so that restarted workers never read an earlier attempt's keys."""
+    attempt = os.environ.get(RESTART_COUNT_VAR, "0")
+    store = dist.FileStore(f"{base}-{attempt}-{os.environ.get('MASTER_PORT', '0')}", world_size)
+    store.set_timeout(wait)
+    return store
 
 
 def bound_listener(host: str, port: int) -> socket.socket:

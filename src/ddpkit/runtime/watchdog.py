@@ -56,7 +56,8 @@ def is_timeout(error: BaseException) -> bool:
 
 
 def fresh_hang_dir(hang_dir: Path) -> None:
-    """Rank 0, at the start of a run: a report left by an earlier attempt moves aside (hang-TIME/)."""
+    """Rank 0, at the start of a run (or the first rank to report a hang before it): a report left
+    by an earlier attempt moves aside (hang-TIME/)."""
     if hang_dir.exists():
         try:
             hang_dir.rename(
@@ -168,6 +169,8 @@ class HangWatchdog:
             if self.reported:
                 return
             self.reported = True
+        if not responding and _mtime(self.dir / "request") < self._started - 1:
+            fresh_hang_dir(self.dir)  # an earlier attempt's report, still there when this one hangs before its start
         self.dir.mkdir(parents=True, exist_ok=True)
         if not responding:
             try:  # the first rank to report names the reason; the others answer it

@@ -191,27 +191,14 @@ class FsdpStrategy(Strategy):
         )
 
 
-class LocalShard:
-    """A DTensor's local part, kept as a plain tensor (a memory snapshot); put back with its
-    parameter's placements."""
-
-    __slots__ = ("tensor",)
-
-    def __init__(self, tensor: torch.Tensor) -> None:
-        self.tensor = tensor
-
-    def __getstate__(self) -> torch.Tensor:
-        return self.tensor
-
-    def __setstate__(self, tensor: torch.Tensor) -> None:
-        self.tensor = tensor
+LOCAL_SHARD = "__ddpkit_local_shard__"  # {LOCAL_SHARD: tensor}: a DTensor's local part in a memory snapshot
 
 
 def _to_local(state: Any) -> Any:
-    """A nested state with each DTensor replaced by a LocalShard of its local tensor and every
-    tensor copied to the CPU."""
+    """A nested state with each DTensor replaced by {LOCAL_SHARD: its local tensor} and every
+    tensor copied to the CPU: plain data, which a snapshot loads with weights_only=True."""
     if isinstance(state, DTensor):
-        return LocalShard(state.to_local().detach().to("cpu", copy=True))
+        return {LOCAL_SHARD: state.to_local().detach().to("cpu", copy=True)}
     if isinstance(state, torch.Tensor):
         return state.detach().to("cpu", copy=True)
     if isinstance(state, dict):
@@ -222,16 +209,17 @@ def _to_local(state: Any) -> Any:
 
 
 def _from_local(state: dict[str, Any], like: Any) -> dict[str, Any]:
-    """`_to_local`'s flat dict back: each LocalShard a DTensor laid out as `like(key, value)`
+    """`_to_local`'s flat dict back: each local part a DTensor laid out as `like(key, value)`
     (the parameter it belongs to); a local shape that differs is refused, never reshaped."""
     out: dict[str, Any] = {}
     for key, value in state.items():
-        if isinstance(value, LocalShard):
+        if isinstance(value, dict) and set(value) == {LOCAL_SHARD}:
+            local = value[LOCAL_SHARD]
             ref = like(key, value)
-            if not isinstance(ref, DTensor) or tuple(ref.to_local().shape) != tuple(value.tensor.shape):
+            if not isinstance(ref, DTensor) or tuple(ref.to_local().shape) != tuple(local.shape):
                 raise DdpkitError(f"a memory snapshot's shard of {key} does not fit this run's layout")
             value = DTensor.from_local(
-                value.tensor.to(ref.device),
+                local.to(ref.device),
                 ref.device_mesh,
                 ref.placements,
                 run_check=False,

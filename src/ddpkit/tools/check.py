@@ -75,7 +75,7 @@ def local_facts(rank: int, local_rank: int, node_rank: int, backend: str, master
         "memory_available_gib": report["devices"]["memory_available_gib"],
         "shm_free_mib": None if shm is None else shm // 2**20,
         "gpus": len(report["devices"]["gpus"]),
-        "traps": gpu_traps(backend, len(report["devices"]["gpus"])),
+        "traps": gpu_traps(backend, len(report["devices"]["gpus"])) + shared_machine_traps(),
         "warnings": report["warnings"],
     }
 
@@ -106,6 +106,38 @@ def gpu_traps(backend: str, gpus: int, environ: dict[str, str] | None = None) ->
             "can make it hang between nodes); set it to the fast network's interface"
         )
     return out
+
+
+def other_users(proc: Path = Path("/proc")) -> list[int]:
+    """The uids of the people (uid 1000 and up, not `nobody`) other than this one that run
+    processes on this machine."""
+    found = set()
+    for entry in proc.iterdir() if proc.is_dir() else ():
+        if not entry.name.isdigit():
+            continue
+        try:
+            uid = next(
+                int(line.split()[1]) for line in (entry / "status").read_text().splitlines() if line.startswith("Uid:")
+            )
+        except (OSError, StopIteration, ValueError, IndexError):
+            continue
+        if uid >= 1000 and uid != 65534 and uid != os.getuid():
+            found.add(uid)
+    return sorted(found)
+
+
+def shared_machine_traps(proc: Path = Path("/proc")) -> list[str]:
+    """What another user of this machine could reach of a job (torch has no authentication there)."""
+    uids = other_users(proc)
+    if not uids:
+        return []
+    shown = ", ".join(map(str, uids[:5])) + (f" and {len(uids) - 5} more" if len(uids) > 5 else "")
+    return [
+        f"other users run processes on this machine (uid {shown}): a one-node job's rendezvous and store are "
+        "private files, but the connections between its workers (gloo, NCCL), and across nodes the c10d store, "
+        "have no authentication in torch: anyone who reaches them can disturb the job; run jobs where the "
+        "machine's users and the network are trusted (README, Security)"
+    ]
 
 
 # -- the collective part, in every worker ------------------------------------------------------------

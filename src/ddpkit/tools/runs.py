@@ -1,6 +1,7 @@
 """`ddpkit runs [DIR]`: one line per run in a folder, from what each run directory holds
 (config.json, summary.json, metrics.jsonl, failed.json, checkpoints/): its task, world size,
-strategy, steps, final losses, how it ended and whether it can be resumed."""
+strategy, steps, final losses, how it ended and whether it can be resumed (from a checkpoint
+whose every byte is as written: newer ones that are not are listed, with why)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from ..checkpoint.headers import newest_header
+from ..checkpoint.headers import newest_checked
 from ..errors import DdpkitError
 from ..reporting.run_state import FAILED_FILE, run_state
 
@@ -65,7 +66,7 @@ def describe_run(path: Path) -> dict[str, Any]:
     ended = run_state(path)
     summary = ended.get("summary") or {}
     records = _records(path / "metrics.jsonl")
-    newest = newest_header(path)
+    newest, passed = newest_checked(path)  # reads every byte of the newest checkpoints: their CRC-32s
     world = summary.get("world_size") or (newest[1].world_size if newest else None)
     if world is None and isinstance(config.get("nproc"), int):
         world = config["nproc"] * _nodes(config.get("nnodes"))
@@ -84,6 +85,7 @@ def describe_run(path: Path) -> dict[str, Any]:
         "error": ended.get("error"),
         "resumable": newest is not None,
         "checkpoint": str(newest[0]) if newest else None,
+        "skipped_checkpoints": passed,  # newer ones a --resume passes over: damaged, cut short, foreign
     }
 
 
@@ -99,7 +101,12 @@ def format_table(runs: list[dict[str, Any]]) -> str:
     lines = ["  ".join(_fit(h, w) for h, w in zip(heads, widths, strict=True)).rstrip()]
     lines += ["  ".join(_fit(c, w) for c, w in zip(row, widths, strict=True)).rstrip() for row in rows]
     failed = [f"  {run['run']}: {run['error']}" for run in runs if run["state"] == "failed" and run["error"]]
-    return "\n".join(lines + (["failed:", *failed] if failed else []))
+    skipped = [f"  {run['run']}: {why}" for run in runs for why in run["skipped_checkpoints"]]
+    if failed:
+        lines += ["failed:", *failed]
+    if skipped:
+        lines += ["checkpoints a --resume skips:", *skipped]
+    return "\n".join(lines)
 
 
 def _cell(key: str, run: dict[str, Any]) -> str:
@@ -116,7 +123,7 @@ def _cell(key: str, run: dict[str, Any]) -> str:
         value = run[key]
         return "-" if value is None else f"{value:.4f}" if abs(value) < 100 else f"{value:.4g}"
     if key == "resumable":
-        return "yes" if run["resumable"] else "no"
+        return ("yes" if run["resumable"] else "no") + ("*" if run["skipped_checkpoints"] else "")
     value = run[key]
     return "-" if value is None else str(value)
 

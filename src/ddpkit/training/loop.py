@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import torch
 from torch import nn
@@ -47,11 +47,14 @@ def fit(
     run_dir: Path,
     stop: StopRequest | None = None,
     mark: WorldMark | None = None,
+    begin: Callable[[], None] | None = None,
 ) -> dict[str, Any]:
     """Train `task` as `cfg` says; returns the run's summary (the same on every rank).
     With `stop`, a signal makes every rank save a checkpoint at the same step boundary and return.
-    With `mark` (claimed), every rank stops at the same step once another world has claimed the run directory."""
-    run = Run(cfg, task, rt, run_dir, stop, mark)  # model, optimizer, data, steps, checkpoints: resumed where they were
+    With `mark` (claimed), every rank stops at the same step once another world has claimed the run directory.
+    `begin()`: called once everything that may refuse the run has passed (the resume included),
+    before anything is written into the run directory: a refusal leaves it as it was."""
+    run = Run(cfg, task, rt, run_dir, stop, mark, begin)  # model, optimizer, data, steps, checkpoints: resumed
     moment = None
     try:
         with run.checkpointer.writing():  # --async-save: every checkpoint is on disk when this block is left
@@ -84,6 +87,7 @@ class Run:
         run_dir: Path,
         stop: StopRequest | None,
         mark: WorldMark | None = None,
+        begin: Callable[[], None] | None = None,
     ) -> None:
         reset_peak_memory(rt.device)
         self.cfg, self.task, self.rt, self.run_dir, self.stop, self.mark = cfg, task, rt, run_dir, stop, mark
@@ -131,6 +135,8 @@ class Run:
             if part is not None:
                 self.checkpointer.register(name, part)
         start = self.resume()
+        if begin is not None:
+            begin()  # nothing refused the run: from here on it writes into its folder
         if self.steps.after_step is not None:
             self.steps.after_step.step = start.global_step  # a resumed trace continues the run's count
         self.plan = self.planned.plan = StepPlan(cfg, self.loader, start)  # the steps left at this world size and batch

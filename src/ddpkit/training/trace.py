@@ -34,13 +34,12 @@ class ParamTrace:
     def __init__(self, run_dir: Path, strategy: Any, model: nn.Module) -> None:
         self.run_dir, self.strategy, self.model = run_dir, strategy, model
         self.step = 0
-        if strategy.rt.is_main:
-            (run_dir / TRACE_DIR).mkdir(parents=True, exist_ok=True)
 
     def __call__(self) -> None:
         self.step += 1
         state = self.strategy.full_state_dict(self.model)
         if state is not None:
+            (self.run_dir / TRACE_DIR).mkdir(parents=True, exist_ok=True)
             torch.save(state, trace_file(self.run_dir, self.step))
 
 

@@ -61,6 +61,15 @@ def big(config=None):
     return {"model": model, "train_set": TensorDataset(x, y), "optimizer": lambda p: torch.optim.Adam(p, lr=1e-4)}
 
 
+def seven_mb(config=None):
+    """A model whose checkpoint is ~7 MB (plain SGD keeps no state): the third fills a 20 MiB disk."""
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(64, 1024, generator=g)
+    y = torch.randint(0, 4, (64,), generator=g)
+    model = nn.Sequential(nn.Linear(1024, 1700), nn.ReLU(), nn.Linear(1700, 4))
+    return {"model": model, "train_set": TensorDataset(x, y), "optimizer": lambda p: torch.optim.SGD(p, lr=1e-3)}
+
+
 def crash_in_save(config=None):
     """Wine, but checkpoint save number DDPKIT_TEST_CRASH_AT_SAVE dies (SIGKILL) halfway
     through writing its temporary file, as a node losing power mid-save would."""

@@ -108,3 +108,19 @@ def test_checkpoint_with_another_optimizer_layout_is_refused(tmp_path):
 def test_no_checkpoint_says_how_to_start_fresh(tmp_path):
     with pytest.raises(DdpkitError, match="run without --resume"):
         find_any_resumable(tmp_path, _model(), None)
+
+
+def test_what_killed_saves_left_is_removed_and_nothing_else(tmp_path):
+    folder = tmp_path / "checkpoints"
+    kept = [ck.atomic_save({"w": torch.ones(1)}, folder / "epoch-000002.pt")]
+    kept += [folder / "epoch-000004", folder / "metrics.json", folder / ".notes"]
+    kept[1].mkdir()
+    kept[2].write_text("{}")
+    kept[3].write_text("the user's")
+    stale = [folder / ".epoch-000003.pt.k2j4.tmp", folder / ".epoch-000006.partial", folder / ".epoch-000004.old"]
+    stale[0].write_bytes(b"half")
+    for d in stale[1:]:
+        d.mkdir()
+        (d / "__0_0.distcp").write_bytes(b"half")
+    assert sorted(ck.remove_stale_temporaries(tmp_path)) == sorted(stale)
+    assert sorted(folder.iterdir()) == sorted(kept)

@@ -107,9 +107,11 @@ def test_snapshots_are_off_without_restarts_or_when_asked(monkeypatch, tmp_path)
 def test_a_snapshot_that_cannot_be_written_warns_and_the_training_goes_on(tmp_path, capsys):
     from ddpkit.checkpoint.memory import MemorySnapshots
 
-    (tmp_path / "full").write_text("")  # a file where the folder should be: mkdir fails as on a full /dev/shm
+    store = SnapshotStore(tmp_path / "node")
+    store.folder.rmdir()
+    store.folder.write_text("")  # a file where the folder should be: writes fail as on a full /dev/shm
     with Runtime(DistEnv(), device="cpu", threads=1) as rt:
-        memory = MemorySnapshots(rt, 1, SnapshotStore(tmp_path / "full" / "node"))
+        memory = MemorySnapshots(rt, 1, store)
         memory.after_step(1, lambda: {"w": torch.zeros(1)})
         memory.after_step(2, lambda: {"w": torch.zeros(1)})
     assert memory.store is None and memory.held() == {}

@@ -61,3 +61,20 @@ def test_a_run_stopped_by_a_signal_is_interrupted_not_failed(tmp_path):
         _write(folder / "config.json", {}, 100)
         record_failure(folder, error)
         assert run_state(folder) == {"state": "interrupted", "error": f"stopped by {name}"}
+
+
+def test_a_launch_records_a_failure_only_in_a_folder_it_started_training_in(tmp_path, monkeypatch):
+    from ddpkit.checkpoint.world_mark import WorldMark
+    from ddpkit.envvars import LAUNCH_ID_VAR
+
+    _write(tmp_path / "config.json", {}, 100)  # a finished run of an earlier launch
+    _write(tmp_path / "summary.json", {"stopped_early": False}, 200)
+    monkeypatch.setenv(LAUNCH_ID_VAR, "earlier")
+    WorldMark(tmp_path, True, 2, 1).claim()
+    monkeypatch.setenv(LAUNCH_ID_VAR, "this")
+    record_failure(tmp_path, DdpkitError("--resume: checkpoint is of a different model"))  # refused before its start
+    assert not (tmp_path / FAILED_FILE).exists() and run_state(tmp_path)["state"] == "finished"
+    WorldMark(tmp_path, True, 2, 1).claim()  # this launch started: its failures are its own
+    _write(tmp_path / "config.json", {}, 300)
+    record_failure(tmp_path, DdpkitError("cannot write X: No space left on device"))
+    assert run_state(tmp_path) == {"state": "failed", "error": "cannot write X: No space left on device"}

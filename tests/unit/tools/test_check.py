@@ -194,3 +194,29 @@ def test_every_node_reaches_every_other_nodes_port_even_when_some_finish_early()
         (a, b) for a in range(leaders) for b in range(leaders) if a != b
     ]
     assert [p for p in ports if not p["ok"]] == []
+
+
+def test_another_users_processes_on_the_machine_are_a_warning():
+    import os
+    import shutil
+    import subprocess
+    import time
+
+    import pytest
+
+    from ddpkit.tools.check import other_users, shared_machine_traps
+
+    if os.geteuid() != 0 or shutil.which("setpriv") is None:
+        pytest.skip("needs root and setpriv to run a process as another user")
+    assert 4242 not in other_users()
+    other = subprocess.Popen(["setpriv", "--reuid=4242", "--regid=4242", "--clear-groups", "sleep", "30"])
+    try:
+        deadline = time.monotonic() + 10
+        while 4242 not in other_users() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert 4242 in other_users()
+        (warning,) = shared_machine_traps()
+        assert "4242" in warning and "no authentication" in warning
+    finally:
+        other.kill()
+        other.wait()
