@@ -253,7 +253,7 @@ class StrategySpec:
     def factory(self) -> Callable[..., Any]:
         """The function that builds its Strategy (imported now: the strategies import torch)."""
         if self.build is None:
-            raise DdpkitError(f"--strategy {self.name} is resolved to another strategy before it is built")
+            raise RuntimeError(f"strategy {self.name!r} builds nothing: make_strategy resolves it to another first")
         module, _, attr = self.build.partition(":")
         return getattr(importlib.import_module(module), attr)
 

@@ -2,7 +2,10 @@
 
 The guide's rule: if model, optimizer and batch fit on one device, use DDP (fastest); if
 not, FSDP, which shards parameters, gradients and optimizer state over the N ranks at the
-price of more communication. The plan counts, per rank:
+price of more communication. The plan measures the model once (strategy_memory.ModelSizes)
+and asks each registered strategy's memory model (strategy_config.StrategySpec.memory) over
+its (replicate, shard) layout; a column per strategy: DDP and FSDP always, and the one asked
+for (hsdp, a plugin's). The built-in models count, per rank:
 
 - DDP: every parameter, its gradient (DDP's buckets hold them: gradient_as_bucket_view)
   and the optimizer state, whole; with bf16, autocast's bf16 copies of the weights.

@@ -2,7 +2,7 @@
 precision but fp32 and whose memory model counts the optimizer state split over the replicas
 (as ZeRO-1 would). It builds plain DDP under its own name, so its runs say "toy"; only the plan
 shows the split. It imports no torch, as the registry does not: registered before the CLI is
-built, its help line is in `ddpkit train --help`. test_registry.py registers it and takes it back."""
+built, its help line is in `ddpkit train --help`. test_strategy_registry.py registers it and takes it back."""
 
 from __future__ import annotations
 
