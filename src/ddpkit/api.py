@@ -228,7 +228,7 @@ def memory_plan(
     activation_checkpointing: bool = False,
 ) -> Any:
     """The memory plan (ddpkit.strategies.memory.MemoryPlan) of `task` at `nproc` ranks: per-rank bytes
-    under DDP and FSDP (and HSDP with strategy='hsdp'), and the strategy `auto` would pick
+    under DDP and FSDP (and under `strategy`, e.g. HSDP with 'hsdp'), and the strategy `auto` would pick
     (.format(title, strategy) prints it). Builds the task in this process, as each worker would;
     nothing is trained. `local_nproc`: the ranks sharing one machine's RAM on a CPU (default: all
     of them). `nnodes`: the nodes the `nproc` ranks span, for the traffic between them.
@@ -237,7 +237,7 @@ def memory_plan(
     from .config import parse_memory
     from .strategies.fsdp import default_blocks
     from .strategies.memory import detect_device_memory, make_plan
-    from .strategy_config import StrategyConfig, hsdp_mesh
+    from .strategy_config import StrategyConfig
     from .task import build_task
     from .worker import seed_everything
 
@@ -245,7 +245,6 @@ def memory_plan(
     n = resolve_nproc(nproc, device_type) if device_type == "cpu" or nproc is None else nproc
     cfg = RunConfig(task=task, nproc=n, strategy=strategy, precision=precision, task_args=task_args or {})
     check(StrategyConfig(name=strategy, replicate=replicate), n)
-    mesh = hsdp_mesh(StrategyConfig(name=strategy, replicate=replicate), n, nnodes) if strategy == "hsdp" else None
     budget = parse_memory(device_memory)
     where = "given"
     if budget is None:
@@ -266,7 +265,8 @@ def memory_plan(
         budget,
         where,
         blocks,
-        mesh=mesh,
+        strategy=strategy,
+        replicate=replicate,
         nnodes=nnodes,
         activations=activations,
         checkpointing=activation_checkpointing,

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib.util  # noqa: F401  (config.importlib.util: where a test hides the tensorboard package)
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -34,7 +35,7 @@ from .config_groups import (  # noqa: F401  (re-exported: the choices and rules 
 )
 from .config_values import BatchPlan, format_bytes, parse_memory, parse_nproc, parse_task_arg  # noqa: F401
 from .errors import DdpkitError
-from .strategy_config import FSDP_NEEDS_TWO, STRATEGIES, StrategyConfig  # noqa: F401  (re-exported)
+from .strategy_config import FSDP_NEEDS_TWO, STRATEGIES, StrategyConfig, strategy_help  # noqa: F401  (re-exported)
 
 DEFAULT_TIMEOUT_S = 300.0
 
@@ -44,7 +45,7 @@ def setting(
     help: str = "",
     *,
     group: str = TRAINING,
-    choices: tuple[str, ...] | None = None,
+    choices: Sequence[str] | None = None,
     flag: str | None = None,
     aliases: tuple[str, ...] = (),
     metavar: str | None = None,
@@ -431,11 +432,9 @@ class RunConfig:
     # strategy and precision
     strategy: str = setting(
         "ddp",
-        "ddp: a whole replica per process (fastest); fsdp: shard parameters, gradients and optimizer "
-        "state across processes (for models that do not fit); hsdp: shard within a node, replicate across "
-        "nodes (only gradient shards cross nodes); auto: the memory plan picks ddp or fsdp",
+        strategy_help(),  # the registered strategies' lines (strategy_config.py)
         group=STRATEGY,
-        choices=STRATEGIES,
+        choices=STRATEGIES,  # read when asked: a strategy registered later is offered too
     )
     replicate: int | None = setting(
         None,

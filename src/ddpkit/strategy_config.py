@@ -1,20 +1,29 @@
-"""The strategy's settings, typed, and its rules: what a way of parallelising refuses.
+"""The strategy's settings, typed, its rules, and the registry of strategies.
 
 One `check` answers for RunConfig's validation (before launch), the launcher (api.py, once the
 number of processes is known), the workers' make_strategy (the real world size, and what
 `--strategy auto` chose) and the own-loop Session (rt.wrap's keywords). It imports no torch,
 so `ddpkit --help` and the config stay instant; the strategies themselves live in strategies/.
+
+Every strategy is a StrategySpec in one registry (`register`): its name, whether it shards,
+its own rules, its memory model (what a rank holds, strategy_memory.py), its help line, its
+(replicate, shard) layout and where its Strategy is built (an import path, so FSDP's imports
+stay lazy). `--strategy`'s choices and help, check(), strategy_for, `--strategy auto` and the
+memory plan all read it. HSDP is FSDP's entry with a 2-D layout: `--strategy hsdp` spells
+FSDP with `--replicate R` replicas.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import importlib
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable, Iterator
 
 from .errors import DdpkitError
+from .strategy_memory import MemoryModel, sharded_state, whole_replica
 
-STRATEGIES = ("ddp", "fsdp", "hsdp", "auto")
-SHARDED = ("fsdp", "hsdp")  # FSDP's rules apply to both: hsdp is FSDP over a (replicate, shard) mesh
 FSDP_NEEDS_TWO = (
     "--strategy fsdp shards the model across processes and needs at least 2 (--nproc 2 or more); "
     "with one process use --strategy ddp"
@@ -26,7 +35,7 @@ class StrategyConfig:
     """How the model is parallelised, as the strategies read it: built from a RunConfig by
     RunConfig.strategy_config(), or from rt.wrap's keywords by the Session."""
 
-    name: str = "ddp"  # ddp | fsdp | hsdp | auto (the memory plan picks ddp or fsdp in the workers)
+    name: str = "ddp"  # a registered strategy: ddp | fsdp | hsdp | auto (the memory plan picks ddp or fsdp)
     precision: str = "fp32"
     device_memory: int | None = None  # bytes per device for the memory plan (None: detected)
     async_save: bool = False  # background checkpoints: one-file (DDP) checkpoints only
@@ -49,22 +58,19 @@ def check(
     mesh_shape: tuple[int, int] | None = None,
     own_loop: bool = False,
 ) -> None:
-    """Refuse what `config` cannot do with `world_size` processes (None: not known yet).
+    """Refuse what `config` cannot do with `world_size` processes (None: not known yet): the
+    rules every strategy shares, then its own (StrategySpec.rules).
 
     `mesh_shape`: FSDP's (replicate, shard) device mesh, whose product must be the world size.
     `own_loop`: spell the messages as rt.wrap's keywords instead of the CLI's flags."""
-    if config.name not in (("ddp", "fsdp") if own_loop else STRATEGIES):
-        raise DdpkitError(
-            f"rt.wrap(strategy=...) must be 'ddp' or 'fsdp', got {config.name!r}"
-            if own_loop
-            else f"--strategy must be one of {', '.join(STRATEGIES)}, got {config.name!r}"
-        )
-    _check_replicate(config, world_size)
-    if config.name in SHARDED:
+    spec = _named(config.name, own_loop)
+    _check_replicate(config, spec, world_size)
+    if not spec.ddp_knobs:
         ddp_only = _ddp_only(config, own_loop)
         if ddp_only and own_loop:
             raise DdpkitError(
-                f"rt.wrap(strategy='fsdp'): {', '.join(ddp_only)} are DDP options; drop them or use strategy='ddp'"
+                f"rt.wrap(strategy={config.name!r}): {', '.join(ddp_only)} are DDP options; drop them or use "
+                "strategy='ddp'"
             )
         if ddp_only:
             raise DdpkitError(
@@ -77,14 +83,32 @@ def check(
             "graph does not recompute checkpointed blocks as they ran (torch raises a CheckpointError); drop one "
             "of the two"
         )
-    if config.async_save and config.name != "ddp":
+    if config.async_save and not spec.async_save:
         raise DdpkitError(
             "--async-save writes DDP's one-file checkpoints in the background; FSDP's sharded checkpoints are "
             "written by every rank together: drop --async-save with --strategy "
-            + ("hsdp" if config.name == "hsdp" else "fsdp/auto")
+            + ("fsdp/auto" if config.name in ("fsdp", "auto") else config.name)
         )
-    if config.name not in SHARDED:
-        return
+    for rule in spec.rules:
+        rule(config, world_size, own_loop)
+    if mesh_shape is not None:
+        _check_mesh(mesh_shape, world_size)
+
+
+def _named(name: str, own_loop: bool) -> StrategySpec:
+    """The registered strategy `name`, or the one-line refusal naming the choices."""
+    names = [s.name for s in _REGISTRY.values() if s.own_loop or not own_loop]
+    if name not in names:
+        raise DdpkitError(
+            f"rt.wrap(strategy=...) must be {' or '.join(repr(n) for n in names)}, got {name!r}"
+            if own_loop
+            else f"--strategy must be one of {', '.join(names)}, got {name!r}"
+        )
+    return _REGISTRY[name]
+
+
+def _sharded_precision(config: StrategyConfig, world_size: int | None, own_loop: bool) -> None:
+    """FSDP's rule: fp16 needs a gradient scaler, which ddpkit offers under DDP only."""
     if config.precision == "fp16":
         raise DdpkitError(
             "precision='fp16' needs a gradient scaler, which ddpkit offers under DDP only; use 'bf16' with FSDP"
@@ -92,6 +116,10 @@ def check(
             else "--precision fp16 needs a gradient scaler, which ddpkit offers under DDP only; "
             f"use --precision bf16 with --strategy {config.name}"
         )
+
+
+def _needs_two(config: StrategyConfig, world_size: int | None, own_loop: bool) -> None:
+    """FSDP's rule: shards need 2 or more processes to be spread over."""
     if world_size is not None and world_size < 2:
         raise DdpkitError(
             FSDP_NEEDS_TWO.replace("--nproc 2 or more", "start the script with 2 or more processes").replace(
@@ -100,8 +128,6 @@ def check(
             if own_loop
             else FSDP_NEEDS_TWO.replace("--strategy fsdp", f"--strategy {config.name}")
         )
-    if mesh_shape is not None:
-        _check_mesh(mesh_shape, world_size)
 
 
 def _ddp_only(config: StrategyConfig, own_loop: bool) -> list[str]:
@@ -132,15 +158,16 @@ def _check_mesh(shape: tuple[int, int], world_size: int | None) -> None:
         )
 
 
-def _check_replicate(config: StrategyConfig, world_size: int | None) -> None:
+def _check_replicate(config: StrategyConfig, spec: StrategySpec, world_size: int | None) -> None:
     """--replicate lays out hsdp's replicas: a positive divisor of the number of processes."""
     r = config.replicate
     if r is None:
         return
-    if config.name != "hsdp":
+    if not spec.replicas:
+        name = next((s.name for s in _REGISTRY.values() if s.replicas), "hsdp")
         raise DdpkitError(
-            f"--replicate {r} sets the replicas of --strategy hsdp (shard within a replica, all-reduce across "
-            f"replicas); use --strategy hsdp --replicate {r}, or drop --replicate"
+            f"--replicate {r} sets the replicas of --strategy {name} (shard within a replica, all-reduce across "
+            f"replicas); use --strategy {name} --replicate {r}, or drop --replicate"
         )
     if not isinstance(r, int) or isinstance(r, bool) or r < 1:
         raise DdpkitError(f"--replicate must be a positive number of replicas, got {r!r}")
@@ -182,3 +209,160 @@ def hsdp_note(mesh: tuple[int, int]) -> str:
             "fsdp; --replicate R keeps R replicas"
         )
     return f"--strategy hsdp: {replicate} replicas x {shard} shards (gradients all-reduced across replicas)"
+
+
+Rule = Callable[[StrategyConfig, int | None, bool], None]  # (config, world size or None, own_loop)
+Layout = Callable[[StrategyConfig, int, int, int | None], tuple[int, int]]  # (config, world, nnodes, local)
+
+
+@dataclass(frozen=True)
+class StrategySpec:
+    """One way of parallelising, as the CLI, the checks, the workers and the memory plan see it.
+
+    `build`: "module:function" of the factory the workers call, `factory(rt, config, *,
+    blocks, checkpoint_blocks, mesh_shape) -> Strategy`; imported only when the strategy is
+    built (None: `auto`, which the workers resolve to another). `layout`: the (replicate,
+    shard) mesh over the world size (None: one replica per rank, or one shard per rank when
+    it `shards`; such a strategy is built without a mesh). `rules`: its own part of check(),
+    after the shared rules. `memory`: what a rank holds (strategy_memory.py); None: no column
+    in the memory plan. `planned`: a column of every plan, else only when asked for."""
+
+    name: str
+    help: str  # its part of --strategy's help
+    build: str | None = None
+    shards: bool = False
+    memory: MemoryModel | None = whole_replica
+    layout: Layout | None = None
+    rules: tuple[Rule, ...] = ()
+    ddp_knobs: bool = True  # takes DDP's knobs (--bucket-mb, --compile, ...); False refuses them
+    async_save: bool = False  # can write its checkpoints in the background (--async-save)
+    replicas: bool = False  # takes --replicate R
+    own_loop: bool = False  # offered to scripts with their own loop (rt.wrap(strategy=...))
+    planned: bool = False
+    label: str = ""  # its memory-plan column (default: the name in capitals)
+    note: Callable[[tuple[int, int]], str] | None = None  # what rank 0 prints about its layout
+
+    def mesh(
+        self, config: StrategyConfig, world_size: int, nnodes: int = 1, local: int | None = None
+    ) -> tuple[int, int]:
+        """Its (replicate, shard) layout of `world_size` ranks on `nnodes` nodes."""
+        if self.layout is not None:
+            return self.layout(config, world_size, nnodes, local)
+        return (1, world_size) if self.shards else (world_size, 1)
+
+    def factory(self) -> Callable[..., Any]:
+        """The function that builds its Strategy (imported now: the strategies import torch)."""
+        if self.build is None:
+            raise RuntimeError(f"strategy {self.name!r} builds nothing: make_strategy resolves it to another first")
+        module, _, attr = self.build.partition(":")
+        return getattr(importlib.import_module(module), attr)
+
+    @property
+    def title(self) -> str:
+        """Its name in the memory plan's columns."""
+        return self.label or self.name.upper()
+
+    def column(self, mesh: tuple[int, int]) -> str:
+        """Its memory-plan column's head."""
+        label = self.title
+        if self.replicas:
+            return f"{label} {mesh[0]}x{mesh[1]}"
+        if self.shards:
+            world = mesh[0] * mesh[1]
+            return f"{label} x{world}" if world > 1 else f"{label} (needs 2+)"
+        return label
+
+
+_REGISTRY: dict[str, StrategySpec] = {}
+
+
+def register(spec: StrategySpec, *, replace: bool = False) -> StrategySpec:
+    """Offer `spec` under its name: to --strategy, check(), the workers and the memory plan.
+    A name already taken is refused unless `replace` (a programming error: ValueError)."""
+    if not spec.name or not spec.name.replace("-", "_").isidentifier():
+        raise ValueError(f"a strategy's name is one word, got {spec.name!r}")
+    if spec.name in _REGISTRY and not replace:
+        raise ValueError(f"a strategy named {spec.name!r} is already registered")
+    _REGISTRY[spec.name] = spec
+    return spec
+
+
+def unregister(name: str) -> None:
+    """Take a registered strategy back (tests that add one)."""
+    _REGISTRY.pop(name, None)
+
+
+def strategy_spec(name: str) -> StrategySpec:
+    """The registered strategy `name`, or DdpkitError naming the choices."""
+    return _named(name, own_loop=False)
+
+
+def strategy_specs() -> tuple[StrategySpec, ...]:
+    """Every registered strategy, in registration order (the built-in ones first)."""
+    return tuple(_REGISTRY.values())
+
+
+class _Names(Sequence[str]):
+    """The registered names, read when asked: --strategy's choices take in a strategy
+    registered after config.py was imported."""
+
+    def __getitem__(self, i: Any) -> Any:
+        return tuple(_REGISTRY)[i]
+
+    def __len__(self) -> int:
+        return len(_REGISTRY)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(tuple(_REGISTRY))
+
+    def __contains__(self, name: object) -> bool:
+        return name in _REGISTRY
+
+    def __repr__(self) -> str:
+        return repr(tuple(_REGISTRY))
+
+
+STRATEGIES: Sequence[str] = _Names()
+
+
+def strategy_help() -> str:
+    """--strategy's help: each registered strategy's line, in order."""
+    return "; ".join(f"{s.name}: {s.help}" for s in _REGISTRY.values())
+
+
+DDP = register(
+    StrategySpec(
+        "ddp",
+        "a whole replica per process (fastest)",
+        build="ddpkit.strategies:build_ddp",
+        async_save=True,
+        own_loop=True,
+        planned=True,
+    )
+)
+FSDP = register(
+    StrategySpec(
+        "fsdp",
+        "shard parameters, gradients and optimizer state across processes (for models that do not fit)",
+        build="ddpkit.strategies:build_fsdp",
+        shards=True,
+        memory=sharded_state,
+        rules=(_sharded_precision, _needs_two),
+        ddp_knobs=False,
+        own_loop=True,
+        planned=True,
+    )
+)
+HSDP = register(
+    dataclasses.replace(
+        FSDP,
+        name="hsdp",
+        help="shard within a node, replicate across nodes (only gradient shards cross nodes)",
+        layout=hsdp_mesh,
+        replicas=True,
+        own_loop=False,
+        planned=False,
+        note=hsdp_note,
+    )
+)
+AUTO = register(StrategySpec("auto", "the memory plan picks ddp or fsdp", memory=None))

@@ -17,7 +17,7 @@ LAYERS = [
     ],  # envvars: variable names both sides read; tree: the one walk over nested batches and states;
     # textfile: small text files written whole or not at all
     ["config_values"],
-    ["strategy_config"],  # the strategies' typed settings and rules, which config's validation calls
+    ["strategy_memory", "strategy_config"],  # the strategies' settings, rules, registry and memory models
     ["config_groups"],  # each group's choices and checks, below RunConfig
     ["config", "config_file"],  # config_file: --config FILE read into RunConfig's values
     ["environments"],

@@ -2,7 +2,8 @@
 device mesh; HSDP is FSDP over a 2-D one), the precision, DDP's knobs, and the memory plan
 that `--strategy auto` asks.
 
-The loop sees a Strategy (base.py) only; make_strategy picks the one --strategy names. The
+The loop sees a Strategy (base.py) only; make_strategy builds the one --strategy names, by
+the factory its registry entry names (build_ddp, build_fsdp here). The registry, the
 settings a strategy reads and the rules it refuses by are in ddpkit/strategy_config.py,
 below config.py, so that the config, the launcher and the own-loop Session check alike.
 """
@@ -16,7 +17,7 @@ import torch
 
 from ..config import RunConfig
 from ..runtime import Runtime
-from ..strategy_config import StrategyConfig, check, hsdp_mesh, hsdp_note
+from ..strategy_config import StrategyConfig, check, strategy_spec
 from ..task import Task
 from .base import Strategy
 from .ddp import DdpStrategy, grad_sync_used, wrap_model
@@ -28,6 +29,8 @@ __all__ = [
     "DdpStrategy",
     "Strategy",
     "StrategyConfig",
+    "build_ddp",
+    "build_fsdp",
     "check",
     "check_precision",
     "choose_strategy",
@@ -42,30 +45,41 @@ def make_strategy(cfg: RunConfig, rt: Runtime, task: Task) -> Strategy:
     """The strategy --strategy names; `auto` asks the memory plan (DDP when it fits). Checked
     again here: the real world size, and what auto chose (an explicit one was checked before launch)."""
     config = cfg.strategy_config()
-    if config.name == "auto":
+    if strategy_spec(config.name).build is None:  # auto
         config = dataclasses.replace(config, name=choose_strategy(config, rt, task, quiet=cfg.quiet))
     check(config, rt.world_size)
     strategy = strategy_for(config, rt, blocks=task.fsdp_blocks, checkpoint_blocks=task.checkpoint_blocks)
     init_from = cfg.init_from or task.init_from
     strategy.init = ModelInit(task.init_weights, str(init_from) if init_from else None, cfg.seed)
-    if config.name == "hsdp" and not cfg.quiet:
-        rt.print(f"ddpkit: {hsdp_note(strategy.mesh_shape)}")
+    note = strategy_spec(config.name).note
+    if note is not None and not cfg.quiet:
+        rt.print(f"ddpkit: {note(strategy.mesh_shape)}")
     return strategy
 
 
 def strategy_for(config: StrategyConfig, rt: Runtime, *, blocks: Any = None, checkpoint_blocks: Any = None) -> Strategy:
-    """The Strategy class `config.name` names, built over `rt`: hsdp is FSDP over a (replicate,
-    shard) mesh (strategy_config.hsdp_mesh), not a class of its own. Activation checkpointing
-    recomputes `checkpoint_blocks(model)`, else the blocks FSDP would shard."""
-    checkpoint_blocks = checkpoint_blocks or blocks
-    if config.name in ("fsdp", "hsdp"):
-        from .fsdp import FsdpStrategy  # FSDP's imports cost ~0.5 s: only for FSDP runs
+    """The Strategy the registered `config.name` builds over `rt` (its StrategySpec's factory,
+    over its layout: hsdp is FSDP over a (replicate, shard) mesh, strategy_config.hsdp_mesh).
+    Activation checkpointing recomputes `checkpoint_blocks(model)`, else the blocks FSDP would shard."""
+    spec = strategy_spec(config.name)
+    mesh = spec.layout(config, rt.world_size, rt.env.nnodes, rt.env.local_world_size) if spec.layout else None
+    return spec.factory()(rt, config, blocks=blocks, checkpoint_blocks=checkpoint_blocks or blocks, mesh_shape=mesh)
 
-        mesh = None
-        if config.name == "hsdp":
-            mesh = hsdp_mesh(config, rt.world_size, rt.env.nnodes, rt.env.local_world_size)
-        return FsdpStrategy(rt, config, blocks=blocks, mesh_shape=mesh, checkpoint_blocks=checkpoint_blocks)
+
+def build_ddp(
+    rt: Runtime, config: StrategyConfig, *, blocks: Any, checkpoint_blocks: Any, mesh_shape: tuple[int, int] | None
+) -> Strategy:
+    """The ddp entry's factory: a whole replica per rank (no mesh, no blocks to shard)."""
     return DdpStrategy(rt, config, checkpoint_blocks=checkpoint_blocks)
+
+
+def build_fsdp(
+    rt: Runtime, config: StrategyConfig, *, blocks: Any, checkpoint_blocks: Any, mesh_shape: tuple[int, int] | None
+) -> Strategy:
+    """The fsdp and hsdp entries' factory: FSDP over every rank, or over `mesh_shape`."""
+    from .fsdp import FsdpStrategy  # FSDP's imports cost ~0.5 s: only for FSDP runs
+
+    return FsdpStrategy(rt, config, blocks=blocks, mesh_shape=mesh_shape, checkpoint_blocks=checkpoint_blocks)
 
 
 def choose_strategy(config: StrategyConfig, rt: Runtime, task: Task, quiet: bool = False) -> str:

@@ -2,7 +2,10 @@
 
 The guide's rule: if model, optimizer and batch fit on one device, use DDP (fastest); if
 not, FSDP, which shards parameters, gradients and optimizer state over the N ranks at the
-price of more communication. The plan counts, per rank:
+price of more communication. The plan measures the model once (strategy_memory.ModelSizes)
+and asks each registered strategy's memory model (strategy_config.StrategySpec.memory) over
+its (replicate, shard) layout; a column per strategy: DDP and FSDP always, and the one asked
+for (hsdp, a plugin's). The built-in models count, per rank:
 
 - DDP: every parameter, its gradient (DDP's buckets hold them: gradient_as_bucket_view)
   and the optimizer state, whole; with bf16, autocast's bf16 copies of the weights.
@@ -33,7 +36,6 @@ they need more than the rest.
 
 from __future__ import annotations
 
-import math
 import os
 import resource
 import sys
@@ -44,6 +46,8 @@ import torch
 from torch import nn
 
 from ..config import format_bytes
+from ..strategy_config import StrategyConfig, StrategySpec, strategy_spec, strategy_specs
+from ..strategy_memory import Footprint, ModelSizes, cross_node_bytes
 
 FIT_FRACTION = 0.8
 ASSUMED_OPTIMIZER_BYTES = 8.0  # Adam's two fp32 moments, when the optimizer cannot be probed
@@ -102,24 +106,6 @@ class ActivationEstimate:
 
 
 @dataclass(frozen=True)
-class Footprint:
-    """Bytes one rank holds."""
-
-    params: int
-    grads: int
-    optimizer: int
-    transient: int  # all-gathered units (FSDP) or autocast's weight copies (DDP bf16)
-
-    @property
-    def state(self) -> int:
-        return self.params + self.grads + self.optimizer
-
-    @property
-    def total(self) -> int:
-        return self.state + self.transient
-
-
-@dataclass(frozen=True)
 class MemoryPlan:
     n_params: int
     world_size: int
@@ -129,12 +115,13 @@ class MemoryPlan:
     optimizer_measured: bool
     units: int
     largest_block: int
-    ddp: Footprint
-    fsdp: Footprint
+    # by strategy name, in the registry's order: every `planned` strategy's and the one asked
+    # for (each registered strategy's memory model over its (replicate, shard) layout)
+    footprints: dict[str, Footprint]
+    meshes: dict[str, tuple[int, int]]
     device_memory: int
     device: str
-    mesh: tuple[int, int] | None = None  # hsdp's (replicate, shard); None: hsdp not planned
-    hsdp: Footprint | None = None
+    asked: str = "auto"  # the strategy the plan was made for
     nnodes: int = 1
     cross_node: dict[str, int] = field(default_factory=dict)  # bytes per rank per step, by strategy
     # the peak of building the model, per rank: eager, every rank holds the whole model first;
@@ -145,8 +132,23 @@ class MemoryPlan:
     activations: ActivationEstimate | str | None = None  # or why it could not be measured
     checkpointing: bool = False  # --activation-checkpointing
 
+    def __getattr__(self, name: str) -> Footprint | None:
+        """A registered strategy's footprint by its name (plan.ddp, plan.hsdp); None when this
+        plan did not plan it."""
+        if name.startswith("_") or name in ("footprints", "meshes"):
+            raise AttributeError(name)
+        if name not in {s.name for s in strategy_specs() if s.memory is not None}:
+            raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+        return self.footprints.get(name)
+
+    @property
+    def mesh(self) -> tuple[int, int] | None:
+        """The (replicate, shard) mesh of the strategy asked for, when it takes --replicate."""
+        spec = next((s for s in strategy_specs() if s.name == self.asked), None)
+        return self.meshes.get(self.asked) if spec is not None and spec.replicas else None
+
     def fits(self, strategy: str) -> bool:
-        return getattr(self, strategy).total <= FIT_FRACTION * self.device_memory
+        return self.footprints[strategy].total <= FIT_FRACTION * self.device_memory
 
     def choose(self) -> str:
         """'ddp' when it fits (the fastest), else 'fsdp' (if there are ranks to shard over)."""
@@ -155,7 +157,7 @@ class MemoryPlan:
         return "fsdp"
 
     def reason(self) -> str:
-        need = lambda s: format_bytes(getattr(self, s).total)  # noqa: E731
+        need = lambda s: format_bytes(self.footprints[s].total)  # noqa: E731
         budget = (
             f"{format_bytes(FIT_FRACTION * self.device_memory)} "
             f"({FIT_FRACTION:.0%} of {format_bytes(self.device_memory)})"
@@ -179,47 +181,51 @@ class MemoryPlan:
 
     def verdict(self, strategy: str) -> str:
         """The last line of the plan: what `strategy` would do here."""
-        if strategy == "auto":
+        spec = strategy_spec(strategy)
+        if spec.memory is None:
             return self.reason()
-        if strategy in ("fsdp", "hsdp") and self.world_size < 2:
+        if spec.shards and self.world_size < 2:
             return f"{strategy.upper()} needs 2 or more processes (--nproc 2+)"
-        need = format_bytes(getattr(self, strategy).total)
+        need = format_bytes(self.footprints[strategy].total)
         if self.fits(strategy):
             return f"{strategy.upper()} needs {need} per rank: fits"
         return f"{strategy.upper()} needs {need} per rank: does not fit; --strategy auto would pick {self.choose()}"
+
+    def _columns(self) -> list[tuple[StrategySpec, Footprint, int]]:
+        """(strategy, footprint, width) of each column: the first two as wide as DDP's and FSDP's."""
+        specs = [s for s in strategy_specs() if s.name in self.footprints]
+        return [(s, self.footprints[s.name], (11, 15)[i] if i < 2 else 13) for i, s in enumerate(specs)]
 
     def format(self, title: str, strategy: str = "auto") -> str:
         n = self.world_size
         opt = f"{self.optimizer}, {self.optimizer_bytes_per_param:g} bytes of state per parameter" + (
             "" if self.optimizer_measured else " (assumed: it could not be probed)"
         )
-        rows = [
-            ("parameters", "params"),
-            ("gradients", "grads"),
-            ("optimizer state", "optimizer"),
-            ("model state", "state"),
-        ]
-        fsdp_head = f"FSDP x{n}" if n > 1 else "FSDP (needs 2+)"
-        extra = self._hsdp_column()
+        cols = self._columns()
+        row = lambda cells: "  ".join(f"{c:>{w}}" for c, (_, _, w) in zip(cells, cols, strict=True))  # noqa: E731
+        value = lambda attr: [format_bytes(getattr(f, attr)) for _, f, _ in cols]  # noqa: E731
+        first, second = cols[0][0].title, cols[1][0].title
         lines = [
             f"memory plan: {title}, {n} process{'es' if n != 1 else ''}, {self.precision}",
             f"  model            {self.n_params:,} parameters, "
             f"{self.units} FSDP units (largest block {self.largest_block:,})",
             f"  optimizer        {opt}",
-            f"  per rank         {'DDP':>11}  {fsdp_head:>15}" + extra("head"),
+            "  per rank         " + row([s.column(self.meshes[s.name]) for s, _, _ in cols]),
         ]
-        for label, attr in rows:
-            d, f = getattr(self.ddp, attr), getattr(self.fsdp, attr)
-            ratio = f"   (FSDP/DDP {f / d:.2f})" if attr == "state" and d else ""
-            lines.append(f"  {label:<16} {format_bytes(d):>11}  {format_bytes(f):>15}" + extra(attr) + ratio)
+        for label, attr in (
+            ("parameters", "params"),
+            ("gradients", "grads"),
+            ("optimizer state", "optimizer"),
+            ("model state", "state"),
+        ):
+            d, f = getattr(cols[0][1], attr), getattr(cols[1][1], attr)
+            ratio = f"   ({second}/{first} {f / d:.2f})" if attr == "state" and d else ""
+            lines.append(f"  {label:<16} " + row(value(attr)) + ratio)
+        in_flight = [format_bytes(f.transient) if f.transient else "-" for _, f, _ in cols]
         lines.append(
-            f"  {'in flight':<16} {format_bytes(self.ddp.transient) if self.ddp.transient else '-':>11}  "
-            f"{format_bytes(self.fsdp.transient):>15}" + extra("transient") + "   (FSDP: gathered units; DDP bf16: "
-            "autocast's weight copies)"
+            f"  {'in flight':<16} " + row(in_flight) + "   (FSDP: gathered units; DDP bf16: autocast's weight copies)"
         )
-        lines.append(
-            f"  {'total':<16} {format_bytes(self.ddp.total):>11}  {format_bytes(self.fsdp.total):>15}" + extra("total")
-        )
+        lines.append(f"  {'total':<16} " + row(value("total")))
         mark = lambda meta: "   <- this task" if meta == self.built_on_meta else ""  # noqa: E731
         eager, meta = format_bytes(self.setup_eager), format_bytes(self.setup_meta)
         lines.append(
@@ -229,39 +235,22 @@ class MemoryPlan:
             f"  {'setup, meta':<16} {eager:>11}  {meta:>15}   (built on the meta device: the shards "
             f"+ the largest block){mark(True)}"
         )
-        lines.extend(self._cross_node_lines(extra))
-        yes = lambda s: "yes" if self.fits(s) else "no"  # noqa: E731
+        if self.nnodes > 1 and self.cross_node:
+            lines.append(
+                f"  {'across nodes':<16} "
+                + row([format_bytes(self.cross_node[s.name]) for s, _, _ in cols])
+                + f"   (sent per rank per step between the {self.nnodes} nodes; HSDP: only its all-reduce of "
+                "gradient shards)"
+            )
+        fits = ", ".join(f"{s.title} {'yes' if self.fits(s.name) else 'no'}" for s, _, _ in cols)
         lines.append(f"  device           {format_bytes(self.device_memory)} per rank ({self.device})")
         lines.append(
-            f"  fits in {FIT_FRACTION:.0%}      DDP {yes('ddp')}, FSDP {yes('fsdp')}"
-            + (f", HSDP {yes('hsdp')}" if self.hsdp else "")
-            + f" (the other {1 - FIT_FRACTION:.0%} is for activations and the batch)"
+            f"  fits in {FIT_FRACTION:.0%}      {fits} (the other {1 - FIT_FRACTION:.0%} is for activations and the "
+            "batch)"
         )
         lines.extend(self._activation_lines())
         lines.append(f"  --strategy {strategy:<5} {self.verdict(strategy)}")
         return "\n".join(lines)
-
-    def _hsdp_column(self) -> Callable[[str], str]:
-        """The HSDP column's cell for a row ('head', a Footprint attribute, or 'cross'), '' without one."""
-
-        def cell(attr: str) -> str:
-            if self.hsdp is None or self.mesh is None:
-                return ""
-            if attr == "head":
-                return f"  {f'HSDP {self.mesh[0]}x{self.mesh[1]}':>13}"
-            value = self.cross_node.get("hsdp", 0) if attr == "cross" else getattr(self.hsdp, attr)
-            return f"  {format_bytes(value):>13}"
-
-        return cell
-
-    def _cross_node_lines(self, extra: Callable[[str], str]) -> list[str]:
-        if self.nnodes < 2 or not self.cross_node:
-            return []
-        return [
-            f"  {'across nodes':<16} {format_bytes(self.cross_node['ddp']):>11}  "
-            f"{format_bytes(self.cross_node['fsdp']):>15}" + extra("cross") + f"   (sent per rank per step between "
-            f"the {self.nnodes} nodes; HSDP: only its all-reduce of gradient shards)"
-        ]
 
     def _activation_lines(self) -> list[str]:
         a = self.activations
@@ -298,36 +287,37 @@ def make_plan(
     device: str,
     blocks: Callable[[nn.Module], Iterable[nn.Module]] | None = None,
     *,
-    mesh: tuple[int, int] | None = None,
+    strategy: str = "auto",
+    replicate: int | None = None,
     nnodes: int = 1,
     activations: ActivationEstimate | str | None = None,
     checkpointing: bool = False,
 ) -> MemoryPlan:
-    """Per-rank bytes of the model's state under DDP and FSDP at this world size. `blocks`
-    names FSDP's units (ddpkit.fsdp.default_blocks, or the task's hook); None: the root only.
-    `mesh`: hsdp's (replicate, shard), planned too; `nnodes`: how many nodes the ranks span
-    (the world size split evenly), for the traffic between them. `activations`: measured
-    apart (training/probe.py), shown beside the state."""
+    """Per-rank bytes of the model's state at this world size under every registered strategy
+    that is `planned` (DDP, FSDP) and under `strategy` (e.g. hsdp with `replicate` replicas),
+    each by its memory model over its layout. `blocks` names FSDP's units
+    (ddpkit.fsdp.default_blocks, or the task's hook); None: the root only. `nnodes`: how many
+    nodes the ranks span (the world size split evenly), for the traffic between them.
+    `activations`: measured apart (training/probe.py), shown beside the state."""
     params = list(model.parameters())
     n_params = sum(p.numel() for p in params)
-    full = sum(p.numel() * p.element_size() for p in params)
     name, per_param, measured = optimizer_state_per_param(optimizer)
-    compute_bytes = 2 if precision == "bf16" else 4
     block_list = list(blocks(model)) if blocks else []
     block_sizes = [sum(p.numel() for p in b.parameters()) for b in block_list]
     block_bytes = max((sum(p.numel() * p.element_size() for p in b.parameters()) for b in block_list), default=0)
     largest = max(block_sizes, default=0)
-    root = n_params - sum(block_sizes)
-    in_flight = (root + min(2, len(block_sizes)) * largest) * compute_bytes + largest * 4
-    ddp = Footprint(full, full, int(n_params * per_param), n_params * 2 if precision == "bf16" else 0)
-
-    def sharded(over: int) -> Footprint:
-        shard = sum(_shard_numel(p, over) * p.element_size() for p in params)
-        return Footprint(shard, shard, int(sum(_shard_numel(p, over) for p in params) * per_param), in_flight)
-
-    hsdp = sharded(mesh[1]) if mesh else None
-    setup_shard = sum(_shard_numel(p, world_size) * p.element_size() for p in params)  # the FSDP column
-    cross = _cross_node_bytes(params, world_size, compute_bytes, mesh, nnodes) if nnodes > 1 else {}
+    sizes = ModelSizes(
+        tuple((tuple(p.shape), p.element_size()) for p in params),
+        per_param,
+        precision,
+        root=n_params - sum(block_sizes),
+        largest_block=largest,
+        blocks=len(block_sizes),
+    )
+    specs = [s for s in strategy_specs() if s.memory is not None and (s.planned or s.name == strategy)]
+    config = lambda s: StrategyConfig(name=s.name, replicate=replicate if s.name == strategy else None)  # noqa: E731
+    meshes = {s.name: s.mesh(config(s), world_size, nnodes) for s in specs}
+    full, setup_shard = sizes.nbytes(), sizes.nbytes(world_size)  # setup: the FSDP column's shards
     return MemoryPlan(
         n_params,
         world_size,
@@ -337,48 +327,19 @@ def make_plan(
         measured,
         len(block_sizes) + 1,
         largest,
-        ddp,
-        sharded(world_size),
+        {s.name: s.memory(sizes, meshes[s.name]) for s in specs},  # type: ignore[misc]
+        meshes,
         device_memory,
         device,
-        mesh,
-        hsdp,
-        nnodes,
-        cross,
+        asked=strategy,
+        nnodes=nnodes,
+        cross_node={s.name: cross_node_bytes(sizes, meshes[s.name], nnodes) for s in specs} if nnodes > 1 else {},
         setup_eager=full,
         setup_meta=setup_shard + (block_bytes or full - setup_shard),
         built_on_meta=any(p.is_meta for p in params),
         activations=activations,
         checkpointing=checkpointing,
     )
-
-
-def _cross_node_bytes(
-    params: list[torch.Tensor], world: int, compute_bytes: int, mesh: tuple[int, int] | None, nnodes: int
-) -> dict[str, int]:
-    """What each rank sends per optimizer step in collectives whose group spans nodes (a ring
-    sends (n-1)/n of the buffer per gather or reduce-scatter, twice that per all-reduce).
-    Gradients are reduced in fp32; FSDP all-gathers the parameters in the compute precision,
-    in forward and again in backward. Ranks are numbered node by node."""
-    n_params = sum(p.numel() for p in params)
-    grads = n_params * 4
-    ring = lambda n: (n - 1) / n  # noqa: E731
-    fsdp_step = lambda n: ring(n) * (2 * n_params * compute_bytes + grads)  # noqa: E731
-    out = {"ddp": int(2 * ring(world) * grads), "fsdp": int(fsdp_step(world))}
-    if mesh:
-        replicate, shard = mesh
-        shard_grads = sum(_shard_numel(p, shard) for p in params) * 4
-        across = int(2 * ring(replicate) * shard_grads)
-        per_node = world // nnodes
-        out["hsdp"] = across if per_node % shard == 0 else across + int(fsdp_step(shard))
-    return out
-
-
-def _shard_numel(p: torch.Tensor, world_size: int) -> int:
-    """Elements of the largest dim-0 shard FSDP2 gives a rank (padded to equal rows)."""
-    if p.dim() == 0:
-        return 1
-    return math.ceil(p.shape[0] / world_size) * (p.numel() // p.shape[0] if p.shape[0] else 0)
 
 
 def local_state_bytes(model: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, int]:

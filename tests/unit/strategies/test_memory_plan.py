@@ -85,7 +85,7 @@ def test_auto_picks_ddp_when_it_fits_else_fsdp():
 def test_hsdp_shards_over_one_node_and_only_gradient_shards_cross_nodes():
     model = nn.Sequential(nn.Linear(10, 64), nn.ReLU(), nn.Linear(64, 3))
     adam = lambda p: torch.optim.Adam(p)  # noqa: E731
-    plan = make_plan(model, adam, 4, "fp32", 10**9, "test", default_blocks, mesh=(2, 2), nnodes=2)
+    plan = make_plan(model, adam, 4, "fp32", 10**9, "test", default_blocks, strategy="hsdp", replicate=2, nnodes=2)
     over_2 = make_plan(model, adam, 2, "fp32", 10**9, "test", default_blocks).fsdp
     assert plan.hsdp == over_2 and plan.hsdp.state > plan.fsdp.state  # shards over S=2, not over all 4
     n = sum(p.numel() for p in model.parameters())
@@ -99,9 +99,9 @@ def test_hsdp_shards_over_one_node_and_only_gradient_shards_cross_nodes():
     assert "HSDP 2x2" in out and "across nodes" in out and "FSDP yes, HSDP yes" in out
     assert "--strategy hsdp  HSDP needs" in out
     # shard groups that span nodes (8 ranks on 4 nodes of 2, shards of 4): HSDP's gathers cross too
-    wide = make_plan(model, adam, 8, "fp32", 10**9, "test", default_blocks, mesh=(2, 4), nnodes=4).cross_node
-    assert wide["hsdp"] > int(2 * 1 / 2 * (16 * 10 + 16 + 16 * 64 + 1) * 4)
-    one_node = make_plan(model, adam, 4, "fp32", 10**9, "test", default_blocks, mesh=(2, 2))
+    wide = make_plan(model, adam, 8, "fp32", 10**9, "test", default_blocks, strategy="hsdp", replicate=2, nnodes=4)
+    assert wide.cross_node["hsdp"] > int(2 * 1 / 2 * (16 * 10 + 16 + 16 * 64 + 1) * 4)
+    one_node = make_plan(model, adam, 4, "fp32", 10**9, "test", default_blocks, strategy="hsdp", replicate=2)
     assert one_node.cross_node == {} and "across nodes" not in one_node.format("net", "hsdp")
 
 
