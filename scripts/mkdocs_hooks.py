@@ -22,6 +22,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 CLI_MARKER = "<!-- cli-reference -->"
 OUTSIDE_LINK = re.compile(r"(\]\()((?:\.\./)+)([^)#\s]+)")
+CODE_SPAN = re.compile(r"`[^`\n]*`")
 
 
 def cli_reference() -> str:
@@ -89,9 +90,16 @@ def readme_for_site(readme: str) -> str:
 def on_page_markdown(markdown: str, page: Any, config: Any, files: Any) -> str:
     if CLI_MARKER in markdown:
         markdown = markdown.replace(CLI_MARKER, cli_reference())
+    markdown = "\n".join(_table_row(line) if line.startswith("|") else line for line in markdown.split("\n"))
     depth = page.file.src_uri.count("/")
     markdown = markdown.replace("](" + "../" * (depth + 1) + "README.md", "](" + "../" * depth + "index.md")
     return OUTSIDE_LINK.sub(lambda m: _copied(m, page, config, files), markdown)
+
+
+def _table_row(line: str) -> str:
+    """A table row's inline code without the backslashes GitHub needs before its pipes
+    (`a\\|b`): Python-Markdown would show them, and does not split a cell inside backticks."""
+    return CODE_SPAN.sub(lambda m: m.group(0).replace("\\|", "|"), line)
 
 
 def _copied(m: re.Match[str], page: Any, config: Any, files: Any) -> str:

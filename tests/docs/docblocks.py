@@ -368,6 +368,7 @@ def session_attributes() -> set[str]:
 def fragment_problems(code: str) -> list[str]:
     """A fragment that does not compile, or uses a ddpkit name, an rt. attribute or a keyword
     that does not exist."""
+    import importlib.util
     import inspect
 
     import ddpkit
@@ -381,7 +382,7 @@ def fragment_problems(code: str) -> list[str]:
     for node in ast.walk(tree):
         if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name):
             owner, name = node.value.id, node.attr
-            if owner == "ddpkit" and name not in ddpkit.__all__:
+            if owner == "ddpkit" and name not in ddpkit.__all__ and importlib.util.find_spec(f"ddpkit.{name}") is None:
                 problems.append(f"ddpkit.{name} does not exist")
             if owner == "rt" and name not in session_attributes():
                 problems.append(f"rt.{name}: a Session has no {name}")
@@ -441,6 +442,8 @@ def _has_flag(script: Path, flag: str) -> bool:
 
 def span_problems(span: str, root: Path) -> list[str]:
     words = span.split()
+    if re.match(r"(ddpkit|rt)\.\w", span) and ("(" in span or span.split()[0].count(".") > 1):
+        return python_name_problems(span)  # (ddpkit.world_size alone may be a name of something else: a tag)
     if words[0] in ("python", "python3", "torchrun", "make", "pip") and len(words) > 1:
         if words[0].startswith("python") and "/" not in span:
             return []  # `python script.py`: a name for any script
@@ -472,6 +475,32 @@ def span_problems(span: str, root: Path) -> list[str]:
             found = [value_problems(a, words[1]) for a in actions]
             return [] if any(not f for f in found) else found[0]
     return []
+
+
+def python_name_problems(span: str) -> list[str]:
+    """`ddpkit.a.b` must resolve (a module, then attributes); `ddpkit.f(k=...)` / `rt.f(k=...)`
+    as a fragment (its names and keywords exist)."""
+    import importlib
+
+    name = re.match(r"[\w.]+", span).group(0).rstrip(".")
+    problems = []
+    if name.startswith("ddpkit."):
+        parts = name.split(".")
+        for i in range(len(parts), 0, -1):
+            try:
+                obj = importlib.import_module(".".join(parts[:i]))
+                break
+            except ImportError:
+                continue
+        for attr in parts[i:]:
+            if not hasattr(obj, attr):
+                return [f"{name}: no {attr} in {'.'.join(parts[:i])}"]
+            obj, i = getattr(obj, attr), i + 1
+    try:
+        ast.parse(span)
+    except SyntaxError:
+        return problems
+    return problems + fragment_problems(span)
 
 
 def value_problems(action: argparse.Action, value: str) -> list[str]:

@@ -112,6 +112,13 @@ def test_inline_flags_and_values_are_checked():
     assert span_problems("ddpkit export --format hf", REPO) == []
     assert span_problems("ddpkit plot --format hf", REPO) == ["ddpkit plot has no --format"]
     assert extras_named("pip install 'ddpkit[mlflow,nope]'") == (["mlflow", "nope"], ["nope"])
+    assert span_problems("ddpkit.reporting.plot.plot_curves", REPO) == []
+    assert span_problems("ddpkit.plot.plot_curves", REPO) == ["ddpkit.plot.plot_curves: no plot in ddpkit"]
+    assert span_problems('ddpkit.load_config("wine.toml", epochs=30)', REPO) == []
+    assert span_problems("rt.wrap(..., activation_checkpointing=True)", REPO) == []
+    assert span_problems("rt.clip_grad_norm(model, max_nrm=1)", REPO) == [
+        "rt.clip_grad_norm(max_nrm=...): no such parameter"
+    ]
 
 
 # ---- every page ----
