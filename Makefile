@@ -2,7 +2,7 @@
 # torch pinned for this machine and CI (override TORCH_SPEC on GPU machines, e.g.
 # TORCH_SPEC='torch>=2.4'), then ddpkit installed in editable mode. Two steps, so the first
 # command stays quick: `make train` installs only what the default job needs (torch, ddpkit
-# and its progress bar); `make test` (and lint, setup) adds the extras the test suite needs.
+# and its progress bar); `make test` (and lint, docs, setup) adds the extras the test suite needs.
 # --no-compile: Python compiles the modules a run imports when it first imports them, not
 # every file of torch and the extras at install time (most of the set-up's CPU time). That
 # needs Python allowed to write its bytecode caches: with PYTHONDONTWRITEBYTECODE set (some
@@ -20,9 +20,9 @@ CORE_STAMP = $(VENV)/.ddpkit-core
 TEST_STAMP = $(VENV)/.ddpkit-test
 # the extras of each step (pyproject.toml): a new extra the tests need is one more name here
 CORE_EXTRAS = progress
-TEST_EXTRAS = test,progress,plot,tensorboard,datasets,hf
+TEST_EXTRAS = test,progress,plot,tensorboard,datasets,hf,docs
 
-.PHONY: train test test-cluster lint setup clean
+.PHONY: train test test-cluster lint docs setup clean
 
 unexport PYTHONDONTWRITEBYTECODE
 
@@ -43,11 +43,16 @@ train: $(CORE_STAMP)
 lint: $(TEST_STAMP)
 	$(BIN)/ruff check src tests benchmarks examples scripts
 
-test: lint
+# the documentation site (mkdocs.yml) into site/, strict: a broken link or anchor, or a page
+# missing from the nav, fails; offline (nothing fetched)
+docs: $(TEST_STAMP)
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --site-dir site
+
+test: lint docs
 	PYTHON=$(BIN)/python scripts/test.sh $(PYTEST_ARGS)
 
 test-cluster: $(TEST_STAMP)
 	$(BIN)/python -m pytest -q -m cluster $(PYTEST_ARGS)
 
 clean:
-	rm -rf $(VENV) runs .pytest_cache
+	rm -rf $(VENV) runs site .pytest_cache

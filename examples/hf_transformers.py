@@ -22,7 +22,7 @@ ddpkit then divides by the token count over all micro-batches and ranks, so the 
 the mean over every label token of the global batch, as on one process, and the final
 model.pt is the same at any world size and --accumulate (with dropout 0).
 
-The trained model leaves as a folder `from_pretrained` loads (README, "Export"):
+The trained model leaves as a folder `from_pretrained` loads (docs/export.md):
 
     ddpkit export RUN_DIR --format hf --out gpt2-hf      # or `--export hf` on ddpkit train
     AutoModelForCausalLM.from_pretrained("gpt2-hf")

@@ -19,7 +19,7 @@ TRAINING = "training"
 FAULTS = "faults and signals"
 OUTPUT = "output"
 STRATEGY = "strategy and precision"
-PERFORMANCE = "performance (see README: Performance)"
+PERFORMANCE = "performance (see docs/performance.md)"
 
 BACKENDS = ("auto", "gloo", "nccl")
 DEVICES = ("auto", "cpu", "cuda")

@@ -34,39 +34,54 @@ Metric = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
 @dataclass
 class Task:
-    """What one training run needs. `metric(outputs, targets)` returns the batch's SUM
-    (e.g. the number of correct predictions); ddpkit divides by the sample count.
-    `on_metrics(record)` is called on rank 0 after every epoch with that epoch's line of
-    metrics.jsonl (a dict of global values, already reduced across ranks): the place to
-    send them to W&B, MLflow or a notebook. It runs on rank 0 only, so it logs once."""
+    """What one training run needs: the model, the training data and the optimizer; the rest is
+    optional. A task function returns one (or the guide's `(train_set, model, optimizer)`)."""
 
     model: nn.Module
+    """The model, built the same on every rank (the task function runs after seeding); on the
+    meta device for a model that does not fit one rank (see `init_weights`, `init_from`)."""
     train_set: Any
+    """A map-style data set (a TensorDataset is batched by index), an IterableDataset or a
+    `ddpkit.ShardedStream`. Items that are dicts are passed as keyword arguments."""
     optimizer: OptimizerSpec
+    """An optimizer, or a factory `optimizer(params)`: under FSDP it is built over the shards (an
+    instance is rebuilt as the same class with the same settings)."""
     eval_set: Any = None
+    """Held-out data, evaluated every `--eval-every` epochs, each sample exactly once."""
     loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None
+    """`loss_fn(outputs, targets)`, the batch mean. None: the loss the model's output carries (a
+    `loss` attribute or key, or `(logits, loss)`), else cross-entropy."""
     metric: Metric | None = None
+    """`metric(outputs, targets)` returns the batch's SUM (e.g. the number of correct
+    predictions); ddpkit divides by the sample count over all ranks. None: accuracy, for
+    classification outputs of `(inputs..., target)` items."""
     metric_name: str = "accuracy"
+    """The metric's name in metrics.jsonl (`eval_<name>`)."""
     on_metrics: Callable[[dict[str, Any]], None] | None = None
-    # --strategy fsdp: the submodules to shard one by one (then the root); None: each element
-    # of the model's ModuleLists, or the children of a Sequential (ddpkit.strategies.fsdp.default_blocks)
+    """`on_metrics(record)` is called on rank 0 after every epoch with that epoch's line of
+    metrics.jsonl (a dict of global values, already reduced across ranks): the place to send
+    them to W&B, MLflow or a notebook. It runs on rank 0 only, so it logs once."""
     fsdp_blocks: Callable[[nn.Module], Any] | None = None
-    # --activation-checkpointing: the submodules whose activations are recomputed in backward;
-    # None: the FSDP blocks above (fsdp_blocks, else the default), under DDP and FSDP alike
+    """--strategy fsdp: the submodules to shard one by one (then the root); None: each element of
+    the model's ModuleLists, or the children of a Sequential (ddpkit.strategies.fsdp.default_blocks)."""
     checkpoint_blocks: Callable[[nn.Module], Any] | None = None
-    # scheduler(optimizer) or scheduler(optimizer, total_steps) -> a torch LR scheduler, stepped
-    # once per optimizer step (total_steps: the run's planned optimizer steps); its state is in
-    # every checkpoint. (Or --lr-schedule/--warmup-steps for the common shapes.)
+    """--activation-checkpointing: the submodules whose activations are recomputed in backward;
+    None: the FSDP blocks above (fsdp_blocks, else the default), under DDP and FSDP alike."""
     scheduler: Callable[[torch.optim.Optimizer], Any] | None = None
-    # step(model, batch) -> the micro-batch's mean loss, or (loss_sum, count): then ddpkit divides
-    # by the count over all micro-batches and ranks (token-level losses stay exact with padding)
+    """`scheduler(optimizer)` or `scheduler(optimizer, total_steps)` -> a torch LR scheduler,
+    stepped once per optimizer step (total_steps: the run's planned optimizer steps); its state
+    is in every checkpoint. (Or --lr-schedule/--warmup-steps for the common shapes.)"""
     step: Callable[[nn.Module, Any], Any] | None = None
-    # a model built on the meta device (`with torch.device("meta"):`): init_weights(module) is called
-    # on every module that owns parameters or buffers, with them full-size for the moment, in
-    # model.modules() order (without it, each module's reset_parameters()); init_from: pretrained
-    # weights (a safetensors file, a Hugging Face folder, a torch state dict) each rank reads its part of
+    """`step(model, batch)` -> the micro-batch's mean loss, or `(loss_sum, count)`: then ddpkit
+    divides by the count over all micro-batches and ranks (token-level losses stay exact with
+    padding)."""
     init_weights: Callable[[nn.Module], Any] | None = None
+    """For a model built on the meta device (`with torch.device("meta"):`): called on every
+    module that owns parameters or buffers, with them full-size for the moment, in
+    model.modules() order (without it, each module's reset_parameters())."""
     init_from: str | os.PathLike[str] | None = None
+    """Pretrained weights (a safetensors file, a Hugging Face folder, a torch state dict), of
+    which each rank reads its part (`--init-from` on the command line)."""
 
 
 def accuracy_sum(outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
