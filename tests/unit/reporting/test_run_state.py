@@ -4,9 +4,19 @@ an end record (summary.json, failed.json) older than it belongs to an earlier at
 import json
 import os
 
+import pytest
+
 from ddpkit import DdpkitError
+from ddpkit.envvars import LAUNCH_ID_VAR
 from ddpkit.errors import RunDirTaken
 from ddpkit.reporting.run_state import FAILED_FILE, record_failure, run_state
+
+
+@pytest.fixture(autouse=True)
+def _outside_a_launch(monkeypatch):
+    """A caller outside `ddpkit train`: a test before this one in the same process may have
+    called ddpkit.train, which names its launch in the environment."""
+    monkeypatch.delenv(LAUNCH_ID_VAR, raising=False)
 
 
 def _write(path, data, mtime):
