@@ -44,6 +44,7 @@ def test_own_loop_script_runs_the_same_under_ddpkit_launch_and_plain_torchrun(tm
             sys.executable,
             "-m",
             "torch.distributed.run",
+            "--standalone",  # a free port of its own: torchrun's default (29500) is shared by parallel tests
             "--nproc-per-node",
             "2",
             OWN_LOOP,

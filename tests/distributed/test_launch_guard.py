@@ -36,7 +36,8 @@ def launch_here(*args: str, cwd: Path, env: dict, timeout: float = 120) -> subpr
 
 def torchrun(*args: str, cwd: Path, env: dict) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", *args],
+        # --standalone: a free port of its own (torchrun's default, 29500, is shared by parallel tests)
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", *args],
         cwd=cwd,
         env={**os.environ, **ENV, **env},
         capture_output=True,
