@@ -130,7 +130,11 @@ class ScriptGuard:
         def destroy_process_group(*args: Any, **kwargs: Any) -> Any:
             group = kwargs.get("group", args[0] if args else None)
             if group is None and self.watchdog is not None:  # the default group: no collective can hang now
-                self.watchdog.stop()
+                in_flight = sys.exc_info()[1]  # torn down as an error unwinds (a `with ddpkit.init()` block)
+                if in_flight is not None:
+                    self.failed(in_flight)  # a collective that timed out: every rank's report first
+                else:
+                    self.watchdog.stop()
                 self.watchdog = None
             return torch_destroy(*args, **kwargs)
 
