@@ -28,6 +28,19 @@ def task(config=None):
     return build(config)
 """
 
+SLOW_TO_BUILD = """
+import os, time
+from pathlib import Path
+
+from ddpkit.tasks.wine import build
+
+
+def task(config=None):
+    Path(os.environ["IMPORTED"]).write_text("")  # a worker builds the task: the run has its folder
+    time.sleep(120)
+    return build(config)
+"""
+
 RECORDS_DEBUG_LEVEL = """
 import os
 from pathlib import Path
@@ -43,8 +56,11 @@ def task(config=None):
 """
 
 
-def test_sigterm_in_the_first_seconds_says_so_exits_143_and_leaves_no_empty_run_directory(tmp_path):
-    (tmp_path / "slow.py").write_text(SLOW_TO_IMPORT)
+@pytest.mark.parametrize("slow", [SLOW_TO_IMPORT, SLOW_TO_BUILD], ids=["checking-the-task", "building-it"])
+def test_sigterm_in_the_first_seconds_says_so_exits_143_and_leaves_no_empty_run_directory(tmp_path, slow):
+    """While the launcher checks the task (nothing written yet) and while the workers build it
+    (the run's folder made, nothing in it worth keeping): the folder is gone either way."""
+    (tmp_path / "slow.py").write_text(slow)
     marker = tmp_path / "imported"
     proc = subprocess.Popen(
         [sys.executable, "-m", "ddpkit", "train", "slow.py:task", "--nproc", "2", "--epochs", "1"],
@@ -59,14 +75,24 @@ def test_sigterm_in_the_first_seconds_says_so_exits_143_and_leaves_no_empty_run_
         while not marker.exists():
             assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
             time.sleep(0.1)
-        assert any((tmp_path / "runs").iterdir())  # the run directory exists by now, still empty
+        if slow is SLOW_TO_BUILD:
+            assert any((tmp_path / "runs").iterdir())  # the run directory exists by now, still empty
         proc.send_signal(signal.SIGTERM)
         out, err = proc.communicate(timeout=60)
     finally:
         if proc.poll() is None:
             proc.kill()
     assert proc.returncode == 143, (proc.returncode, err)
-    assert err.strip().splitlines() == ["ddpkit: stopped by SIGTERM"], err
+    said = (
+        "ddpkit: stopped by SIGTERM"
+        if slow is SLOW_TO_IMPORT
+        # the launch had started its workers
+        else (
+            "ddpkit: error: stopped by SIGTERM; the workers were stopped before a checkpoint was written "
+            "(--save-on-signal TERM saves one first)"
+        )
+    )
+    assert err.strip().splitlines() == [said], err  # one line: not torch's agent's own log lines too
     assert not (tmp_path / "runs").exists()  # nothing was written: no empty folder is left behind
 
 

@@ -140,7 +140,12 @@ def _launch_environ(plan: LaunchPlan, env: dict[str, str] | None, errors: Path) 
 def _agent_logs(verbose: bool) -> Iterator[None]:
     """The agent logs every failure with a traceback at ERROR level; ddpkit reports failures
     itself (one line, plus the failing rank's own traceback), so keep the agent quiet."""
-    agent_logs = [logging.getLogger(n) for n in ("torch.distributed.elastic", "torch.multiprocessing")]
+    import torch.distributed.launcher.api  # noqa: F401  (its modules' loggers exist from here on)
+
+    # each module's logger has its own level (torch sets it from LOGLEVEL): a parent's is not enough
+    prefixes = ("torch.distributed.elastic", "torch.multiprocessing")
+    names = [n for n in logging.root.manager.loggerDict if n.startswith(prefixes)]
+    agent_logs = [logging.getLogger(n) for n in sorted({*prefixes, *names})]
     saved_levels = [log.level for log in agent_logs]
     if not verbose:
         for log in agent_logs:
