@@ -166,7 +166,7 @@ def test_a_lost_node_stops_the_survivors_with_a_clear_message_and_leaves_nothing
     # the rendezvous' 600 s): a survivor still running after 150 s fails the test
     code, out, took = _kill_node_2(two_nodes, run_dir, procs, logs, timeout=150)
     print(f"survivors stopped {took:.1f} s after the node was killed")
-    assert code == 2, out
+    assert code == 1, out  # a failure, not a usage error (docs/cli.md, Exit codes)
     assert "lost contact with another rank" in out and two_nodes.nodes[1].ip in out, out
     assert "ddpkit: error:" in out
     time.sleep(0.5)

@@ -59,7 +59,14 @@ def test_the_script_sees_what_torchrun_gives_it_and_its_group_gets_the_timeout(t
     ours, theirs, module = tmp_path / "ours", tmp_path / "theirs", tmp_path / "module"
     proc = launch_here("--timeout", "77", relative, "a", "--b=1", cwd=tmp_path, env={"WHERE_OUT": str(ours)})
     assert proc.returncode == 0, proc.stderr
-    assert torchrun(relative, "a", "--b=1", cwd=tmp_path, env={"WHERE_OUT": str(theirs)}).returncode == 0
+    reference = torchrun(relative, "a", "--b=1", cwd=tmp_path, env={"WHERE_OUT": str(theirs)})
+    # the script never destroys its group; under load torch's own teardown then sometimes aborts a
+    # rank after the script finished ("terminate called without an active exception", SIGABRT:
+    # 8 of 20 runs on a busy 2-core machine), and torchrun reports that as a failure (ddpkit launch
+    # warns and exits 0: test_an_abort_in_the_teardown_...). What the script saw is written before that.
+    finished = all(f"rank {r}: 5 steps done" in reference.stdout for r in (0, 1))
+    torn_down = "terminate called without an active exception" in reference.stderr
+    assert reference.returncode == 0 or (finished and torn_down), reference.stdout + reference.stderr
     for mine, torchs in zip(seen(ours), seen(theirs), strict=True):
         assert mine.pop("default_timeout") == 77.0 and torchs.pop("default_timeout") == 1800.0
         assert mine == torchs
