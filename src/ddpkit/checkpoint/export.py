@@ -282,10 +282,4 @@ def _put_in_place(tmp: Path, target: Path) -> None:
         with open(f, "rb") as handle:
             os.fsync(handle.fileno())
     tmp.chmod(0o777 & ~umask)
-    old = target.parent / f".{target.name}.old"
-    if target.exists():
-        shutil.rmtree(old, ignore_errors=True)
-        os.replace(target, old)
-    os.replace(tmp, target)
-    ckpt_file.fsync_dir(target.parent)
-    shutil.rmtree(old, ignore_errors=True)
+    ckpt_file.replace_folder(tmp, target)

@@ -165,6 +165,21 @@ def fsync_dir(folder: str | os.PathLike) -> None:
         os.close(fd)
 
 
+def replace_folder(src: str | os.PathLike, dst: str | os.PathLike) -> None:
+    """Put the finished folder `src` in place as `dst`, atomically for a reader: an existing `dst`
+    is renamed aside (`.NAME.old`) and removed only once `src` is in place: a reader finds the old
+    folder, the new one or none (a crash between the two renames), never a mix of them.
+    The one writer of folders here: sharded checkpoints, exports, a run's hf_config/."""
+    src, dst = Path(src), Path(dst)
+    old = dst.parent / f".{dst.name}.old"
+    if dst.exists():  # the same folder written again (a resumed run, a re-export): swap, then drop the old one
+        shutil.rmtree(old, ignore_errors=True)
+        os.replace(dst, old)
+    os.replace(src, dst)
+    fsync_dir(dst.parent)
+    shutil.rmtree(old, ignore_errors=True)
+
+
 def load_file(path: str | os.PathLike) -> Any:
     """torch.load with weights_only=True, after every record of the file is checked against its
     CRC-32 (integrity.py); anything unreadable or damaged becomes a DdpkitError naming the file."""

@@ -21,6 +21,7 @@ from typing import Any
 from torch import nn
 
 from ..errors import DdpkitError
+from .file import replace_folder
 
 HF_DIR = "hf_config"
 TIES = "ddpkit-weights.json"  # {"class": ..., "skip": {name left out: the name that holds its tensor}}
@@ -95,14 +96,13 @@ def prepare(model: nn.Module, required: bool = False) -> tuple[Path | None, str 
 
 
 def put(prepared: Path, run_dir: str | os.PathLike) -> None:
-    """A prepared folder as RUN_DIR/hf_config/, replaced as a whole."""
+    """A prepared folder as RUN_DIR/hf_config/, replaced as a whole (a crash leaves the old one or
+    the new one, never a mix: it is moved beside it first, then swapped in)."""
     folder = Path(run_dir) / HF_DIR
     tmp = folder.parent / f".{HF_DIR}.partial"
     shutil.rmtree(tmp, ignore_errors=True)
     shutil.move(str(prepared), tmp)
-    if folder.exists():
-        shutil.rmtree(folder)
-    os.replace(tmp, folder)
+    replace_folder(tmp, folder)
 
 
 def _write(model: Any, folder: Path) -> None:

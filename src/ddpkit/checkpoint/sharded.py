@@ -108,7 +108,7 @@ def write_shards(
         if rt.is_main:  # and .metadata: DCP writes it on rank 0 once every shard is on disk
             files = {name: sums for rank_sums in everyone or [] for name, sums in rank_sums.items()}
             ckpt_io.atomic_save({**meta(), FILES: files}, tmp / META)
-            _replace_dir(tmp, final)
+            ckpt_io.replace_folder(tmp, final)
     except (OSError, CheckpointException) as e:
         if rt.is_main:  # every rank is past its writes: DCP gathers their outcome before it raises
             shutil.rmtree(tmp, ignore_errors=True)
@@ -127,16 +127,6 @@ def _first_line(e: BaseException) -> str:
         e = errors[0] if errors else e
     lines = [line for line in str(e).splitlines() if line.strip()]
     return (getattr(e, "strerror", None) or (lines[-1] if lines else type(e).__name__))[:200]
-
-
-def _replace_dir(src: Path, dst: Path) -> None:
-    old = dst.parent / f".{dst.name}.old"
-    if dst.exists():  # the same epoch saved again (a resumed run): swap, then drop the old one
-        shutil.rmtree(old, ignore_errors=True)
-        os.replace(dst, old)
-    os.replace(src, dst)
-    ckpt_io.fsync_dir(dst.parent)
-    shutil.rmtree(old, ignore_errors=True)
 
 
 def validate_sharded(path: Path, model: nn.Module, optimizer: torch.optim.Optimizer | None) -> dict[str, Any]:
