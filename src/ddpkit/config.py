@@ -414,7 +414,7 @@ class RunConfig:
     tracker: list[str] = setting(
         help="also send every metrics.jsonl record to this tracker, from rank 0; repeat for several",
         group=OUTPUT,
-        choices=TRACKERS,
+        choices=tuple(TRACKERS),
         append=True,
         type=str,
         factory=list,

@@ -33,8 +33,9 @@ GRAD_COMPRESSIONS = ("none", "bf16", "fp16", "powersgd")
 FUSED_MODES = ("off", "on", "auto")
 ON_NAN_MODES = ("stop", "skip")
 EXPORT_FORMATS = ("safetensors", "hf")  # what `ddpkit export` and train's --export write (checkpoint/export.py)
-TRACKERS = ("mlflow", "wandb", "tensorboard", "csv")  # --tracker (reporting/sinks/)
-TRACKER_PACKAGES = {"mlflow": "mlflow", "wandb": "wandb", "tensorboard": "tensorboard"}  # tracker: package = extra
+# --tracker's choices, each with the package (= ddpkit extra) it needs: the one list of trackers;
+# each sink in reporting/sinks/ takes its name and package from here (a unit test holds them equal)
+TRACKERS: dict[str, str | None] = {"mlflow": "mlflow", "wandb": "wandb", "tensorboard": "tensorboard", "csv": None}
 # Boolean settings that cannot both be on, with what each asks for: refused together when one
 # place (the command line, a config file, the Python API) sets both; a flag on the command line
 # switches off a config file's contradicting setting, as any flag wins over the file (cli/commands.py).
@@ -213,13 +214,13 @@ def validate_output(cfg: Any) -> None:
                 f"--{a} and --{b} contradict each other ({what}): keep one (a flag given on the command "
                 "line wins over a config file's contradicting setting)"
             )
-    if cfg.tensorboard and importlib.util.find_spec("tensorboard") is None:
+    if cfg.tensorboard and importlib.util.find_spec(TRACKERS["tensorboard"]) is None:
         raise DdpkitError(
             "--tensorboard needs the tensorboard package: pip install 'ddpkit[tensorboard]' (or tensorboard)"
         )
     for name in cfg.tracker:
-        _choice("--tracker", name, TRACKERS)
-        package = TRACKER_PACKAGES.get(name)
+        _choice("--tracker", name, tuple(TRACKERS))
+        package = TRACKERS[name]
         if package and importlib.util.find_spec(package) is None:
             raise DdpkitError(f"--tracker {name} needs the {package} package: pip install 'ddpkit[{package}]'")
     if cfg.tracker_uri and "mlflow" not in cfg.tracker:

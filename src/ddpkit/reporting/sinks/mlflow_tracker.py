@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 from typing import Any, Mapping
 
+from ...config_groups import TRACKERS
 from ...envvars import MLFLOW_CLIENT_LIMITS, MLFLOW_EXPERIMENT_VAR, MLFLOW_QUIET_VAR, MLFLOW_URI_VAR
 from .base import FAILED, FINISHED, STOPPED
 from .tracker import Tracker, flat_params, run_tags, task_name
@@ -28,7 +29,7 @@ STATUS = {FINISHED: "FINISHED", STOPPED: "KILLED", FAILED: "FAILED"}  # how the 
 
 class MlflowSink(Tracker):
     name = "mlflow"
-    package = "mlflow"
+    package = TRACKERS["mlflow"]
 
     def start(self, settings: Mapping[str, Any], old_id: dict[str, Any] | None) -> dict[str, Any]:
         from mlflow.entities import Param, RunTag

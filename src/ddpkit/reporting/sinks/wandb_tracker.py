@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 from typing import Any, Mapping
 
+from ...config_groups import TRACKERS
 from ...envvars import WANDB_DIR_VAR, WANDB_MODE_VAR, WANDB_PROJECT_VAR, WANDB_SILENT_VAR
 from .base import FINISHED
 from .tracker import Tracker, run_tags, task_name
@@ -19,7 +20,7 @@ from .tracker import Tracker, run_tags, task_name
 
 class WandbSink(Tracker):
     name = "wandb"
-    package = "wandb"
+    package = TRACKERS["wandb"]
 
     def start(self, settings: Mapping[str, Any], old_id: dict[str, Any] | None) -> dict[str, Any]:
         if settings.get("quiet"):
