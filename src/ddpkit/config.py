@@ -438,11 +438,12 @@ class RunConfig:
     )
     replicate: int | None = setting(
         None,
-        "--strategy hsdp: R replicas, each sharded over world size / R processes (must divide it)",
+        "--strategy fsdp or hsdp: R replicas, each sharded over world size / R processes (must divide it; "
+        "HSDP: only the replicas' gradient all-reduce crosses them)",
         group=STRATEGY,
         type=int,
         metavar="R",
-        default_help="one per node",
+        default_help="fsdp: 1; hsdp: one per node",
     )
     precision: str = setting(
         "fp32",

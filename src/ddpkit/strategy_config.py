@@ -9,8 +9,9 @@ Every strategy is a StrategySpec in one registry (`register`): its name, whether
 its own rules, its memory model (what a rank holds, strategy_memory.py), its help line, its
 (replicate, shard) layout and where its Strategy is built (an import path, so FSDP's imports
 stay lazy). `--strategy`'s choices and help, check(), strategy_for, `--strategy auto` and the
-memory plan all read it. HSDP is FSDP's entry with a 2-D layout: `--strategy hsdp` spells
-FSDP with `--replicate R` replicas.
+memory plan all read it. HSDP is FSDP with replicas: `--strategy fsdp --replicate R` lays it
+out as R replicas of world size / R shards; `--strategy hsdp` spells the same with one replica
+per node unless --replicate says otherwise.
 """
 
 from __future__ import annotations
@@ -159,12 +160,12 @@ def _check_mesh(shape: tuple[int, int], world_size: int | None) -> None:
 
 
 def _check_replicate(config: StrategyConfig, spec: StrategySpec, world_size: int | None) -> None:
-    """--replicate lays out hsdp's replicas: a positive divisor of the number of processes."""
+    """--replicate lays out FSDP's replicas (fsdp, hsdp): a positive divisor of the number of processes."""
     r = config.replicate
     if r is None:
         return
     if not spec.replicas:
-        name = next((s.name for s in _REGISTRY.values() if s.replicas), "hsdp")
+        name = next((s.name for s in _REGISTRY.values() if s.replicas), "fsdp")
         raise DdpkitError(
             f"--replicate {r} sets the replicas of --strategy {name} (shard within a replica, all-reduce across "
             f"replicas); use --strategy {name} --replicate {r}, or drop --replicate"
@@ -176,6 +177,26 @@ def _check_replicate(config: StrategyConfig, spec: StrategySpec, world_size: int
             f"--replicate {r} does not divide the {world_size} processes into equal replicas: choose a divisor "
             f"of {world_size} (each replica holds world size / replicate shards)"
         )
+
+
+def fsdp_mesh(
+    config: StrategyConfig, world_size: int, nnodes: int, local_world_size: int | None = None
+) -> tuple[int, int]:
+    """fsdp's (replicate, shard) mesh: every rank one shard, or with --replicate R (HSDP) R replicas
+    of world_size / R shards each (R divides the world size: checked by _check_replicate)."""
+    replicate = config.replicate or 1
+    return replicate, world_size // replicate
+
+
+def fsdp_note(mesh: tuple[int, int]) -> str | None:
+    """What a run of fsdp with --replicate R > 1 gets, for rank 0 to print (nothing without replicas)."""
+    replicate, shard = mesh
+    if replicate == 1:
+        return None
+    return (
+        f"--strategy fsdp --replicate {replicate}: {replicate} replicas x {shard} shards (HSDP: gradients "
+        "all-reduced across replicas)"
+    )
 
 
 def hsdp_mesh(
@@ -240,7 +261,7 @@ class StrategySpec:
     own_loop: bool = False  # offered to scripts with their own loop (rt.wrap(strategy=...))
     planned: bool = False
     label: str = ""  # its memory-plan column (default: the name in capitals)
-    note: Callable[[tuple[int, int]], str] | None = None  # what rank 0 prints about its layout
+    note: Callable[[tuple[int, int]], str | None] | None = None  # what rank 0 prints about its layout
 
     def mesh(
         self, config: StrategyConfig, world_size: int, nnodes: int = 1, local: int | None = None
@@ -265,7 +286,7 @@ class StrategySpec:
     def column(self, mesh: tuple[int, int]) -> str:
         """Its memory-plan column's head."""
         label = self.title
-        if self.replicas:
+        if self.replicas and (mesh[0] > 1 or self.layout is hsdp_mesh):
             return f"{label} {mesh[0]}x{mesh[1]}"
         if self.shards:
             world = mesh[0] * mesh[1]
@@ -347,10 +368,13 @@ FSDP = register(
         build="ddpkit.strategies:build_fsdp",
         shards=True,
         memory=sharded_state,
+        layout=fsdp_mesh,
         rules=(_sharded_precision, _needs_two),
         ddp_knobs=False,
+        replicas=True,
         own_loop=True,
         planned=True,
+        note=fsdp_note,
     )
 )
 HSDP = register(
@@ -359,7 +383,6 @@ HSDP = register(
         name="hsdp",
         help="shard within a node, replicate across nodes (only gradient shards cross nodes)",
         layout=hsdp_mesh,
-        replicas=True,
         own_loop=False,
         planned=False,
         note=hsdp_note,

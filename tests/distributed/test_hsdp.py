@@ -30,6 +30,7 @@ def _resume(source, run, *args):
     (shutil.copytree if source.is_dir() else shutil.copy)(source, run / "checkpoints" / source.name)
     proc = run_ddpkit("train", *args, *COMMON[:-1], "--resume", "--run-dir", str(run))
     assert f"resuming from {run / 'checkpoints' / source.name}" in proc.stdout
+    (run / "out.txt").write_text(proc.stdout)
     return load_model(run)
 
 
@@ -76,3 +77,9 @@ def test_checkpoints_cross_between_hsdp_fsdp_and_ddp_across_world_sizes(runs, tm
     # DDP's one-file checkpoint, sharded on load over the 2-D mesh
     from_ddp = _resume(runs["ddp"] / "checkpoints" / "epoch-000002.pt", tmp_path / "from-ddp", *HSDP)
     assert_state_close(from_ddp, final, **CLOSE)
+    # HSDP is FSDP with replicas: --strategy fsdp --replicate 2 continues HSDP's checkpoint on the same 2 x 2 mesh
+    as_fsdp = [*HSDP[:1], "fsdp", *HSDP[2:]]
+    replicated = _resume(hsdp_ckpts / "epoch-000004", tmp_path / "fsdp-replicated", *as_fsdp)
+    assert_state_close(replicated, final, **CLOSE)
+    out = (tmp_path / "fsdp-replicated" / "out.txt").read_text()
+    assert "--strategy fsdp --replicate 2: 2 replicas x 2 shards (HSDP" in out, out

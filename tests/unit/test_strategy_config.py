@@ -9,7 +9,16 @@ from torch import nn
 from ddpkit import DdpkitError, DistEnv, RunConfig
 from ddpkit.api import _check_strategy
 from ddpkit.session import Session
-from ddpkit.strategy_config import FSDP_NEEDS_TWO, StrategyConfig, check, hsdp_mesh, hsdp_note
+from ddpkit.strategy_config import (
+    FSDP_NEEDS_TWO,
+    StrategyConfig,
+    check,
+    fsdp_mesh,
+    fsdp_note,
+    hsdp_mesh,
+    hsdp_note,
+    strategy_spec,
+)
 
 FSDP = StrategyConfig(name="fsdp")
 
@@ -147,8 +156,8 @@ HSDP = StrategyConfig(name="hsdp")
     [
         (StrategyConfig(name="hsdp", replicate=3), 4, "--replicate 3 does not divide the 4 processes into equal"),
         (StrategyConfig(name="hsdp", replicate=0), None, "--replicate must be a positive number of replicas, got 0"),
-        (StrategyConfig(name="fsdp", replicate=2), 4, "use --strategy hsdp --replicate 2, or drop --replicate"),
-        (StrategyConfig(name="ddp", replicate=2), 4, "--replicate 2 sets the replicas of --strategy hsdp"),
+        (StrategyConfig(name="fsdp", replicate=3), 4, "--replicate 3 does not divide the 4 processes into equal"),
+        (StrategyConfig(name="ddp", replicate=2), 4, "use --strategy fsdp --replicate 2, or drop --replicate"),
         (HSDP, 1, "--strategy hsdp shards the model across processes and needs at least 2"),
         (StrategyConfig(name="hsdp", precision="fp16"), 4, "use --precision bf16 with --strategy hsdp"),
         (StrategyConfig(name="hsdp", bucket_mb=4.0), 4, "--bucket-mb: DDP options, not available with --strategy hsdp"),
@@ -178,3 +187,15 @@ def test_hsdp_replicates_across_nodes_and_shards_within_one_by_default():
         _check_strategy(
             RunConfig(strategy="hsdp", replicate=3, nnodes="2", master_addr="10.0.0.1", node_rank=0), "cpu", 8
         )
+
+
+def test_hsdp_is_fsdp_with_replicas_and_the_hsdp_spelling_only_changes_the_default():
+    assert fsdp_mesh(StrategyConfig(name="fsdp"), 4, nnodes=2) == (1, 4)  # no replicas unless asked
+    assert fsdp_mesh(StrategyConfig(name="fsdp", replicate=2), 4, nnodes=1) == (2, 2)
+    assert fsdp_mesh(StrategyConfig(name="fsdp", replicate=2), 8, nnodes=2) == hsdp_mesh(HSDP, 8, nnodes=2)
+    check(StrategyConfig(name="fsdp", replicate=2), 4, mesh_shape=(2, 2))
+    assert RunConfig(strategy="fsdp", replicate=2, nproc=4).strategy_config().replicate == 2
+    fsdp, hsdp = strategy_spec("fsdp"), strategy_spec("hsdp")
+    assert (fsdp.build, fsdp.memory, fsdp.rules) == (hsdp.build, hsdp.memory, hsdp.rules)  # one FSDP
+    assert fsdp_note((1, 4)) is None and "2 replicas x 2 shards (HSDP" in fsdp_note((2, 2))
+    assert (fsdp.column((1, 4)), fsdp.column((2, 2)), hsdp.column((1, 4))) == ("FSDP x4", "FSDP 2x2", "HSDP 1x4")

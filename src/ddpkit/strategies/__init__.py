@@ -52,14 +52,16 @@ def make_strategy(cfg: RunConfig, rt: Runtime, task: Task) -> Strategy:
     init_from = cfg.init_from or task.init_from
     strategy.init = ModelInit(task.init_weights, str(init_from) if init_from else None, cfg.seed)
     note = strategy_spec(config.name).note
-    if note is not None and not cfg.quiet:
-        rt.print(f"ddpkit: {note(strategy.mesh_shape)}")
+    said = note(strategy.mesh_shape) if note is not None else None
+    if said and not cfg.quiet:
+        rt.print(f"ddpkit: {said}")
     return strategy
 
 
 def strategy_for(config: StrategyConfig, rt: Runtime, *, blocks: Any = None, checkpoint_blocks: Any = None) -> Strategy:
     """The Strategy the registered `config.name` builds over `rt` (its StrategySpec's factory,
-    over its layout: hsdp is FSDP over a (replicate, shard) mesh, strategy_config.hsdp_mesh).
+    over its layout: FSDP over a (replicate, shard) mesh, R > 1 with --replicate R or by hsdp's
+    default, one replica per node: strategy_config.fsdp_mesh, hsdp_mesh).
     Activation checkpointing recomputes `checkpoint_blocks(model)`, else the blocks FSDP would shard."""
     spec = strategy_spec(config.name)
     mesh = spec.layout(config, rt.world_size, rt.env.nnodes, rt.env.local_world_size) if spec.layout else None

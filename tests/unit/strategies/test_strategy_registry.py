@@ -37,8 +37,9 @@ def toy():
 def test_hsdp_is_fsdp_with_replicas_and_the_builtins_keep_their_order():
     assert [s.name for s in strategy_specs()] == ["ddp", "fsdp", "hsdp", "auto"]
     assert HSDP.shards and HSDP.build == FSDP.build and HSDP.memory is FSDP.memory and HSDP.rules == FSDP.rules
-    assert HSDP.replicas and not FSDP.replicas
+    assert HSDP.replicas and FSDP.replicas  # both take --replicate R; hsdp only changes its default
     assert FSDP.mesh(StrategyConfig(name="fsdp"), 8, nnodes=2) == (1, 8)
+    assert FSDP.mesh(StrategyConfig(name="fsdp", replicate=2), 8, nnodes=2) == (2, 4)
     assert HSDP.mesh(StrategyConfig(name="hsdp"), 8, nnodes=2) == (2, 4)
     assert strategy_spec("ddp").mesh(StrategyConfig(), 8, nnodes=2) == (8, 1)
     with pytest.raises(ValueError, match="already registered"):
@@ -79,7 +80,7 @@ def test_its_own_rule_and_the_shared_ones_refuse(toy, tmp_path, capsys):
     assert toy_strategy.REFUSAL in capsys.readouterr().err and not (tmp_path / "r").exists()
     with pytest.raises(DdpkitError, match="drop --async-save with --strategy toy"):  # it has no background saves
         check(StrategyConfig(name="toy", async_save=True))
-    with pytest.raises(DdpkitError, match="--replicate 2 sets the replicas of --strategy hsdp"):
+    with pytest.raises(DdpkitError, match="--replicate 2 sets the replicas of --strategy fsdp"):
         check(StrategyConfig(name="toy", replicate=2))
     check(StrategyConfig(name="toy", bucket_mb=4.0), 1)  # it takes DDP's knobs, and one process
 
