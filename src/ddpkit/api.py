@@ -44,39 +44,13 @@ def train(
 
     env = DistEnv.detect()
     if env.outside_launcher:
-        check_request_matches_launcher(cfg, env)
-        if dry_run:
-            print(describe_worker(env, cfg))
-            return {"plan": env.as_dict()}
-        job = env.environment.job_id(os.environ)
-        if job and not cfg.run_dir:
-            cfg = cfg.replace(run_dir=f"runs/{_task_slug(cfg.task)}-job{job}")
-        with failure_recorded(cfg.run_dir if env.is_main else None):
-            return train_worker(cfg.as_dict())
+        return _train_as_worker(cfg, env, dry_run)
     device_type = resolve_device_type(cfg.device)
     backend = resolve_backend(cfg.backend, device_type)  # refuse nccl without GPU before starting anything
     nproc = resolve_nproc(cfg.nproc, device_type)
     plan = make_launch_plan(cfg, nproc, device_type, _clean_parent, cfg.threads or default_threads(nproc))
     if dry_run:
-        print(describe(plan, backend if nproc * plan.max_nodes > 1 else "none (one process)", device_type))
-        if cfg.strategy != "ddp":  # what fsdp / auto would hold per rank (builds the task, trains nothing)
-            print(
-                memory_plan(
-                    cfg.task,
-                    nproc * plan.max_nodes,
-                    cfg.strategy,
-                    cfg.precision,
-                    cfg.device_memory,
-                    cfg.seed,
-                    cfg.device,
-                    local_nproc=nproc,
-                    task_args=cfg.task_args,
-                    replicate=cfg.replicate,
-                    nnodes=plan.max_nodes,
-                    batch_size=cfg.batch_size,
-                    activation_checkpointing=cfg.activation_checkpointing,
-                ).format(cfg.task, cfg.strategy)
-            )
+        _print_dry_run(cfg, plan, backend, nproc, device_type)
         return {"plan": plan}
     _check_strategy(cfg, device_type, nproc * plan.max_nodes)
     _check_task_exists(cfg)  # before the run directory is made: a task that cannot load leaves none
@@ -95,6 +69,46 @@ def train(
         except Interrupted as e:
             raise Interrupted(e.signum, f"{e}{_after_signal(cfg, e.signum)}") from None
     return results.get(0, {}) if isinstance(results, dict) else results[0]
+
+
+def _train_as_worker(cfg: RunConfig, env: DistEnv, dry_run: bool) -> dict[str, Any]:
+    """train() in a process an outside launcher started (torchrun, srun, mpirun): this process is
+    one worker; a scheduler's job id names the default run directory (a requeued job continues there)."""
+    from .worker import train_worker
+
+    check_request_matches_launcher(cfg, env)
+    if dry_run:
+        print(describe_worker(env, cfg))
+        return {"plan": env.as_dict()}
+    job = env.environment.job_id(os.environ)
+    if job and not cfg.run_dir:
+        cfg = cfg.replace(run_dir=f"runs/{_task_slug(cfg.task)}-job{job}")
+    with failure_recorded(cfg.run_dir if env.is_main else None):
+        return train_worker(cfg.as_dict())
+
+
+def _print_dry_run(cfg: RunConfig, plan: Any, backend: str, nproc: int, device_type: str) -> None:
+    """--dry-run: the launch plan and, unless --strategy ddp, what fsdp / auto would hold per rank
+    (builds the task, trains nothing)."""
+    print(describe(plan, backend if nproc * plan.max_nodes > 1 else "none (one process)", device_type))
+    if cfg.strategy != "ddp":
+        print(
+            memory_plan(
+                cfg.task,
+                nproc * plan.max_nodes,
+                cfg.strategy,
+                cfg.precision,
+                cfg.device_memory,
+                cfg.seed,
+                cfg.device,
+                local_nproc=nproc,
+                task_args=cfg.task_args,
+                replicate=cfg.replicate,
+                nnodes=plan.max_nodes,
+                batch_size=cfg.batch_size,
+                activation_checkpointing=cfg.activation_checkpointing,
+            ).format(cfg.task, cfg.strategy)
+        )
 
 
 def _after_signal(cfg: RunConfig, signum: int) -> str:
@@ -311,22 +325,9 @@ def launch(
     flags of `config`: nproc, nodes, rendezvous, restarts, threads, timeout). Returns 0, or
     raises DdpkitError naming the failed rank (all other workers are stopped)."""
     import shutil
-    import sys
 
     cfg = config or RunConfig()
-    if not argv:
-        raise DdpkitError("no script given: ddpkit launch [--nproc N] SCRIPT.py [ARGS...]")
-    if argv[0] != "-m" and not os.path.isfile(argv[0]) and not (no_python and shutil.which(argv[0])):
-        raise DdpkitError(f"script {argv[0]!r} does not exist")
-    env = DistEnv.detect()
-    # each would start a separate job of its own
-    if not env.environment.launch_inside and env.world_size > 1:
-        raise DdpkitError(
-            f"{env.environment.starter} already started this job's {env.world_size} processes, each meant "
-            f"to be one worker; `ddpkit launch` in each would start {env.world_size} independent jobs: "
-            "run the script itself "
-            "(e.g. `mpirun -np N python script.py`), which joins the job with ddpkit.init()"
-        )
+    _check_launch(argv, no_python)
     device_type = resolve_device_type(cfg.device)
     n = resolve_nproc(cfg.nproc, device_type)
     start = cfg.start_method if cfg.start_method != "auto" else "spawn"
@@ -348,8 +349,35 @@ def launch(
             restarted=RESUME_SCRIPT,
         )
         return 0
-    # every worker runs the script through ddpkit's bootstrap (launchers/bootstrap.py): --timeout for its
-    # process group, the hang watchdog and report, the name of a teardown abort after it returned
+    _run_bootstrapped(plan, argv, cfg, agent_options)
+    return 0
+
+
+def _check_launch(argv: list[str], no_python: bool) -> None:
+    """Refuse a launch with no script, a missing one, or from a process that is already one
+    worker of a job of several (a launch in each would start that many independent jobs)."""
+    import shutil
+
+    if not argv:
+        raise DdpkitError("no script given: ddpkit launch [--nproc N] SCRIPT.py [ARGS...]")
+    if argv[0] != "-m" and not os.path.isfile(argv[0]) and not (no_python and shutil.which(argv[0])):
+        raise DdpkitError(f"script {argv[0]!r} does not exist")
+    env = DistEnv.detect()
+    # each would start a separate job of its own
+    if not env.environment.launch_inside and env.world_size > 1:
+        raise DdpkitError(
+            f"{env.environment.starter} already started this job's {env.world_size} processes, each meant "
+            f"to be one worker; `ddpkit launch` in each would start {env.world_size} independent jobs: "
+            "run the script itself "
+            "(e.g. `mpirun -np N python script.py`), which joins the job with ddpkit.init()"
+        )
+
+
+def _run_bootstrapped(plan: Any, argv: list[str], cfg: RunConfig, agent_options: dict[str, Any] | None) -> None:
+    """Every worker runs the script through ddpkit's bootstrap (launchers/bootstrap.py): --timeout
+    for its process group, the hang watchdog and report, the name of a teardown abort after it returned."""
+    import sys
+
     hang_dir = (Path(cfg.log_dir) if cfg.log_dir else Path.cwd()).resolve() / f"ddpkit-hang-{plan.rdzv_id}"
     guard = {TIMEOUT_VAR: repr(float(cfg.timeout)), HANG_DIR_VAR: str(hang_dir)}
     if cfg.hang_timeout is not None:
@@ -364,4 +392,3 @@ def launch(
         hang_dir=hang_dir,
         restarted=RESUME_SCRIPT,
     )
-    return 0

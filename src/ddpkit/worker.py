@@ -6,39 +6,29 @@ import contextlib
 import json
 import os
 import random
-import shutil
 import signal
-import subprocess
 import sys
 import time
 import traceback
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import numpy as np
 import torch
 
 from .checkpoint import hf_config
 from .checkpoint.export import export_run
-from .checkpoint.file import remove_stale_temporaries
-from .checkpoint.world_mark import WorldMark
+from .checkpoint.run_dir import prepare_run_dir
 from .config import RunConfig
 from .environments import DistEnv
-from .envvars import (
-    BENCH_RESULT_VAR,
-    ERROR_DIR_VAR,
-    LAUNCH_TIME_VAR,
-    REQUEUE_FILE_VAR,
-    error_file,
-    max_restarts,
-    restart_count,
-)
+from .environments.registry import request_requeue
+from .envvars import ERROR_DIR_VAR, error_file, max_restarts, restart_count
 from .errors import DdpkitError, RunDirTaken
 from .reporting.rank_output import rank_stdout
 from .reporting.run_state import record_failure
-from .reporting.summary import format_summary
+from .reporting.summary import add_phases, run_summary, write_summary
 from .runtime import Runtime
-from .runtime.watchdog import HangWatchdog, fresh_hang_dir, is_timeout
+from .runtime.watchdog import HangWatchdog, start_watchdog, watched
 from .task import Task, as_task, build_task
 from .textfile import write_text_atomic
 from .training.loop import fit
@@ -162,175 +152,75 @@ def train_worker(config: dict[str, Any], task: Task | None = None) -> dict[str, 
 
 
 def _train(cfg: RunConfig, env: DistEnv, held: contextlib.ExitStack, given: Task | None = None) -> dict[str, Any]:
+    """One run, stage by stage: the process group and the hang watchdog (runtime/), the task,
+    the run directory's start prepared (checkpoint/run_dir.py), the batches planned once for this
+    world (the loop trains with this plan), training (training/loop.py), the requeue a signal asked
+    for (environments/), the summary (reporting/summary.py). `held`: the signal handlers, kept
+    until the summary is written and the requeue asked for."""
     run_dir = Path(cfg.run_dir or "runs/latest")
     # torch's flight recorder keeps the process group's last collectives (op, sizes, sequence
     # number) for a hang report, on gloo and NCCL (no cost measurable next to gloo's latency)
     os.environ.setdefault("TORCH_FR_BUFFER_SIZE", "2000")
     with Runtime(env, cfg.device, cfg.backend, cfg.timeout, cfg.threads) as rt:
-        watchdog = None
-        if rt.distributed:  # every rank reports where it is when the job hangs (runtime/watchdog.py)
-            hang = cfg.hang_seconds
-            if rt.backend == "nccl" and cfg.hang_timeout is None:
-                hang = 0.9 * cfg.timeout  # torch aborts a process whose NCCL collective passes --timeout: report first
-            watchdog = HangWatchdog(
-                run_dir / "hang",
-                env.rank,
-                env.world_size,
-                hang,
-                os.environ.get(ERROR_DIR_VAR),
-                launcher_prints=bool(os.environ.get(ERROR_DIR_VAR)),
-                record=rt.record,
-            )
-            watchdog.start()
-        seed_everything(cfg.seed)  # the same model on every rank, whatever the world size
-        task = build_task(cfg.task, cfg) if given is None else as_task(given, "notebook")
-        if cfg.export == "hf":
-            hf_config.check_hf(task.model)  # on every rank, before any training
-        if cfg.float64:
-            task.model = to_float64(task.model)
-        if cfg.dropout_off:
-            _dropout_off(task.model, rt.is_main, run_dir)
-        if watchdog is not None:
-            watchdog.watch_model(task.model)  # a forward pass is progress
-        draws = cfg.seed if cfg.draws_seed is None else cfg.draws_seed  # verify's probe: other draws, same model
-        seed_everything(draws + 1 + env.rank)  # then per-rank streams (dropout, augmentation)
-        mark = WorldMark(run_dir, rt.is_main, env.world_size, env.nnodes)  # the folder is this world's once it starts
-        # the Hugging Face config of the model as built (before a strategy shards it), kept aside until the start
-        hf, not_kept = hf_config.prepare(task.model, required=cfg.export == "hf") if rt.is_main else (None, None)
-        if hf is not None:
-            held.callback(shutil.rmtree, hf, ignore_errors=True)  # once moved into the run, nothing is left there
+        watchdog = start_watchdog(cfg, rt, run_dir / "hang")  # every rank reports where it is when the job hangs
+        task = _build_task(cfg, rt, run_dir, given, watchdog)
         if restart_count() > 0:
             cfg = cfg.replace(auto_resume=True)  # restarted after a failure: continue, don't redo
+        start = prepare_run_dir(cfg, run_dir, rt.is_main, env.world_size, env.nnodes, task.model, held)
         # Its handlers stay until the summary is written and the requeue asked for (they leave with
         # `held`): a second signal during the save or after it must not kill this process.
         stop = held.enter_context(StopRequest(cfg.save_on_signal.split(","))) if cfg.save_on_signal else None
-        if not_kept:
-            print(f"ddpkit: warning: {not_kept}; `ddpkit export --format hf` will refuse this run", flush=True)
+        if start.not_kept:
+            print(f"ddpkit: warning: {start.not_kept}; `ddpkit export --format hf` will refuse this run", flush=True)
+        batches = cfg.batch_plan(env.world_size)  # planned once: the loop trains with it, the summary shows it
         fit_start = time.time()
-        try:
-            stats = fit(cfg, task, rt, run_dir, stop, mark, begin=lambda: _begin(cfg, rt.is_main, run_dir, mark, hf))
-        except Exception as e:
-            if isinstance(e, RunDirTaken):
-                _say_rejoining(e, env)
-            if watchdog is not None and is_timeout(e):
-                watchdog.on_error(e)  # every rank's stacks and collectives, before the job is torn down
-            raise
-        finally:
-            if watchdog is not None:
-                watchdog.stop()
+        with watched(watchdog), _rejoining(env):
+            stats = fit(cfg, task, rt, run_dir, batches, stop, start.mark, begin=start.begin)
         fit_end = time.time()
         del task  # holds the model; drop it before the process group goes
         if stats["stopped_early"] and cfg.requeue and env.is_main and stop is not None:
             request_requeue(stop)
-        batches = cfg.batch_plan(env.world_size)
-        summary = {
-            "world_size": env.world_size,
-            "nnodes": env.nnodes,
-            "backend": rt.backend if env.distributed else "none",
-            "device": str(rt.device),
-            "batch_size": cfg.batch_size,
-            "global_batch": batches.global_batch,
-            "global_batch_fixed": batches.fixed,
-            "accumulate": batches.accumulate,
-            "epochs": cfg.epochs,
-            "max_steps": cfg.max_steps,
-            "eval_every_steps": cfg.eval_every_steps,
-            "save_every_steps": cfg.save_every_steps,
-            **stats,
-            "run_dir": str(run_dir),
-        }
-    if mark.lost():  # rank 0, after the last collective: the other world's export and summary stay
-        taken = mark.error("the end of the run, before summary.json")
+        summary = run_summary(cfg, env, rt, batches, stats, run_dir)
+    if start.mark.lost():  # rank 0, after the last collective: the other world's export and summary stay
+        taken = start.mark.error("the end of the run, before summary.json")
         _say_rejoining(taken, env)
         raise taken
     if cfg.export and env.is_main and not stats["stopped_early"]:  # the process group is down: rank 0 alone
         export_run(run_dir, cfg.export, run_dir / "export", replace=True, say=print if not cfg.quiet else _silent)
-    launched = float(os.environ.get(LAUNCH_TIME_VAR, "0") or 0)
-    if launched:
-        summary["wall_s"] = time.time() - launched
-        # phases, seconds since the command started: startup (imports, workers, process
-        # group, task) ends when fit() starts; fit_end_s is when training, evaluation and
-        # checkpoints are done (teardown = exit time - fit_end_s, measured from outside)
-        summary["startup_s"] = fit_start - launched
-        summary["fit_s"] = fit_end - fit_start
-        summary["fit_end_s"] = fit_end - launched
+    add_phases(summary, fit_start, fit_end)
     if env.is_main:
-        (run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
-        if not cfg.quiet or os.environ.get(BENCH_RESULT_VAR):
-            print(format_summary(summary), flush=True)
-        if os.environ.get(BENCH_RESULT_VAR):
-            print("RESULT " + json.dumps(summary), flush=True)
+        write_summary(summary, run_dir, cfg.quiet)
     return summary
+
+
+def _build_task(cfg: RunConfig, rt: Runtime, run_dir: Path, given: Task | None, watchdog: HangWatchdog | None) -> Task:
+    """The task, the same model on every rank whatever the world size (`given`: a notebook's own
+    Task), made as the run asks (--export hf checked, --float64, --dropout-off), watched by the
+    watchdog; then per-rank random streams (dropout, augmentation)."""
+    seed_everything(cfg.seed)
+    task = build_task(cfg.task, cfg) if given is None else as_task(given, "notebook")
+    if cfg.export == "hf":
+        hf_config.check_hf(task.model)  # on every rank, before any training
+    if cfg.float64:
+        task.model = to_float64(task.model)
+    if cfg.dropout_off:
+        _dropout_off(task.model, rt.is_main, run_dir)
+    if watchdog is not None:
+        watchdog.watch_model(task.model)  # a forward pass is progress
+    draws = cfg.seed if cfg.draws_seed is None else cfg.draws_seed  # verify's probe: other draws, same model
+    seed_everything(draws + 1 + rt.env.rank)
+    return task
+
+
+@contextlib.contextmanager
+def _rejoining(env: DistEnv) -> Iterator[None]:
+    """Training, where another world taking the run directory over (RunDirTaken) is said at once."""
+    try:
+        yield
+    except RunDirTaken as e:
+        _say_rejoining(e, env)
+        raise
 
 
 def _silent(line: str) -> None:
     pass
-
-
-def _begin(cfg: RunConfig, is_main: bool, run_dir: Path, mark: WorldMark, hf: Path | None) -> None:
-    """Rank 0, once nothing refused the run (the task, --init-from, the resume): the folder is
-    this world's from now on. Everything the start writes is written here, so a refusal before
-    it leaves the run directory as it was (a finished run stays finished). A full disk is one line.
-    `hf`: the model's Hugging Face config, prepared aside (hf_config.prepare)."""
-    if not is_main:
-        return
-    try:
-        run_dir.mkdir(parents=True, exist_ok=True)
-        remove_stale_temporaries(run_dir)  # what a killed save left: it may be what filled the disk
-        mark.claim()  # before this world writes there: a world still training there stops at its next step
-        fresh_hang_dir(run_dir / "hang")
-        (run_dir / "config.json").write_text(json.dumps(cfg.as_dict(), indent=2) + "\n")
-        if hf is not None:
-            hf_config.put(hf, run_dir)  # for export --format hf
-    except OSError as e:
-        raise DdpkitError(
-            f"cannot write to the run directory {run_dir}: {e.strerror or e} ({e.filename or run_dir}); "
-            "free space (or fix the folder) and start again (with --resume to continue)"
-        ) from None
-
-
-def request_requeue(stop: StopRequest) -> None:
-    """Put this SLURM job back in the queue after the checkpoint of a warning signal; it resumes
-    from it (--auto-resume). A job that SIGTERM/SIGINT stopped is being ended (scancel) or requeued
-    (preemption) by SLURM itself: asking again would bring back a cancelled job.
-    The batch script `ddpkit slurm` writes names a file in REQUEUE_FILE_VAR: rank 0 writes it and
-    the script requeues the job from the batch host once srun is done, so `scontrol` need not exist
-    where the workers run (a container). Without it, rank 0 runs `scontrol requeue` itself."""
-    job = os.environ.get("SLURM_JOB_ID")
-    if not job:
-        print("ddpkit: --requeue: not inside a SLURM job; stopping after the checkpoint instead", flush=True)
-        return
-    if not stop.wants_requeue:
-        print(f"ddpkit: checkpoint saved; stopped by {stop.received}: SLURM ends or requeues the job", flush=True)
-        return
-    request = os.environ.get(REQUEUE_FILE_VAR)
-    if request:
-        write_text_atomic(request, f"{job}\n")  # the batch script sees the whole request or none
-        print(f"ddpkit: checkpoint saved; the batch script requeues SLURM job {job}", flush=True)
-        return
-    requeue_slurm_job(job)
-
-
-def requeue_slurm_job(job: str) -> None:
-    """SLURM kills this job's processes as soon as the requeue is accepted: say it first. An
-    array element is named by array id and index: `scontrol requeue` takes one element's JobId,
-    which is also the array's id, for the whole array."""
-    print(f"ddpkit: checkpoint saved; requeueing SLURM job {job}", flush=True)
-    array, index = os.environ.get("SLURM_ARRAY_JOB_ID"), os.environ.get("SLURM_ARRAY_TASK_ID")
-    target = f"{array}_{index}" if array and index else job
-    try:
-        done = subprocess.run(["scontrol", "requeue", target], capture_output=True, text=True, timeout=60)
-    except FileNotFoundError:
-        print(
-            f"ddpkit: scontrol is not available here (a container?): SLURM job {job} was not requeued; resubmit it, "
-            "or run the script `ddpkit slurm` writes, which requeues from the batch host",
-            file=sys.stderr,
-            flush=True,
-        )
-        return
-    if done.returncode != 0:
-        print(
-            f"ddpkit: scontrol requeue {job} failed: {done.stderr.strip()}; resubmit the job to continue",
-            file=sys.stderr,
-            flush=True,
-        )

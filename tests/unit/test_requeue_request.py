@@ -1,10 +1,10 @@
-"""Rank 0's requeue request after a stop by signal (worker.request_requeue), in this process."""
+"""Rank 0's requeue request after a stop by signal (registry.request_requeue asks Slurm.requeue), in this process."""
 
 import os
 import signal
 
+from ddpkit.environments.registry import request_requeue
 from ddpkit.training.signals import StopRequest
-from ddpkit.worker import request_requeue
 
 
 def _stopped_by(sig):
@@ -39,3 +39,13 @@ def test_without_the_script_and_without_scontrol_the_user_is_told_what_to_do(tmp
     request_requeue(_stopped_by(signal.SIGUSR2))
     err = capsys.readouterr().err
     assert "scontrol is not available here" in err and "was not requeued" in err and "ddpkit slurm" in err
+
+
+def test_outside_a_slurm_job_nothing_is_requeued_and_the_user_is_told(tmp_path, monkeypatch, capsys):
+    monkeypatch.delenv("SLURM_JOB_ID", raising=False)
+    monkeypatch.setenv("DDPKIT_REQUEUE_FILE", str(tmp_path / "requeue-request"))
+    request_requeue(_stopped_by(signal.SIGUSR2))
+    assert not (tmp_path / "requeue-request").exists()
+    assert (
+        capsys.readouterr().out == "ddpkit: --requeue: not inside a SLURM job; stopping after the checkpoint instead\n"
+    )

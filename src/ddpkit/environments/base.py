@@ -3,14 +3,26 @@ the API ask the one ordered list (registry.py) and never a launcher's name.
 
 An environment is one kind of launcher: torch's elastic agent, SLURM's srun, mpirun, a
 Kubeflow PyTorchJob, or none (ddpkit starts the workers). Each reads environment variables
-only: nothing here touches torch.distributed or another machine.
+only: nothing here touches torch.distributed or another machine. One act is a scheduler's:
+requeue() puts the job back in its queue at the end of a run (SLURM's; the others have none).
 """
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from typing import Any, Mapping, Protocol
 
 Environ = Mapping[str, str]
+
+
+class StopRequest(Protocol):
+    """What a requeue reads of the run's stop by signal (training/signals.py's StopRequest)."""
+
+    received: str | None  # the signal's name, e.g. "SIGUSR2"
+
+    @property
+    def wants_requeue(self) -> bool:
+        """Not stopped by a signal that ends the job (SIGTERM, SIGINT)."""
+        ...
 
 
 class Environment:
@@ -67,6 +79,12 @@ class Environment:
         """The scheduler's id of this job, which names the default run directory (a requeued
         job then continues in the same one); None: the launcher has none."""
         return None
+
+    def requeue(self, stop: StopRequest, e: Environ) -> bool:
+        """--requeue, on rank 0, after the checkpoint of a stop by `stop`'s signal: put this job
+        back in the scheduler's queue, to resume from it (--auto-resume). False: this process is
+        in no job of this environment's scheduler, nothing was done (the default: no queue)."""
+        return False
 
     # -- what `ddpkit env` shows --------------------------------------------------------------
     def title(self, report: Mapping[str, Any]) -> str:

@@ -7,7 +7,9 @@ its test (tests/unit/environments/)."""
 
 from __future__ import annotations
 
-from .base import Environment
+import os
+
+from .base import Environ, Environment, StopRequest
 from .kubeflow import Kubeflow
 from .local import Local
 from .mpi import Mpi
@@ -26,3 +28,12 @@ def named(name: str) -> Environment:
         if environment.name == name:
             return environment
     raise ValueError(f"no environment named {name!r}; known: {', '.join(e.name for e in ENVIRONMENTS)}")
+
+
+def request_requeue(stop: StopRequest, environ: Environ | None = None) -> None:
+    """--requeue, on rank 0, after the checkpoint of a stop by signal: the scheduler of the job this
+    process runs in puts it back in its queue (Environment.requeue; SLURM's, whoever placed the
+    process: ddpkit's own workers inside an srun task too). In no scheduler's job: said, nothing done."""
+    e = os.environ if environ is None else environ
+    if not any(environment.requeue(stop, e) for environment in ENVIRONMENTS):
+        print("ddpkit: --requeue: not inside a SLURM job; stopping after the checkpoint instead", flush=True)

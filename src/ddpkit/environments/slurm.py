@@ -1,7 +1,9 @@
 """Where am I inside a SLURM job: ranks from SLURM's variables, master from the nodelist.
 
-One srun task is one ddpkit worker (rank = SLURM_PROCID). This module only reads
-variables (and may ask `scontrol show hostnames`); it starts nothing.
+One srun task is one ddpkit worker (rank = SLURM_PROCID). This module reads variables (and
+may ask `scontrol show hostnames`); it starts nothing. The one exception is the end of a run:
+Slurm.requeue, asked by rank 0 after a stop by signal with --requeue, writes the request the
+batch script reads or runs `scontrol requeue`.
 """
 
 from __future__ import annotations
@@ -9,10 +11,13 @@ from __future__ import annotations
 import re
 import shutil
 import subprocess
+import sys
 from typing import Any, Mapping
 
+from ..envvars import REQUEUE_FILE_VAR
 from ..errors import DdpkitError
-from .base import Environ, Environment
+from ..textfile import write_text_atomic
+from .base import Environ, Environment, StopRequest
 
 _GROUP = re.compile(r"\[([^\]]*)\]")
 
@@ -49,6 +54,27 @@ class Slurm(Environment):
     def job_id(self, e: Environ) -> str | None:
         return e.get("SLURM_JOB_ID")
 
+    def requeue(self, stop: StopRequest, e: Environ) -> bool:
+        """A job that SIGTERM/SIGINT stopped is being ended (scancel) or requeued (preemption) by
+        SLURM itself: asking again would bring back a cancelled job.
+        The batch script `ddpkit slurm` writes names a file in REQUEUE_FILE_VAR: rank 0 writes it and
+        the script requeues the job from the batch host once srun is done, so `scontrol` need not exist
+        where the workers run (a container). Without it, rank 0 runs `scontrol requeue` itself.
+        Asked whoever placed this process (ddpkit's own workers inside an srun task too)."""
+        job = self.job_id(e)
+        if not job:
+            return False
+        if not stop.wants_requeue:
+            print(f"ddpkit: checkpoint saved; stopped by {stop.received}: SLURM ends or requeues the job", flush=True)
+            return True
+        request = e.get(REQUEUE_FILE_VAR)
+        if request:
+            write_text_atomic(request, f"{job}\n")  # the batch script sees the whole request or none
+            print(f"ddpkit: checkpoint saved; the batch script requeues SLURM job {job}", flush=True)
+            return True
+        requeue_job(job, e)
+        return True
+
     def title(self, report: Mapping[str, Any]) -> str:
         return "SLURM"
 
@@ -78,6 +104,31 @@ class Slurm(Environment):
         if per_task and per_task < cores:
             return [f"SLURM gave {per_task} CPUs per task but {cores} cores are usable here: check --cpus-per-task"]
         return []
+
+
+def requeue_job(job: str, e: Environ) -> None:
+    """SLURM kills this job's processes as soon as the requeue is accepted: say it first. An
+    array element is named by array id and index: `scontrol requeue` takes one element's JobId,
+    which is also the array's id, for the whole array."""
+    print(f"ddpkit: checkpoint saved; requeueing SLURM job {job}", flush=True)
+    array, index = e.get("SLURM_ARRAY_JOB_ID"), e.get("SLURM_ARRAY_TASK_ID")
+    target = f"{array}_{index}" if array and index else job
+    try:
+        done = subprocess.run(["scontrol", "requeue", target], capture_output=True, text=True, timeout=60)
+    except FileNotFoundError:
+        print(
+            f"ddpkit: scontrol is not available here (a container?): SLURM job {job} was not requeued; resubmit it, "
+            "or run the script `ddpkit slurm` writes, which requeues from the batch host",
+            file=sys.stderr,
+            flush=True,
+        )
+        return
+    if done.returncode != 0:
+        print(
+            f"ddpkit: scontrol requeue {job} failed: {done.stderr.strip()}; resubmit the job to continue",
+            file=sys.stderr,
+            flush=True,
+        )
 
 
 def allocation(e: Environ) -> dict[str, Any]:

@@ -1,10 +1,66 @@
-"""The run's closing lines on rank 0 (summary.json holds the same figures)."""
+"""The run's summary: its figures (run_summary, add_phases), summary.json and the closing lines
+on rank 0 (write_summary, format_summary: the same figures)."""
 
 from __future__ import annotations
 
-from typing import Any
+import json
+import os
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from ..config import format_bytes
+from ..envvars import BENCH_RESULT_VAR, LAUNCH_TIME_VAR
+
+if TYPE_CHECKING:
+    from ..config import BatchPlan, RunConfig
+    from ..environments import DistEnv
+    from ..runtime import Runtime
+
+
+def run_summary(
+    cfg: RunConfig, env: DistEnv, rt: Runtime, batches: BatchPlan, stats: dict[str, Any], run_dir: Path
+) -> dict[str, Any]:
+    """summary.json's figures: the world, the batch plan the run trained with, its settings, what
+    fit() returned (`stats`) and the run directory. Read while the process group is still up."""
+    return {
+        "world_size": env.world_size,
+        "nnodes": env.nnodes,
+        "backend": rt.backend if env.distributed else "none",
+        "device": str(rt.device),
+        "batch_size": cfg.batch_size,
+        "global_batch": batches.global_batch,
+        "global_batch_fixed": batches.fixed,
+        "accumulate": batches.accumulate,
+        "epochs": cfg.epochs,
+        "max_steps": cfg.max_steps,
+        "eval_every_steps": cfg.eval_every_steps,
+        "save_every_steps": cfg.save_every_steps,
+        **stats,
+        "run_dir": str(run_dir),
+    }
+
+
+def add_phases(summary: dict[str, Any], fit_start: float, fit_end: float) -> None:
+    """Under a launcher that set LAUNCH_TIME_VAR: the wall time and the phases, seconds since the
+    command started: startup (imports, workers, process group, task) ends when fit() starts;
+    fit_end_s is when training, evaluation and checkpoints are done (teardown = exit time -
+    fit_end_s, measured from outside)."""
+    launched = float(os.environ.get(LAUNCH_TIME_VAR, "0") or 0)
+    if launched:
+        summary["wall_s"] = time.time() - launched
+        summary["startup_s"] = fit_start - launched
+        summary["fit_s"] = fit_end - fit_start
+        summary["fit_end_s"] = fit_end - launched
+
+
+def write_summary(summary: dict[str, Any], run_dir: Path, quiet: bool) -> None:
+    """Rank 0: summary.json, the closing lines (unless --quiet) and, for `ddpkit bench`, one RESULT line."""
+    (run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    if not quiet or os.environ.get(BENCH_RESULT_VAR):
+        print(format_summary(summary), flush=True)
+    if os.environ.get(BENCH_RESULT_VAR):
+        print("RESULT " + json.dumps(summary), flush=True)
 
 
 def batch_split(s: dict[str, Any]) -> str:

@@ -88,6 +88,44 @@ def why_not_shm(world_size: int, local_world_size: int, backend: str, device_typ
     return None
 
 
+def _create_file(nbytes: int) -> tuple[str, str]:
+    """Rank 0: a new file of `nbytes` in SHM_DIR, unless it would take too much of the room left:
+    (its path, "") or ("", why not)."""
+    free = shutil.disk_usage(SHM_DIR).free
+    if nbytes > _FREE_SHARE * free:
+        return "", (
+            f"needs {nbytes / 2**20:.0f} MiB of {SHM_DIR}, only {free / 2**20:.0f} MiB free; "
+            f"use --grad-sync backend or give the container a larger {SHM_DIR}"
+        )
+    path = os.path.join(SHM_DIR, f"ddpkit-grad-{os.getpid()}-{secrets.token_hex(6)}")
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+        try:
+            os.ftruncate(fd, nbytes)
+        finally:
+            os.close(fd)
+    except OSError as e:
+        return "", f"cannot create {path}: {e.strerror}"
+    return path, ""
+
+
+def _map_views(
+    path: str, nbytes: int, ctl_bytes: int, flags_bytes: int, shape: tuple[int, int], chunk: int, world: int
+) -> tuple[torch.Tensor, Any, torch.Tensor | None]:
+    """The file mapped: the slots (sets x slots x chunk floats, after the control pages) and, with
+    SPIN_BARRIER, the flags and the small slots in the control pages (else None). OSError: not mapped."""
+    mm = _map(path, nbytes)
+    buf = torch.frombuffer(mm, dtype=torch.float32, offset=ctl_bytes).view(*shape, chunk)
+    buf._ddpkit_mmap = mm  # type: ignore[attr-defined]  (the mapping lives as long as the tensor)
+    ctl, small = None, None
+    if SPIN_BARRIER:
+        ctl = memoryview(mm)[:flags_bytes].cast("q")
+        small = torch.frombuffer(mm, dtype=torch.float64, offset=flags_bytes, count=2 * world * SMALL_MAX).view(
+            2, world, SMALL_MAX
+        )
+    return buf, ctl, small
+
+
 class ShmAllReduce:
     """A DDP communication hook (`state` and callable in one) summing buckets in shared memory.
 
@@ -142,38 +180,13 @@ class ShmAllReduce:
         flags_bytes = world * _CTL_STRIDE * 8
         ctl_bytes = -(-(flags_bytes + 2 * world * SMALL_MAX * 8) // 4096) * 4096  # flags + small slots, whole pages
         nbytes = ctl_bytes + rows * chunk * 4
-        path, error = "", ""
-        if rank == 0:
-            free = shutil.disk_usage(SHM_DIR).free
-            if nbytes > _FREE_SHARE * free:
-                error = (
-                    f"needs {nbytes / 2**20:.0f} MiB of {SHM_DIR}, only {free / 2**20:.0f} MiB free; "
-                    f"use --grad-sync backend or give the container a larger {SHM_DIR}"
-                )
-            else:
-                path = os.path.join(SHM_DIR, f"ddpkit-grad-{os.getpid()}-{secrets.token_hex(6)}")
-                try:
-                    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
-                    try:
-                        os.ftruncate(fd, nbytes)
-                    finally:
-                        os.close(fd)
-                except OSError as e:
-                    error, path = f"cannot create {path}: {e.strerror}", ""
-        shared = [path, error]
+        shared = list(_create_file(nbytes)) if rank == 0 else ["", ""]
         dist.broadcast_object_list(shared, src=0, group=group)
         path, error = shared
         buf, token, ctl, small = None, None, None, None
         if not error:
             try:
-                mm = _map(path, nbytes)
-                buf = torch.frombuffer(mm, dtype=torch.float32, offset=ctl_bytes).view(*shape, chunk)
-                buf._ddpkit_mmap = mm  # type: ignore[attr-defined]  (the mapping lives as long as the tensor)
-                if SPIN_BARRIER:
-                    ctl = memoryview(mm)[:flags_bytes].cast("q")
-                    small = torch.frombuffer(
-                        mm, dtype=torch.float64, offset=flags_bytes, count=2 * world * SMALL_MAX
-                    ).view(2, world, SMALL_MAX)
+                buf, ctl, small = _map_views(path, nbytes, ctl_bytes, flags_bytes, shape, chunk, world)
             except OSError as e:
                 error = f"rank {rank} cannot map {path}: {e.strerror}"
         # every rank must see the same memory (not, say, a private /dev/shm per container)

@@ -27,6 +27,7 @@ folder; otherwise each node's ranks report for themselves.
 
 from __future__ import annotations
 
+import contextlib
 import faulthandler
 import json
 import os
@@ -36,11 +37,15 @@ import threading
 import time
 import traceback
 from pathlib import Path
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, Iterator
 
-from ..envvars import error_file, restart_count
+from ..envvars import ERROR_DIR_VAR, error_file, restart_count
 from .hang_summary import FR_PATH, format_summary, innermost_user_frame
 from .record import CollectiveRecord
+
+if TYPE_CHECKING:
+    from ..config import RunConfig
+    from .group import Runtime
 
 ATTEMPT_FILE = "attempt"  # beside the request: the restart attempt (torch's count) that hung
 REPORT_WAIT_S = 10.0  # rank 0 waits this long for the other ranks' reports
@@ -65,6 +70,37 @@ def fresh_hang_dir(hang_dir: Path) -> None:
             )
         except OSError:
             pass
+
+
+def start_watchdog(cfg: RunConfig, rt: Runtime, hang_dir: Path) -> HangWatchdog | None:
+    """A run's watchdog, started: every rank reports where it is when the job hangs; None when
+    the run is one process. Under NCCL without --hang-timeout it reports at 0.9 x --timeout,
+    before torch aborts a process whose NCCL collective passes --timeout."""
+    if not rt.distributed:
+        return None
+    hang = cfg.hang_seconds
+    if rt.backend == "nccl" and cfg.hang_timeout is None:
+        hang = 0.9 * cfg.timeout
+    error_dir = os.environ.get(ERROR_DIR_VAR)
+    watchdog = HangWatchdog(
+        hang_dir, rt.env.rank, rt.env.world_size, hang, error_dir, launcher_prints=bool(error_dir), record=rt.record
+    )
+    return watchdog.start()
+
+
+@contextlib.contextmanager
+def watched(watchdog: HangWatchdog | None) -> Iterator[None]:
+    """The training under `watchdog` (None: none): a timeout that ends it is reported first, every
+    rank's stacks and collectives, before the job is torn down; the watchdog stops when it ends."""
+    try:
+        yield
+    except Exception as e:
+        if watchdog is not None and is_timeout(e):
+            watchdog.on_error(e)
+        raise
+    finally:
+        if watchdog is not None:
+            watchdog.stop()
 
 
 class HangWatchdog:

@@ -298,7 +298,9 @@ def make_plan(
     each by its memory model over its layout. `blocks` names FSDP's units
     (ddpkit.fsdp.default_blocks, or the task's hook); None: the root only. `nnodes`: how many
     nodes the ranks span (the world size split evenly), for the traffic between them.
-    `activations`: measured apart (training/probe.py), shown beside the state."""
+    `activations`: measured apart (training/probe.py), shown beside the state.
+    Long: the model's sizes, then one call naming each of MemoryPlan's figures; split, the same
+    dozen values would only be handed from one function to the next."""
     params = list(model.parameters())
     n_params = sum(p.numel() for p in params)
     name, per_param, measured = optimizer_state_per_param(optimizer)

@@ -17,7 +17,7 @@ from __future__ import annotations
 import json
 import statistics
 import time
-from typing import Any
+from typing import Any, Iterator
 
 DEFAULT_SIZES = "4,1K,64K,1M,16M"
 
@@ -132,10 +132,7 @@ def _allreduce(rt: Any, sizes: list[int], iters: int, shm: bool = False) -> list
 
 def _step(rt: Any, spec: dict[str, Any]) -> dict[str, float]:
     """Median per-step times of data, compute (no_sync) and sync steps, slowest rank."""
-    import contextlib
-
     import torch
-    import torch.distributed as dist
     from torch import nn
 
     from ..config import RunConfig
@@ -143,7 +140,6 @@ def _step(rt: Any, spec: dict[str, Any]) -> dict[str, float]:
     from ..strategies import grad_sync_used, wrap_model
     from ..strategies.optimizers import make_optimizer
     from ..task import build_task
-    from ..training.batches import first_tensor, to_device
 
     torch.manual_seed(0)
     task = build_task(spec["task"], RunConfig(task=spec["task"], batch_size=spec["batch_size"]))
@@ -153,76 +149,99 @@ def _step(rt: Any, spec: dict[str, Any]) -> dict[str, float]:
     ddp = wrap_model(model, rt, spec.get("grad_sync", "auto"))
     used = grad_sync_used(ddp)
     loader = ShardedLoader(task.train_set, spec["batch_size"], rt.rank, rt.world_size, seed=0)
-    steps = spec["steps"]
-    warmup = 3
+    result = _time_steps(rt, ddp, optimizer, loss_fn, _timed_batches(loader), spec["steps"])
+    med = _slowest_medians(rt, result)
+    del ddp, optimizer, model, task
+    return _step_figures(med, used, spec["batch_size"], rt.world_size)
 
-    def batches():
-        epoch = 0
+
+def _timed_batches(loader: Any) -> Iterator[tuple[Any, float]]:
+    """The loader's steps, pass after pass without end, each with the seconds it took to get."""
+    epoch = 0
+    while True:
+        loader.set_epoch(epoch)
+        it = loader.iter_steps()
         while True:
-            loader.set_epoch(epoch)
-            it = loader.iter_steps()
-            while True:
-                t0 = time.perf_counter()
-                try:
-                    item = next(it)
-                except StopIteration:
-                    break
-                yield item, time.perf_counter() - t0
-            epoch += 1
+            t0 = time.perf_counter()
+            try:
+                item = next(it)
+            except StopIteration:
+                break
+            yield item, time.perf_counter() - t0
+        epoch += 1
 
-    source = batches()
+
+def _time_steps(
+    rt: Any, ddp: Any, optimizer: Any, loss_fn: Any, source: Iterator[tuple[Any, float]], steps: int, warmup: int = 3
+) -> dict[str, list[float]]:
+    """This rank's seconds per data fetch, sync step and no_sync step, `steps` of each after `warmup`."""
+    import contextlib
+
+    import torch.distributed as dist
+
+    from ..training.batches import first_tensor, to_device
+
     result: dict[str, list[float]] = {"data": [], "sync": [], "nosync": []}
-    samples = 0
     # sync and no_sync steps alternate, so a drift of a shared machine hits both alike;
     # with one process there is nothing to sync: every step is compute
     modes = ["sync", "nosync"] if rt.world_size > 1 else ["sync"]
     for i in range(warmup * len(modes) + steps * len(modes)):
         mode = modes[i % len(modes)]
-        if True:
-            (batch, n_local, n_global), data_s = next(source)
-            if rt.world_size > 1:
-                dist.barrier()  # every rank starts the step together: times are the step's own
-            _sync(rt.device)
-            t0 = time.perf_counter()
-            ctx = ddp.no_sync() if mode == "nosync" and hasattr(ddp, "no_sync") else contextlib.nullcontext()
-            with ctx:
-                *inputs, target = to_device(batch, rt.device)
-                out = ddp(*inputs)
-                if n_local:
-                    loss_fn(out, target).backward()
-                else:
-                    (first_tensor(out).sum() * 0.0).backward()
-            optimizer.step()
-            optimizer.zero_grad(set_to_none=True)
-            _sync(rt.device)
-            step_s = time.perf_counter() - t0
-            if i >= warmup * len(modes):
-                result[mode].append(step_s)
-                if mode == "sync":
-                    result["data"].append(data_s)
-                    samples += n_global
+        (batch, n_local, _), data_s = next(source)
+        if rt.world_size > 1:
+            dist.barrier()  # every rank starts the step together: times are the step's own
+        _sync(rt.device)
+        t0 = time.perf_counter()
+        ctx = ddp.no_sync() if mode == "nosync" and hasattr(ddp, "no_sync") else contextlib.nullcontext()
+        with ctx:
+            *inputs, target = to_device(batch, rt.device)
+            out = ddp(*inputs)
+            if n_local:
+                loss_fn(out, target).backward()
+            else:
+                (first_tensor(out).sum() * 0.0).backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        _sync(rt.device)
+        step_s = time.perf_counter() - t0
+        if i >= warmup * len(modes):
+            result[mode].append(step_s)
+            if mode == "sync":
+                result["data"].append(data_s)
     if rt.world_size == 1:
         result["nosync"] = result["sync"]
+    return result
+
+
+def _slowest_medians(rt: Any, result: dict[str, list[float]]) -> dict[str, float]:
+    """Each kind's median, the slowest rank's (every rank takes part)."""
+    import torch
+    import torch.distributed as dist
+
     med = {}
     for key, values in result.items():
         v = torch.tensor(values, dtype=torch.float64, device=rt.collective_device)
         if rt.world_size > 1:
             dist.all_reduce(v, op=dist.ReduceOp.MAX)  # the slowest rank sets the pace
         med[key] = statistics.median(v.tolist())
-    del ddp, optimizer, model, task
+    return med
+
+
+def _step_figures(med: dict[str, float], used: Any, batch_size: int, world_size: int) -> dict[str, Any]:
+    """A step split into data, compute and communication, in ms and shares, and its throughput."""
     data = med["data"]
     compute = min(med["nosync"], med["sync"])  # on a busy machine the sync median can come out lower: no comm then
     comm = med["sync"] - compute  # so data + compute + comm is the step, always
     step = data + med["sync"]
     return {
         "grad_sync": used,
-        "batch_size": spec["batch_size"],
-        "global_batch": spec["batch_size"] * rt.world_size,
+        "batch_size": batch_size,
+        "global_batch": batch_size * world_size,
         "step_ms": step * 1e3,
         "data_ms": data * 1e3,
         "compute_ms": compute * 1e3,
         "comm_ms": comm * 1e3,
-        "samples_per_s": spec["batch_size"] * rt.world_size / step,
+        "samples_per_s": batch_size * world_size / step,
         "data_share": data / step,
         "compute_share": compute / step,
         "comm_share": comm / step,

@@ -151,7 +151,6 @@ def check_worker(spec: dict[str, Any]) -> dict[str, Any]:
     import torch
 
     from ..environments import DistEnv
-    from ..runtime import Runtime
     from ..runtime.devices import resolve_backend, resolve_device_type
     from ..runtime.store import make_store
 
@@ -175,17 +174,7 @@ def check_worker(spec: dict[str, Any]) -> dict[str, Any]:
     barrier(store, f"{key}/clock", rank, world)
     clocks = gather(store, f"{key}/clocks", rank, world, {"time": time.time()})
     ports = port_probe(store, key, rank, world, nodes, env.master_addr)
-    allreduce: dict[str, Any] = {}
-    if not env.distributed:
-        pass
-    elif not same:
-        allreduce = {"skipped": "the ranks run different versions"}
-    else:
-        try:
-            with Runtime(env, spec["device"], spec["backend"], spec["timeout"], spec.get("threads"), store=store) as rt:
-                allreduce = measure_allreduce(rt, nodes, spec.get("iters", 10))
-        except Exception as e:  # noqa: BLE001 - the check reports what fails
-            allreduce = {"error": f"{type(e).__name__}: {str(e).splitlines()[0][:300] if str(e) else ''}"}
+    allreduce = _allreduce_part(env, spec, store, nodes, same)
     barrier(store, f"{key}/done", rank, world)
     report: dict[str, Any] = {}
     if rank == 0:
@@ -204,6 +193,22 @@ def check_worker(spec: dict[str, Any]) -> dict[str, Any]:
     shutil.rmtree(run_dir / f".ddpkit-check-{key}", ignore_errors=True)  # every rank: its node may see another folder
     del torch
     return report if rank == 0 else {"ok": ok, "rank": rank}
+
+
+def _allreduce_part(env: Any, spec: dict[str, Any], store: Any, nodes: Any, same: bool) -> dict[str, Any]:
+    """The all-reduces, measured in a process group over the workers' store: {} for one process,
+    skipped when the ranks run different versions, the error when the group or a collective fails."""
+    from ..runtime import Runtime
+
+    if not env.distributed:
+        return {}
+    if not same:
+        return {"skipped": "the ranks run different versions"}
+    try:
+        with Runtime(env, spec["device"], spec["backend"], spec["timeout"], spec.get("threads"), store=store) as rt:
+            return measure_allreduce(rt, nodes, spec.get("iters", 10))
+    except Exception as e:  # noqa: BLE001 - the check reports what fails
+        return {"error": f"{type(e).__name__}: {str(e).splitlines()[0][:300] if str(e) else ''}"}
 
 
 def gather(store: Any, key: str, rank: int, world: int, value: Any) -> list[Any] | None:

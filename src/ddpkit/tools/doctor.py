@@ -253,7 +253,15 @@ def _warnings(e: Mapping[str, str], r: Mapping[str, Any]) -> list[str]:
 
 
 def format_report(r: Mapping[str, Any]) -> str:
-    v, d, la, net, plan = r["versions"], r["devices"], r["launcher"], r["network"], r["plan"]
+    """`ddpkit doctor`'s text: one section per part of the report, the warnings last."""
+    lines = _version_lines(r["versions"]) + _device_lines(r["devices"]) + _launcher_lines(r["launcher"])
+    lines += _network_lines(r["network"]) + _plan_lines(r["plan"], r["warnings"])
+    lines.append("warnings" if r["warnings"] else "warnings    none")
+    lines += [f"  - {w}" for w in r["warnings"]]
+    return "\n".join(lines)
+
+
+def _version_lines(v: Mapping[str, Any]) -> list[str]:
     lines = ["versions"]
     lines += [f"  {k:<12}{v[k]}" for k in ("ddpkit", "python", "torch")]
     lines.append(
@@ -262,12 +270,15 @@ def format_report(r: Mapping[str, Any]) -> str:
         else "  cuda        none (a CPU build of torch)"
     )
     lines += [f"  cudnn       {v['cudnn']}"] if v["cudnn"] else []
-    lines += [
+    return lines + [
         f"  nccl        {v['nccl'] or 'not available'}",
         f"  gloo        {'available' if v['gloo'] else 'not available'}" + ("; mpi available" if v["mpi"] else ""),
         f"  platform    {v['platform']}",
-        "devices",
     ]
+
+
+def _device_lines(d: Mapping[str, Any]) -> list[str]:
+    lines = ["devices"]
     mem = (
         f", memory {d['memory_total_gib']} GiB ({d['memory_available_gib']} GiB available)"
         if d["memory_total_gib"]
@@ -284,7 +295,11 @@ def format_report(r: Mapping[str, Any]) -> str:
     for k in ("CUDA_VISIBLE_DEVICES", "OMP_NUM_THREADS"):
         if d[k] is not None:
             lines.append(f"  {k}={d[k]}")
-    lines.append("launcher")
+    return lines
+
+
+def _launcher_lines(la: Mapping[str, Any]) -> list[str]:
+    lines = ["launcher"]
     found = next(environment for environment in registry.ENVIRONMENTS if _shown_name(environment) == la["name"])
     lines.append(f"  detected    {found.title(la)}")
     for environment in registry.ENVIRONMENTS:
@@ -295,8 +310,12 @@ def format_report(r: Mapping[str, Any]) -> str:
             f"  this rank   rank {x.get('rank')}, local rank {x.get('local_rank')}, node rank {x.get('node_rank')}, "
             f"world size {x.get('world_size')}"
         )
+    return lines
+
+
+def _network_lines(net: Mapping[str, Any]) -> list[str]:
     port = f":{net['master_port']}" if net["master_port"] else ""
-    lines += [
+    lines = [
         "network",
         f"  hostname    {net['hostname']} -> {net['hostname_resolves_to'] or 'does not resolve'}",
         f"  interfaces  {', '.join(f'{k} {ip}' for k, ip in net['interfaces'].items()) or 'unknown'}",
@@ -307,12 +326,14 @@ def format_report(r: Mapping[str, Any]) -> str:
     for k in ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME"):
         if net[k]:
             lines.append(f"  {k}={net[k]}")
-    lines.append("ddpkit train would")
+    return lines
+
+
+def _plan_lines(plan: Mapping[str, Any], warnings: list[str]) -> list[str]:
+    lines = ["ddpkit train would"]
     if "error" in plan:
         lines.append(
-            "  refuse to start (see the first warning)"
-            if plan["error"] in r["warnings"]
-            else f"  refuse: {plan['error']}"
+            "  refuse to start (see the first warning)" if plan["error"] in warnings else f"  refuse: {plan['error']}"
         )
     else:
         lines.append(
@@ -323,9 +344,7 @@ def format_report(r: Mapping[str, Any]) -> str:
             lines.append(f"  sum gradients in shared memory ({plan['shm_free_mib']} MiB free in /dev/shm)")
         elif plan.get("grad_sync_why") and plan["processes_per_node"] > 1:
             lines.append(f"  all-reduce gradients with {plan['backend']} ({plan['grad_sync_why']})")
-    lines.append("warnings" if r["warnings"] else "warnings    none")
-    lines += [f"  - {w}" for w in r["warnings"]]
-    return "\n".join(lines)
+    return lines
 
 
 def _resolve(name: str, timeout: float = 2.0) -> str | None:

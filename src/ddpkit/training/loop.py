@@ -19,7 +19,7 @@ from ..checkpoint import file as ckpt_file
 from ..checkpoint.checkpointer import Checkpointer, Policy, Stateful
 from ..checkpoint.state import Position
 from ..checkpoint.world_mark import WorldMark
-from ..config import RunConfig
+from ..config import BatchPlan, RunConfig
 from ..data import ShardedLoader, StreamLoader
 from ..data.loaders import rank_loader
 from ..reporting.metrics import MetricsLog
@@ -45,16 +45,18 @@ def fit(
     task: Task,
     rt: Runtime,
     run_dir: Path,
+    batches: BatchPlan,
     stop: StopRequest | None = None,
     mark: WorldMark | None = None,
     begin: Callable[[], None] | None = None,
 ) -> dict[str, Any]:
-    """Train `task` as `cfg` says; returns the run's summary (the same on every rank).
+    """Train `task` as `cfg` says, in the global batches of `batches` (cfg.batch_plan at this world
+    size, planned once by the caller); returns the run's summary (the same on every rank).
     With `stop`, a signal makes every rank save a checkpoint at the same step boundary and return.
     With `mark` (claimed), every rank stops at the same step once another world has claimed the run directory.
     `begin()`: called once everything that may refuse the run has passed (the resume included),
     before anything is written into the run directory: a refusal leaves it as it was."""
-    run = Run(cfg, task, rt, run_dir, stop, mark, begin)  # model, optimizer, data, steps, checkpoints: resumed
+    run = Run(cfg, task, rt, run_dir, batches, stop, mark, begin)  # model, optimizer, data, steps, checkpoints: resumed
     moment = None
     try:
         with run.checkpointer.writing():  # --async-save: every checkpoint is on disk when this block is left
@@ -85,16 +87,19 @@ class Run:
         task: Task,
         rt: Runtime,
         run_dir: Path,
+        batches: BatchPlan,
         stop: StopRequest | None,
         mark: WorldMark | None = None,
         begin: Callable[[], None] | None = None,
     ) -> None:
         reset_peak_memory(rt.device)
         self.cfg, self.task, self.rt, self.run_dir, self.stop, self.mark = cfg, task, rt, run_dir, stop, mark
+        self.batches = batches
         self.strategy = make_strategy(cfg, rt, task)  # DDP or FSDP, the precision, DDP's knobs
         self.model = self.strategy.setup_module(task.model)
         self.optimizer = self.strategy.setup_optimizer(task.optimizer, self.model, cfg.lr)
-        self.loader = make_loader(task.train_set, cfg, rt)  # a global order over a map-style set, or a stream's readers
+        # a global order over a map-style set, or a stream's readers
+        self.loader = make_loader(task.train_set, cfg, rt, batches)
         self.checkpointer = Checkpointer(
             run_dir, rt, self.strategy, self.model, self.optimizer, Policy.of(cfg), cfg.as_dict(), mark
         )
@@ -108,32 +113,9 @@ class Run:
             cfg.decay_fraction,
         )
         self.profile = StepProfile.from_env(rt)  # DDPKIT_PROFILE_STEPS: these steps under torch.profiler
-        self.steps = (StepRunner if self.profile is None else LabelledSteps)(
-            rt,
-            self.strategy,
-            self.model,
-            self.optimizer,
-            loss_fn=task.loss_fn,
-            accumulate=cfg.batch_plan(rt.world_size).accumulate,
-            on_nan=cfg.on_nan,
-            stop=stop,
-            step_fn=task.step,
-            clip_grad_norm=cfg.clip_grad_norm,
-            scheduler=scheduler,
-            scaler=self.strategy.grad_scaler(),
-            timed_save=self.checkpointer.clock_due,
-            after_step=ParamTrace(run_dir, self.strategy, self.model) if cfg.trace_steps else None,
-            mark=mark,
-        )
+        self.steps = self._step_runner(scheduler)
         self.planned = PlannedSteps()
-        for name, part in (
-            ("scheduler", scheduler and Stateful(scheduler)),
-            ("scaler", self.steps.scaler and Stateful(self.steps.scaler)),
-            ("stream", StreamPosition(self.loader, rt) if isinstance(self.loader, StreamLoader) else None),
-            ("planned_steps", self.planned),
-        ):
-            if part is not None:
-                self.checkpointer.register(name, part)
+        self._register_parts(scheduler)
         start = self.resume()
         if begin is not None:
             begin()  # nothing refused the run: from here on it writes into its folder
@@ -141,11 +123,50 @@ class Run:
             self.steps.after_step.step = start.global_step  # a resumed trace continues the run's count
         self.plan = self.planned.plan = StepPlan(cfg, self.loader, start)  # the steps left at this world size and batch
         replan(scheduler, self.plan.total_steps, self.planned.saved, rt.print)
+        self._follow(start)
+
+    def _step_runner(self, scheduler: Any) -> StepRunner:
+        """What runs one optimizer step: --accumulate micro-batches (the batch plan's), the
+        scheduler, the grad scaler, the timed save, --trace-steps (labelled under a profile)."""
+        cfg = self.cfg
+        return (StepRunner if self.profile is None else LabelledSteps)(
+            self.rt,
+            self.strategy,
+            self.model,
+            self.optimizer,
+            loss_fn=self.task.loss_fn,
+            accumulate=self.batches.accumulate,
+            on_nan=cfg.on_nan,
+            stop=self.stop,
+            step_fn=self.task.step,
+            clip_grad_norm=cfg.clip_grad_norm,
+            scheduler=scheduler,
+            scaler=self.strategy.grad_scaler(),
+            timed_save=self.checkpointer.clock_due,
+            after_step=ParamTrace(self.run_dir, self.strategy, self.model) if cfg.trace_steps else None,
+            mark=self.mark,
+        )
+
+    def _register_parts(self, scheduler: Any) -> None:
+        """The checkpoint's parts beside the model and optimizer (those this run has)."""
+        for name, part in (
+            ("scheduler", scheduler and Stateful(scheduler)),
+            ("scaler", self.steps.scaler and Stateful(self.steps.scaler)),
+            ("stream", StreamPosition(self.loader, self.rt) if isinstance(self.loader, StreamLoader) else None),
+            ("planned_steps", self.planned),
+        ):
+            if part is not None:
+                self.checkpointer.register(name, part)
+
+    def _follow(self, start: Position) -> None:
+        """From `start` on: the cadence of the plan's steps, the metrics log, the progress lines,
+        the run's totals and the straggler clock."""
+        cfg, rt = self.cfg, self.rt
         self.cadence = Cadence(
             self.plan, start, cfg.eval_every, cfg.eval_every_steps, self.checkpointer, self.steps.stop_requested
         )
         self.log = MetricsLog(
-            run_dir,
+            self.run_dir,
             enabled=rt.is_main,
             keep_until_epoch=start.epoch,
             keep_until_step=start.global_step,
@@ -281,10 +302,9 @@ class StreamPosition:
         self.loader.load(states)
 
 
-def make_loader(dataset: Any, cfg: RunConfig, rt: Runtime) -> ShardedLoader | StreamLoader:
+def make_loader(dataset: Any, cfg: RunConfig, rt: Runtime, plan: BatchPlan) -> ShardedLoader | StreamLoader:
     """This rank's batches of the training set: micro-batches of --batch-size, --accumulate per step,
-    or its share of --global-batch-size (the same loader rt.loader gives an own loop)."""
-    plan = cfg.batch_plan(rt.world_size)
+    or its share of `plan`'s fixed global batch (the same loader rt.loader gives an own loop)."""
     return rank_loader(
         dataset,
         cfg.batch_size * cfg.accumulate,
