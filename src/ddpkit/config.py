@@ -59,7 +59,7 @@ def setting(
 ) -> Any:
     """A field with what the CLI needs to offer it as a flag: the help text, the choices and
     the default are written here once; cli/flags.py makes the flag from them (for RunConfig
-    and for each command's own options, cli/options.py). `default_help` describes a default
+    and for each command's own options, cli/NAME_cmd.py). `default_help` describes a default
     that is not a plain value ("one per GPU"); `append`: the flag may be repeated, its values
     collected in a list (RunConfig makes --task-arg's (key, value) pairs a dict); `nargs`: how
     many values a positional takes, as argparse counts them (None: exactly one)."""

@@ -37,7 +37,7 @@ TRACKERS = ("mlflow", "wandb", "tensorboard", "csv")  # --tracker (reporting/sin
 TRACKER_PACKAGES = {"mlflow": "mlflow", "wandb": "wandb", "tensorboard": "tensorboard"}  # tracker: package = extra
 # Boolean settings that cannot both be on, with what each asks for: refused together when one
 # place (the command line, a config file, the Python API) sets both; a flag on the command line
-# switches off a config file's contradicting setting, as any flag wins over the file (cli/commands.py).
+# switches off a config file's contradicting setting, as any flag wins over the file (cli/parser.py).
 CONTRADICTIONS = {("quiet", "verbose"): "only errors, or every rank's output and the agent's logs"}
 
 

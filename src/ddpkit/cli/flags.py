@@ -1,5 +1,5 @@
 """Flags made from `setting(...)` fields: a flag's help, choices and default are written once,
-on the field (RunConfig in config.py, each command's own options in cli/options.py). Each
+on the field (RunConfig in config.py, each command's own options in its module, cli/NAME_cmd.py). Each
 command takes the RunConfig groups (or single fields) it needs, and its own options."""
 
 from __future__ import annotations
