@@ -82,6 +82,12 @@ def setting(
     return field(default=default, metadata=meta)
 
 
+def flag_spellings(f: dataclasses.Field) -> tuple[str, ...]:
+    """The spellings of a setting's flag: its own (--the-name by default), then its aliases (the
+    CLI's flags, a config file's keys and the flags `ddpkit slurm` keeps out of a job all read them)."""
+    return (f.metadata.get("flag") or "--" + f.name.replace("_", "-"), *f.metadata.get("aliases", ()))
+
+
 @dataclass(frozen=True)
 class RunConfig:
     """What to train and how. Built by the CLI or the Python API, read by every worker.

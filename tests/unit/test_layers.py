@@ -139,6 +139,7 @@ def test_the_cli_and_config_import_no_torch():
     assert "ddpkit.cli.commands" in cli and "ddpkit.cli.train_cmd" in cli
     for name in (
         *cli,
+        "ddpkit.launchers.slurm_job",
         "ddpkit.config",
         "ddpkit.errors",
         "ddpkit.envvars",

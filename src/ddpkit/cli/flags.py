@@ -9,7 +9,7 @@ import dataclasses
 import os
 from typing import Any, Callable, Iterable
 
-from ..config import RunConfig
+from ..config import RunConfig, flag_spellings
 from ..environments.kubeflow import launcher_defaults
 
 _FIELDS = {f.name: f for f in dataclasses.fields(RunConfig)}
@@ -82,7 +82,7 @@ def flag_names(name: str) -> tuple[str, ...]:
 
 def names_of(f: dataclasses.Field) -> tuple[str, ...]:
     """The spellings of a field's flag: its own (--the-name by default), then its aliases."""
-    return (f.metadata.get("flag") or "--" + f.name.replace("_", "-"), *f.metadata.get("aliases", ()))
+    return flag_spellings(f)
 
 
 def opposite(flag: str) -> str:

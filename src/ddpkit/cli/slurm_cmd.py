@@ -1,17 +1,13 @@
 """`ddpkit slurm`: write (and submit) an sbatch script that runs `ddpkit train` on every node of
-an allocation."""
+an allocation. What goes into the job is launchers/slurm_job.py's; here the flags and the help."""
 
 from __future__ import annotations
 
 import argparse
 import shlex
 import sys
-import time
 from dataclasses import dataclass
-from pathlib import Path
 
-from ..errors import DdpkitError
-from .config_args import refuse_worker_placement, with_config_file
 from .flags import config_from
 from .options import option
 from .parser import Command, parse_args
@@ -66,75 +62,14 @@ class SlurmOptions:
 
 
 def cmd_slurm(ns: argparse.Namespace) -> int:
-    from ..launchers import sbatch as slurm
+    from ..launchers.slurm_job import slurm_command
 
-    args = list(ns.train_args)
-    if args[:1] == ["--"]:
-        args = args[1:]
-    args = with_config_file(args, ns.config)
-    # Check the training arguments now, not in the job an hour later.
-    try:
-        train_ns = parse_args({"train": TRAIN}, ["train", *args])
-    except SystemExit:
-        raise DdpkitError(
-            "the arguments after -- are not valid `ddpkit train` arguments (see the message above)"
-        ) from None
-    for flag in (
-        "--nproc",
-        "--nproc-per-node",
-        "--nnodes",
-        "--node-rank",
-        "--master-addr",
-        "--rdzv-endpoint",
-        "--master-port",
-    ):
-        if any(a == flag or a.startswith(flag + "=") for a in args):
-            raise DdpkitError(
-                f"{flag} does not belong after --: SLURM starts the workers "
-                "(use --nodes / --gpus-per-node / --ntasks-per-node of `ddpkit slurm`)"
-            )
-    refuse_worker_placement(getattr(train_ns, "file_settings", {}), train_ns.config)
-    config_from(train_ns)  # validates values
-    run_dir = Path(train_ns.run_dir or f"runs/{ns.job_name}-{time.strftime('%Y%m%d-%H%M%S')}").resolve()
-    if not train_ns.run_dir:
-        args += ["--run-dir", str(run_dir)]
-    job = slurm.SlurmJob(
-        train_args=args,
-        nodes=ns.nodes,
-        gpus_per_node=ns.gpus_per_node,
-        tasks_per_node=ns.ntasks_per_node,
-        cpus_per_task=ns.cpus_per_task,
-        time=ns.time,
-        partition=ns.partition,
-        account=ns.account,
-        job_name=ns.job_name,
-        output=ns.output,
-        signal=ns.signal,
-        run_dir=str(run_dir),
-        array=ns.array,
+    return slurm_command(
+        ns,
+        "ddpkit " + " ".join(shlex.quote(a) for a in sys.argv[1:]),
+        parse_train=lambda args: parse_args({"train": TRAIN}, ["train", *args]),
+        train_config=config_from,
     )
-    if ns.array and ns.wait:
-        raise DdpkitError("--wait follows one job, not an array: follow its elements with squeue")
-    text = slurm.render_sbatch(job, "ddpkit " + " ".join(shlex.quote(a) for a in sys.argv[1:]))
-    if ns.dry_run:
-        print(text, end="")
-        return 0
-    script = Path(ns.script) if ns.script else run_dir / "job.sbatch"
-    run_dir.mkdir(parents=True, exist_ok=True)  # SLURM cannot create the log file's folder
-    script.parent.mkdir(parents=True, exist_ok=True)
-    script.write_text(text)
-    script.chmod(0o755)
-    if not ns.submit:
-        print(f"ddpkit: wrote {script}; submit it with: sbatch {shlex.quote(str(script))}")
-        return 0
-    job_id = slurm.submit(script)
-    log = (ns.output or str(run_dir / "slurm-%j.out")).replace("%j", job_id)
-    print(f"ddpkit: submitted job {job_id}; log: {log}", flush=True)
-    if not ns.wait:
-        return 0
-    code = slurm.wait(job_id, timeout=ns.wait_timeout, report=lambda m: print(m, flush=True))
-    print(f"ddpkit: job {job_id} ended with exit status {code}; log: {log}", flush=True)
-    return code
 
 
 COMMAND = Command(
