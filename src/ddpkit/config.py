@@ -59,7 +59,7 @@ def setting(
 ) -> Any:
     """A field with what the CLI needs to offer it as a flag: the help text, the choices and
     the default are written here once; cli/flags.py makes the flag from them (for RunConfig
-    and for each command's own options, cli/options.py). `default_help` describes a default
+    and for each command's own options, cli/NAME_cmd.py). `default_help` describes a default
     that is not a plain value ("one per GPU"); `append`: the flag may be repeated, its values
     collected in a list (RunConfig makes --task-arg's (key, value) pairs a dict); `nargs`: how
     many values a positional takes, as argparse counts them (None: exactly one)."""
@@ -80,6 +80,12 @@ def setting(
     if factory is not None:
         return field(default_factory=factory, metadata=meta)
     return field(default=default, metadata=meta)
+
+
+def flag_spellings(f: dataclasses.Field) -> tuple[str, ...]:
+    """The spellings of a setting's flag: its own (--the-name by default), then its aliases (the
+    CLI's flags, a config file's keys and the flags `ddpkit slurm` keeps out of a job all read them)."""
+    return (f.metadata.get("flag") or "--" + f.name.replace("_", "-"), *f.metadata.get("aliases", ()))
 
 
 @dataclass(frozen=True)

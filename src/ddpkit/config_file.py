@@ -10,7 +10,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from .config import NODES, RunConfig
+from .config import NODES, RunConfig, flag_spellings
 from .config_values import parse_task_arg
 from .errors import DdpkitError
 
@@ -38,7 +38,7 @@ def _spellings() -> dict[str, tuple[str, bool]]:
     `-` or `_`; True where the key means the opposite (`no-shuffle = true` is shuffle false)."""
     out: dict[str, tuple[str, bool]] = {}
     for name, f in FIELDS.items():
-        flags = [f.metadata.get("flag") or "--" + name.replace("_", "-"), *f.metadata.get("aliases", ())]
+        flags = flag_spellings(f)
         inverted = bool(f.metadata.get("flag")) and f.default is True  # a store_false flag: --no-shuffle
         out[name] = out[name.replace("_", "-")] = (name, False)
         for flag in flags:

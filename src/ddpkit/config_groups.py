@@ -38,7 +38,7 @@ EXPORT_FORMATS = ("safetensors", "hf")  # what `ddpkit export` and train's --exp
 TRACKERS: dict[str, str | None] = {"mlflow": "mlflow", "wandb": "wandb", "tensorboard": "tensorboard", "csv": None}
 # Boolean settings that cannot both be on, with what each asks for: refused together when one
 # place (the command line, a config file, the Python API) sets both; a flag on the command line
-# switches off a config file's contradicting setting, as any flag wins over the file (cli/commands.py).
+# switches off a config file's contradicting setting, as any flag wins over the file (cli/parser.py).
 CONTRADICTIONS = {("quiet", "verbose"): "only errors, or every rank's output and the agent's logs"}
 
 

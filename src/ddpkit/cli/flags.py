@@ -1,5 +1,5 @@
 """Flags made from `setting(...)` fields: a flag's help, choices and default are written once,
-on the field (RunConfig in config.py, each command's own options in cli/options.py). Each
+on the field (RunConfig in config.py, each command's own options in its module, cli/NAME_cmd.py). Each
 command takes the RunConfig groups (or single fields) it needs, and its own options."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import dataclasses
 import os
 from typing import Any, Callable, Iterable
 
-from ..config import RunConfig
+from ..config import RunConfig, flag_spellings
 from ..environments.kubeflow import launcher_defaults
 
 _FIELDS = {f.name: f for f in dataclasses.fields(RunConfig)}
@@ -82,7 +82,7 @@ def flag_names(name: str) -> tuple[str, ...]:
 
 def names_of(f: dataclasses.Field) -> tuple[str, ...]:
     """The spellings of a field's flag: its own (--the-name by default), then its aliases."""
-    return (f.metadata.get("flag") or "--" + f.name.replace("_", "-"), *f.metadata.get("aliases", ()))
+    return flag_spellings(f)
 
 
 def opposite(flag: str) -> str:

@@ -1,5 +1,5 @@
 """Every flag of every command is generated: from a RunConfig setting the command takes, or
-from its own options dataclass (cli/options.py), with the help, choices and default written
+from its own options dataclass (in its module, cli/NAME_cmd.py), with the help, choices and default written
 there once. A hand-written flag would fail here."""
 
 import argparse
@@ -10,7 +10,7 @@ import pytest
 from ddpkit import RunConfig
 from ddpkit.cli.commands import COMMANDS, build_parser
 from ddpkit.cli.flags import flag_names, names_of, opposite
-from ddpkit.cli.options import LaunchOptions, agent_options
+from ddpkit.cli.launch_cmd import LaunchOptions, agent_options
 
 # the least each command needs to parse
 MINIMAL = {"launch": ["script.py"], "plot": ["run1"], "export": ["run1"]}

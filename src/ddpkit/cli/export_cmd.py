@@ -1,0 +1,55 @@
+"""`ddpkit export`: a run's model as safetensors files, or a folder Hugging Face's from_pretrained loads."""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass
+
+from .options import option
+from .parser import Command
+
+EXPORT_HELP = (
+    "Write a run's model as safetensors files, or as a folder Hugging Face's from_pretrained loads (--format hf: "
+    "the weights, config.json and generation_config.json of a transformers model). Reads the run's newest "
+    "checkpoint (one file, or FSDP's shards, read tensor by tensor: no process holds the whole model) or model.pt; "
+    "above --max-shard-size the weights are split into files with an index, as Hugging Face does."
+)
+
+
+@dataclass(frozen=True)
+class ExportOptions:
+    run_dir: str | None = option(
+        help="the run directory of `ddpkit train`", positional=True, nargs=None, metavar="RUN_DIR"
+    )
+    format: str = option(
+        "safetensors",
+        "safetensors: the weights as safetensors files; hf: a folder Hugging Face's from_pretrained loads "
+        "(the weights and the model's config; a transformers model)",
+        metavar="safetensors|hf",
+    )
+    out: str | None = option(help="the folder to write (must not exist, or be empty)", default_help="RUN_DIR/export")
+    checkpoint: str | None = option(
+        help="which weights: a checkpoint's name in RUN_DIR/checkpoints (epoch-000004), model.pt, or a path",
+        metavar="NAME",
+        default_help="the newest: the newest checkpoint, or model.pt when at least as new",
+    )
+    max_shard_size: str = option(
+        "5GB", "above this size (500MB, 2GiB, ...) the weights are split into files and an index", metavar="SIZE"
+    )
+
+
+def cmd_export(ns: argparse.Namespace) -> int:
+    from ..checkpoint.export import export_run
+
+    export_run(
+        ns.run_dir, ns.format, ns.out, ns.checkpoint, ns.max_shard_size, say=lambda line: print(line, flush=True)
+    )
+    return 0
+
+
+COMMAND = Command(
+    cmd_export,
+    "write a run's model as safetensors, or a Hugging Face folder (from_pretrained)",
+    EXPORT_HELP,
+    options=ExportOptions,
+)

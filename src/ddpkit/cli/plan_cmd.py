@@ -1,0 +1,48 @@
+"""`ddpkit plan`: a task's memory per rank under DDP, FSDP and HSDP, and which one fits."""
+
+from __future__ import annotations
+
+import argparse
+
+from .. import config
+from .parser import Command
+
+PLAN_HELP = """Print the memory plan of a task: per-rank bytes of parameters, gradients and optimizer
+state under DDP and under FSDP at --nproc processes, and which strategy fits the device memory.
+With --strategy hsdp also HSDP (--replicate R, default one replica per --nnodes); with --nnodes N
+(--nproc per node) the bytes each rank sends between nodes per optimizer step. Beside them the
+activations one micro-batch of --batch-size keeps for backward, with and without
+--activation-checkpointing (one forward of the task's first samples on this CPU)."""
+
+
+def cmd_plan(ns: argparse.Namespace) -> int:
+    from ..api import memory_plan
+
+    nnodes = int(str(ns.nnodes).rpartition(":")[2] or 1)  # an elastic MIN:MAX: plan for MAX
+    print(
+        memory_plan(
+            ns.task,
+            nproc=ns.nproc * nnodes if ns.nproc else ns.nproc,
+            strategy=ns.strategy,
+            precision=ns.precision,
+            device_memory=ns.device_memory,
+            task_args=dict(ns.task_args or ()),
+            local_nproc=ns.nproc,
+            replicate=ns.replicate,
+            nnodes=nnodes,
+            batch_size=ns.batch_size,
+            activation_checkpointing=ns.activation_checkpointing,
+        ).format(ns.task, ns.strategy),
+        flush=True,
+    )
+    return 0
+
+
+COMMAND = Command(
+    cmd_plan,
+    "memory per rank under DDP and FSDP, and which one fits",
+    PLAN_HELP,
+    (config.STRATEGY,),
+    ("task", "nproc", "task_args", "nnodes", "batch_size"),
+    defaults={"strategy": "auto"},
+)

@@ -1,0 +1,43 @@
+"""`ddpkit plot`: the metrics of one or more runs as one PNG, side by side."""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass
+
+from .options import option
+from .parser import Command
+
+PLOT_HELP = (
+    "Plot the metrics.jsonl of one or more run directories into one PNG: loss, the eval metric and samples/s per "
+    "epoch, e.g. 1 vs 2 vs 4 processes."
+)
+
+
+@dataclass(frozen=True)
+class PlotOptions:
+    run_dirs: list[str] | None = option(
+        help="run directories of `ddpkit train`", positional=True, nargs="+", metavar="RUN_DIR"
+    )
+    out: str | None = option(
+        help="the PNG to write",
+        flag="-o",
+        aliases=("--out",),
+        default_help="RUN_DIR/curves.png for one run, ./curves.png for several",
+    )
+    label: list[str] | None = option(
+        help="a legend label per run, in order", append=True, type=str, default_help="NAME (N processes)"
+    )
+    title: str | None = option(help="a title over the panels")
+
+
+def cmd_plot(ns: argparse.Namespace) -> int:
+    from ..reporting.plot import plot_runs
+
+    print(f"wrote {plot_runs(ns.run_dirs, ns.out, ns.label, ns.title)}")
+    return 0
+
+
+COMMAND = Command(
+    cmd_plot, "PNG curves of runs (loss, eval accuracy, samples/s), side by side", PLOT_HELP, options=PlotOptions
+)

@@ -1,0 +1,81 @@
+"""`ddpkit slurm`: write (and submit) an sbatch script that runs `ddpkit train` on every node of
+an allocation. What goes into the job is launchers/slurm_job.py's; here the flags and the help."""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+import sys
+from dataclasses import dataclass
+
+from .flags import config_from
+from .options import option
+from .parser import Command, parse_args
+from .train_cmd import COMMAND as TRAIN
+
+SLURM_HELP = """Write an sbatch script that runs `ddpkit train` on every node of a SLURM allocation:
+one srun task per GPU (per worker on CPU nodes), each task one ddpkit worker that reads its
+rank from SLURM, started through `srun --kill-on-bad-exit=1`. The job asks for a warning
+signal before its time limit; ddpkit then checkpoints at the next step, requeues the job,
+and the requeued job resumes. Example:
+
+  ddpkit slurm --nodes 2 --gpus-per-node 8 --time 04:00:00 --submit -- wine --epochs 100
+"""
+
+
+@dataclass(frozen=True)
+class SlurmOptions:
+    nodes: int = option(1, "nodes to ask for")
+    gpus_per_node: int = option(0, "GPUs per node; one task (worker) per GPU", default_help="0: CPU nodes")
+    ntasks_per_node: int | None = option(
+        help="workers per node on CPU nodes", type=int, default_help="GPUs per node, or 1"
+    )
+    cpus_per_task: int | None = option(help="CPU cores per worker", type=int)
+    time: str | None = option(help="time limit, e.g. 02:00:00")
+    partition: str | None = option(help="the SLURM partition to run in")
+    account: str | None = option(help="the SLURM account to charge")
+    job_name: str = option("ddpkit", "the job's name, also of its run directory (runs/JOB_NAME-TIME) without --run-dir")
+    output: str | None = option(help="log file pattern", default_help="RUN_DIR/slurm-%%j.out")
+    signal: str = option(
+        "USR2@90",
+        "warning signal before the time limit: save, requeue, resume",
+        default_help="USR2@90, not USR1, which NCCL and other libraries may handle; '' = none",
+    )
+    array: str | None = option(
+        help="a job array (sbatch --array, e.g. 0-3): each element trains in RUN_DIR/INDEX and is requeued on its own"
+    )
+    script: str | None = option(help="where to write the script", default_help="RUN_DIR/job.sbatch")
+    dry_run: bool = option(False, "print the script; write and submit nothing")
+    submit: bool = option(False, "submit it with sbatch; print the job id and log path")
+    wait: bool = option(False, "with --submit: follow the job (through requeues) to its end and exit with its status")
+    wait_timeout: float | None = option(
+        help="give up waiting after this many seconds (the job keeps running)", type=float
+    )
+    config: str | None = option(
+        help="the training settings from a TOML, YAML or JSON file: checked now, read by `ddpkit train --config` "
+        "in the job (the arguments after -- win over it)",
+        metavar="FILE",
+    )
+    train_args: list[str] | None = option(
+        help="-- then the arguments of `ddpkit train` (task and flags)", positional=True, nargs=argparse.REMAINDER
+    )
+
+
+def cmd_slurm(ns: argparse.Namespace) -> int:
+    from ..launchers.slurm_job import slurm_command
+
+    return slurm_command(
+        ns,
+        "ddpkit " + " ".join(shlex.quote(a) for a in sys.argv[1:]),
+        parse_train=lambda args: parse_args({"train": TRAIN}, ["train", *args]),
+        train_config=config_from,
+    )
+
+
+COMMAND = Command(
+    cmd_slurm,
+    "write (and submit) an sbatch script that runs `ddpkit train` on N nodes",
+    SLURM_HELP,
+    options=SlurmOptions,
+    formatter=argparse.RawDescriptionHelpFormatter,
+)

@@ -1,0 +1,130 @@
+"""`ddpkit slurm`'s decisions: which training arguments go into the job (SLURM places the
+workers, so no flag or config-file setting that says where they run; a config file travels by
+its absolute path), the job's run directory and script, and writing, submitting and following
+it. sbatch.py renders the script and talks to SLURM; the CLI (cli/slurm_cmd.py) only parses."""
+
+from __future__ import annotations
+
+import shlex
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+from ..config import flag_spellings
+from ..config_file import FIELDS
+from ..errors import DdpkitError
+from . import sbatch
+
+# The settings that say where the workers run: SLURM's, never the job's training arguments'
+# (in the order the flags are refused: the first one given is named)
+SLURM_PLACES = ("nproc", "nnodes", "node_rank", "master_addr", "rdzv_endpoint", "master_port")
+
+
+def placement_flags() -> tuple[str, ...]:
+    """Every spelling of the flags of SLURM_PLACES (--nproc, --nproc-per-node, --node_rank, ...)."""
+    return tuple(flag for name in SLURM_PLACES for flag in flag_spellings(FIELDS[name]))
+
+
+def slurm_command(
+    opts: Any,
+    command_line: str,
+    parse_train: Callable[[list[str]], Any],
+    train_config: Callable[[Any], Any],
+) -> int:
+    """`ddpkit slurm` with its options `opts` (the fields of cli/slurm_cmd.py's SlurmOptions).
+    `parse_train` parses the arguments of `ddpkit train` (a SystemExit: they are not valid),
+    `train_config` makes their RunConfig (checking the values); `command_line` heads the script.
+    The exit code: 0, or with --wait the job's exit status."""
+    args, train = train_arguments(opts.train_args, opts.config, parse_train)
+    train_config(train)  # validates values
+    run_dir = Path(train.run_dir or f"runs/{opts.job_name}-{time.strftime('%Y%m%d-%H%M%S')}").resolve()
+    if not train.run_dir:
+        args += ["--run-dir", str(run_dir)]
+    job = sbatch.SlurmJob(
+        train_args=args,
+        nodes=opts.nodes,
+        gpus_per_node=opts.gpus_per_node,
+        tasks_per_node=opts.ntasks_per_node,
+        cpus_per_task=opts.cpus_per_task,
+        time=opts.time,
+        partition=opts.partition,
+        account=opts.account,
+        job_name=opts.job_name,
+        output=opts.output,
+        signal=opts.signal,
+        run_dir=str(run_dir),
+        array=opts.array,
+    )
+    if opts.array and opts.wait:
+        raise DdpkitError("--wait follows one job, not an array: follow its elements with squeue")
+    text = sbatch.render_sbatch(job, command_line)
+    if opts.dry_run:
+        print(text, end="")
+        return 0
+    script = Path(opts.script) if opts.script else run_dir / "job.sbatch"
+    run_dir.mkdir(parents=True, exist_ok=True)  # SLURM cannot create the log file's folder
+    script.parent.mkdir(parents=True, exist_ok=True)
+    script.write_text(text)
+    script.chmod(0o755)
+    if not opts.submit:
+        print(f"ddpkit: wrote {script}; submit it with: sbatch {shlex.quote(str(script))}")
+        return 0
+    job_id = sbatch.submit(script)
+    log = (opts.output or str(run_dir / "slurm-%j.out")).replace("%j", job_id)
+    print(f"ddpkit: submitted job {job_id}; log: {log}", flush=True)
+    if not opts.wait:
+        return 0
+    code = sbatch.wait(job_id, timeout=opts.wait_timeout, report=lambda m: print(m, flush=True))
+    print(f"ddpkit: job {job_id} ended with exit status {code}; log: {log}", flush=True)
+    return code
+
+
+def train_arguments(
+    train_args: list[str] | None, config: str | None, parse_train: Callable[[list[str]], Any]
+) -> tuple[list[str], Any]:
+    """The arguments of `ddpkit train` the job runs (after --; a config file by its absolute
+    path) and what `parse_train` made of them: checked now, not in the job an hour later."""
+    args = list(train_args or ())
+    if args[:1] == ["--"]:
+        args = args[1:]
+    args = with_config_file(args, config)
+    try:
+        train = parse_train(args)
+    except SystemExit:
+        raise DdpkitError(
+            "the arguments after -- are not valid `ddpkit train` arguments (see the message above)"
+        ) from None
+    for flag in placement_flags():
+        if any(a == flag or a.startswith(flag + "=") for a in args):
+            raise DdpkitError(
+                f"{flag} does not belong after --: SLURM starts the workers "
+                "(use --nodes / --gpus-per-node / --ntasks-per-node of `ddpkit slurm`)"
+            )
+    refuse_worker_placement(getattr(train, "file_settings", {}), train.config)
+    return args, train
+
+
+def with_config_file(args: list[str], config: str | None) -> list[str]:
+    """The training arguments with the config file (ddpkit slurm's --config or one after --)
+    named by its absolute path: the job reads it where it starts."""
+    out = list(args)
+    for i, a in enumerate(out):
+        if a == "--config" and i + 1 < len(out):
+            out[i + 1] = str(Path(out[i + 1]).resolve())
+        elif a.startswith("--config="):
+            out[i] = "--config=" + str(Path(a.partition("=")[2]).resolve())
+    if config:
+        if any(a == "--config" or a.startswith("--config=") for a in args):
+            raise DdpkitError("--config given both before and after --: keep one")
+        out = ["--config", str(Path(config).resolve()), *out]
+    return out
+
+
+def refuse_worker_placement(settings: dict[str, Any], path: str | None) -> None:
+    """Where the workers run is SLURM's, as for the flags after --: a config file may not say it."""
+    for name, value in settings.items():
+        if name in SLURM_PLACES and value != FIELDS[name].default:
+            raise DdpkitError(
+                f"{name} = {value!r} in {path} does not belong in a SLURM job: SLURM starts the "
+                "workers (remove it; use --nodes / --gpus-per-node / --ntasks-per-node of `ddpkit slurm`)"
+            )
