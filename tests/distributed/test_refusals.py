@@ -3,7 +3,9 @@ was (a finished run stays finished: its config.json unchanged, no failed.json, n
 and a new run directory that a refusal would have left empty is not there at all."""
 
 import hashlib
+import os
 import shutil
+import time
 from pathlib import Path
 
 import pytest
@@ -41,6 +43,10 @@ def finished(tmp_path, reference_run):
     shutil.copytree(reference_run(*WINE), run)
     (run / "hang").mkdir()
     (run / "hang" / "request").write_text("an earlier attempt's hang\n")
+    # as old as an earlier attempt's is: the launcher takes a request from less than 1 s before its
+    # start for one of its own (launchers/report.py), and a fast start came within that
+    hour_ago = time.time() - 3600
+    os.utime(run / "hang" / "request", (hour_ago, hour_ago))
     (tmp_path / "tasks.py").write_text(TASKS)
     return run
 
