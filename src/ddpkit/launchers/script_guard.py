@@ -15,7 +15,9 @@
   * every thread's Python stack on STACK_SIGNAL (faulthandler, into the attempt's error folder):
     the launcher asks for it from a rank whose watchdog thread cannot answer (stacks.py).
   * that the script returned (RETURNED_FILE): an abort in torch's teardown after that is named
-    as such by the launcher, not as the script's failure.
+    as such by the launcher, not as the script's failure. A worker whose script returned waits
+    for the other workers of its node to return before the interpreter's teardown, so that such
+    an abort cannot stop a rank still at work.
   * NCCL asked for on a machine without a GPU: one line before the group starts, not torch's
     error on every rank.
   * --debug-collectives under DDP (runtime/debug.py).
@@ -32,6 +34,7 @@ import os
 import signal
 import sys
 import threading
+import time
 from datetime import timedelta
 from importlib.abc import MetaPathFinder
 from importlib.machinery import ModuleSpec, PathFinder
@@ -220,6 +223,28 @@ class ScriptGuard:
             self.watchdog.stop()
         if self.error_dir:
             error_file(self.error_dir, RETURNED_FILE.format(rank=self.rank)).touch()
+            self._wait_for_the_others()
+
+    def _wait_for_the_others(self, poll: float = 0.2) -> None:
+        """Until every other worker of this node has returned too, or ended: torch's teardown can
+        abort a process after its script returned ("terminate called without an active
+        exception"), and the agent stops the whole group at the first failed worker: a rank that
+        finished first would cut off one still at work (rank 0 saving the final checkpoint). After
+        this wait such an abort finds every script returned, and the launcher counts the job done."""
+        folder = error_file(self.error_dir or "", RETURNED_FILE.format(rank=self.rank)).parent
+        prefix = STACKS_FILE.split("{rank}")[0]
+        while True:
+            waiting = False
+            for started in folder.glob(prefix + "*"):
+                rank = started.name[len(prefix) :].split(".")[0]
+                if not rank.isdigit() or int(rank) == self.rank:
+                    continue
+                if (folder / RETURNED_FILE.format(rank=rank)).exists():
+                    continue
+                waiting = waiting or _alive(started)
+            if not waiting:
+                return
+            time.sleep(poll)
 
     def failed(self, error: BaseException) -> None:
         """The script raised `error`: a collective that timed out gets every rank's report first."""
@@ -230,6 +255,16 @@ class ScriptGuard:
         if isinstance(error, RuntimeError) and is_timeout(error):  # torch's DistError and gloo's are RuntimeErrors
             self.watchdog.on_error(error)
         self.watchdog.stop()
+
+
+def _alive(stacks_file: Path) -> bool:
+    """Whether the worker that wrote `stacks_file` (its pid on the first line) still runs."""
+    try:
+        pid = int(stacks_file.read_text().split()[0])
+        os.kill(pid, 0)
+    except (ValueError, IndexError, OSError):  # not written yet, or gone (reaped by the agent)
+        return False
+    return True
 
 
 class _AfterImport(MetaPathFinder):

@@ -64,5 +64,6 @@ dist.barrier()
 dist.destroy_process_group()
 if rank == env_rank("SLOW_RANK"):
     time.sleep(float(os.environ.get("SLOW_S", "5")))
+    print(f"rank {rank}: finished after the others", flush=True)
 if rank == env_rank("ABORT_RANK"):
     atexit.register(os.abort)
