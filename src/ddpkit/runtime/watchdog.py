@@ -205,8 +205,11 @@ class HangWatchdog:
             if self.reported:
                 return
             self.reported = True
-        if not responding and _mtime(self.dir / "request") < self._started - 1:
-            fresh_hang_dir(self.dir)  # an earlier attempt's report, still there when this one hangs before its start
+        if not responding and 0 < _mtime(self.dir / "request") < self._started - 1:
+            # an earlier attempt's report, still there when this one hangs before its start; never a
+            # folder without a request: another rank of this attempt, reporting at the same moment,
+            # has just made it
+            fresh_hang_dir(self.dir)
         self.dir.mkdir(parents=True, exist_ok=True)
         if not responding:
             try:  # the first rank to report names the reason; the others answer it

@@ -148,3 +148,31 @@ def test_a_faulthandler_dump_gives_the_main_threads_frames_outermost_first(tmp_p
     report = json.loads((tmp_path / "hang" / "rank-1.json").read_text())
     assert report["pid"] == 4242 and report["main_stack"] == frames and report["collectives"] == []
     assert dump in (tmp_path / "hang" / "rank-1.txt").read_text()
+
+
+def _reporter(hang_dir, world=2):
+    from ddpkit.runtime.record import CollectiveRecord
+    from ddpkit.runtime.watchdog import HangWatchdog
+
+    return HangWatchdog(hang_dir, 0, world, 3.0, launcher_prints=True, record=CollectiveRecord())
+
+
+def test_a_report_another_rank_of_this_attempt_began_is_not_moved_aside(tmp_path):
+    """Two ranks that hang together both report first: the folder rank 1 just made (no request
+    written yet) is this attempt's, not an earlier one's, and stays where the launcher reads it."""
+    hang = tmp_path / "hang"
+    write(hang, 1, [entry(12)])
+    _reporter(hang)._report("rank 0 made no progress for 3 s")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["hang"]
+    assert {"rank-0.json", "rank-1.json", "request", "summary.txt"} <= {p.name for p in hang.iterdir()}
+
+
+def test_an_earlier_attempts_report_moves_aside_when_this_one_hangs_before_its_start(tmp_path):
+    hang = tmp_path / "hang"
+    write(hang, 1, [entry(12)])
+    (hang / "request").write_text("an hour ago\n")
+    os.utime(hang / "request", (time.time() - 3600, time.time() - 3600))
+    _reporter(hang, world=1)._report("rank 0 made no progress for 3 s")
+    moved = [p for p in tmp_path.iterdir() if p.name.startswith("hang-")]
+    assert len(moved) == 1 and (moved[0] / "rank-1.json").exists(), list(tmp_path.iterdir())
+    assert (hang / "request").read_text() == "rank 0 made no progress for 3 s\n"
