@@ -3,6 +3,7 @@ command line win over the file, flags left out do not; a mistake names the file 
 
 import json
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -223,3 +224,19 @@ def test_a_yaml_syntax_error_names_its_line(tmp_path, text, said):
     with pytest.raises(DdpkitError) as e:
         read_config_file(_write(tmp_path, "bad.yaml", text))
     assert str(e.value) == f"{tmp_path / 'bad.yaml'}: not valid YAML: {said}"
+
+
+CONFIG_FILES = Path(__file__).parent / "config_files"
+
+
+def test_a_config_json_written_by_version_0_1_still_loads_and_replays_byte_for_byte():
+    """config-0.1.json: written by `ddpkit train wine --nproc 2 --epochs 1 --lr 0.01 --tracker csv
+    --batch-size 16 --strategy fsdp` at version 0.1.0 (run_dir renamed). A later layout of the
+    config (sections, renamed owners) must still read it, and write it back the same."""
+    path = CONFIG_FILES / "config-0.1.json"
+    text = path.read_text()
+    run = load_config(str(path))
+    given = (run.nproc, run.epochs, run.lr, run.batch_size, run.strategy, run.tracker)
+    assert given == (2, 1, 0.01, 16, "fsdp", ["csv"])
+    assert json.dumps(run.as_dict(), indent=2) + "\n" == text  # what the run directory gets (run_dir.py)
+    assert _cfg("train", "--config", str(path)) == run
