@@ -18,7 +18,7 @@ _WHERE = {
     "load_file": "checkpoint",
     "unwrap": "checkpoint",
     "RunConfig": "config",
-    "load_config": "config_file",
+    "load_config": "config.file",
     "ShardedLoader": "data",
     "eval_batches": "data",
     "DistEnv": "environments",

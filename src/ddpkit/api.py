@@ -12,7 +12,8 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from .checkpoint.world_mark import started_by_this_launch
-from .config import DEFAULT_TIMEOUT_S, RunConfig
+from .config import RunConfig
+from .config.processes import DEFAULT_TIMEOUT_S
 from .environments import DistEnv
 from .envvars import HANG_DIR_VAR, HANG_TIMEOUT_VAR, LAUNCH_ID_VAR, LAUNCH_TIME_VAR, TIMEOUT_VAR
 from .errors import DdpkitError, Interrupted
@@ -248,7 +249,7 @@ def memory_plan(
     of them). `nnodes`: the nodes the `nproc` ranks span, for the traffic between them.
     `batch_size` (per process): also estimate the activations, by one forward of the task's
     first samples (training/probe.py), with and without `activation_checkpointing`."""
-    from .config import parse_memory
+    from .config.values import parse_memory
     from .strategies.fsdp import default_blocks
     from .strategies.memory import detect_device_memory, make_plan
     from .strategy_config import StrategyConfig

@@ -17,7 +17,7 @@ from torch import nn
 
 from .checkpoint import whole
 from .checkpoint.world_mark import WorldMark
-from .config import DEFAULT_TIMEOUT_S
+from .config.processes import DEFAULT_TIMEOUT_S
 from .data import ShardedLoader, StreamLoader, rank_loader
 from .environments import DistEnv
 from .errors import DdpkitError

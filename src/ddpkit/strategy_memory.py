@@ -5,7 +5,7 @@ bytes per element, FSDP's blocks) and a (replicate, shard) layout to a Footprint
 of parameters, gradients, optimizer state and what is in flight per rank. Each registered
 strategy names its model (strategy_config.StrategySpec.memory); the memory plan
 (strategies/memory.py, `ddpkit plan`) measures the sizes with torch and asks every model.
-No torch here: the registry that names these sits below config.py.
+No torch here: the registry that names these sits below config/.
 """
 
 from __future__ import annotations

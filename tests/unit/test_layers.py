@@ -16,10 +16,8 @@ LAYERS = [
         "textfile",
     ],  # envvars: variable names both sides read; tree: the one walk over nested batches and states;
     # textfile: small text files written whole or not at all
-    ["config_values"],
     ["strategy_memory", "strategy_config"],  # the strategies' settings, rules, registry and memory models
-    ["config_groups"],  # each group's choices and checks, below RunConfig
-    ["config", "config_file"],  # config_file: --config FILE read into RunConfig's values
+    ["config"],  # RunConfig and its sections (one module each), flag values, --config FILE
     ["environments"],
     ["runtime"],
     ["checkpoint"],
@@ -140,10 +138,9 @@ def test_the_cli_and_config_import_no_torch():
     for name in (
         *cli,
         "ddpkit.launchers.slurm_job",
-        "ddpkit.config",
+        *sorted(m for m in MODULES if m == "ddpkit.config" or m.startswith("ddpkit.config.")),
         "ddpkit.errors",
         "ddpkit.envvars",
-        "ddpkit.config_groups",
         "ddpkit.strategy_config",
     ):
         tree = ast.parse(MODULES[name].read_text())

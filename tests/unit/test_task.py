@@ -105,7 +105,7 @@ def test_optimizer_of_another_model_is_refused():
     ],
 )
 def test_a_spec_naming_what_is_not_a_task_is_refused_before_it_is_called(tmp_path, spec, fragment):
-    from ddpkit.config_file import read_config_file
+    from ddpkit.config.file import read_config_file
 
     marker = tmp_path / "ran"
     config = tmp_path / "evil.toml"

@@ -27,8 +27,8 @@ from typing import Any, Callable, Protocol
 
 import torch
 
-from ..config_groups import check_export_format
-from ..config_values import format_bytes, parse_memory
+from ..config.output import check_export_format
+from ..config.values import format_bytes, parse_memory
 from ..errors import DdpkitError
 from . import file as ckpt_file
 from . import hf_config

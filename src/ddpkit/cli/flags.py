@@ -1,5 +1,5 @@
 """Flags made from `setting(...)` fields: a flag's help, choices and default are written once,
-on the field (RunConfig in config.py, each command's own options in its module, cli/NAME_cmd.py). Each
+on the field (RunConfig's sections in config/, each command's own options in its module, cli/NAME_cmd.py). Each
 command takes the RunConfig groups (or single fields) it needs, and its own options."""
 
 from __future__ import annotations
@@ -9,7 +9,8 @@ import dataclasses
 import os
 from typing import Any, Callable, Iterable
 
-from ..config import RunConfig, flag_spellings
+from ..config import RunConfig
+from ..config.settings import flag_spellings
 from ..environments.kubeflow import launcher_defaults
 
 _FIELDS = {f.name: f for f in dataclasses.fields(RunConfig)}

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..config import setting
+from ..config.settings import setting
 
 PLAN_ONLY = "print the launch plan (nodes, ranks, master, backend, device) and start nothing"
 CONFIG_HELP = (
@@ -19,7 +19,7 @@ CONFIG_HELP = (
 
 
 def config_option() -> Any:
-    """--config FILE: a command's settings from a file (config_file.py)."""
+    """--config FILE: a command's settings from a file (config/file.py)."""
     return option(help=CONFIG_HELP, metavar="FILE")
 
 

@@ -74,7 +74,7 @@ def parse_args(commands: Mapping[str, Command], argv: Sequence[str] | None) -> a
     path = getattr(ns, "config", None)
     if not path:
         return ns
-    from ..config_file import read_config_file
+    from ..config.file import read_config_file
 
     settings = read_config_file(path)
     given = ns  # the command line alone: which switches it turned on

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
-from ..config import DEFAULT_TIMEOUT_S
+from ..config.processes import DEFAULT_TIMEOUT_S
 from ..envvars import ERROR_DIR_VAR, SNAPSHOT_DIR_VAR, STORE_FILE_VAR
 from ..errors import DdpkitError, Interrupted
 from .joined import NEVER_JOINED, JoinWatch

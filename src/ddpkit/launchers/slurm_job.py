@@ -10,8 +10,8 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
-from ..config import flag_spellings
-from ..config_file import FIELDS
+from ..config.file import FIELDS
+from ..config.settings import flag_spellings
 from ..errors import DdpkitError
 from . import sbatch
 

@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ..config import format_bytes
+from ..config.values import format_bytes
 from ..envvars import BENCH_RESULT_VAR, LAUNCH_TIME_VAR
 
 if TYPE_CHECKING:

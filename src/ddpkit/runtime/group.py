@@ -13,7 +13,7 @@ from typing import Any, Callable
 import torch
 import torch.distributed as dist
 
-from ..config import DEFAULT_TIMEOUT_S
+from ..config.processes import DEFAULT_TIMEOUT_S
 from ..environments import DistEnv
 from .collectives import Collectives
 from .debug import apply_debug_level

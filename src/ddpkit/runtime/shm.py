@@ -54,7 +54,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from ..config import DEFAULT_TIMEOUT_S
+from ..config.processes import DEFAULT_TIMEOUT_S
 from ..errors import DdpkitError
 from .record import CollectiveRecord
 

@@ -5,7 +5,7 @@ that `--strategy auto` asks.
 The loop sees a Strategy (base.py) only; make_strategy builds the one --strategy names, by
 the factory its registry entry names (build_ddp, build_fsdp here). The registry, the
 settings a strategy reads and the rules it refuses by are in ddpkit/strategy_config.py,
-below config.py, so that the config, the launcher and the own-loop Session check alike.
+below config/, so that the config, the launcher and the own-loop Session check alike.
 """
 
 from __future__ import annotations

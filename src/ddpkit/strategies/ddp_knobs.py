@@ -25,7 +25,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..config import GRAD_COMPRESSIONS as COMPRESSIONS
+from ..config.performance import GRAD_COMPRESSIONS as COMPRESSIONS
 from ..errors import DdpkitError
 from ..strategy_config import StrategyConfig
 from .optimizers import rebuild_optimizer

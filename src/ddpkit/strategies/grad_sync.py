@@ -11,7 +11,8 @@ from typing import Any
 
 import torch.distributed as dist
 
-from ..config import DEFAULT_TIMEOUT_S, GRAD_SYNC_MODES
+from ..config.performance import GRAD_SYNC_MODES
+from ..config.processes import DEFAULT_TIMEOUT_S
 from ..errors import DdpkitError
 from ..runtime.shm import ShmAllReduce, why_not_shm
 from .agreement import Agreement, backend_hook

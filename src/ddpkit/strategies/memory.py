@@ -45,7 +45,7 @@ from typing import Any, Callable, Iterable
 import torch
 from torch import nn
 
-from ..config import format_bytes
+from ..config.values import format_bytes
 from ..strategy_config import StrategyConfig, StrategySpec, strategy_spec, strategy_specs
 from ..strategy_memory import Footprint, ModelSizes, cross_node_bytes
 

@@ -7,7 +7,7 @@ from typing import Any, ContextManager
 
 import torch
 
-from ..config import PRECISIONS
+from ..config.strategy import PRECISIONS
 from ..errors import DdpkitError
 
 

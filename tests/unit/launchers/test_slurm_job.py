@@ -5,7 +5,7 @@ is made from the settings' own spellings, not copied."""
 import pytest
 
 from ddpkit.cli import main
-from ddpkit.config_file import FIELDS
+from ddpkit.config.file import FIELDS
 from ddpkit.launchers.slurm_job import SLURM_PLACES, placement_flags
 
 REFUSAL = (

@@ -1,7 +1,7 @@
-"""Tracker names and their packages are declared once (config_groups.TRACKERS): every sink but
+"""Tracker names and their packages are declared once (config.output.TRACKERS): every sink but
 metrics.jsonl is a --tracker choice, and a tracker imports the package --tracker's check asks for."""
 
-from ddpkit.config_groups import TRACKERS
+from ddpkit.config.output import TRACKERS
 from ddpkit.reporting.sinks import SINKS, Tracker
 
 

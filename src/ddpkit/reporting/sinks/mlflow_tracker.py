@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 from typing import Any, Mapping
 
-from ...config_groups import TRACKERS
+from ...config.output import TRACKERS
 from ...envvars import MLFLOW_CLIENT_LIMITS, MLFLOW_EXPERIMENT_VAR, MLFLOW_QUIET_VAR, MLFLOW_URI_VAR
 from .base import FAILED, FINISHED, STOPPED
 from .tracker import Tracker, flat_params, run_tags, task_name

@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 from typing import Any, Mapping
 
-from ...config_groups import TRACKERS
+from ...config.output import TRACKERS
 from ...envvars import WANDB_DIR_VAR, WANDB_MODE_VAR, WANDB_PROJECT_VAR, WANDB_SILENT_VAR
 from .base import FINISHED
 from .tracker import Tracker, run_tags, task_name

@@ -1,12 +1,12 @@
 """The syntax of flag values: process counts, sizes, KEY=VALUE task arguments. Used by
-config.py's checks and the CLI; imports nothing of ddpkit but the error type."""
+the sections' checks and the CLI; imports nothing of ddpkit but the error type."""
 
 from __future__ import annotations
 
 import re
 from typing import Any
 
-from .errors import DdpkitError
+from ..errors import DdpkitError
 
 
 def parse_nproc(value: str) -> int | None:

@@ -10,9 +10,9 @@ import json
 from pathlib import Path
 from typing import Any
 
-from .config import NODES, RunConfig, flag_spellings
-from .config_values import parse_task_arg
-from .errors import DdpkitError
+from ..errors import DdpkitError
+from . import NODES, RunConfig, flag_spellings
+from .values import parse_task_arg
 
 FIELDS = {f.name: f for f in dataclasses.fields(RunConfig)}
 
