@@ -18,13 +18,13 @@ from __future__ import annotations
 import contextlib
 import os
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterator, Protocol, cast
 
 import torch
 from torch import nn
 
+from ..config.faults import Faults
 from ..errors import DdpkitError
 from . import file as ckpt_file
 from .memory import MemorySnapshots, shard_plan, wanted
@@ -75,33 +75,6 @@ class ShardedModelState(ModelState, Protocol):
     def load_local_shards(self, model: nn.Module, optimizer: torch.optim.Optimizer, saved: dict[str, Any]) -> None: ...
 
 
-@dataclass(frozen=True)
-class Policy:
-    """When checkpoints are written and which stay."""
-
-    every_epochs: int = 0  # and at the end; 0: the final model only
-    every_steps: int | None = None
-    every_minutes: float | None = None
-    keep_last: int | None = None
-    keep_best: int | None = None
-    best_metric: str = "eval_loss"  # NAME or NAME:max
-    async_save: bool = False
-    snapshot_every: int | None = 0  # in each node's memory; None: K measured (memory.py)
-
-    @classmethod
-    def of(cls, cfg: Any) -> Policy:
-        return cls(
-            cfg.save_every,
-            cfg.save_every_steps,
-            cfg.save_every_minutes,
-            cfg.keep_last,
-            cfg.keep_best,
-            cfg.best_metric,
-            cfg.async_save,
-            cfg.snapshot_every_steps,
-        )
-
-
 class Checkpointer:
     """A run's checkpoints: register the parts, then ask when one is due, save, resume."""
 
@@ -112,17 +85,17 @@ class Checkpointer:
         strategy: ModelState,
         model: nn.Module,
         optimizer: torch.optim.Optimizer,
-        policy: Policy,
+        faults: Faults,
         config: dict[str, Any],
         mark: Any = None,
     ) -> None:
         self.run_dir, self.rt, self.strategy, self.model, self.optimizer = run_dir, rt, strategy, model, optimizer
-        self.policy, self.config = policy, config
+        self.faults, self.config = faults, config  # when checkpoints are written and which stay
         self.mark = mark  # world_mark.py: a world that no longer owns the run directory writes no checkpoint there
         self.parts: dict[str, Part] = {}
-        self.writer = ckpt_file.BackgroundWriter() if policy.async_save else None
+        self.writer = ckpt_file.BackgroundWriter() if faults.async_save else None
         self.last_save = time.monotonic()
-        self.memory = self._memory(policy.snapshot_every)
+        self.memory = self._memory(faults.snapshot_every_steps)
 
     def _memory(self, every: int | None) -> MemorySnapshots | None:
         """Snapshots in each node's memory under a restarting agent: DDP's local rank 0 keeps its
@@ -152,15 +125,15 @@ class Checkpointer:
     # -- when -----------------------------------------------------------------------
     def clock_due(self) -> bool:
         """--save-every-minutes on rank 0's clock (the step's agreement makes it every rank's)."""
-        minutes = self.policy.every_minutes
+        minutes = self.faults.save_every_minutes
         return minutes is not None and self.rt.is_main and time.monotonic() - self.last_save >= minutes * 60
 
     def due_after_step(self, global_step: int, signal: bool, clock: bool) -> bool:
-        every = self.policy.every_steps
+        every = self.faults.save_every_steps
         return signal or clock or bool(every) and global_step % every == 0
 
     def due_after_pass(self, epochs_done: int, global_step: int, last: bool, stopping: bool) -> bool:
-        every, steps = self.policy.every_epochs, self.policy.every_steps
+        every, steps = self.faults.save_every, self.faults.save_every_steps
         return (
             stopping or bool(steps) and global_step % steps == 0 or bool(every) and (epochs_done % every == 0 or last)
         )
@@ -233,7 +206,7 @@ class Checkpointer:
                 f"the weights hold NaN/inf at epoch {position.epoch + 1}; no checkpoint written, the last one is intact"
             )
         path = ckpt_file.checkpoint_path(self.run_dir, position.epoch, position.name_step)
-        value = (record or {}).get(self.policy.best_metric.split(":")[0])
+        value = (record or {}).get(self.faults.best_metric.split(":")[0])
         metric = (path.stem, value) if value is not None else None
         if self.strategy.checkpoint_kind == "sharded":
             from .sharded import save_dcp  # torch.distributed.checkpoint: ~0.5 s to import
@@ -267,11 +240,11 @@ class Checkpointer:
     def prune(self, metric: tuple[str, float] | None = None) -> None:
         """--keep-last/--keep-best: rank 0 records the new checkpoint's metric, then deletes what
         a complete newer checkpoint makes old."""
-        keep, best = self.policy.keep_last, self.policy.keep_best
+        keep, best = self.faults.keep_last, self.faults.keep_best
         if best and self.rt.is_main and metric is not None:
             record_metric(self.run_dir, *metric)
         if (keep or best) and self.rt.is_main:
-            prune(self.run_dir, keep, best, maximize=self.policy.best_metric.endswith(":max"))
+            prune(self.run_dir, keep, best, maximize=self.faults.best_metric.endswith(":max"))
 
     @contextlib.contextmanager
     def writing(self) -> Iterator[None]:

@@ -16,7 +16,7 @@ import torch
 from torch import nn
 
 from ..checkpoint import file as ckpt_file
-from ..checkpoint.checkpointer import Checkpointer, Policy, Stateful
+from ..checkpoint.checkpointer import Checkpointer, Stateful
 from ..checkpoint.state import Position
 from ..checkpoint.world_mark import WorldMark
 from ..config import BatchPlan, RunConfig
@@ -101,7 +101,7 @@ class Run:
         # a global order over a map-style set, or a stream's readers
         self.loader = make_loader(task.train_set, cfg, rt, batches)
         self.checkpointer = Checkpointer(
-            run_dir, rt, self.strategy, self.model, self.optimizer, Policy.of(cfg), cfg.as_dict(), mark
+            run_dir, rt, self.strategy, self.model, self.optimizer, cfg.faults, cfg.as_dict(), mark
         )
         scheduler = make_scheduler(
             task.scheduler,

@@ -7,10 +7,11 @@ import torch
 from torch import nn
 
 from ddpkit import DdpkitError, DistEnv
-from ddpkit.checkpoint.checkpointer import Checkpointer, Policy, Stateful
+from ddpkit.checkpoint.checkpointer import Checkpointer, Stateful
 from ddpkit.checkpoint.file import load_file
 from ddpkit.checkpoint.schema import position_of
 from ddpkit.checkpoint.state import Position
+from ddpkit.config.faults import Faults
 from ddpkit.runtime import Runtime
 from ddpkit.strategies import DdpStrategy
 
@@ -30,8 +31,9 @@ def _trained(seed=0):
     return model, opt
 
 
-def _checkpointer(rt, tmp_path, model, opt, **policy):
-    return Checkpointer(tmp_path, rt, DdpStrategy(rt), model, opt, Policy(**policy), {"task": "t"})
+def _checkpointer(rt, tmp_path, model, opt, **faults):
+    faults = {"save_every": 0, "snapshot_every_steps": 0, **faults}  # the final model only, no snapshots
+    return Checkpointer(tmp_path, rt, DdpStrategy(rt), model, opt, Faults(**faults), {"task": "t"})
 
 
 def test_a_checkpoint_holds_position_parts_and_state_and_a_resume_puts_them_back(rt, tmp_path):
@@ -89,13 +91,13 @@ def test_a_part_the_checkpoint_has_and_the_run_lacks_is_refused_before_anything_
 
 def test_when_a_checkpoint_is_due(rt, tmp_path):
     model, opt = _trained()
-    c = _checkpointer(rt, tmp_path, model, opt, every_epochs=5, every_steps=4)
+    c = _checkpointer(rt, tmp_path, model, opt, save_every=5, save_every_steps=4)
     assert [s for s in range(1, 13) if c.due_after_step(s, signal=False, clock=False)] == [4, 8, 12]
     assert c.due_after_step(3, signal=True, clock=False) and c.due_after_step(3, signal=False, clock=True)
     assert [e for e in range(1, 12) if c.due_after_pass(e, 1, last=e == 11, stopping=False)] == [5, 10, 11]
     assert c.due_after_pass(2, 8, last=False, stopping=False)  # --save-every-steps at a pass's end
     assert c.due_after_pass(2, 1, last=False, stopping=True)  # a signal between passes
-    final_only = _checkpointer(rt, tmp_path, model, opt, every_epochs=0)
+    final_only = _checkpointer(rt, tmp_path, model, opt, save_every=0)
     assert not final_only.due_after_pass(3, 3, last=True, stopping=False)
 
 

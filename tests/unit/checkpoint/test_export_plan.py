@@ -12,14 +12,15 @@ from torch import nn
 
 from ddpkit import DdpkitError, DistEnv, RunConfig
 from ddpkit.checkpoint import hf_config
-from ddpkit.checkpoint.checkpointer import Checkpointer, Policy
+from ddpkit.checkpoint.checkpointer import Checkpointer
 from ddpkit.checkpoint.export import INDEX, export_run, file_names, find_source, plan_files
 from ddpkit.checkpoint.file import atomic_save
 from ddpkit.checkpoint.schema import Header
 from ddpkit.checkpoint.sharded import save_dcp
 from ddpkit.checkpoint.state import Position
 from ddpkit.cli.commands import main
-from ddpkit.config_values import parse_memory
+from ddpkit.config.faults import Faults
+from ddpkit.config.values import parse_memory
 from ddpkit.runtime import Runtime
 from ddpkit.strategies import DdpStrategy
 
@@ -108,7 +109,13 @@ def test_a_sharded_checkpoint_is_written_file_by_file_equal_to_the_model(rt, tmp
 def test_the_newest_weights_are_exported_unless_a_checkpoint_is_named(rt, tmp_path):
     model, final = _model(0), _model(1)
     saver = Checkpointer(
-        tmp_path, rt, DdpStrategy(rt), model, torch.optim.SGD(model.parameters(), lr=0.1), Policy(), {}
+        tmp_path,
+        rt,
+        DdpStrategy(rt),
+        model,
+        torch.optim.SGD(model.parameters(), lr=0.1),
+        Faults(save_every=0, snapshot_every_steps=0),
+        {},
     )
     saver.save(Position(1))
     assert find_source(tmp_path) == tmp_path / "checkpoints" / "epoch-000001.pt"

@@ -10,9 +10,10 @@ from torch import nn
 
 from ddpkit import DistEnv
 from ddpkit.checkpoint import snapshot
-from ddpkit.checkpoint.checkpointer import Checkpointer, Policy
+from ddpkit.checkpoint.checkpointer import Checkpointer
 from ddpkit.checkpoint.snapshot import SnapshotStore
 from ddpkit.checkpoint.state import Position
+from ddpkit.config.faults import Faults
 from ddpkit.runtime import Runtime
 from ddpkit.strategies import DdpStrategy
 
@@ -56,7 +57,11 @@ def _run(rt, run_dir, every=2):
     torch.manual_seed(0)
     model = nn.Linear(4, 2).double()
     opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
-    return model, opt, Checkpointer(run_dir, rt, DdpStrategy(rt), model, opt, Policy(snapshot_every=every), {})
+    return (
+        model,
+        opt,
+        Checkpointer(run_dir, rt, DdpStrategy(rt), model, opt, Faults(save_every=0, snapshot_every_steps=every), {}),
+    )
 
 
 def _step(model, opt):

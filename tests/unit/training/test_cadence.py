@@ -8,8 +8,9 @@ import torch
 from torch.utils.data import TensorDataset
 
 from ddpkit import DdpkitError, DistEnv, ShardedLoader
-from ddpkit.checkpoint.checkpointer import Checkpointer, Policy
+from ddpkit.checkpoint.checkpointer import Checkpointer
 from ddpkit.checkpoint.state import Position
+from ddpkit.config.faults import Faults
 from ddpkit.runtime import Runtime
 from ddpkit.training.cadence import Cadence, StepPlan
 
@@ -77,6 +78,11 @@ def rt():
         yield r
 
 
+def _faults(**when):
+    """The checkpoint settings of these cases: no snapshots in memory."""
+    return Faults(snapshot_every_steps=0, **when)
+
+
 def _moments(rt, tmp_path, cfg, policy, start=None, stop_at=None, stop_between=False):
     start = start or Position()
     loader = _loader(n=24, batch=8)  # 3 steps a pass
@@ -93,7 +99,7 @@ def _moments(rt, tmp_path, cfg, policy, start=None, stop_at=None, stop_between=F
 
 def test_evaluations_and_checkpoints_fall_where_the_flags_say(rt, tmp_path):
     cfg = _cfg(epochs=2, eval_every=1, eval_every_steps=2)
-    moments, log = _moments(rt, tmp_path, cfg, Policy(every_epochs=2, every_steps=4))
+    moments, log = _moments(rt, tmp_path, cfg, _faults(save_every=2, save_every_steps=4))
     assert moments == [
         (0, 2, False, True, False, False, False),  # --eval-every-steps 2 inside the first pass
         (0, 3, True, True, False, False, False),  # its end: the epoch's evaluation
@@ -105,22 +111,22 @@ def test_evaluations_and_checkpoints_fall_where_the_flags_say(rt, tmp_path):
 
 def test_max_steps_ends_the_run_at_the_end_of_its_pass_and_a_signal_ends_it_at_once(rt, tmp_path):
     cfg = _cfg(epochs=5, max_steps=4, eval_every=9, eval_every_steps=None)
-    moments, log = _moments(rt, tmp_path, cfg, Policy(every_epochs=0))
+    moments, log = _moments(rt, tmp_path, cfg, _faults(save_every=0))
     assert moments == [(0, 3, True, False, False, False, False), (1, 4, True, True, False, True, True)]
     assert len(log) == 4  # no fifth step, and no batch taken for it
     moments, log = _moments(
-        rt, tmp_path, _cfg(epochs=5, eval_every=1, eval_every_steps=None), Policy(every_epochs=1), stop_at=2
+        rt, tmp_path, _cfg(epochs=5, eval_every=1, eval_every_steps=None), _faults(save_every=1), stop_at=2
     )
     assert (
         moments == [(0, 2, False, False, True, True, False)] and len(log) == 2
     )  # saved where it stopped, not finished
     moments, _ = _moments(
-        rt, tmp_path, _cfg(epochs=5, eval_every=1, eval_every_steps=None), Policy(every_epochs=0), stop_between=True
+        rt, tmp_path, _cfg(epochs=5, eval_every=1, eval_every_steps=None), _faults(save_every=0), stop_between=True
     )
     assert moments == [(0, 3, True, True, True, True, False)]  # a signal between passes: saved at the pass's end
 
 
 def test_a_run_resumed_at_max_steps_trains_nothing(rt, tmp_path):
     cfg = _cfg(epochs=5, max_steps=4, eval_every=1, eval_every_steps=None)
-    moments, log = _moments(rt, tmp_path, cfg, Policy(every_epochs=0), start=Position(1, samples=8, global_step=4))
+    moments, log = _moments(rt, tmp_path, cfg, _faults(save_every=0), start=Position(1, samples=8, global_step=4))
     assert log == [] and moments == [(1, 4, True, True, False, True, True)]
