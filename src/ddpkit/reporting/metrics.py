@@ -9,16 +9,16 @@ import os
 import signal
 import threading
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
-from .sinks import MetricSink, ResumePoint, wanted_sinks
+from .sinks import MetricSink, ResumePoint, SinkSettings, wanted_sinks
 from .sinks.base import FAILED, FINISHED, jsonl_path
 
 
 class MetricsLog:
-    """The open sinks of one run. `settings` are the run's (RunConfig.as_dict()): each sink
-    class decides from them whether it is wanted; `csv` / `tensorboard` turn those two on
-    for a caller that names them directly. `keep_until_epoch` / `keep_until_step` are where
+    """The open sinks of one run. `settings` are the run's (SinkSettings.of(cfg)): each sink
+    class decides from its output section whether it is wanted; `csv` / `tensorboard` turn
+    those two on for a caller that names them directly. `keep_until_epoch` / `keep_until_step` are where
     a resumed run continues: every sink drops what it holds after that point."""
 
     def __init__(
@@ -29,13 +29,14 @@ class MetricsLog:
         csv: bool = False,
         tensorboard: bool = False,
         keep_until_step: int | None = None,
-        settings: Mapping[str, Any] | None = None,
+        settings: SinkSettings | None = None,
     ) -> None:
         self.enabled = enabled
         self.sinks: list[MetricSink] = []
         if not enabled:
             return
-        settings = {**(settings or {}), **{k: True for k, on in (("csv", csv), ("tensorboard", tensorboard)) if on}}
+        on = [name for name, wanted in (("csv", csv), ("tensorboard", tensorboard)) if wanted]
+        settings = (settings or SinkSettings()).turned_on(*on)
         resume = ResumePoint(keep_until_epoch, keep_until_step)
         try:
             for cls in wanted_sinks(settings):

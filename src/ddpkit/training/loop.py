@@ -24,7 +24,7 @@ from ..data import ShardedLoader, StreamLoader
 from ..data.loaders import rank_loader
 from ..reporting.metrics import MetricsLog
 from ..reporting.progress import Progress, choose_mode
-from ..reporting.sinks.base import FAILED, FINISHED, STOPPED
+from ..reporting.sinks.base import FAILED, FINISHED, STOPPED, SinkSettings
 from ..runtime import Runtime
 from ..strategies import Strategy, make_strategy
 from ..strategies.memory import local_state_bytes, peak_memory_bytes, reset_peak_memory
@@ -170,8 +170,8 @@ class Run:
             enabled=rt.is_main,
             keep_until_epoch=start.epoch,
             keep_until_step=start.global_step,
-            settings=cfg.as_dict() | {"world_size": rt.world_size},
-        )  # each sink decides from the settings whether it is wanted; trackers tag their run with the world size
+            settings=SinkSettings.of(cfg, rt.world_size),
+        )  # each sink decides from the output section whether it is wanted; trackers log every setting
         self.progress = Progress(
             choose_mode(cfg.progress, cfg.quiet, rt.is_main, sys.stdout),
             self.plan.passes,

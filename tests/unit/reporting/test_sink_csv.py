@@ -1,6 +1,7 @@
 """metrics.csv: a column for every key seen, and on resume the table of the records kept."""
 
-from ddpkit.reporting.sinks import CsvSink, JsonlSink, ResumePoint
+from ddpkit import RunConfig
+from ddpkit.reporting.sinks import CsvSink, JsonlSink, ResumePoint, SinkSettings
 
 FRESH = ResumePoint()  # a run that resumes from nothing
 
@@ -8,7 +9,7 @@ FRESH = ResumePoint()  # a run that resumes from nothing
 def _run(run_dir, records, resume=FRESH):
     sinks = [JsonlSink(), CsvSink()]  # the csv is rebuilt from metrics.jsonl on resume, as MetricsLog opens them
     for s in sinks:
-        s.open(run_dir, {"csv": True}, resume)
+        s.open(run_dir, SinkSettings().turned_on("csv"), resume)
     for r in records:
         for s in sinks:
             s.write(r, r.get("step"))
@@ -36,4 +37,5 @@ def test_a_resume_keeps_the_rows_the_checkpoint_holds(tmp_path):
 
 
 def test_wanted_only_with_the_csv_setting():
-    assert CsvSink.wanted({"csv": True}) and not CsvSink.wanted({"csv": False}) and not CsvSink.wanted({})
+    assert CsvSink.wanted(SinkSettings().turned_on("csv")) and not CsvSink.wanted(SinkSettings())
+    assert CsvSink.wanted(SinkSettings.of(RunConfig(tracker=["csv"])))

@@ -2,14 +2,14 @@
 
 import json
 
-from ddpkit.reporting.sinks import JsonlSink, ResumePoint
+from ddpkit.reporting.sinks import JsonlSink, ResumePoint, SinkSettings
 
 FRESH = ResumePoint()  # a run that resumes from nothing
 
 
 def _write(run_dir, records, resume=FRESH):
     sink = JsonlSink()
-    sink.open(run_dir, {}, resume)
+    sink.open(run_dir, SinkSettings(), resume)
     for r in records:
         sink.write(r, r.get("step"))
     sink.close()

@@ -3,7 +3,7 @@ evaluation inside an epoch at its own step; on resume the redone steps are purge
 
 import pytest
 
-from ddpkit.reporting.sinks import ResumePoint, TensorBoardSink
+from ddpkit.reporting.sinks import ResumePoint, SinkSettings, TensorBoardSink
 
 tb = pytest.importorskip("tensorboard.backend.event_processing.event_accumulator")  # the [tensorboard] extra
 
@@ -12,7 +12,7 @@ FRESH = ResumePoint()  # a run that resumes from nothing
 
 def _write(run_dir, records, resume=FRESH):
     sink = TensorBoardSink()
-    sink.open(run_dir, {"tensorboard": True}, resume)
+    sink.open(run_dir, SinkSettings().turned_on("tensorboard"), resume)
     for r in records:
         sink.write(r, r.get("step"))
     sink.close()

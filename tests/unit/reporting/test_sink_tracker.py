@@ -11,8 +11,8 @@ from ddpkit.cli.flags import config_from
 from ddpkit.config import RunConfig
 from ddpkit.errors import DdpkitError
 from ddpkit.reporting.metrics import MetricsLog
-from ddpkit.reporting.sinks import SINKS, ResumePoint, Tracker, wanted_sinks
-from ddpkit.reporting.sinks.tracker import flat_params, numbers, task_name
+from ddpkit.reporting.sinks import SINKS, ResumePoint, SinkSettings, Tracker, wanted_sinks
+from ddpkit.reporting.sinks.tracker import flat_params, numbers, run_tags, task_name
 
 
 class ListTracker(Tracker):
@@ -51,7 +51,7 @@ RECORDS = [
 
 
 def _run(tracker, run_dir, settings=None):
-    tracker.open(run_dir, settings or {}, ResumePoint())
+    tracker.open(run_dir, settings or SinkSettings(), ResumePoint())
     for r in RECORDS:
         tracker.write(r, r["step"])
     tracker.close()
@@ -72,9 +72,9 @@ def test_every_record_reaches_the_tracker_at_its_global_step_and_its_run_id_is_k
 
 def test_a_resume_continues_the_kept_run_and_a_fresh_run_does_not(tmp_path):
     (tmp_path / "tracker-listed.json").write_text('{"run_id": "old"}')
-    assert _run(ListTracker(), tmp_path, {"resume": True})[0] == ("start", {"run_id": "old"})
-    assert _run(ListTracker(), tmp_path, {"auto_resume": True})[0] == ("start", {"run_id": "old"})
-    assert _run(ListTracker(), tmp_path, {"resume": False})[0] == ("start", None)
+    resumed = [SinkSettings.of(RunConfig(run_dir="r", **{flag: True})) for flag in ("resume", "auto_resume")]
+    assert [_run(ListTracker(), tmp_path, s)[0] for s in resumed] == [("start", {"run_id": "old"})] * 2
+    assert _run(ListTracker(), tmp_path, SinkSettings.of(RunConfig(run_dir="r")))[0] == ("start", None)
 
 
 def test_a_tracker_that_keeps_failing_is_one_warning_and_bounded_tries(tmp_path, capsys):
@@ -109,7 +109,7 @@ def test_tracker_choices_and_the_old_flags_are_one_setting():
         RunConfig(tracker=["neptune"])
     ns = build_parser().parse_args(["train", "--tracker", "mlflow", "--tracker", "csv", "--tensorboard"])
     assert config_from(ns).tracker == ["mlflow", "csv", "tensorboard"] and config_from(ns).csv
-    settings = RunConfig(tracker=["csv", "wandb"]).as_dict()
+    settings = SinkSettings.of(RunConfig(tracker=["csv", "wandb"]))
     assert [cls.name for cls in wanted_sinks(settings)] == ["jsonl", "csv", "wandb"]
     assert {cls.name for cls in SINKS} >= {"jsonl", "csv", "tensorboard", "mlflow", "wandb"}
 
@@ -125,7 +125,7 @@ def test_a_tracker_without_its_package_is_refused_with_what_to_install(monkeypat
 
 
 def test_a_tracker_through_metrics_log_only_on_rank_0(tmp_path):
-    log = MetricsLog(tmp_path, enabled=False, settings={"tracker": ["mlflow"]})
+    log = MetricsLog(tmp_path, enabled=False, settings=SinkSettings.of(RunConfig(tracker=["mlflow"])))
     log.write(dict(RECORDS[0]))
     log.close()
     assert list(tmp_path.iterdir()) == []  # other ranks open no tracker
@@ -134,13 +134,23 @@ def test_a_tracker_through_metrics_log_only_on_rank_0(tmp_path):
 def test_settings_become_flat_text_parameters_and_the_task_names_the_experiment():
     params = flat_params({"epochs": 3, "task_args": {"hidden": 64}, "tracker": ["mlflow", "csv"], "lr": None})
     assert params == {"epochs": "3", "task_args.hidden": "64", "tracker": "mlflow,csv", "lr": "None"}
-    assert [task_name({"task": t}) for t in ("wine", "examples/my_task.py:make", "pkg.mod:build", "")] == [
+    tasks = ("wine", "examples/my_task.py:make", "pkg.mod:build", "")
+    assert [task_name(SinkSettings(params={"task": t})) for t in tasks] == [
         "wine",
         "my_task",
         "mod",
         "ddpkit",
     ]
     assert numbers({"step": 3, "epoch": 1, "x": True, "y": "a", "z": 2.5}) == {"epoch": 1.0, "z": 2.5}
+
+
+def test_a_tracker_is_told_the_output_section_and_logs_every_setting_with_the_world_size():
+    cfg = RunConfig(tracker=["mlflow"], tracker_uri="http://127.0.0.1:5000", experiment="e", quiet=True, epochs=7)
+    settings = SinkSettings.of(cfg, world_size=4)
+    assert settings.output == cfg.output and settings.output.tracker_uri == "http://127.0.0.1:5000"
+    assert settings.params == {**cfg.as_dict(), "world_size": 4} and not settings.resuming
+    tags = run_tags(settings)
+    assert (tags["world_size"], tags["strategy"], tags["precision"]) == ("4", "ddp", "fp32")
 
 
 def test_the_cli_refuses_a_missing_tracker_package_in_one_line_before_any_worker(monkeypatch, capsys, tmp_path):
@@ -173,7 +183,7 @@ def test_records_waiting_behind_a_slow_start_are_sent_together(tmp_path):
             records.clear()
 
     tracker = SlowStart()
-    tracker.open(tmp_path, {}, ResumePoint())
+    tracker.open(tmp_path, SinkSettings(), ResumePoint())
     for r in RECORDS:
         tracker.write(r, r["step"])
     tracker.go.set()
@@ -190,7 +200,7 @@ def test_a_batch_that_fails_part_way_is_retried_from_where_it_stopped(tmp_path):
             super().log(metrics, step)
 
     tracker = FailsOnceAtStepFour()
-    tracker.open(tmp_path, {}, ResumePoint())
+    tracker.open(tmp_path, SinkSettings(), ResumePoint())
     for r in RECORDS:
         tracker.write(r, r["step"])
     tracker.close()
@@ -200,7 +210,7 @@ def test_a_batch_that_fails_part_way_is_retried_from_where_it_stopped(tmp_path):
 @pytest.mark.parametrize("ending", ["finished", "stopped", "failed"])
 def test_the_tracker_run_ends_as_the_run_did(tmp_path, ending):
     tracker = ListTracker()
-    tracker.open(tmp_path, {}, ResumePoint())
+    tracker.open(tmp_path, SinkSettings(), ResumePoint())
     tracker.write(RECORDS[0], 2)
     tracker.close(ending)
     assert tracker.calls[-1] == ("finish", ending)

@@ -8,7 +8,7 @@ import pytest
 from ddpkit import RunConfig
 from ddpkit.reporting import sinks
 from ddpkit.reporting.metrics import MetricsLog
-from ddpkit.reporting.sinks import SINKS, MetricSink, ResumePoint, wanted_sinks
+from ddpkit.reporting.sinks import SINKS, MetricSink, ResumePoint, SinkSettings, wanted_sinks
 
 
 class Recorder(MetricSink):
@@ -17,8 +17,12 @@ class Recorder(MetricSink):
     name = "recorder"
     events: list = []
 
+    @classmethod
+    def wanted(cls, settings):  # a sink of its own, on for every run (a tracker: a --tracker choice)
+        return True
+
     def open(self, run_dir, settings, resume):
-        self.events.append(("open", Path(run_dir), settings["epochs"], resume))
+        self.events.append(("open", Path(run_dir), settings.params["epochs"], resume))
 
     def write(self, record, global_step):
         self.events.append(("write", record["epoch"], global_step))
@@ -28,7 +32,7 @@ class Recorder(MetricSink):
 
 
 def test_the_settings_choose_the_sinks():
-    names = lambda cfg: [cls.name for cls in wanted_sinks(cfg.as_dict())]  # noqa: E731
+    names = lambda cfg: [cls.name for cls in wanted_sinks(SinkSettings.of(cfg))]  # noqa: E731
     assert names(RunConfig()) == ["jsonl"]
     assert names(RunConfig(csv=True, tensorboard=True)) == ["jsonl", "csv", "tensorboard"]
     assert [cls.name for cls in SINKS][0] == "jsonl"  # first: the others may read it back
@@ -37,7 +41,7 @@ def test_the_settings_choose_the_sinks():
 def test_a_new_sink_is_one_class_in_the_list(tmp_path, monkeypatch):
     monkeypatch.setattr(sinks, "SINKS", (*SINKS, Recorder))
     Recorder.events = []
-    settings = {**RunConfig(epochs=7).as_dict(), "recorder": True}
+    settings = SinkSettings.of(RunConfig(epochs=7))
     log = MetricsLog(tmp_path, enabled=True, keep_until_epoch=2, keep_until_step=20, settings=settings)
     log.write({"epoch": 3, "step": 30, "train_loss": 0.5})
     log.write({"epoch": 4, "train_loss": 0.25})  # a record without a step
@@ -61,7 +65,7 @@ def test_a_sink_that_fails_to_open_closes_those_already_open(tmp_path, monkeypat
     monkeypatch.setattr(sinks, "SINKS", (Recorder, Broken))
     Recorder.events = []
     with pytest.raises(OSError, match="unreachable"):
-        MetricsLog(tmp_path, enabled=True, settings={"epochs": 1, "recorder": True, "broken": True})
+        MetricsLog(tmp_path, enabled=True, settings=SinkSettings.of(RunConfig(epochs=1)))
     assert Recorder.events[-1] == ("close", "failed")
 
 

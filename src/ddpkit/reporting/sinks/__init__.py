@@ -7,9 +7,8 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any, Mapping
 
-from .base import MetricSink, ResumePoint, read_jsonl
+from .base import MetricSink, ResumePoint, SinkSettings, read_jsonl
 from .csvfile import CsvSink
 from .jsonl import JsonlSink
 from .mlflow_tracker import MlflowSink
@@ -21,8 +20,8 @@ from .wandb_tracker import WandbSink
 SINKS: tuple[type[MetricSink], ...] = (JsonlSink, CsvSink, TensorBoardSink, MlflowSink, WandbSink)
 
 
-def wanted_sinks(settings: Mapping[str, Any]) -> list[type[MetricSink]]:
-    """The sink classes a run's settings turn on, in SINKS's order."""
+def wanted_sinks(settings: SinkSettings) -> list[type[MetricSink]]:
+    """The sink classes a run's output section turns on, in SINKS's order."""
     return [cls for cls in SINKS if cls.wanted(settings)]
 
 
@@ -46,6 +45,7 @@ __all__ = [
     "MetricSink",
     "MlflowSink",
     "ResumePoint",
+    "SinkSettings",
     "TensorBoardSink",
     "Tracker",
     "WandbSink",

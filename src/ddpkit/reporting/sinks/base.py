@@ -1,15 +1,18 @@
-"""What every metric sink is: opened once per run with the run's settings and the point it
-resumes from, handed each record (already reduced across ranks) with its global step, closed
-at the end. Only rank 0 opens sinks; MetricsLog (reporting/metrics.py) drives them."""
+"""What every metric sink is: opened once per run with its settings (SinkSettings: the output
+section, whether the run resumes, what a tracker records of it) and the point it resumes
+from, handed each record (already reduced across ranks) with its global step, closed at the
+end. Only rank 0 opens sinks; MetricsLog (reporting/metrics.py) drives them."""
 
 from __future__ import annotations
 
 import abc
 import json
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, ClassVar, Mapping
+
+from ...config.output import Output
 
 JSONL_NAME = "metrics.jsonl"
 
@@ -33,6 +36,29 @@ class ResumePoint:
         return record.get("epoch", 0) <= self.epoch or (step is not None and record.get("step", step + 1) <= step)
 
 
+@dataclass(frozen=True)
+class SinkSettings:
+    """What a sink is told of its run: the output section (which sinks, --quiet, a tracker's
+    server and experiment), whether the run resumes (a tracker then continues the run it
+    started), and what a tracker records of the run: every setting (`params`, RunConfig.as_dict()
+    and the world size, its parameters) and the world size it ran at (a tag)."""
+
+    output: Output = field(default_factory=Output)
+    resuming: bool = False  # --resume or --auto-resume
+    params: Mapping[str, Any] = field(default_factory=dict)
+    world_size: int | None = None
+
+    @classmethod
+    def of(cls, cfg: Any, world_size: int | None = None) -> SinkSettings:
+        """A RunConfig's, for a run at `world_size` processes."""
+        params = cfg.as_dict() | ({"world_size": world_size} if world_size is not None else {})
+        return cls(cfg.output, bool(cfg.resume or cfg.auto_resume), params, world_size)
+
+    def turned_on(self, *names: str) -> SinkSettings:
+        """These settings with the sinks `names` (csv, tensorboard) on, as their flags would."""
+        return replace(self, output=replace(self.output, **{name: True for name in names}))
+
+
 class MetricSink(abc.ABC):
     """One place a run's metrics go. A new sink (a tracker) is a subclass in its own file
     under reporting/sinks/ and one entry of SINKS there."""
@@ -40,13 +66,13 @@ class MetricSink(abc.ABC):
     name: ClassVar[str]
 
     @classmethod
-    def wanted(cls, settings: Mapping[str, Any]) -> bool:
-        """Whether the run's settings (RunConfig.as_dict()) ask for this sink: by its own
-        setting (--csv) or as a --tracker."""
-        return bool(settings.get(cls.name)) or cls.name in (settings.get("tracker") or ())
+    def wanted(cls, settings: SinkSettings) -> bool:
+        """Whether the run's output section asks for this sink: by its own setting (--csv) or
+        as a --tracker."""
+        return getattr(settings.output, cls.name, None) is True or cls.name in settings.output.tracker
 
     @abc.abstractmethod
-    def open(self, run_dir: Path, settings: Mapping[str, Any], resume: ResumePoint) -> None:
+    def open(self, run_dir: Path, settings: SinkSettings, resume: ResumePoint) -> None:
         """Start writing into `run_dir`, dropping what was written after `resume`."""
 
     @abc.abstractmethod

@@ -7,13 +7,13 @@ import csv
 from pathlib import Path
 from typing import Any, Mapping
 
-from .base import MetricSink, ResumePoint, jsonl_path, read_jsonl
+from .base import MetricSink, ResumePoint, SinkSettings, jsonl_path, read_jsonl
 
 
 class CsvSink(MetricSink):
     name = "csv"
 
-    def open(self, run_dir: Path, settings: Mapping[str, Any], resume: ResumePoint) -> None:
+    def open(self, run_dir: Path, settings: SinkSettings, resume: ResumePoint) -> None:
         self.path = Path(run_dir) / "metrics.csv"
         old = jsonl_path(run_dir)  # on resume the table is rebuilt from the records the checkpoint holds
         self.records = [r for r in read_jsonl(old) if resume.keeps(r)] if old.exists() else []

@@ -7,17 +7,17 @@ import json
 from pathlib import Path
 from typing import Any, Mapping
 
-from .base import MetricSink, ResumePoint, jsonl_path
+from .base import MetricSink, ResumePoint, SinkSettings, jsonl_path
 
 
 class JsonlSink(MetricSink):
     name = "jsonl"
 
     @classmethod
-    def wanted(cls, settings: Mapping[str, Any]) -> bool:
+    def wanted(cls, settings: SinkSettings) -> bool:
         return True
 
-    def open(self, run_dir: Path, settings: Mapping[str, Any], resume: ResumePoint) -> None:
+    def open(self, run_dir: Path, settings: SinkSettings, resume: ResumePoint) -> None:
         self.path = jsonl_path(run_dir)
         if self.path.exists():  # a resume: drop the lines of epochs (and steps) the checkpoint does not hold
             kept = []

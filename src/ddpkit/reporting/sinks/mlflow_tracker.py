@@ -14,11 +14,11 @@ import os
 import re
 import time
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 from ...config.output import TRACKERS
 from ...envvars import MLFLOW_CLIENT_LIMITS, MLFLOW_EXPERIMENT_VAR, MLFLOW_QUIET_VAR, MLFLOW_URI_VAR
-from .base import FAILED, FINISHED, STOPPED
+from .base import FAILED, FINISHED, STOPPED, SinkSettings
 from .tracker import Tracker, flat_params, run_tags, task_name
 
 _BATCH = 100  # MLflow takes at most 100 params, 100 tags and 1000 metrics in one call
@@ -31,25 +31,25 @@ class MlflowSink(Tracker):
     name = "mlflow"
     package = TRACKERS["mlflow"]
 
-    def start(self, settings: Mapping[str, Any], old_id: dict[str, Any] | None) -> dict[str, Any]:
+    def start(self, settings: SinkSettings, old_id: dict[str, Any] | None) -> dict[str, Any]:
         from mlflow.entities import Param, RunTag
 
         old_id = old_id or {}
-        if settings.get("quiet"):
+        if settings.output.quiet:
             os.environ.setdefault(MLFLOW_QUIET_VAR, "true")  # no "View run" lines: only errors
-        client = self.client = _client(settings.get("tracker_uri") or old_id.get("tracking_uri"))
+        client = self.client = _client(settings.output.tracker_uri or old_id.get("tracking_uri"))
         if getattr(self, "run_id", None) is None:  # not a retry of a start that created its run
             if old_id.get("run_id"):
                 self.run_id = old_id["run_id"]
                 client.update_run(self.run_id, status="RUNNING")
             else:
-                name = settings.get("experiment") or os.environ.get(MLFLOW_EXPERIMENT_VAR) or task_name(settings)
+                name = settings.output.experiment or os.environ.get(MLFLOW_EXPERIMENT_VAR) or task_name(settings)
                 experiment = client.get_experiment_by_name(name)
                 exp_id = experiment.experiment_id if experiment else client.create_experiment(name)
                 self.run_id = client.create_run(exp_id, run_name=self.run_dir.name).info.run_id
                 self.keep_id({"run_id": self.run_id, "tracking_uri": client.tracking_uri})
         logged = client.get_run(self.run_id).data.params  # a parameter once logged cannot change (a resume)
-        values = {_key(k): v[:_MAX_PARAM] for k, v in flat_params(settings).items()}
+        values = {_key(k): v[:_MAX_PARAM] for k, v in flat_params(settings.params).items()}
         params = [Param(k, v) for k, v in values.items() if k not in logged]
         tags = [RunTag(f"ddpkit.{k}", v) for k, v in run_tags(settings).items()]
         tags += [RunTag(f"ddpkit.resumed.{k}", v) for k, v in values.items() if k in logged and logged[k] != v]

@@ -8,7 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Mapping
 
-from .base import FINISHED, MetricSink, ResumePoint
+from .base import FINISHED, MetricSink, ResumePoint, SinkSettings
 
 
 class TensorBoardSink(MetricSink):
@@ -21,7 +21,7 @@ class TensorBoardSink(MetricSink):
         "lr": "optim/lr",
     }
 
-    def open(self, run_dir: Path, settings: Mapping[str, Any], resume: ResumePoint) -> None:
+    def open(self, run_dir: Path, settings: SinkSettings, resume: ResumePoint) -> None:
         from torch.utils.tensorboard import SummaryWriter  # only when asked for: tensorboard is an extra
 
         # the events the checkpoint does not hold (a record without a step is at its epoch)

@@ -21,7 +21,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any, Callable, ClassVar, Mapping
 
-from .base import FAILED, FINISHED, MetricSink, ResumePoint
+from .base import FAILED, FINISHED, MetricSink, ResumePoint, SinkSettings
 
 _STOP = object()
 
@@ -38,12 +38,12 @@ class Tracker(MetricSink):
     failed_wait_s = 10.0  # the same after a failure: torch's agent kills the worker 30 s after it stops it
     batch_records = 1000  # records sent together at most (MLflow takes 1000 metrics per call)
 
-    def open(self, run_dir: Path, settings: Mapping[str, Any], resume: ResumePoint) -> None:
+    def open(self, run_dir: Path, settings: SinkSettings, resume: ResumePoint) -> None:
         self.run_dir = Path(run_dir)
         self.given_up = False
         self.dropped = 0
         self.queue: queue.Queue[Any] = queue.Queue(self.queue_size)
-        old = self.read_id() if settings.get("resume") or settings.get("auto_resume") else None
+        old = self.read_id() if settings.resuming else None
         self.queue.put((self.start, (settings, old), "start its run"))
         self.thread = threading.Thread(target=self._drain, name=f"ddpkit-tracker-{self.name}", daemon=True)
         self.thread.start()
@@ -71,7 +71,7 @@ class Tracker(MetricSink):
             warn(f"--tracker {self.name} had not finished after {wait:g} s; leaving it")
 
     @abc.abstractmethod
-    def start(self, settings: Mapping[str, Any], old_id: dict[str, Any] | None) -> dict[str, Any]:
+    def start(self, settings: SinkSettings, old_id: dict[str, Any] | None) -> dict[str, Any]:
         """Start a run (or continue the one `old_id` names); returns what names it, which
         RUN_DIR/tracker-NAME.json keeps for a resume."""
 
@@ -182,21 +182,22 @@ def flat_params(settings: Mapping[str, Any], prefix: str = "") -> dict[str, str]
     return out
 
 
-def run_tags(settings: Mapping[str, Any]) -> dict[str, str]:
+def run_tags(settings: SinkSettings) -> dict[str, str]:
     """What every tracker run is tagged with: where and how it ran, and with which versions."""
+    params = settings.params
     return {
-        "world_size": str(settings.get("world_size", "")),
-        "strategy": str(settings.get("strategy", "")),
-        "precision": str(settings.get("precision", "")),
+        "world_size": "" if settings.world_size is None else str(settings.world_size),
+        "strategy": str(params.get("strategy", "")),
+        "precision": str(params.get("precision", "")),
         "ddpkit_version": _version("ddpkit"),
         "torch_version": _version("torch"),
     }
 
 
-def task_name(settings: Mapping[str, Any]) -> str:
+def task_name(settings: SinkSettings) -> str:
     """A name for the tracker's experiment/project when none is given: the task's own name
     (wine; mytask for mytask.py:make or pkg.mytask:make)."""
-    task = str(settings.get("task") or "ddpkit")
+    task = str(settings.params.get("task") or "ddpkit")
     stem = task.split(":")[0].replace("\\", "/").rsplit("/", 1)[-1]
     return stem.removesuffix(".py").rsplit(".", 1)[-1] or "ddpkit"
 

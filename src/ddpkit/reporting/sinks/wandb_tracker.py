@@ -10,11 +10,11 @@ the run crashed when the run's heartbeat stops)."""
 from __future__ import annotations
 
 import os
-from typing import Any, Mapping
+from typing import Any
 
 from ...config.output import TRACKERS
 from ...envvars import WANDB_DIR_VAR, WANDB_MODE_VAR, WANDB_PROJECT_VAR, WANDB_SILENT_VAR
-from .base import FINISHED
+from .base import FINISHED, SinkSettings
 from .tracker import Tracker, run_tags, task_name
 
 
@@ -22,15 +22,15 @@ class WandbSink(Tracker):
     name = "wandb"
     package = TRACKERS["wandb"]
 
-    def start(self, settings: Mapping[str, Any], old_id: dict[str, Any] | None) -> dict[str, Any]:
-        if settings.get("quiet"):
+    def start(self, settings: SinkSettings, old_id: dict[str, Any] | None) -> dict[str, Any]:
+        if settings.output.quiet:
             os.environ.setdefault(WANDB_SILENT_VAR, "true")  # read when wandb loads: only errors
         import wandb
 
         if not self._logged_in(wandb):  # never an interactive prompt waiting in the background
             raise RuntimeError("no W&B credentials: `wandb login`, WANDB_API_KEY, or WANDB_MODE=offline")
         old_id = old_id or {}
-        project = settings.get("experiment") or old_id.get("project") or os.environ.get(WANDB_PROJECT_VAR)
+        project = settings.output.experiment or old_id.get("project") or os.environ.get(WANDB_PROJECT_VAR)
         project = project or task_name(settings)
         run = self.run = wandb.init(
             project=project,
@@ -41,7 +41,7 @@ class WandbSink(Tracker):
             tags=[f"{k}:{v}"[:64] for k, v in run_tags(settings).items()],
             settings=wandb.Settings(console="off"),  # ddpkit's own output stays as it is
         )
-        run.config.update(dict(settings), allow_val_change=True)  # a resume may change some (--epochs)
+        run.config.update(dict(settings.params), allow_val_change=True)  # a resume may change some (--epochs)
         run.define_metric("global_step")
         run.define_metric("*", step_metric="global_step")
         return {"id": run.id, "project": project}
