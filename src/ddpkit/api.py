@@ -252,11 +252,14 @@ def memory_plan(
     from .config.values import parse_memory
     from .strategies.fsdp import default_blocks
     from .strategies.memory import detect_device_memory, make_plan
+    from .strategies.precision import check_precision
     from .strategy_config import StrategyConfig
     from .task import build_task
     from .worker import seed_everything
 
     device_type = resolve_device_type(device)
+    if precision == "fp16":
+        check_precision(precision, device_type)  # refused on a CPU, as train refuses it
     n = resolve_nproc(nproc, device_type) if device_type == "cpu" or nproc is None else nproc
     cfg = RunConfig(task=task, nproc=n, strategy=strategy, precision=precision, task_args=task_args or {})
     check(StrategyConfig(name=strategy, replicate=replicate), n)
@@ -271,7 +274,7 @@ def memory_plan(
     if batch_size is not None:
         from .training.probe import estimate_activations
 
-        activations = estimate_activations(built, batch_size, built.checkpoint_blocks or blocks)
+        activations = estimate_activations(built, batch_size, built.checkpoint_blocks or blocks, precision)
     return make_plan(
         built.model,
         built.optimizer,

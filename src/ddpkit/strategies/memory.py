@@ -98,6 +98,7 @@ class ActivationEstimate:
     kept: int  # everything autograd saves
     kept_checkpointed: int | None  # with checkpointing: what lies outside the blocks, and their inputs
     recomputed: int  # and, during backward, one block's recomputed activations at a time
+    precision: str = "fp32"  # what the probe's forward ran in (bf16 and fp16: under autocast)
 
     def need(self, checkpointing: bool) -> int:
         if checkpointing and self.kept_checkpointed is not None:
@@ -264,8 +265,9 @@ class MemoryPlan:
             else "no blocks to checkpoint"
         )
         lines = [
-            f"  activations      {format_bytes(a.kept)} per rank at --batch-size {a.batch_size}, kept for backward "
-            "(DDP and FSDP alike)",
+            f"  activations      {format_bytes(a.kept)} per rank at --batch-size {a.batch_size}"
+            + ("" if a.precision == "fp32" else f" in {a.precision} (autocast)")
+            + ", kept for backward (DDP and FSDP alike)",
             f"  checkpointed     {with_ckpt} (--activation-checkpointing{', on' if self.checkpointing else ''})",
         ]
         room = (1 - FIT_FRACTION) * self.device_memory

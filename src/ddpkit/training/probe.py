@@ -3,7 +3,9 @@ backward. One forward of the task's first samples, as the loop runs it (the same
 loss), counted by what autograd saves (strategies/activation.py: SavedBytes), at 1 and at 2
 samples; a batch of B keeps f(1) + (B - 1) * (f(2) - f(1)): the part every sample adds, and
 what does not grow with the batch (position embeddings, a mask). Exact where activations are
-linear in the batch, as a transformer's are; measured on this machine's CPU in fp32."""
+linear in the batch, as a transformer's are; measured on this machine's CPU at the run's
+precision: under autocast for bf16 and fp16 (fp16 probed as bf16, two bytes alike, as CPU
+autocast runs it), where matmuls keep half-size inputs and the loss its fp32 copy."""
 
 from __future__ import annotations
 
@@ -16,15 +18,19 @@ from torch.utils.data import IterableDataset, default_collate
 
 from ..strategies.activation import SavedBytes
 from ..strategies.memory import ActivationEstimate
+from ..strategies.precision import autocast
 from ..task import Task
 from .batches import compute_loss
 
+# the autocast dtype of the probe's forward at each --precision (none: fp32)
+HALF = {"bf16": torch.bfloat16, "fp16": torch.bfloat16}
+
 
 def estimate_activations(
-    task: Task, batch_size: int, blocks: Callable[[nn.Module], Iterable[nn.Module]]
+    task: Task, batch_size: int, blocks: Callable[[nn.Module], Iterable[nn.Module]], precision: str = "fp32"
 ) -> ActivationEstimate | str:
-    """The estimate per rank at `batch_size` samples per micro-batch, with and without
-    checkpointing on `blocks(model)`; or why there is none."""
+    """The estimate per rank at `batch_size` samples per micro-batch and `precision` (fp32,
+    bf16, fp16), with and without checkpointing on `blocks(model)`; or why there is none."""
     if any(p.is_meta for p in task.model.parameters()):
         return "the model is on the meta device (shapes without memory)"
     samples = _first(task.train_set, 2)
@@ -36,7 +42,7 @@ def estimate_activations(
     task.model.train()
     try:
         for n in (1, 2):
-            with torch.enable_grad(), SavedBytes(blocks=chosen) as saved:
+            with torch.enable_grad(), autocast("cpu", HALF.get(precision)), SavedBytes(blocks=chosen) as saved:
                 compute_loss(task.model, default_collate(samples[:n]), n, task.loss_fn, task.step, torch.device("cpu"))
             counted.append(saved)
     except Exception as e:  # the plan still stands without it (a model that needs a GPU, say)
@@ -53,6 +59,7 @@ def estimate_activations(
         kept=at_batch(lambda c: c.kept(False)),
         kept_checkpointed=at_batch(lambda c: c.kept(True)) if chosen else None,
         recomputed=at_batch(lambda c: c.recomputed()) if chosen else 0,
+        precision=precision,
     )
 
 
