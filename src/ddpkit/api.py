@@ -249,9 +249,8 @@ def memory_plan(
     of them). `nnodes`: the nodes the `nproc` ranks span, for the traffic between them.
     `batch_size` (per process): also estimate the activations, by one forward of the task's
     first samples (training/probe.py), with and without `activation_checkpointing`."""
-    from .config.values import parse_memory
     from .strategies.fsdp import default_blocks
-    from .strategies.memory import detect_device_memory, make_plan
+    from .strategies.memory import make_plan
     from .strategies.precision import check_precision
     from .strategy_config import StrategyConfig
     from .task import build_task
@@ -263,10 +262,7 @@ def memory_plan(
     n = resolve_nproc(nproc, device_type) if device_type == "cpu" or nproc is None else nproc
     cfg = RunConfig(task=task, nproc=n, strategy=strategy, precision=precision, task_args=task_args or {})
     check(StrategyConfig(name=strategy, replicate=replicate), n)
-    budget = parse_memory(device_memory)
-    where = "given"
-    if budget is None:
-        budget, where = detect_device_memory(device_type, local_nproc or n)
+    budget, where = _device_budget(device_memory, device_type, local_nproc or n)
     seed_everything(seed)
     built = build_task(cfg.task, cfg)
     blocks = built.fsdp_blocks or default_blocks
@@ -289,6 +285,16 @@ def memory_plan(
         activations=activations,
         checkpointing=activation_checkpointing,
     )
+
+
+def _device_budget(device_memory: int | str | None, device_type: str, sharing: int) -> tuple[int, str]:
+    """The memory per rank the plan assumes, and where it comes from: the size given, else what
+    this machine's device has (a CPU's RAM over the `sharing` ranks on it)."""
+    from .config.values import parse_memory
+    from .strategies.memory import detect_device_memory
+
+    budget = parse_memory(device_memory)
+    return (budget, "given") if budget is not None else detect_device_memory(device_type, sharing)
 
 
 def _task_slug(task: str) -> str:
