@@ -44,6 +44,17 @@ def attempt_errors(error_dir: str | Path, attempt: int) -> Path:
     return Path(error_dir, f"attempt-{attempt}")
 
 
+def ranks_with(folder: Path, pattern: str) -> set[int]:
+    """The ranks whose file of `pattern` (RETURNED_FILE, STACKS_FILE) is in an attempt's `folder`."""
+    prefix = pattern.split("{rank}")[0]
+    found = set()
+    for p in folder.glob(prefix + "*"):
+        digits = p.name[len(prefix) :].split(".")[0]
+        if digits.isdigit():
+            found.add(int(digits))
+    return found
+
+
 def error_file(error_dir: str | Path, name: str) -> Path:
     """Where a worker leaves `name` (its one-line error) for the launcher: this attempt's folder."""
     folder = attempt_errors(error_dir, restart_count())

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator
 
-from ..envvars import RETURNED_FILE, STACKS_FILE, attempt_errors
+from ..envvars import RETURNED_FILE, STACKS_FILE, attempt_errors, ranks_with
 from ..errors import DdpkitError, RunDirTaken, WorkerFailed
 
 # what restarted workers do, by what they run
@@ -86,7 +86,7 @@ def after_return(failures: dict[int, Any], folder: Path) -> tuple[str, list[int]
     came after a script returned (a launch's bootstrap says so): some failed rank had returned,
     and every other failed rank ended by the agent's stop of the group (SIGTERM, SIGKILL after
     it); None otherwise."""
-    returned = _ranks_with(folder, RETURNED_FILE)
+    returned = ranks_with(folder, RETURNED_FILE)
     after = {rank: f for rank, f in failures.items() if rank in returned}
     stopped = {-signal.SIGTERM, -signal.SIGKILL}
     if not after or any(f.exitcode not in stopped for rank, f in failures.items() if rank not in returned):
@@ -99,18 +99,8 @@ def after_return(failures: dict[int, Any], folder: Path) -> tuple[str, list[int]
             parts.append(f"rank {rank} {verb} in torch's shutdown after the script finished (signal {-code})")
         else:
             parts.append(f"rank {rank} exited with code {code} in the shutdown after the script finished")
-    local = _ranks_with(folder, STACKS_FILE)  # every worker of this node leaves one when it starts
+    local = ranks_with(folder, STACKS_FILE)  # every worker of this node leaves one when it starts
     return "; ".join(parts), sorted(local - returned)
-
-
-def _ranks_with(folder: Path, pattern: str) -> set[int]:
-    prefix = pattern.split("{rank}")[0]
-    found = set()
-    for p in folder.glob(prefix + "*"):
-        digits = p.name[len(prefix) :].split(".")[0]
-        if digits.isdigit():
-            found.add(int(digits))
-    return found
 
 
 def _hang_report(hang_dir: Path, since: float, attempt: int) -> tuple[str, str] | None:

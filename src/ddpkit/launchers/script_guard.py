@@ -49,6 +49,7 @@ from ..envvars import (
     STACKS_FILE,
     TIMEOUT_VAR,
     error_file,
+    ranks_with,
 )
 
 # asks a worker for every thread's stack: a real-time signal no library uses (USR1/USR2 are the
@@ -232,17 +233,9 @@ class ScriptGuard:
         finished first would cut off one still at work (rank 0 saving the final checkpoint). After
         this wait such an abort finds every script returned, and the launcher counts the job done."""
         folder = error_file(self.error_dir or "", RETURNED_FILE.format(rank=self.rank)).parent
-        prefix = STACKS_FILE.split("{rank}")[0]
         while True:
-            waiting = False
-            for started in folder.glob(prefix + "*"):
-                rank = started.name[len(prefix) :].split(".")[0]
-                if not rank.isdigit() or int(rank) == self.rank:
-                    continue
-                if (folder / RETURNED_FILE.format(rank=rank)).exists():
-                    continue
-                waiting = waiting or _alive(started)
-            if not waiting:
+            working = ranks_with(folder, STACKS_FILE) - ranks_with(folder, RETURNED_FILE) - {self.rank}
+            if not any(_alive(folder / STACKS_FILE.format(rank=rank)) for rank in working):
                 return
             time.sleep(poll)
 
