@@ -135,7 +135,7 @@ def test_settings_become_flat_text_parameters_and_the_task_names_the_experiment(
     params = flat_params({"epochs": 3, "task_args": {"hidden": 64}, "tracker": ["mlflow", "csv"], "lr": None})
     assert params == {"epochs": "3", "task_args.hidden": "64", "tracker": "mlflow,csv", "lr": "None"}
     tasks = ("wine", "examples/my_task.py:make", "pkg.mod:build", "")
-    assert [task_name(SinkSettings(params={"task": t})) for t in tasks] == [
+    assert [task_name(SinkSettings(config={"task": t})) for t in tasks] == [
         "wine",
         "my_task",
         "mod",

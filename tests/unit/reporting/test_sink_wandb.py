@@ -18,7 +18,7 @@ def test_online_without_credentials_is_one_warning_not_a_prompt(tmp_path, monkey
     monkeypatch.setenv("WANDB_CONFIG_DIR", str(tmp_path / "config"))
     sink = WandbSink()
     sink.retry_wait_s = 0.0
-    sink.open(tmp_path, SinkSettings(params={"task": "wine"}), ResumePoint())
+    sink.open(tmp_path, SinkSettings(config={"task": "wine"}), ResumePoint())
     sink.write({"epoch": 1, "step": 3, "train_loss": 0.5}, 3)
     sink.close()
     assert not sink.thread.is_alive() and sink.given_up

@@ -1,7 +1,8 @@
 """Where a run's metrics go: one MetricSink class per place, listed in SINKS. A new sink (a
-tracker such as MLflow or W&B) is a file here with its class, one entry below, a RunConfig
-setting named like the sink that turns it on (or a --tracker choice: its name and package in
-TRACKERS, config/output.py, the one list of them), and its test in tests/unit/reporting/."""
+tracker such as MLflow or W&B) is a file here with its class, one entry below, a setting of
+the output section (config/output.py) named like the sink that turns it on (or a --tracker
+choice: its name and package in TRACKERS there, the one list of them), and its test in
+tests/unit/reporting/."""
 
 from __future__ import annotations
 

@@ -40,19 +40,23 @@ class ResumePoint:
 class SinkSettings:
     """What a sink is told of its run: the output section (which sinks, --quiet, a tracker's
     server and experiment), whether the run resumes (a tracker then continues the run it
-    started), and what a tracker records of the run: every setting (`params`, RunConfig.as_dict()
-    and the world size, its parameters) and the world size it ran at (a tag)."""
+    started), and what a tracker records of the run: every setting (`config`, RunConfig.as_dict())
+    and the world size it ran at; `params` are the two together, a tracker's parameters."""
 
     output: Output = field(default_factory=Output)
     resuming: bool = False  # --resume or --auto-resume
-    params: Mapping[str, Any] = field(default_factory=dict)
+    config: Mapping[str, Any] = field(default_factory=dict)
     world_size: int | None = None
 
     @classmethod
     def of(cls, cfg: Any, world_size: int | None = None) -> SinkSettings:
         """A RunConfig's, for a run at `world_size` processes."""
-        params = cfg.as_dict() | ({"world_size": world_size} if world_size is not None else {})
-        return cls(cfg.output, bool(cfg.resume or cfg.auto_resume), params, world_size)
+        return cls(cfg.output, bool(cfg.resume or cfg.auto_resume), cfg.as_dict(), world_size)
+
+    @property
+    def params(self) -> dict[str, Any]:
+        """Every setting and the world size: what a tracker logs as the run's parameters."""
+        return {**self.config, **({} if self.world_size is None else {"world_size": self.world_size})}
 
     def turned_on(self, *names: str) -> SinkSettings:
         """These settings with the sinks `names` (csv, tensorboard) on, as their flags would."""
