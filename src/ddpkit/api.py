@@ -258,7 +258,9 @@ def memory_plan(
 
     device_type = resolve_device_type(device)
     if precision == "fp16":
-        check_precision(precision, device_type)  # refused on a CPU, as train refuses it
+        # refused on a CPU, as train refuses it; bf16 is planned on any CPU (its activations are
+        # probed under autocast, emulated where the CPU lacks bf16), though train needs native bf16
+        check_precision(precision, device_type)
     n = resolve_nproc(nproc, device_type) if device_type == "cpu" or nproc is None else nproc
     cfg = RunConfig(task=task, nproc=n, strategy=strategy, precision=precision, task_args=task_args or {})
     check(StrategyConfig(name=strategy, replicate=replicate), n)
