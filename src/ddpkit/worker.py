@@ -28,9 +28,13 @@ from .reporting.rank_output import rank_stdout
 from .reporting.run_state import record_failure
 from .reporting.summary import add_phases, run_summary, write_summary
 from .runtime import Runtime
+from .runtime.allocator import release_freed_memory
+from .runtime.devices import resolve_device_type
 from .runtime.watchdog import HangWatchdog, start_watchdog, watched
+from .strategies.memory import load_what_every_worker_loads, measure_process, sharding_import_cost
 from .task import Task, as_task, build_task
 from .textfile import write_text_atomic
+from .training.auto import resolve_auto
 from .training.loop import fit
 from .training.signals import ENDING_SIGNALS, StopRequest
 from .training.trace import DROPOUT_FILE, TRACE_DIR, dropout_off, to_float64
@@ -161,9 +165,16 @@ def _train(cfg: RunConfig, env: DistEnv, held: contextlib.ExitStack, given: Task
     # torch's flight recorder keeps the process group's last collectives (op, sizes, sequence
     # number) for a hang report, on gloo and NCCL (no cost measurable next to gloo's latency)
     os.environ.setdefault("TORCH_FR_BUFFER_SIZE", "2000")
+    # on a CPU, freed blocks go back to the system: the peak is what the memory plan counts
+    sized = cfg.strategy == "auto" or cfg.device_memory is not None
+    release = release_freed_memory(cfg.cpu_allocator, sized) if resolve_device_type(cfg.device) == "cpu" else True
     with Runtime(env, cfg.device, cfg.backend, cfg.timeout, cfg.threads) as rt:
         watchdog = start_watchdog(cfg, rt, run_dir / "hang")  # every rank reports where it is when the job hangs
         task = _build_task(cfg, rt, run_dir, given, watchdog)
+        load_what_every_worker_loads()  # by its first step anyway: counted in its fixed cost
+        sharded = sharding_import_cost() if cfg.strategy == "auto" else 0  # auto weighs FSDP's modules too
+        process = measure_process(task.model, rt.device.type, release, sharded)
+        cfg = resolve_auto(cfg, rt, task, process)  # --strategy auto: the strategy, checkpointing, micro-batch
         if restart_count() > 0:
             cfg = cfg.replace(auto_resume=True)  # restarted after a failure: continue, don't redo
         start = prepare_run_dir(cfg, run_dir, rt.is_main, env.world_size, env.nnodes, task.model, held)
@@ -175,7 +186,7 @@ def _train(cfg: RunConfig, env: DistEnv, held: contextlib.ExitStack, given: Task
         batches = cfg.batch_plan(env.world_size)  # planned once: the loop trains with it, the summary shows it
         fit_start = time.time()
         with watched(watchdog), _rejoining(env):
-            stats = fit(cfg, task, rt, run_dir, batches, stop, start.mark, begin=start.begin)
+            stats = fit(cfg, task, rt, run_dir, batches, stop, start.mark, begin=start.begin, fixed=process.fixed)
         fit_end = time.time()
         del task  # holds the model; drop it before the process group goes
         if stats["stopped_early"] and cfg.requeue and env.is_main and stop is not None:

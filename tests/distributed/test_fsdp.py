@@ -46,24 +46,12 @@ def wine_runs(tmp_path_factory, reference_run):
 
 @pytest.fixture(scope="module")
 def deep_runs(tmp_path_factory):
-    """A 6-block residual MLP (ModuleList: one FSDP unit per block) under DDP, and under
-    --strategy auto on a device too small for DDP: the plan picks FSDP."""
+    """A 6-block residual MLP (ModuleList: one FSDP unit per block) under DDP and under FSDP
+    (--strategy auto against the memory plan: tests/distributed/test_memory_plan.py)."""
     root = tmp_path_factory.mktemp("deep")
     run_ddpkit("train", DEEP, "--strategy", "ddp", "--nproc", "2", "--run-dir", str(root / "ddp"), *DEEP_ARGS)
-    # DDP needs 3.1 MiB of model state per rank, FSDP on 2 ranks 1.9 MiB: 3 MB fits only FSDP
-    proc = run_ddpkit(
-        "train",
-        DEEP,
-        "--strategy",
-        "auto",
-        "--device-memory",
-        "3MB",
-        "--nproc",
-        "2",
-        "--run-dir",
-        str(root / "fsdp"),
-        *DEEP_ARGS[:-1],
-    )
+    fsdp = ["--strategy", "fsdp", "--nproc", "2", "--run-dir", str(root / "fsdp"), *DEEP_ARGS[:-1]]  # not quiet
+    proc = run_ddpkit("train", DEEP, *fsdp)
     (root / "fsdp.out").write_text(proc.stdout)
     return root
 
@@ -176,10 +164,9 @@ def test_fsdp_deep_mlp_matches_ddp_and_the_plan_measures_the_sharding(deep_runs)
         assert all(b > 0 for b in s["peak_memory_bytes"]) and s["peak_memory_kind"] == "peak resident set"
 
 
-def test_auto_picks_fsdp_when_ddp_does_not_fit(deep_runs):
+def test_the_summary_names_the_strategy_and_the_peak(deep_runs):
     out = (deep_runs / "fsdp.out").read_text()
-    assert "--strategy auto: fsdp: DDP needs 3.1 MiB per rank, more than" in out
-    assert "strategy     fsdp, fp32" in out and "peak memory" in out
+    assert "strategy     fsdp, fp32" in out and "peak memory" in out and "made of      fixed" in out
     assert _summary(deep_runs / "fsdp")["strategy"] == "fsdp" and _summary(deep_runs / "ddp")["strategy"] == "ddp"
 
 
@@ -266,7 +253,8 @@ def test_plan_command_reports_both_strategies_and_the_pick(tmp_path):
     out = run_ddpkit("plan", DEEP, "--nproc", "4", "--device-memory", "3MB", cwd=tmp_path, timeout=60).stdout
     assert "memory plan:" in out and "4 processes, fp32" in out and "AdamW, 8 bytes of state per parameter" in out
     assert "(FSDP/DDP 0.25)" in out
-    assert "DDP no, FSDP yes" in out and "--strategy auto  fsdp: DDP needs" in out
+    assert "DDP no, FSDP no" in out and "--strategy auto  fsdp: nothing fits; the least, FSDP x4, needs" in out
+    assert "fixed cost" in out and "end of run" in out
     dry = run_ddpkit("train", DEEP, "--strategy", "fsdp", "--nproc", "4", "--dry-run", cwd=tmp_path, timeout=60).stdout
     assert "launch plan (dry run: nothing started)" in dry and "(FSDP/DDP 0.25)" in dry
     assert "--strategy fsdp  FSDP needs" in dry and not (tmp_path / "runs").exists()

@@ -17,7 +17,7 @@ import shutil
 import tempfile
 import threading
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import torch
 from torch import nn
@@ -38,6 +38,18 @@ def atomic_save(obj: Any, path: str | os.PathLike, private: bool = False) -> Pat
     """torch.save to a temporary file in the same folder, fsync, then rename over `path`.
     Every record carries its CRC-32 (torch's zip format; load_file checks them). `private`: the
     file is 0600 (what another local user must not read), else as open() would create it."""
+    return atomic_write(path, lambda sink: torch.save(obj, sink), private)
+
+
+def atomic_write(
+    path: str | os.PathLike,
+    write: Callable[[Any], None],
+    private: bool = False,
+    drain: Callable[[], None] | None = None,
+) -> Path:
+    """`write(sink)` (torch's zip format, CRC-32 on) into a temporary file in the same folder,
+    fsync, then rename over `path`; on a failure the temporary file goes, then `drain()` runs
+    (what the write left that other ranks wait for), then the error is raised."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=TMP_SUFFIX, dir=path.parent)
@@ -49,7 +61,7 @@ def atomic_save(obj: Any, path: str | os.PathLike, private: bool = False) -> Pat
         with os.fdopen(fd, "wb") as f, _crc32_on():
             sink = WriteThrough(f)
             try:
-                torch.save(obj, sink)
+                write(sink)
             except RuntimeError:
                 if sink.error is not None:  # torch's `unexpected pos`: the write's own error says why
                     raise sink.error from None
@@ -63,6 +75,8 @@ def atomic_save(obj: Any, path: str | os.PathLike, private: bool = False) -> Pat
             os.unlink(tmp)
         except FileNotFoundError:
             pass
+        if drain is not None:
+            drain()
         raise
     return path
 
@@ -85,8 +99,16 @@ def _crc32_on() -> Iterator[None]:
 def save_or_explain(obj: Any, path: Path) -> None:
     """Atomic save; a full disk or unwritable folder becomes a clear error (nothing partial
     is left, and the previous checkpoint stays the one --resume uses)."""
-    try:
+    with explained(path):
         atomic_save(obj, path)
+
+
+@contextlib.contextmanager
+def explained(path: Path) -> Iterator[None]:
+    """An atomic write to `path` whose OSError (a full disk, an unwritable folder) becomes one
+    clear error."""
+    try:
+        yield
     except OSError as e:
         raise DdpkitError(
             f"cannot write {path}: {e.strerror or e}; nothing partial was left and the previous "

@@ -77,6 +77,17 @@ def plain_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
     return {k: v.detach().to("cpu", copy=True) for k, v in unwrap(model).state_dict().items()}
 
 
+def weights_to_save_now(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """`state` on the CPU for a save that is written before the model changes again: a CPU
+    tensor as it is (no copy: the end of a run must not hold the model twice), one that views
+    a larger storage cloned (torch.save writes a tensor's whole storage)."""
+    out = {}
+    for k, v in state.items():
+        v = v.detach().to("cpu")
+        out[k] = v if v.untyped_storage().nbytes() == v.numel() * v.element_size() else v.clone()
+    return out
+
+
 def rng_state() -> dict[str, Any]:
     """This process's random states, as tensors and plain Python values only."""
     np_state = np.random.get_state()

@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import json
+from dataclasses import dataclass
 
 from .. import config
+from .options import option
 from .parser import Command
 
 PLAN_HELP = """Print the memory plan of a task: per-rank bytes of parameters, gradients and optimizer
@@ -12,29 +15,41 @@ state under DDP and under FSDP at --nproc processes, and which strategy fits the
 With --strategy hsdp also HSDP (--replicate R, default one replica per --nnodes); with --nnodes N
 (--nproc per node) the bytes each rank sends between nodes per optimizer step. Beside them the
 activations one micro-batch of --batch-size keeps for backward, with and without
---activation-checkpointing (one forward of the task's first samples on this CPU)."""
+--activation-checkpointing (one forward of the task's first samples on this CPU), the fixed
+cost of a worker (measured here) and each strategy's peak per rank; and what --strategy auto
+would choose: the strategy, activation checkpointing and micro-batch (with the --accumulate
+that keeps the global batch)."""
+
+
+@dataclass(frozen=True)
+class PlanOptions:
+    json: bool = option(False, "print the plan as JSON: each strategy's peak and its parts, and auto's choice")
 
 
 def cmd_plan(ns: argparse.Namespace) -> int:
     from ..api import memory_plan
+    from ..launchers.elastic import start_method_for
+    from ..runtime.devices import resolve_device_type
 
     nnodes = int(str(ns.nnodes).rpartition(":")[2] or 1)  # an elastic MIN:MAX: plan for MAX
-    print(
-        memory_plan(
-            ns.task,
-            nproc=ns.nproc * nnodes if ns.nproc else ns.nproc,
-            strategy=ns.strategy,
-            precision=ns.precision,
-            device_memory=ns.device_memory,
-            task_args=dict(ns.task_args or ()),
-            local_nproc=ns.nproc,
-            replicate=ns.replicate,
-            nnodes=nnodes,
-            batch_size=ns.batch_size,
-            activation_checkpointing=ns.activation_checkpointing,
-        ).format(ns.task, ns.strategy),
-        flush=True,
+    plan = memory_plan(
+        ns.task,
+        nproc=ns.nproc * nnodes if ns.nproc else ns.nproc,
+        strategy=ns.strategy,
+        precision=ns.precision,
+        device_memory=ns.device_memory,
+        task_args=dict(ns.task_args or ()),
+        local_nproc=ns.nproc,
+        replicate=ns.replicate,
+        nnodes=nnodes,
+        batch_size=ns.batch_size,
+        activation_checkpointing=ns.activation_checkpointing,
+        cpu_allocator=ns.cpu_allocator,
+        accumulate=ns.accumulate,
+        global_batch_size=ns.global_batch_size,
+        start_method=start_method_for(ns.start_method, resolve_device_type(ns.device), clean_parent=True),
     )
+    print(json.dumps(plan.as_dict(), indent=2) if ns.json else plan.format(ns.task, ns.strategy), flush=True)
     return 0
 
 
@@ -43,6 +58,18 @@ COMMAND = Command(
     "memory per rank under DDP and FSDP, and which one fits",
     PLAN_HELP,
     (config.STRATEGY,),
-    ("task", "nproc", "task_args", "nnodes", "batch_size"),
+    (
+        "task",
+        "nproc",
+        "task_args",
+        "nnodes",
+        "batch_size",
+        "accumulate",
+        "global_batch_size",
+        "cpu_allocator",
+        "start_method",
+        "device",
+    ),
     defaults={"strategy": "auto"},
+    options=PlanOptions,
 )

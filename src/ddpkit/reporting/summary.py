@@ -113,6 +113,9 @@ def format_summary(s: dict[str, Any]) -> str:
         lines.append(
             f"  peak memory  {format_bytes(max(peaks))} per rank, the most of {len(peaks)} ({s['peak_memory_kind']})"
         )
+        made_of = peak_parts(s)
+        if made_of:
+            lines.append(f"  made of      {made_of}")
     if s.get("activation_bytes_per_rank") is not None:
         lines.append(
             f"  activations  {format_bytes(s['activation_bytes_per_rank'])} per rank kept for backward"
@@ -122,6 +125,22 @@ def format_summary(s: dict[str, Any]) -> str:
     lines.append(f"  samples/s    {num(s['samples_per_s'], ',.0f')} (training {s['train_s']:.2f} s{wall}")
     lines.append(f"  written to   {s['run_dir']}")
     return "\n".join(lines)
+
+
+def peak_parts(s: dict[str, Any]) -> str:
+    """What the largest peak is made of: the fixed cost, the model state, the activations kept
+    for backward (the most of the ranks each), and the rest (what is in flight, the batch, what
+    the allocator holds, rank 0's gathered model at the end). Empty without the fixed cost."""
+    fixed, act = s.get("fixed_bytes_per_rank"), s.get("activation_bytes_per_rank") or 0
+    if fixed is None:
+        return ""
+    state = s["state_bytes_per_rank"]["total"]
+    rest = max(s["peak_memory_bytes"]) - fixed - state - act
+    return (
+        f"fixed {format_bytes(fixed)} + state {format_bytes(state)} + activations {format_bytes(act)} "
+        f"+ the rest {format_bytes(rest) if rest >= 0 else '-' + format_bytes(-rest)} "
+        "(in flight, the batch, the allocator, the end of run)"
+    )
 
 
 def run_length(s: dict[str, Any]) -> str:

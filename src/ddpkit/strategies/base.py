@@ -18,11 +18,13 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+from pathlib import Path
 from typing import Any, ContextManager, Iterator
 
 import torch
 from torch import nn
 
+from ..checkpoint import file as ckpt_file
 from ..checkpoint import state as ckpt_state
 from ..data import eval_batches
 from ..runtime import Runtime
@@ -135,6 +137,16 @@ class Strategy:
         ckpt_state.unwrap(model).load_state_dict(ckpt["model"])
         optimizer.load_state_dict(ckpt["optimizer"])
 
+    def save_full_model(self, model: nn.Module, path: Path) -> None:
+        """model.pt: the plain weights, written by rank 0 at once (no copy of what it holds).
+        Collective when sharded (FSDP writes them tensor by tensor: checkpoint/streamed.py)."""
+        state = self.full_state_dict(model)
+        if state is not None:
+            ckpt_file.save_or_explain(state, path)
+
     def full_state_dict(self, model: nn.Module) -> dict[str, torch.Tensor] | None:
-        """The plain consolidated weights on rank 0 (None elsewhere). Collective when sharded."""
-        return ckpt_state.plain_state_dict(model) if self.rt.is_main else None
+        """The plain consolidated weights on rank 0 (None elsewhere), to be saved at once (the
+        model's own tensors where they are on the CPU). Collective when sharded."""
+        if not self.rt.is_main:
+            return None
+        return ckpt_state.weights_to_save_now(ckpt_state.unwrap(model).state_dict())

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import weakref
+from pathlib import Path
 from typing import Any, ContextManager, Iterator
 
 import torch
@@ -27,7 +28,9 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor
 
-from ..checkpoint.state import optimizer_state_by_name
+from ..checkpoint.file import explained
+from ..checkpoint.state import optimizer_state_by_name, unwrap, weights_to_save_now
+from ..checkpoint.streamed import save_streamed
 from ..errors import DdpkitError
 from ..runtime import Runtime
 from ..strategy_config import StrategyConfig, check
@@ -142,10 +145,19 @@ class FsdpStrategy(Strategy):
                 "dataclass registered with torch.utils._pytree (Hugging Face ModelOutput is)"
             )
 
+    def save_full_model(self, model: nn.Module, path: Path) -> None:
+        """Collective: the whole model gathered tensor by tensor, each written by rank 0 and
+        dropped (checkpoint/streamed.py): rank 0 never holds more than its shards and one
+        whole tensor. A full disk is one clear error on rank 0, nothing partial left."""
+        state = unwrap(model).state_dict()
+        whole = lambda t: t.full_tensor() if isinstance(t, DTensor) else t  # noqa: E731
+        with explained(path):
+            save_streamed(path, state.items(), whole, lambda t: tuple(t.shape), self.rt.is_main)
+
     def full_state_dict(self, model: nn.Module) -> dict[str, torch.Tensor] | None:
         """Collective: every rank sends its shards, rank 0 gets the plain tensors on its CPU."""
         state = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
-        return {k: v.detach().clone() for k, v in state.items()} if self.rt.is_main else None
+        return weights_to_save_now(state) if self.rt.is_main else None
 
     @property
     def shard(self) -> tuple[int, int]:

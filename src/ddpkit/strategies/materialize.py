@@ -200,3 +200,26 @@ def _rng(seed: int | None) -> Iterator[None]:
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         yield
+
+
+@contextlib.contextmanager
+def parameters_on_meta() -> Iterator[set[int]]:
+    """Every parameter a module registers goes to the meta device (its shape and dtype, no
+    memory, and an initialisation that costs nothing); buffers, data and everything else stay
+    as built. What the memory plan builds a task in: its sizes without the model's memory.
+    Yields the ids of the parameters it put there (a model with none of them: the task built
+    it on the meta device itself)."""
+    original = nn.Module.register_parameter
+    moved: set[int] = set()
+
+    def register(module: nn.Module, name: str, param: nn.Parameter | None) -> None:
+        if param is not None and not param.is_meta:
+            param = nn.Parameter(param.detach().to("meta"), requires_grad=param.requires_grad)
+            moved.add(id(param))
+        original(module, name, param)
+
+    nn.Module.register_parameter = register  # type: ignore[method-assign]
+    try:
+        yield moved
+    finally:
+        nn.Module.register_parameter = original  # type: ignore[method-assign]

@@ -36,6 +36,7 @@ they need more than the rest.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import resource
 import sys
@@ -48,8 +49,8 @@ from torch import nn
 from ..config.values import format_bytes
 from ..strategy_config import StrategyConfig, StrategySpec, strategy_spec, strategy_specs
 from ..strategy_memory import Footprint, ModelSizes, cross_node_bytes
+from .choice import FIT_FRACTION, Choice, choose
 
-FIT_FRACTION = 0.8
 ASSUMED_OPTIMIZER_BYTES = 8.0  # Adam's two fp32 moments, when the optimizer cannot be probed
 
 
@@ -92,18 +93,86 @@ def optimizer_state_per_param(spec: Any) -> tuple[str, float, bool]:
 @dataclass(frozen=True)
 class ActivationEstimate:
     """Bytes one rank keeps for backward at `batch_size` samples per micro-batch (the same
-    under DDP and FSDP: sharding splits the model, not the batch)."""
+    under DDP and FSDP: sharding splits the model, not the batch). `per_sample`: what each
+    sample adds to (kept, kept_checkpointed, recomputed), so that `at(b)` gives another
+    micro-batch's figures (activations are linear in the batch, as a transformer's are)."""
 
     batch_size: int
     kept: int  # everything autograd saves
     kept_checkpointed: int | None  # with checkpointing: what lies outside the blocks, and their inputs
     recomputed: int  # and, during backward, one block's recomputed activations at a time
     precision: str = "fp32"  # what the probe's forward ran in (bf16 and fp16: under autocast)
+    per_sample: tuple[int, int, int] = (0, 0, 0)
+    # bf16 and fp16 under FSDP, whose mixed precision runs each unit in half precision (no autocast)
+    sharded: ActivationEstimate | None = None
+    on_meta: bool = False  # probed on the meta device (a large model built there): bf16 as the model cast
 
     def need(self, checkpointing: bool) -> int:
+        """The most a step holds: what is kept, and during backward the gradients of one block's
+        activations on their way through it (and, checkpointed, that block's recomputed ones)."""
         if checkpointing and self.kept_checkpointed is not None:
-            return self.kept_checkpointed + self.recomputed
-        return self.kept
+            return self.kept_checkpointed + 2 * self.recomputed
+        return self.kept + self.recomputed
+
+    def at(self, batch_size: int) -> ActivationEstimate:
+        """The same estimate at another micro-batch."""
+        more = batch_size - self.batch_size
+        grow = lambda value, per: max(0, value + more * per)  # noqa: E731
+        ckpt = None if self.kept_checkpointed is None else grow(self.kept_checkpointed, self.per_sample[1])
+        return dataclasses.replace(
+            self,
+            batch_size=batch_size,
+            kept=grow(self.kept, self.per_sample[0]),
+            kept_checkpointed=ckpt,
+            recomputed=grow(self.recomputed, self.per_sample[2]),
+            sharded=self.sharded.at(batch_size) if self.sharded is not None else None,
+        )
+
+    def of(self, sharded: bool) -> ActivationEstimate:
+        """The figures under a sharded strategy (FSDP's mixed precision) or a whole replica."""
+        return self.sharded if sharded and self.sharded is not None else self
+
+
+@dataclass(frozen=True)
+class ProcessCost:
+    """What a worker holds besides the model's state and the activations (measured, not assumed).
+
+    fixed: its resident memory before the model: the interpreter, torch and the modules a
+    worker imports, the task's data, the process group (on a GPU: the CUDA context and what
+    else the device already holds). sharded_imports: what FSDP's modules add to it (only a
+    sharded run imports them). release: on a CPU, the workers hand freed blocks back to the
+    system (--cpu-allocator release, runtime/allocator.py), so their peak is what is live;
+    otherwise glibc keeps them and a peak 1.1-1.5x the plan's is usual."""
+
+    fixed: int = 0
+    sharded_imports: int = 0
+    source: str = "not measured"
+    release: bool = True
+
+    def of(self, sharded: bool) -> int:
+        return self.fixed + (self.sharded_imports if sharded else 0)
+
+
+@dataclass(frozen=True)
+class Peak:
+    """What one rank's peak is made of under one strategy: in training, the fixed cost, the
+    model state, what is in flight and the activations of a micro-batch; after the last step,
+    rank 0 gathers the whole model for model.pt beside the state it still holds (`end_of_run`:
+    that state and the gathered weights). The peak is the larger of the two."""
+
+    fixed: int
+    state: int
+    transient: int
+    activations: int | None  # None: not estimated (no --batch-size given to the plan)
+    end_of_run: int
+
+    @property
+    def training(self) -> int:
+        return self.fixed + self.state + self.transient + (self.activations or 0)
+
+    @property
+    def total(self) -> int:
+        return max(self.training, self.fixed + self.end_of_run)
 
 
 @dataclass(frozen=True)
@@ -132,6 +201,37 @@ class MemoryPlan:
     built_on_meta: bool = False
     activations: ActivationEstimate | str | None = None  # or why it could not be measured
     checkpointing: bool = False  # --activation-checkpointing
+    process: ProcessCost = ProcessCost()
+    sizes: ModelSizes | None = None  # what any strategy's memory model needs (the auto search asks more)
+    built_how: str = ""  # how the plan built the model (the meta device, or eagerly and why)
+    accumulate: int = 1  # the run's --accumulate, and whether --global-batch-size sets it instead
+    fixed_global: bool = False
+
+    def footprint(self, strategy: str) -> tuple[Footprint, tuple[int, int]]:
+        """`strategy`'s footprint and layout at this plan's world size (planned or not)."""
+        if strategy in self.footprints:
+            return self.footprints[strategy], self.meshes[strategy]
+        spec = strategy_spec(strategy)
+        mesh = spec.mesh(StrategyConfig(name=strategy), self.world_size, self.nnodes)
+        assert self.sizes is not None and spec.memory is not None
+        return spec.memory(self.sizes, mesh), mesh
+
+    def peak(self, strategy: str, checkpointing: bool | None = None, batch_size: int | None = None) -> Peak:
+        """One rank's peak under `strategy`, with or without activation checkpointing (default:
+        the plan's), at a micro-batch of `batch_size` (default: the plan's); rank 0's end of run
+        included (the whole model gathered beside a sharded strategy's shards; DDP saves the
+        weights it holds)."""
+        f, _ = self.footprint(strategy)
+        sharded = strategy_spec(strategy).shards
+        a = self.activations
+        act = None
+        if isinstance(a, ActivationEstimate):
+            ckpt = self.checkpointing if checkpointing is None else checkpointing
+            act = a.of(sharded).at(batch_size or a.batch_size).need(ckpt)
+        # FSDP frees its gradient shards after each step (set to None): at the peak, when backward
+        # begins, it holds none (its unsharded block in flight is counted); DDP's stay in its buckets
+        state = f.state - f.grads if sharded else f.state
+        return Peak(self.process.of(sharded), state, f.transient, act, state + (self.setup_eager if sharded else 0))
 
     def __getattr__(self, name: str) -> Footprint | None:
         """A registered strategy's footprint by its name (plan.ddp, plan.hsdp); None when this
@@ -149,36 +249,51 @@ class MemoryPlan:
         return self.meshes.get(self.asked) if spec is not None and spec.replicas else None
 
     def fits(self, strategy: str) -> bool:
-        return self.footprints[strategy].total <= FIT_FRACTION * self.device_memory
+        return self.peak(strategy).total <= FIT_FRACTION * self.device_memory
+
+    def choice(self, batch_size: int | None = None, accumulate: int | None = None, **options: Any) -> Choice:
+        """The fastest way that fits (strategies/choice.py: Choice): strategy, activation
+        checkpointing and micro-batch; `batch_size` default: the activations' own."""
+        a = self.activations
+        if batch_size is None and isinstance(a, ActivationEstimate):
+            batch_size = a.batch_size
+        options.setdefault("fixed_global", self.fixed_global)
+        return choose(self, batch_size, accumulate or self.accumulate, checkpointing=self.checkpointing, **options)
+
+    def as_dict(self) -> dict[str, Any]:
+        """The plan's figures (bytes per rank) and auto's choice, for `ddpkit plan --json`."""
+        a = self.activations
+        choice = self.choice()
+        strategies = {}
+        for name in self.footprints:
+            p = self.peak(name)
+            strategies[name] = {
+                "state": p.state,
+                "in_flight": p.transient,
+                "fixed": p.fixed,
+                "activations": p.activations,
+                "end_of_run": p.fixed + p.end_of_run,
+                "peak": p.total,
+                "fits": self.fits(name),
+            }
+        return {
+            "parameters": self.n_params,
+            "world_size": self.world_size,
+            "precision": self.precision,
+            "device_memory": self.device_memory,
+            "fit_fraction": FIT_FRACTION,
+            "activations_batch_size": a.batch_size if isinstance(a, ActivationEstimate) else None,
+            "checkpointing": self.checkpointing,
+            "strategies": strategies,
+            "auto": {**choice.settings(), "peak": choice.peak.total, "fits": choice.fits, "why": choice.line},
+        }
 
     def choose(self) -> str:
-        """'ddp' when it fits (the fastest), else 'fsdp' (if there are ranks to shard over)."""
-        if self.world_size < 2 or self.fits("ddp"):
-            return "ddp"
-        return "fsdp"
+        """The strategy `--strategy auto` picks (with what else it changes: choice())."""
+        return self.choice().strategy
 
     def reason(self) -> str:
-        need = lambda s: format_bytes(self.footprints[s].total)  # noqa: E731
-        budget = (
-            f"{format_bytes(FIT_FRACTION * self.device_memory)} "
-            f"({FIT_FRACTION:.0%} of {format_bytes(self.device_memory)})"
-        )
-        if self.fits("ddp"):
-            return f"ddp: DDP needs {need('ddp')} per rank, within {budget}; it is the fastest"
-        if self.world_size < 2:
-            return (
-                f"ddp, but DDP needs {need('ddp')}, more than {budget}: expect out-of-memory; "
-                "run on several processes with --strategy fsdp"
-            )
-        if self.fits("fsdp"):
-            return (
-                f"fsdp: DDP needs {need('ddp')} per rank, more than {budget}; "
-                f"FSDP over {self.world_size} ranks needs {need('fsdp')}"
-            )
-        return (
-            f"fsdp, but even FSDP over {self.world_size} ranks needs {need('fsdp')} per rank, more than {budget}: "
-            "expect out-of-memory; use more processes or a smaller batch"
-        )
+        return self.choice().line
 
     def verdict(self, strategy: str) -> str:
         """The last line of the plan: what `strategy` would do here."""
@@ -187,10 +302,10 @@ class MemoryPlan:
             return self.reason()
         if spec.shards and self.world_size < 2:
             return f"{strategy.upper()} needs 2 or more processes (--nproc 2+)"
-        need = format_bytes(self.footprints[strategy].total)
+        need = format_bytes(self.peak(strategy).total)
         if self.fits(strategy):
             return f"{strategy.upper()} needs {need} per rank: fits"
-        return f"{strategy.upper()} needs {need} per rank: does not fit; --strategy auto would pick {self.choose()}"
+        return f"{strategy.upper()} needs {need} per rank: does not fit; --strategy auto would pick {self.reason()}"
 
     def _columns(self) -> list[tuple[StrategySpec, Footprint, int]]:
         """(strategy, footprint, width) of each column: the first two as wide as DDP's and FSDP's."""
@@ -198,6 +313,9 @@ class MemoryPlan:
         return [(s, self.footprints[s.name], (11, 15)[i] if i < 2 else 13) for i, s in enumerate(specs)]
 
     def format(self, title: str, strategy: str = "auto") -> str:
+        """The plan as `ddpkit plan` prints it.
+        Long: one table, row by row, each a line of its own; split, the rows' shared widths
+        and columns would be handed from one helper to the next."""
         n = self.world_size
         opt = f"{self.optimizer}, {self.optimizer_bytes_per_param:g} bytes of state per parameter" + (
             "" if self.optimizer_measured else " (assumed: it could not be probed)"
@@ -205,11 +323,13 @@ class MemoryPlan:
         cols = self._columns()
         row = lambda cells: "  ".join(f"{c:>{w}}" for c, (_, _, w) in zip(cells, cols, strict=True))  # noqa: E731
         value = lambda attr: [format_bytes(getattr(f, attr)) for _, f, _ in cols]  # noqa: E731
+        peaks = [self.peak(s.name) for s, _, _ in cols]
+        of_peak = lambda attr: [format_bytes(getattr(p, attr)) for p in peaks]  # noqa: E731
         first, second = cols[0][0].title, cols[1][0].title
         lines = [
             f"memory plan: {title}, {n} process{'es' if n != 1 else ''}, {self.precision}",
             f"  model            {self.n_params:,} parameters, "
-            f"{self.units} FSDP units (largest block {self.largest_block:,})",
+            f"{self.units} FSDP units (largest block {self.largest_block:,}){self.built_how}",
             f"  optimizer        {opt}",
             "  per rank         " + row([s.column(self.meshes[s.name]) for s, _, _ in cols]),
         ]
@@ -226,7 +346,14 @@ class MemoryPlan:
         lines.append(
             f"  {'in flight':<16} " + row(in_flight) + "   (FSDP: gathered units; DDP bf16: autocast's weight copies)"
         )
-        lines.append(f"  {'total':<16} " + row(value("total")))
+        lines.append(f"  {'fixed cost':<16} " + row(of_peak("fixed")) + f"   ({self.process.source})")
+        lines.extend(self._activation_rows(row, peaks))
+        lines.append(
+            f"  {'end of run':<16} "
+            + row([format_bytes(p.fixed + p.end_of_run) for p in peaks])
+            + "   (rank 0: its state + the whole model gathered for model.pt)"
+        )
+        lines.append(f"  {'peak':<16} " + row(of_peak("total")))
         mark = lambda meta: "   <- this task" if meta == self.built_on_meta else ""  # noqa: E731
         eager, meta = format_bytes(self.setup_eager), format_bytes(self.setup_meta)
         lines.append(
@@ -246,38 +373,42 @@ class MemoryPlan:
         fits = ", ".join(f"{s.title} {'yes' if self.fits(s.name) else 'no'}" for s, _, _ in cols)
         lines.append(f"  device           {format_bytes(self.device_memory)} per rank ({self.device})")
         lines.append(
-            f"  fits in {FIT_FRACTION:.0%}      {fits} (the other {1 - FIT_FRACTION:.0%} is for activations and the "
-            "batch)"
+            f"  fits in {FIT_FRACTION:.0%}      {fits} (the peak, within {FIT_FRACTION:.0%}: the rest is a margin "
+            "for what is not counted, the batch itself and fragmentation)"
         )
-        lines.extend(self._activation_lines())
+        if not self.process.release:
+            lines.append(
+                "  allocator        glibc keeps what the workers free (not counted: expect a peak up to 1.5x the "
+                "plan's); --cpu-allocator release, or a run sized with --device-memory, returns it"
+            )
         lines.append(f"  --strategy {strategy:<5} {self.verdict(strategy)}")
         return "\n".join(lines)
 
-    def _activation_lines(self) -> list[str]:
+    def _activation_rows(self, row: Callable[[list[str]], str], peaks: list[Peak]) -> list[str]:
+        """The activations' row (the same in every column) and how it was measured, or why not."""
         a = self.activations
         if a is None:
-            return []
+            return ["  activations      not counted: give the plan --batch-size to measure them"]
         if isinstance(a, str):
             return [f"  activations      not estimated: {a}"]
+        how = f"at --batch-size {a.batch_size}"
+        if a.precision != "fp32":
+            how += f" in {a.precision} " + (
+                "(the model cast: autocast's copies not counted)" if a.on_meta else "(autocast)"
+            )
+        if a.on_meta:
+            how += " on the meta device"
+        cells = [format_bytes(p.activations or 0) for p in peaks]
         with_ckpt = (
             f"{format_bytes(a.kept_checkpointed)} + {format_bytes(a.recomputed)} while a block is recomputed"
             if a.kept_checkpointed is not None
             else "no blocks to checkpoint"
         )
-        lines = [
-            f"  activations      {format_bytes(a.kept)} per rank at --batch-size {a.batch_size}"
-            + ("" if a.precision == "fp32" else f" in {a.precision} (autocast)")
-            + ", kept for backward (DDP and FSDP alike)",
-            f"  checkpointed     {with_ckpt} (--activation-checkpointing{', on' if self.checkpointing else ''})",
+        on = "on" if self.checkpointing else "off"
+        return [
+            f"  {'activations':<16} " + row(cells) + f"   ({how}, kept for backward; checkpointing {on})",
+            f"  checkpointed     {with_ckpt} (--activation-checkpointing)",
         ]
-        room = (1 - FIT_FRACTION) * self.device_memory
-        if a.need(self.checkpointing) > room:
-            lines.append(
-                f"  warning          the activations need more than the {format_bytes(room)} left beside the "
-                "model state: expect out-of-memory; use a smaller --batch-size"
-                + ("" if self.checkpointing else " or --activation-checkpointing")
-            )
-        return lines
 
 
 def make_plan(
@@ -294,6 +425,11 @@ def make_plan(
     nnodes: int = 1,
     activations: ActivationEstimate | str | None = None,
     checkpointing: bool = False,
+    process: ProcessCost | None = None,
+    built_how: str = "",
+    built_on_meta: bool | None = None,
+    accumulate: int = 1,
+    fixed_global: bool = False,
 ) -> MemoryPlan:
     """Per-rank bytes of the model's state at this world size under every registered strategy
     that is `planned` (DDP, FSDP) and under `strategy` (e.g. hsdp with `replicate` replicas),
@@ -340,10 +476,54 @@ def make_plan(
         cross_node={s.name: cross_node_bytes(sizes, meshes[s.name], nnodes) for s in specs} if nnodes > 1 else {},
         setup_eager=full,
         setup_meta=setup_shard + (block_bytes or full - setup_shard),
-        built_on_meta=any(p.is_meta for p in params),
+        built_on_meta=any(p.is_meta for p in params) if built_on_meta is None else built_on_meta,
         activations=activations,
         checkpointing=checkpointing,
+        process=process or ProcessCost(),
+        sizes=sizes,
+        built_how=built_how,
+        accumulate=accumulate,
+        fixed_global=fixed_global,
     )
+
+
+def load_what_every_worker_loads() -> None:
+    """Import what every worker has loaded by its first optimizer step (DDP's constructor and
+    the optimizer's first step import torch._dynamo: ~70 MB of sympy and fx), so that it is
+    measured as part of the fixed cost, in a worker and in the plan alike."""
+    import torch._dynamo  # noqa: F401
+
+
+def sharding_import_cost() -> int:
+    """What importing FSDP's modules adds to this process's resident set (0 once imported)."""
+    from ..runtime.allocator import resident_bytes
+
+    if "ddpkit.strategies.fsdp" in sys.modules:
+        return 0
+    before = resident_bytes()
+    from . import fsdp  # noqa: F401
+
+    return max(0, resident_bytes() - before)
+
+
+def measure_process(
+    model: nn.Module, device_type: str, release: bool, sharded: int = 0, beside: int = 0
+) -> ProcessCost:
+    """This process's fixed cost now, with `model` built: on a CPU its resident set less the
+    model's own tensors (what remains is torch, the modules, the task's data, the process
+    group), less `sharded` (what FSDP's modules added: sharding_import_cost, counted for a
+    sharded run only) and `beside` (what this process holds that a worker would not: the plan's
+    meta build); on a GPU what the device already holds (the CUDA context, other processes).
+    `release`: whether freed memory goes back to the system (runtime/allocator.py)."""
+    if device_type == "cuda":
+        free, total = torch.cuda.mem_get_info()
+        return ProcessCost(total - free, 0, "measured: the CUDA context and what the device already holds", True)
+    from ..runtime.allocator import resident_bytes
+
+    tensors = {id(t): t for t in [*model.parameters(), *model.buffers()] if not t.is_meta}
+    own = sum(t.numel() * t.element_size() for t in tensors.values())
+    fixed = max(0, resident_bytes() - own - beside - sharded)
+    return ProcessCost(fixed, sharded, "measured: torch, the modules, the task's data; + FSDP's modules", release)
 
 
 def local_state_bytes(model: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, int]:

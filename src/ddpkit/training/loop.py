@@ -15,7 +15,6 @@ from typing import Any, Callable
 import torch
 from torch import nn
 
-from ..checkpoint import file as ckpt_file
 from ..checkpoint.checkpointer import Checkpointer, Stateful
 from ..checkpoint.state import Position
 from ..checkpoint.world_mark import WorldMark
@@ -49,14 +48,17 @@ def fit(
     stop: StopRequest | None = None,
     mark: WorldMark | None = None,
     begin: Callable[[], None] | None = None,
+    fixed: int | None = None,
 ) -> dict[str, Any]:
     """Train `task` as `cfg` says, in the global batches of `batches` (cfg.batch_plan at this world
     size, planned once by the caller); returns the run's summary (the same on every rank).
     With `stop`, a signal makes every rank save a checkpoint at the same step boundary and return.
     With `mark` (claimed), every rank stops at the same step once another world has claimed the run directory.
     `begin()`: called once everything that may refuse the run has passed (the resume included),
-    before anything is written into the run directory: a refusal leaves it as it was."""
-    run = Run(cfg, task, rt, run_dir, batches, stop, mark, begin)  # model, optimizer, data, steps, checkpoints: resumed
+    before anything is written into the run directory: a refusal leaves it as it was.
+    `fixed`: this process's memory before the model (the summary's breakdown of its peak)."""
+    run = Run(cfg, task, rt, run_dir, batches, stop, mark, begin)
+    run.fixed = fixed  # model, optimizer, data, steps, checkpoints: resumed
     moment = None
     try:
         with run.checkpointer.writing():  # --async-save: every checkpoint is on disk when this block is left
@@ -80,6 +82,8 @@ class Run:
     builds the optimizer, the data is cut per rank, the step runner and the checkpointer take
     their parts, a resume puts everything where its checkpoint was, then the plan of the steps
     left (at this world size and batch) and the cadence follow."""
+
+    fixed: int | None = None  # this process's memory before the model (fit's `fixed`)
 
     def __init__(
         self,
@@ -250,13 +254,9 @@ class Run:
                 self.stop.received if self.stop is not None else None,
             )
         else:
-            final = self.strategy.full_state_dict(
-                self.model
-            )  # gathered from the shards under FSDP: every rank takes part
             if self.mark is not None and self.mark.lost_anywhere(self.rt.collectives, self.rt.device):
                 raise self.mark.error("the end of the run, before model.pt")  # after the last step's agreement
-            if self.rt.is_main:
-                ckpt_file.save_or_explain(final, self.run_dir / "model.pt")
+            self.strategy.save_full_model(self.model, self.run_dir / "model.pt")  # every rank: FSDP gathers
             self.checkpointer.end_snapshots()  # the run is done: nothing to restart from memory
         self.log.close(STOPPED if stopped else FINISHED)  # after model.pt: a tracker's run ends as the run did
         memory = self.checkpointer.memory
@@ -267,7 +267,7 @@ class Run:
                 "steps_done": self.cadence.global_step,
                 "steps_planned": self.plan.total_steps,
             }
-            | memory_stats(self.rt, self.strategy, self.model, self.optimizer, self.steps.activation_bytes)
+            | memory_stats(self.rt, self.strategy, self.model, self.optimizer, self.steps.activation_bytes, self.fixed)
             | self.clock.summary()
             | ({"snapshot_every_steps": memory.every} if memory is not None else {})
             | ({"recovery": memory.recovery} if memory is not None and memory.recovery else {})
@@ -322,12 +322,19 @@ def memory_stats(
     model: nn.Module,
     optimizer: torch.optim.Optimizer,
     activations: int | None = None,
+    fixed: int | None = None,
 ) -> dict[str, Any]:
-    """Strategy, precision, this run's model state per rank, every rank's measured peak and
-    the activations its first forward kept for backward (the most of the ranks)."""
-    mine = {"state": local_state_bytes(model, optimizer), "peak": peak_memory_bytes(rt.device), "act": activations}
+    """Strategy, precision, this run's model state per rank, every rank's measured peak, the
+    activations its first forward kept for backward and its fixed cost (the most of the ranks)."""
+    mine = {
+        "state": local_state_bytes(model, optimizer),
+        "peak": peak_memory_bytes(rt.device),
+        "act": activations,
+        "fixed": fixed,
+    }
     everyone = rt.all_gather_object(mine)
     return {
+        "fixed_bytes_per_rank": max((e["fixed"] for e in everyone if e["fixed"] is not None), default=None),
         "strategy": strategy.name,
         "precision": strategy.precision,
         "state_bytes_per_rank": {k: max(e["state"][k] for e in everyone) for k in mine["state"]},
