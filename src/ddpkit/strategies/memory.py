@@ -37,6 +37,7 @@ they need more than the rest.
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import resource
 import sys
@@ -157,8 +158,9 @@ class ProcessCost:
 class Peak:
     """What one rank's peak is made of under one strategy: in training, the fixed cost, the
     model state, what is in flight and the activations of a micro-batch; after the last step,
-    rank 0 gathers the whole model for model.pt beside the state it still holds (`end_of_run`:
-    that state and the gathered weights). The peak is the larger of the two."""
+    rank 0 writes model.pt beside the state it still holds (`end_of_run`:
+    that state and, under FSDP, the one tensor it has gathered at a time). The peak is the larger
+    of the two."""
 
     fixed: int
     state: int
@@ -229,9 +231,16 @@ class MemoryPlan:
             ckpt = self.checkpointing if checkpointing is None else checkpointing
             act = a.of(sharded).at(batch_size or a.batch_size).need(ckpt)
         # FSDP frees its gradient shards after each step (set to None): at the peak, when backward
-        # begins, it holds none (its unsharded block in flight is counted); DDP's stay in its buckets
+        # begins, it holds none (its unsharded block in flight is counted); DDP's stay in its buckets.
+        # At the end rank 0 writes model.pt: DDP the weights it holds, FSDP one gathered tensor at a time
         state = f.state - f.grads if sharded else f.state
-        return Peak(self.process.of(sharded), state, f.transient, act, state + (self.setup_eager if sharded else 0))
+        return Peak(self.process.of(sharded), state, f.transient, act, state + (self.largest_tensor if sharded else 0))
+
+    @property
+    def largest_tensor(self) -> int:
+        """Bytes of the model's largest parameter, whole."""
+        shapes = self.sizes.shapes if self.sizes is not None else ()
+        return max((math.prod(shape) * size for shape, size in shapes), default=0)
 
     def __getattr__(self, name: str) -> Footprint | None:
         """A registered strategy's footprint by its name (plan.ddp, plan.hsdp); None when this
@@ -351,7 +360,7 @@ class MemoryPlan:
         lines.append(
             f"  {'end of run':<16} "
             + row([format_bytes(p.fixed + p.end_of_run) for p in peaks])
-            + "   (rank 0: its state + the whole model gathered for model.pt)"
+            + "   (rank 0 writing model.pt: its state; FSDP + one gathered tensor at a time)"
         )
         lines.append(f"  {'peak':<16} " + row(of_peak("total")))
         mark = lambda meta: "   <- this task" if meta == self.built_on_meta else ""  # noqa: E731
