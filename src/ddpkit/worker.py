@@ -11,7 +11,7 @@ import sys
 import time
 import traceback
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Iterator, NoReturn
 
 import numpy as np
 import torch
@@ -32,6 +32,7 @@ from .runtime.watchdog import HangWatchdog, start_watchdog, watched
 from .task import Task, as_task, build_task
 from .textfile import write_text_atomic
 from .training.loop import fit
+from .training.oom import OOM_FILE, OomAdvice, OutOfMemory, oom_error
 from .training.signals import ENDING_SIGNALS, StopRequest
 from .training.trace import DROPOUT_FILE, TRACE_DIR, dropout_off, to_float64
 
@@ -126,29 +127,56 @@ def train_worker(config: dict[str, Any], task: Task | None = None) -> dict[str, 
             sys.stderr.flush()
             os._exit(0)
         return summary
-    except DdpkitError as e:
-        if not error_dir:  # started by torchrun/srun/in-process: the caller reports it
-            raise
-        if isinstance(e, RunDirTaken) and _restarts_left():
-            sys.exit(2)  # said already (_say_rejoining); no error file that a later failure would show
-        error_file(error_dir, f"rank-{env.rank}.txt").write_text(str(e))
-        sys.exit(2)
     except Exception as e:
-        if not error_dir:
-            raise
-        if type(e).__name__ == "SignalException":  # the agent is stopping us: another rank failed
-            os._exit(1)
-        if _is_peer_loss(e):  # a consequence of another rank's failure: one line, not a traceback
-            line = f"rank {env.rank} lost contact with another rank ({str(e).splitlines()[0][:200]})"
-            error_file(error_dir, f"peer-{env.rank}.txt").write_text(line)
-            print(f"[rank {env.rank}] {line}", file=sys.stderr, flush=True)
-            os._exit(1)
-        # One traceback, from the rank that failed; the launcher adds one line naming it, the
-        # exception and its message (read from this rank's file)
-        record_failure(cfg.run_dir or "runs/latest", e, env.rank)
-        print(f"[rank {env.rank}] " + traceback.format_exc(), file=sys.stderr, flush=True)
-        error_file(error_dir, f"raised-{env.rank}.txt").write_text(exception_line(e))
-        sys.exit(1)
+        if isinstance(e, OutOfMemory) or (not isinstance(e, DdpkitError) and oom_error(e) is not None):
+            _out_of_memory(e, cfg, env, error_dir)
+        if isinstance(e, DdpkitError):
+            _refused(e, env, error_dir)
+        _failed(e, cfg, env, error_dir)
+
+
+def _refused(e: DdpkitError, env: DistEnv, error_dir: str | None) -> NoReturn:
+    """A refusal of the user's input: one line for the launcher (exit 2)."""
+    if not error_dir:  # started by torchrun/srun/in-process: the caller reports it
+        raise e
+    if isinstance(e, RunDirTaken) and _restarts_left():
+        sys.exit(2)  # said already (_say_rejoining); no error file that a later failure would show
+    error_file(error_dir, f"rank-{env.rank}.txt").write_text(str(e))
+    sys.exit(2)
+
+
+def _out_of_memory(e: Exception, cfg: RunConfig, env: DistEnv, error_dir: str | None) -> NoReturn:
+    """This rank ran out of memory: the few lines of training/oom.py (OutOfMemory, raised by fit;
+    made here for an error before it, e.g. while the task was built), recorded in the run's folder
+    and handed to the launcher as the job's error, without a traceback (exit 1)."""
+    run_dir = Path(cfg.run_dir or "runs/latest")
+    if not isinstance(e, OutOfMemory):
+        device = "cuda" if cfg.device != "cpu" and torch.cuda.is_available() else "cpu"
+        e = OomAdvice.of(cfg, env, run_dir, device).error(e)
+    record_failure(run_dir, e)  # its message names the rank
+    if not error_dir:
+        raise e
+    error_file(error_dir, OOM_FILE.format(rank=env.rank)).write_text(str(e))
+    sys.exit(1)
+
+
+def _failed(e: Exception, cfg: RunConfig, env: DistEnv, error_dir: str | None) -> NoReturn:
+    """Any other failure: a lost peer in one line, this rank's own error with its traceback."""
+    if not error_dir:
+        raise e
+    if type(e).__name__ == "SignalException":  # the agent is stopping us: another rank failed
+        os._exit(1)
+    if _is_peer_loss(e):  # a consequence of another rank's failure: one line, not a traceback
+        line = f"rank {env.rank} lost contact with another rank ({str(e).splitlines()[0][:200]})"
+        error_file(error_dir, f"peer-{env.rank}.txt").write_text(line)
+        print(f"[rank {env.rank}] {line}", file=sys.stderr, flush=True)
+        os._exit(1)
+    # One traceback, from the rank that failed; the launcher adds one line naming it, the
+    # exception and its message (read from this rank's file)
+    record_failure(cfg.run_dir or "runs/latest", e, env.rank)
+    print(f"[rank {env.rank}] " + "".join(traceback.format_exception(e)), file=sys.stderr, flush=True)
+    error_file(error_dir, f"raised-{env.rank}.txt").write_text(exception_line(e))
+    sys.exit(1)
 
 
 def _train(cfg: RunConfig, env: DistEnv, held: contextlib.ExitStack, given: Task | None = None) -> dict[str, Any]:
