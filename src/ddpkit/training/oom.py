@@ -16,6 +16,7 @@ verdict), said with the rest when set.
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import re
 import shlex
@@ -24,6 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
+from ..checkpoint.file import CKPT_DIR
 from ..config.values import format_bytes
 from ..errors import WorkerFailed
 
@@ -73,6 +75,8 @@ def oom_error(e: BaseException) -> BaseException | None:
 
 def _is_oom(e: BaseException) -> bool:
     if isinstance(e, MemoryError) or type(e).__name__ == "OutOfMemoryError":
+        return True
+    if isinstance(e, OSError) and e.errno == errno.ENOMEM:  # e.g. a checkpoint's write, a fork
         return True
     if not isinstance(e, RuntimeError):
         return False
@@ -247,7 +251,16 @@ class OomAdvice:
             lines.append("  settings that need less memory, to try:")
             lines += [f"    {t}" for t in tries]
         lines.append(f"  see the memory plan: {self.plan_command()}")
+        if self.has_checkpoint():
+            lines.append(f"  --resume continues from the last checkpoint in {self.run_dir / CKPT_DIR}")
         return "\n".join(lines)
+
+    def has_checkpoint(self) -> bool:
+        """Is there a checkpoint in the run directory to continue from (a save that failed leaves none)?"""
+        try:
+            return any(not p.name.startswith(".") for p in (self.run_dir / CKPT_DIR).iterdir())
+        except OSError:
+            return False
 
     def plan_command(self) -> str:
         """`ddpkit plan` of this run: its task and task arguments, processes, batch size, strategy."""

@@ -49,8 +49,9 @@ CUDA = (
         RuntimeError(CPU_OLD),
         RuntimeError("std::bad_alloc"),
         RuntimeError("[../third_party/gloo/gloo/transport/tcp/buffer.cc:42] Cannot allocate memory"),
+        OSError(12, "Cannot allocate memory"),
     ],
-    ids=["cuda", "memory-error", "cpu", "cpu-older-torch", "bad-alloc", "enomem"],
+    ids=["cuda", "memory-error", "cpu", "cpu-older-torch", "bad-alloc", "enomem", "oserror-enomem"],
 )
 def test_out_of_memory_errors_are_told_apart(error: BaseException) -> None:
     assert oom_error(error) is error
@@ -69,7 +70,7 @@ def test_out_of_memory_errors_are_told_apart(error: BaseException) -> None:
         RuntimeError("Connection closed by peer [127.0.0.1]:29500"),
         RuntimeError("mat1 and mat2 shapes cannot be multiplied (4x3 and 2x2)"),
         ValueError("you tried to allocate 12 bytes"),  # only a RuntimeError carries the allocator's words
-        OSError(12, "Cannot allocate memory"),  # fork's ENOMEM is not the training's
+        OSError(28, "No space left on device"),
     ],
 )
 def test_other_errors_are_not_out_of_memory(error: BaseException) -> None:
@@ -257,3 +258,24 @@ def test_the_launcher_prints_the_first_ranks_lines_and_names_the_others(tmp_path
     error = job_failure(_Failed(0), tmp_path, 0, None, 0.0)
     assert str(error).startswith("rank 1 ran out of memory") and error.exit_code == 1
     assert out_of_memory(attempt_errors(tmp_path, 1)) is None
+
+
+def test_an_out_of_memory_in_a_save_leaves_the_last_checkpoint_as_it_was(tmp_path: Path, monkeypatch) -> None:
+    """atomic_save writes beside the file and renames: a save that runs out of memory leaves no
+    partial file, the previous checkpoint loads, and the message says --resume continues from it."""
+    from ddpkit.checkpoint import file as ckpt_file
+
+    folder = tmp_path / ckpt_file.CKPT_DIR
+    ckpt_file.save_or_explain({"step": 1}, folder / "epoch-000000-step-000001.pt")
+
+    def oom(*args, **kwargs):
+        raise RuntimeError(CPU)
+
+    monkeypatch.setattr(torch, "save", oom)
+    advice = _advice(run_dir=tmp_path)
+    with pytest.raises(OutOfMemory) as caught, advice.watching():
+        ckpt_file.save_or_explain({"step": 2}, folder / "epoch-000000-step-000002.pt")
+    monkeypatch.undo()
+    assert [p.name for p in folder.iterdir()] == ["epoch-000000-step-000001.pt"]
+    assert torch.load(folder / "epoch-000000-step-000001.pt", weights_only=True) == {"step": 1}
+    assert str(caught.value).splitlines()[-1] == f"  --resume continues from the last checkpoint in {folder}"
