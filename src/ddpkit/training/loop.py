@@ -27,6 +27,7 @@ from ..reporting.progress import Progress, choose_mode
 from ..reporting.sinks.base import FAILED, FINISHED, STOPPED, SinkSettings
 from ..runtime import Runtime
 from ..strategies import Strategy, make_strategy
+from ..strategies.activation import has_blocks
 from ..strategies.memory import local_state_bytes, peak_memory_bytes, reset_peak_memory, state_bytes_at_start
 from ..task import Task
 from .cadence import Cadence, Moment, StepPlan
@@ -107,6 +108,7 @@ class Run:
         self.optimizer = self.strategy.setup_optimizer(task.optimizer, self.model, cfg.lr)
         if oom is not None:  # counted now: a rank that has run out of memory cannot count it
             oom.strategy, oom.checkpointing = self.strategy.name, bool(self.strategy.checkpointed)
+            oom.blocks = oom.checkpointing or has_blocks(task.model, self.strategy.checkpoint_blocks)
             oom.state = state_bytes_at_start(self.model, self.optimizer, task.optimizer)
         # a global order over a map-style set, or a stream's readers
         self.loader = make_loader(task.train_set, cfg, rt, batches)

@@ -119,16 +119,22 @@ def phase_of(frames: list[tuple[str, str]]) -> str:
 
 
 def settings_to_try(
-    batch_size: int, accumulate: int, fixed: bool, world_size: int, strategy: str, checkpointing: bool
+    batch_size: int,
+    accumulate: int,
+    fixed: bool,
+    world_size: int,
+    strategy: str,
+    checkpointing: bool,
+    blocks: bool = True,
 ) -> list[str]:
     """The settings that need less memory, each with why, most useful first: the same global batch
-    in smaller micro-batches, activation checkpointing when off, FSDP when DDP holds the whole state
-    on every one of several ranks."""
+    in smaller micro-batches, activation checkpointing when off (and the model has `blocks` it
+    would find), FSDP when DDP holds the whole state on every one of several ranks."""
     tries = []
     smaller = smaller_micro_batch(batch_size, accumulate, fixed, world_size)
     if smaller is not None:
         tries.append(f"{smaller} (the same global batch in smaller micro-batches)")
-    if not checkpointing:
+    if not checkpointing and blocks:
         tries.append("--activation-checkpointing (recompute each block's activations in backward)")
     if strategy == "ddp" and world_size > 1:
         tries.append(f"--strategy fsdp (shard the model state over the {world_size} processes)")
@@ -177,6 +183,7 @@ class OomAdvice:
     checkpointing: bool
     run_dir: Path
     device_type: str = "cpu"
+    blocks: bool = True  # has the model blocks --activation-checkpointing would find (unknown before it is built)
     state: dict[str, int] | None = None
     steps_done: Callable[[], int] | None = None
     plan: str | None = field(default=None)
@@ -245,7 +252,13 @@ class OomAdvice:
         if self.plan:
             lines.append(f"  the plan said: {self.plan}")
         tries = settings_to_try(
-            self.batch_size, self.accumulate, self.fixed, self.world_size, self.strategy, self.checkpointing
+            self.batch_size,
+            self.accumulate,
+            self.fixed,
+            self.world_size,
+            self.strategy,
+            self.checkpointing,
+            self.blocks,
         )
         if tries:
             lines.append("  settings that need less memory, to try:")

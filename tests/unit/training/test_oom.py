@@ -135,6 +135,7 @@ def test_the_settings_to_try_keep_the_global_batch_with_exact_values() -> None:
         "--strategy fsdp",
     ]
     assert settings_to_try(1, 1, False, 4, "fsdp", True) == []  # nothing left to cut
+    assert settings_to_try(1, 1, False, 4, "fsdp", False, blocks=False) == []  # no block to checkpoint
     assert [t.split(" (")[0] for t in settings_to_try(8, 1, False, 1, "ddp", True)] == ["--batch-size 4 --accumulate 2"]
 
 
@@ -279,3 +280,11 @@ def test_an_out_of_memory_in_a_save_leaves_the_last_checkpoint_as_it_was(tmp_pat
     assert [p.name for p in folder.iterdir()] == ["epoch-000000-step-000001.pt"]
     assert torch.load(folder / "epoch-000000-step-000001.pt", weights_only=True) == {"step": 1}
     assert str(caught.value).splitlines()[-1] == f"  --resume continues from the last checkpoint in {folder}"
+
+
+def test_activation_checkpointing_is_suggested_only_where_it_finds_blocks() -> None:
+    from ddpkit.strategies.activation import has_blocks
+
+    assert has_blocks(nn.Sequential(nn.Linear(3, 4), nn.ReLU(), nn.Linear(4, 2)))
+    assert not has_blocks(nn.Linear(3, 2))
+    assert not has_blocks(nn.Linear(3, 2), blocks=lambda model: 1 / 0)  # a task's hook that fails
