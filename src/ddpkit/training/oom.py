@@ -21,6 +21,7 @@ import os
 import re
 import shlex
 import traceback
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator
@@ -42,6 +43,7 @@ OOM_TEXTS = (
 )
 _UNITS = {"b": 1, "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40, "kb": 10**3, "mb": 10**6, "gb": 10**9}
 SUMMARY_FILE = "oom-rank-{rank}.txt"  # in the run directory: the CUDA allocator's memory summary
+ALWAYS_CALL_WARNING = "module forward hook with ``always_call=True`` raised an exception"  # torch's, a regex
 OOM_FILE = "oom-{rank}.txt"  # in the attempt's error folder (envvars.error_file): the rank's message, for the launcher
 
 # (a path inside ddpkit, function names or None for any) -> the phase a frame there means; inner frames win
@@ -213,9 +215,14 @@ class OomAdvice:
 
     @contextlib.contextmanager
     def watching(self) -> Iterator[None]:
-        """Raises OutOfMemory in place of an out-of-memory error raised inside."""
+        """Raises OutOfMemory in place of an out-of-memory error raised inside. The forward hooks
+        that run whatever happened (always_call: FSDP's post-forward, the activations' count) fail
+        after an error in a forward, and torch warns for each, in 2 lines, of an exception it
+        silenced: the error that is raised is what the user needs, said once."""
         try:
-            yield
+            with warnings.catch_warnings():
+                warnings.filterwarnings("ignore", message=ALWAYS_CALL_WARNING, category=UserWarning)
+                yield
         except Exception as e:
             oom = oom_error(e)
             if oom is None:

@@ -4,6 +4,7 @@ their exact values, and the few lines the launcher prints."""
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -288,3 +289,20 @@ def test_activation_checkpointing_is_suggested_only_where_it_finds_blocks() -> N
     assert has_blocks(nn.Sequential(nn.Linear(3, 4), nn.ReLU(), nn.Linear(4, 2)))
     assert not has_blocks(nn.Linear(3, 2))
     assert not has_blocks(nn.Linear(3, 2), blocks=lambda model: 1 / 0)  # a task's hook that fails
+
+
+def test_the_always_call_hooks_failing_after_it_add_no_warning() -> None:
+    """FSDP's post-forward hook (always_call) fails after an error in the forward; torch warns of
+    each such hook in two lines, which a deep model multiplies: the error itself is what is said."""
+    model = _Allocating("forward")
+
+    def fails(module, args, output):
+        raise RuntimeError("post-forward of a forward that never finished")
+
+    model.register_forward_hook(fails, always_call=True)
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        with pytest.raises(OutOfMemory), _advice().watching():
+            model(torch.randn(2, 3))
+        warnings.warn("another warning still shows", UserWarning, stacklevel=1)
+    assert [str(w.message) for w in seen] == ["another warning still shows"]
