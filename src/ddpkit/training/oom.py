@@ -231,11 +231,12 @@ class OomAdvice:
 
     def error(self, e: BaseException, oom: BaseException | None = None) -> OutOfMemory:
         """The OutOfMemory to raise for `e` (the error caught, `oom` the out-of-memory one in its
-        chain). The frames' locals are let go first: they hold what took the memory."""
+        chain). On a GPU the allocator's summary is taken first, with the frames' tensors still
+        held; then the frames' locals are let go: they hold what took the memory."""
         oom = oom or oom_error(e) or e
+        saved = self.save_summary()
         frames = [(fs.filename, fs.name) for fs in traceback.extract_tb(e.__traceback__)]
         traceback.clear_frames(e.__traceback__)
-        saved = self.save_summary()
         return OutOfMemory(self.message(str(oom), phase_of(frames), saved), self.rank)
 
     def message(self, text: str, phase: str, summary_file: Path | None = None) -> str:
@@ -250,6 +251,9 @@ class OomAdvice:
         tried = tried_bytes(text)
         head = f"rank {self.rank} ran out of memory in {phase}{at}"
         head += f": it tried to allocate {format_bytes(tried)}" if tried is not None else f" ({text[:160]})"
+        free = re.search(r"total capacity of ([0-9.]+ \w+) of which ([0-9.]+ \w+) is free", text)
+        if free:  # CUDA's
+            head += f" (the GPU had {free.group(2)} free of {free.group(1)})"
         if self.state is not None:
             parts = ", ".join(f"{k} {format_bytes(self.state[k])}" for k in ("params", "grads", "optimizer"))
             head += f"; its model state is {format_bytes(self.state['total'])} per rank ({self.strategy}: {parts})"

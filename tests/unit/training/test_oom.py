@@ -179,6 +179,10 @@ def test_the_message_says_where_how_much_what_the_rank_holds_and_what_to_try() -
         "rank 1 ran out of memory in save (checkpoint) after step 6"
     )
     assert advice.message("std::bad_alloc", "setup").startswith("rank 1 ran out of memory in setup (std::bad_alloc)")
+    assert advice.message(CUDA, "forward").startswith(
+        "rank 1 ran out of memory in forward at step 7: it tried to allocate 2.0 GiB (the GPU had 1.21 GiB free of "
+        "79.10 GiB); its model state is 4.0 MiB per rank"
+    )
 
 
 def test_no_memory_summary_file_on_a_cpu(tmp_path: Path) -> None:
@@ -228,7 +232,7 @@ def test_a_real_step_names_its_phase_and_the_global_step(where: str) -> None:
         with pytest.raises(OutOfMemory) as caught, advice.watching():
             runner.run((x, y), 4, 4, "epoch 1, step 42")
     head = str(caught.value).splitlines()[0]
-    tried = "2.0 GiB" if where == "optimizer step" else "25.8 MiB"
+    tried = "2.0 GiB (the GPU had 1.21 GiB free of 79.10 GiB)" if where == "optimizer step" else "25.8 MiB"
     assert head == f"rank 0 ran out of memory in {where} at step 42: it tried to allocate {tried}"
     assert caught.value.exit_code == 1 and caught.value.__suppress_context__
 
