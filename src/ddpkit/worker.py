@@ -107,7 +107,8 @@ def seed_everything(seed: int) -> None:
 
 def train_worker(config: dict[str, Any], task: Task | None = None) -> dict[str, Any]:
     """Entry point of one worker. Returns the run summary. A DdpkitError is also written
-    where the launcher looks for it, so the user sees one clear line, not N tracebacks.
+    where the launcher looks for it, so the user sees one clear line, not N tracebacks; so is
+    running out of memory, in the few lines of training/oom.py.
     `task`: a Task object every worker already holds (forked from a notebook) instead of
     the one config.task names."""
     cfg = RunConfig.from_dict(config)
@@ -202,8 +203,10 @@ def _train(cfg: RunConfig, env: DistEnv, held: contextlib.ExitStack, given: Task
             print(f"ddpkit: warning: {start.not_kept}; `ddpkit export --format hf` will refuse this run", flush=True)
         batches = cfg.batch_plan(env.world_size)  # planned once: the loop trains with it, the summary shows it
         fit_start = time.time()
+        # what a rank that runs out of memory says (note_plan: a line of the memory plan with it)
+        oom = OomAdvice.of(cfg, env, run_dir, rt.device.type)
         with watched(watchdog), _rejoining(env):
-            stats = fit(cfg, task, rt, run_dir, batches, stop, start.mark, begin=start.begin)
+            stats = fit(cfg, task, rt, run_dir, batches, stop, start.mark, begin=start.begin, oom=oom)
         fit_end = time.time()
         del task  # holds the model; drop it before the process group goes
         if stats["stopped_early"] and cfg.requeue and env.is_main and stop is not None:

@@ -51,6 +51,7 @@ def fit(
     stop: StopRequest | None = None,
     mark: WorldMark | None = None,
     begin: Callable[[], None] | None = None,
+    oom: OomAdvice | None = None,
 ) -> dict[str, Any]:
     """Train `task` as `cfg` says, in the global batches of `batches` (cfg.batch_plan at this world
     size, planned once by the caller); returns the run's summary (the same on every rank).
@@ -59,8 +60,8 @@ def fit(
     `begin()`: called once everything that may refuse the run has passed (the resume included),
     before anything is written into the run directory: a refusal leaves it as it was.
     Running out of memory anywhere in it raises OutOfMemory, a few lines that say where and what
-    to try (oom.py)."""
-    oom = OomAdvice.of(cfg, rt.env, run_dir, rt.device.type)
+    to try (oom.py; `oom`: the caller's, which may hold what the plan said)."""
+    oom = oom or OomAdvice.of(cfg, rt.env, run_dir, rt.device.type)
     with oom.watching():
         # model, optimizer, data, steps, checkpoints: resumed
         run = Run(cfg, task, rt, run_dir, batches, stop, mark, begin, oom)

@@ -10,7 +10,8 @@ hands it to the launcher as the job's one error (worker.py); on a GPU the alloca
 goes to RUN_DIR/oom-rank-R.txt.
 
 `OomAdvice.note_plan(line)`: one line of what the memory plan said (e.g. `ddpkit plan`'s
-verdict), said with the rest when set.
+verdict), said with the rest when set; the worker makes the run's OomAdvice (worker._train)
+and hands it to fit, which fills in what it learns (the strategy, the state, the step count).
 """
 
 from __future__ import annotations
