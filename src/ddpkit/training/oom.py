@@ -47,7 +47,7 @@ SUMMARY_FILE = "oom-rank-{rank}.txt"  # in the run directory: the CUDA allocator
 ALWAYS_CALL_WARNING = "module forward hook with ``always_call=True`` raised an exception"  # torch's, a regex
 OOM_FILE = "oom-{rank}.txt"  # in the attempt's error folder (envvars.error_file): the rank's message, for the launcher
 
-# (a path inside ddpkit, function names or None for any) -> the phase a frame there means; inner frames win
+# (a path inside ddpkit, its functions) -> the phase a frame there means; inner frames win
 _PHASES = (
     ("worker.py", ("_build_task",), "setup (building the task)"),
     ("training/loop.py", ("__init__",), "setup"),
