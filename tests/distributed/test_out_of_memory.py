@@ -11,6 +11,7 @@ backward (it needs ~1.2 GiB); the launcher itself needs far less. The gloo threa
 abort in these runs (their buffers are small next to the activations); a limit low enough to
 fail them would end a rank with SIGABRT and the launcher's "was killed by signal 6" instead.
 The outcome does not depend on the machine's load (a limit per process, no timeout).
+One rank alone failing inside an FSDP unit is a request of 40 TB, which fails without a limit.
 """
 
 from __future__ import annotations
@@ -73,6 +74,53 @@ def test_out_of_memory_ends_in_a_few_lines_that_say_what_to_try(tmp_path: Path) 
     assert "see the memory plan: ddpkit plan " in out and "--nproc 2 --batch-size 1024" in out
     failed = (tmp_path / "run" / "failed.json").read_text()
     assert f"rank {head.group(1)} ran out of memory" in failed
+
+
+ONE_RANK = """
+import sys
+
+import torch
+import torch.distributed as dist
+
+sys.path.insert(0, {examples!r})
+from gpt import build
+
+
+def task(config=None, **kw):
+    t = build(config, **kw)
+    calls = []
+
+    # rank 1's third call of the block (step 2's forward: step 1's backward recomputed it) asks for 40 TB
+    def allocate(module, args):
+        if module.training:
+            calls.append(1)
+            if dist.get_rank() == 1 and len(calls) == 3:
+                torch.empty(10**13)
+
+    t.model.blocks[0].register_forward_pre_hook(allocate)
+    return t
+"""
+
+
+def test_one_rank_out_of_memory_inside_a_sharded_block_is_said_alone(tmp_path: Path) -> None:
+    """Rank 1 alone fails an allocation inside an FSDP unit with activation checkpointing (no
+    limit needed: 40 TB): its lines, no traceback, and none of torch's warnings for the forward
+    hooks (FSDP's post-forward) that fail after it."""
+    (tmp_path / "one_rank.py").write_text(ONE_RANK.format(examples=str(REPO / "examples")))
+    args = ["one_rank.py:task", "--nproc", "2", "--threads", "1", "--max-steps", "4", "--batch-size", "16"]
+    proc = subprocess.run(
+        [sys.executable, "-m", "ddpkit", "train", *args, "--strategy", "fsdp", "--activation-checkpointing"],
+        cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": str(REPO / "src")},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 1, _said(proc)
+    assert "Traceback" not in out and "Warning" not in out, _said(proc)
+    assert re.search(r"ddpkit: error: rank 1 ran out of memory in forward at step 2: it tried to allocate ", out)
+    assert "ran out of memory too" not in out and len(out.splitlines()) < 12, _said(proc)
 
 
 def test_the_checkpoint_before_an_out_of_memory_resumes_with_a_setting_that_fits(tmp_path: Path) -> None:
