@@ -155,8 +155,8 @@ def _out_of_memory(e: Exception, cfg: RunConfig, env: DistEnv, error_dir: str | 
         device = "cuda" if cfg.device != "cpu" and torch.cuda.is_available() else "cpu"
         e = OomAdvice.of(cfg, env, run_dir, device).error(e)
     record_failure(run_dir, e)  # its message names the rank
-    if not error_dir:
-        raise e
+    if not error_dir:  # torchrun, srun, in-process: the caller says it, without the traceback of the error
+        raise e from None
     error_file(error_dir, OOM_FILE.format(rank=env.rank)).write_text(str(e))
     sys.exit(1)
 
