@@ -186,6 +186,7 @@ class OomAdvice:
     checkpointing: bool
     run_dir: Path
     device_type: str = "cpu"
+    precision: str = "fp32"
     blocks: bool = True  # has the model blocks --activation-checkpointing would find (unknown before it is built)
     state: dict[str, int] | None = None
     steps_done: Callable[[], int] | None = None
@@ -206,6 +207,7 @@ class OomAdvice:
             fixed=cfg.global_batch_size is not None,
             strategy=cfg.strategy,
             checkpointing=bool(cfg.activation_checkpointing),
+            precision=cfg.precision,
             run_dir=Path(run_dir),
             device_type=device_type,
         )
@@ -296,6 +298,8 @@ class OomAdvice:
         words += ["--batch-size", str(self.batch_size)]
         if self.strategy != "ddp":
             words += ["--strategy", self.strategy]
+        if self.precision != "fp32":
+            words += ["--precision", self.precision]
         if self.checkpointing:
             words.append("--activation-checkpointing")
         return shlex.join(words)

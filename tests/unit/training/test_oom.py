@@ -173,6 +173,10 @@ def test_the_message_says_where_how_much_what_the_rank_holds_and_what_to_try() -
         "--nproc 2 --batch-size 64"
     )
     assert len(lines) < 10 and "plan said" not in text
+    assert _advice(strategy="fsdp", precision="bf16", checkpointing=True, nnodes=2).plan_command() == (
+        "ddpkit plan examples/gpt.py:build --task-arg n_embd=128 --task-arg 'name=a b' --nproc 2 --nnodes 2 "
+        "--batch-size 64 --strategy fsdp --precision bf16 --activation-checkpointing"
+    )
     advice.note_plan("DDP needs 9.0 GiB per rank of 8.0 GiB: fsdp fits")
     assert "  the plan said: DDP needs 9.0 GiB per rank of 8.0 GiB: fsdp fits" in advice.message(CPU, "forward")
     assert advice.message(CPU, "save (checkpoint)").startswith(
