@@ -314,3 +314,16 @@ def test_the_always_call_hooks_failing_after_it_add_no_warning() -> None:
             model(torch.randn(2, 3))
         warnings.warn("another warning still shows", UserWarning, stacklevel=1)
     assert [str(w.message) for w in seen] == ["another warning still shows"]
+
+
+def test_on_a_gpu_the_allocators_summary_is_saved_and_named(tmp_path: Path, monkeypatch) -> None:
+    """The CUDA path without a GPU: torch's memory_summary stands in (the real one needs a device)."""
+    monkeypatch.setattr(torch.cuda, "memory_summary", lambda *a, **k: "|  PyTorch CUDA memory summary  |")
+    advice = _advice(run_dir=tmp_path, device_type="cuda")
+    try:
+        raise torch.OutOfMemoryError(CUDA)
+    except torch.OutOfMemoryError as e:
+        error = advice.error(e)
+    summary = tmp_path / "oom-rank-1.txt"
+    assert summary.read_text() == "|  PyTorch CUDA memory summary  |\n"
+    assert f"  the allocator's memory summary is in {summary}" in str(error).splitlines()
