@@ -9,7 +9,8 @@ with examples/gpt.py (its default 0.1M-parameter model, --threads 1) at 1000 MiB
 of 512 windows trains (peak resident set ~840 MiB), one of 1024 fails in its first forward or
 backward (it needs ~1.2 GiB); the launcher itself needs far less. The gloo threads did not
 abort in these runs (their buffers are small next to the activations); a limit low enough to
-fail them would end a rank with SIGABRT and the launcher's "was killed by signal 6" instead.
+fail an allocation on one of them was not tried (a C++ thread's failure would likely abort the
+process, which the launcher reports as a signal, not as these lines).
 The outcome does not depend on the machine's load (a limit per process, no timeout).
 One rank alone failing inside an FSDP unit is a request of 40 TB, which fails without a limit.
 """
