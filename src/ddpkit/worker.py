@@ -11,7 +11,7 @@ import sys
 import time
 import traceback
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Iterator, NoReturn
 
 import numpy as np
 import torch
@@ -36,6 +36,7 @@ from .task import Task, as_task, build_task
 from .textfile import write_text_atomic
 from .training.auto import resolve_auto
 from .training.loop import fit
+from .training.oom import OOM_FILE, OomAdvice, OutOfMemory, oom_error
 from .training.signals import ENDING_SIGNALS, StopRequest
 from .training.trace import DROPOUT_FILE, TRACE_DIR, dropout_off, to_float64
 
@@ -110,7 +111,8 @@ def seed_everything(seed: int) -> None:
 
 def train_worker(config: dict[str, Any], task: Task | None = None) -> dict[str, Any]:
     """Entry point of one worker. Returns the run summary. A DdpkitError is also written
-    where the launcher looks for it, so the user sees one clear line, not N tracebacks.
+    where the launcher looks for it, so the user sees one clear line, not N tracebacks; so is
+    running out of memory, in the few lines of training/oom.py.
     `task`: a Task object every worker already holds (forked from a notebook) instead of
     the one config.task names."""
     cfg = RunConfig.from_dict(config)
@@ -130,29 +132,56 @@ def train_worker(config: dict[str, Any], task: Task | None = None) -> dict[str, 
             sys.stderr.flush()
             os._exit(0)
         return summary
-    except DdpkitError as e:
-        if not error_dir:  # started by torchrun/srun/in-process: the caller reports it
-            raise
-        if isinstance(e, RunDirTaken) and _restarts_left():
-            sys.exit(2)  # said already (_say_rejoining); no error file that a later failure would show
-        error_file(error_dir, f"rank-{env.rank}.txt").write_text(str(e))
-        sys.exit(2)
     except Exception as e:
-        if not error_dir:
-            raise
-        if type(e).__name__ == "SignalException":  # the agent is stopping us: another rank failed
-            os._exit(1)
-        if _is_peer_loss(e):  # a consequence of another rank's failure: one line, not a traceback
-            line = f"rank {env.rank} lost contact with another rank ({str(e).splitlines()[0][:200]})"
-            error_file(error_dir, f"peer-{env.rank}.txt").write_text(line)
-            print(f"[rank {env.rank}] {line}", file=sys.stderr, flush=True)
-            os._exit(1)
-        # One traceback, from the rank that failed; the launcher adds one line naming it, the
-        # exception and its message (read from this rank's file)
-        record_failure(cfg.run_dir or "runs/latest", e, env.rank)
-        print(f"[rank {env.rank}] " + traceback.format_exc(), file=sys.stderr, flush=True)
-        error_file(error_dir, f"raised-{env.rank}.txt").write_text(exception_line(e))
-        sys.exit(1)
+        if isinstance(e, OutOfMemory) or (not isinstance(e, DdpkitError) and oom_error(e) is not None):
+            _out_of_memory(e, cfg, env, error_dir)
+        if isinstance(e, DdpkitError):
+            _refused(e, env, error_dir)
+        _failed(e, cfg, env, error_dir)
+
+
+def _refused(e: DdpkitError, env: DistEnv, error_dir: str | None) -> NoReturn:
+    """A refusal of the user's input: one line for the launcher (exit 2)."""
+    if not error_dir:  # started by torchrun/srun/in-process: the caller reports it
+        raise e
+    if isinstance(e, RunDirTaken) and _restarts_left():
+        sys.exit(2)  # said already (_say_rejoining); no error file that a later failure would show
+    error_file(error_dir, f"rank-{env.rank}.txt").write_text(str(e))
+    sys.exit(2)
+
+
+def _out_of_memory(e: Exception, cfg: RunConfig, env: DistEnv, error_dir: str | None) -> NoReturn:
+    """This rank ran out of memory: the few lines of training/oom.py (OutOfMemory, raised by fit;
+    made here for an error before it, e.g. while the task was built), recorded in the run's folder
+    and handed to the launcher as the job's error, without a traceback (exit 1)."""
+    run_dir = Path(cfg.run_dir or "runs/latest")
+    if not isinstance(e, OutOfMemory):
+        device = "cuda" if cfg.device != "cpu" and torch.cuda.is_available() else "cpu"
+        e = OomAdvice.of(cfg, env, run_dir, device).error(e)
+    record_failure(run_dir, e)  # its message names the rank
+    if not error_dir:  # torchrun, srun, in-process: the caller says it, without the traceback of the error
+        raise e from None
+    error_file(error_dir, OOM_FILE.format(rank=env.rank)).write_text(str(e))
+    sys.exit(1)
+
+
+def _failed(e: Exception, cfg: RunConfig, env: DistEnv, error_dir: str | None) -> NoReturn:
+    """Any other failure: a lost peer in one line, this rank's own error with its traceback."""
+    if not error_dir:
+        raise e
+    if type(e).__name__ == "SignalException":  # the agent is stopping us: another rank failed
+        os._exit(1)
+    if _is_peer_loss(e):  # a consequence of another rank's failure: one line, not a traceback
+        line = f"rank {env.rank} lost contact with another rank ({str(e).splitlines()[0][:200]})"
+        error_file(error_dir, f"peer-{env.rank}.txt").write_text(line)
+        print(f"[rank {env.rank}] {line}", file=sys.stderr, flush=True)
+        os._exit(1)
+    # One traceback, from the rank that failed; the launcher adds one line naming it, the
+    # exception and its message (read from this rank's file)
+    record_failure(cfg.run_dir or "runs/latest", e, env.rank)
+    print(f"[rank {env.rank}] " + "".join(traceback.format_exception(e)), file=sys.stderr, flush=True)
+    error_file(error_dir, f"raised-{env.rank}.txt").write_text(exception_line(e))
+    sys.exit(1)
 
 
 def _train(cfg: RunConfig, env: DistEnv, held: contextlib.ExitStack, given: Task | None = None) -> dict[str, Any]:
@@ -174,7 +203,7 @@ def _train(cfg: RunConfig, env: DistEnv, held: contextlib.ExitStack, given: Task
         load_what_every_worker_loads()  # by its first step anyway: counted in its fixed cost
         sharded = sharding_import_cost() if cfg.strategy == "auto" else 0  # auto weighs FSDP's modules too
         process = measure_process(task.model, rt.device.type, release, sharded)
-        cfg = resolve_auto(cfg, rt, task, process)  # --strategy auto: the strategy, checkpointing, micro-batch
+        cfg, chosen = resolve_auto(cfg, rt, task, process)  # --strategy auto: strategy, checkpointing, micro-batch
         if restart_count() > 0:
             cfg = cfg.replace(auto_resume=True)  # restarted after a failure: continue, don't redo
         start = prepare_run_dir(cfg, run_dir, rt.is_main, env.world_size, env.nnodes, task.model, held)
@@ -185,8 +214,12 @@ def _train(cfg: RunConfig, env: DistEnv, held: contextlib.ExitStack, given: Task
             print(f"ddpkit: warning: {start.not_kept}; `ddpkit export --format hf` will refuse this run", flush=True)
         batches = cfg.batch_plan(env.world_size)  # planned once: the loop trains with it, the summary shows it
         fit_start = time.time()
+        # what a rank that runs out of memory says (note_plan: a line of the memory plan with it)
+        oom = OomAdvice.of(cfg, env, run_dir, rt.device.type)
+        if chosen:
+            oom.note_plan(chosen)
         with watched(watchdog), _rejoining(env):
-            stats = fit(cfg, task, rt, run_dir, batches, stop, start.mark, begin=start.begin, fixed=process.fixed)
+            stats = fit(cfg, task, rt, run_dir, batches, stop, start.mark, start.begin, process.fixed, oom)
         fit_end = time.time()
         del task  # holds the model; drop it before the process group goes
         if stats["stopped_early"] and cfg.requeue and env.is_main and stop is not None:

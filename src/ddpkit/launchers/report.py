@@ -15,6 +15,7 @@ from typing import Any, Iterator
 
 from ..envvars import RETURNED_FILE, STACKS_FILE, attempt_errors, ranks_with
 from ..errors import DdpkitError, RunDirTaken, WorkerFailed
+from ..training.oom import OOM_FILE
 
 # what restarted workers do, by what they run
 RESUME_TRAIN = "they resume from the newest checkpoint"
@@ -38,6 +39,9 @@ def job_failure(e: Any, errors: Path, attempt: int, hang_dir: Path | None, since
     hang_lines = sorted(folder.glob("hang-*.txt"))
     if hang_lines:  # a rank's watchdog ended the job, but no report is readable here
         return WorkerFailed(hang_lines[0].read_text().strip())
+    oom = out_of_memory(folder, e.get_first_failure()[0])
+    if oom:  # a few lines from the rank that ran out of memory (training/oom.py): exit 1
+        return WorkerFailed(oom)
     refusal = user_error(folder)
     if refusal:  # a worker refused the user's input (ddpkit train, launch's NCCL check): exit 2
         return (RunDirTaken if refusal.startswith(RunDirTaken.OPENING) else DdpkitError)(refusal)
@@ -59,6 +63,20 @@ def user_error(folder: Path) -> str | None:
     """The first rank's one-line refusal, as the workers of `ddpkit train` write it (worker.py)."""
     user_errors = sorted(folder.glob("rank-*.txt"), key=lambda p: int(p.stem.split("-")[1]))
     return user_errors[0].read_text().strip() if user_errors else None
+
+
+def out_of_memory(folder: Path, first: int | None = None) -> str | None:
+    """The message of the rank that ran out of memory (rank `first`, the first failure, when it did;
+    else the lowest), naming the other ranks that ran out too; None when none did."""
+    said = {rank: folder / OOM_FILE.format(rank=rank) for rank in ranks_with(folder, OOM_FILE)}
+    if not said:
+        return None
+    rank = first if first in said else min(said)
+    lines = said[rank].read_text().strip().splitlines() or [f"rank {rank} ran out of memory"]
+    others = sorted(set(said) - {rank})
+    if others:
+        lines.insert(1, f"  rank(s) {', '.join(map(str, others))} ran out of memory too")
+    return "\n".join(lines)
 
 
 def failure_message(e: Any, folder: Path) -> str:
@@ -138,7 +156,8 @@ class RestartLine:
         # as torch's get_first_failure: the earliest; on a tie the first recorded (the ranks torch's
         # agent stopped because of it are recorded after it, in the same second)
         rank, failure = min(failures.items(), key=lambda kv: kv[1].timestamp)
-        why = user_error(attempt_errors(self.errors, restarts_done - 1))
+        folder = attempt_errors(self.errors, restarts_done - 1)
+        why = user_error(folder) or (out_of_memory(folder, rank) or "").split("\n")[0]
         how = how_it_ended(failure.exitcode) + (f" ({why[:200]})" if why else "")
         return (
             f"ddpkit: worker rank {rank} {how}; restarting the workers, attempt {restarts_done + 1} "

@@ -56,6 +56,14 @@ def checkpoint_blocks(model: nn.Module, blocks: BlocksHook | None = None) -> lis
     return chosen
 
 
+def has_blocks(model: nn.Module, blocks: BlocksHook | None = None) -> bool:
+    """Would --activation-checkpointing find blocks to checkpoint in `model` (checkpoint_blocks')?"""
+    try:
+        return bool(list((blocks or default_blocks)(model)))
+    except Exception:  # a task's hook that fails says so when it is used, not here
+        return False
+
+
 def _no_key_value_cache(model: nn.Module) -> None:
     """A Hugging Face model in training still fills a key/value cache (config.use_cache) that
     its blocks share: a block run again for its activations would append its keys a second

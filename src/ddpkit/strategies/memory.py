@@ -548,6 +548,19 @@ def local_state_bytes(model: nn.Module, optimizer: torch.optim.Optimizer) -> dic
     return {"params": params, "grads": params, "optimizer": optim, "total": 2 * params + optim}
 
 
+def state_bytes_at_start(model: nn.Module, optimizer: torch.optim.Optimizer, spec: Any) -> dict[str, int]:
+    """local_state_bytes before the first optimizer step: an optimizer that makes its state at its
+    first step (Adam) holds none yet, so its state is counted per parameter element as the plan
+    does (optimizer_state_per_param on the task's optimizer `spec`)."""
+    state = local_state_bytes(model, optimizer)
+    if state["optimizer"] == 0:
+        per_element = optimizer_state_per_param(spec)[1]
+        elements = sum(_local(p).numel() for p in model.parameters() if p.requires_grad)
+        state["optimizer"] = int(per_element * elements)
+        state["total"] = 2 * state["params"] + state["optimizer"]
+    return state
+
+
 def _local(t: torch.Tensor) -> torch.Tensor:
     return t.to_local() if hasattr(t, "to_local") else t
 

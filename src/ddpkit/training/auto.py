@@ -23,11 +23,11 @@ from ..task import Task
 from .probe import estimate_activations
 
 
-def resolve_auto(cfg: RunConfig, rt: Runtime, task: Task, process: ProcessCost) -> RunConfig:
+def resolve_auto(cfg: RunConfig, rt: Runtime, task: Task, process: ProcessCost) -> tuple[RunConfig, str | None]:
     """`cfg` with auto's strategy, checkpointing, micro-batch and accumulation (unchanged unless
-    --strategy auto); rank 0 prints why in one line."""
+    --strategy auto), and why, in one line (None: not auto); rank 0 prints it."""
     if cfg.strategy != "auto":
-        return cfg
+        return cfg, None
     from ..strategies.fsdp import default_blocks  # what a sharded worker imports: its cost is measured
 
     budget = cfg.device_memory
@@ -66,7 +66,7 @@ def resolve_auto(cfg: RunConfig, rt: Runtime, task: Task, process: ProcessCost) 
     settings, line = rt.broadcast_object(chosen) if rt.distributed else chosen
     if not cfg.quiet:
         rt.print(f"ddpkit: --strategy auto: {line}")
-    return cfg.replace(**settings)
+    return cfg.replace(**settings), f"--strategy auto: {line}"
 
 
 class _untouched:

@@ -26,11 +26,13 @@ from ..reporting.progress import Progress, choose_mode
 from ..reporting.sinks.base import FAILED, FINISHED, STOPPED, SinkSettings
 from ..runtime import Runtime
 from ..strategies import Strategy, make_strategy
-from ..strategies.memory import local_state_bytes, peak_memory_bytes, reset_peak_memory
+from ..strategies.activation import has_blocks
+from ..strategies.memory import local_state_bytes, peak_memory_bytes, reset_peak_memory, state_bytes_at_start
 from ..task import Task
 from .cadence import Cadence, Moment, StepPlan
 from .epoch import EpochRun, RunTotals
 from .evaluate import evaluate
+from .oom import OomAdvice
 from .profile import LabelledSteps, StepProfile
 from .schedule import make_scheduler, replan
 from .signals import StopRequest
@@ -49,6 +51,7 @@ def fit(
     mark: WorldMark | None = None,
     begin: Callable[[], None] | None = None,
     fixed: int | None = None,
+    oom: OomAdvice | None = None,
 ) -> dict[str, Any]:
     """Train `task` as `cfg` says, in the global batches of `batches` (cfg.batch_plan at this world
     size, planned once by the caller); returns the run's summary (the same on every rank).
@@ -56,25 +59,30 @@ def fit(
     With `mark` (claimed), every rank stops at the same step once another world has claimed the run directory.
     `begin()`: called once everything that may refuse the run has passed (the resume included),
     before anything is written into the run directory: a refusal leaves it as it was.
-    `fixed`: this process's memory before the model (the summary's breakdown of its peak)."""
-    run = Run(cfg, task, rt, run_dir, batches, stop, mark, begin)
-    run.fixed = fixed  # model, optimizer, data, steps, checkpoints: resumed
-    moment = None
-    try:
-        with run.checkpointer.writing():  # --async-save: every checkpoint is on disk when this block is left
-            for moment in run.cadence.moments(run.start_pass):
-                record = run.record(moment)  # a pass's figures (one all-reduce), or a step's place
-                if moment.evaluate:
-                    record.update(run.evaluate())
-                run.report(record, moment)
-                if moment.save:
-                    run.checkpointer.save(moment.position(), record)
-                if moment.snapshot:
-                    run.checkpointer.snapshot(moment.global_step, moment.position)
-        return run.finish(moment)
-    except BaseException as e:  # a tracker's run is marked so (nothing more when finish() closed the log)
-        run.log.close_after_failure(STOPPED if isinstance(e, KeyboardInterrupt) else FAILED)
-        raise
+    `fixed`: this process's memory before the model (the summary's breakdown of its peak).
+    Running out of memory anywhere in it raises OutOfMemory, a few lines that say where and what
+    to try (oom.py; `oom`: the caller's, which may hold what the plan said)."""
+    oom = oom or OomAdvice.of(cfg, rt.env, run_dir, rt.device.type)
+    with oom.watching():
+        # model, optimizer, data, steps, checkpoints: resumed
+        run = Run(cfg, task, rt, run_dir, batches, stop, mark, begin, oom)
+        run.fixed = fixed
+        moment = None
+        try:
+            with run.checkpointer.writing():  # --async-save: every checkpoint is on disk when this block is left
+                for moment in run.cadence.moments(run.start_pass):
+                    record = run.record(moment)  # a pass's figures (one all-reduce), or a step's place
+                    if moment.evaluate:
+                        record.update(run.evaluate())
+                    run.report(record, moment)
+                    if moment.save:
+                        run.checkpointer.save(moment.position(), record)
+                    if moment.snapshot:
+                        run.checkpointer.snapshot(moment.global_step, moment.position)
+            return run.finish(moment)
+        except BaseException as e:  # a tracker's run is marked so (nothing more when finish() closed the log)
+            run.log.close_after_failure(STOPPED if isinstance(e, KeyboardInterrupt) else FAILED)
+            raise
 
 
 class Run:
@@ -95,13 +103,18 @@ class Run:
         stop: StopRequest | None,
         mark: WorldMark | None = None,
         begin: Callable[[], None] | None = None,
+        oom: OomAdvice | None = None,
     ) -> None:
         reset_peak_memory(rt.device)
         self.cfg, self.task, self.rt, self.run_dir, self.stop, self.mark = cfg, task, rt, run_dir, stop, mark
-        self.batches = batches
+        self.batches, self.oom = batches, oom
         self.strategy = make_strategy(cfg, rt, task)  # DDP or FSDP, the precision, DDP's knobs
         self.model = self.strategy.setup_module(task.model)
         self.optimizer = self.strategy.setup_optimizer(task.optimizer, self.model, cfg.lr)
+        if oom is not None:  # counted now: a rank that has run out of memory cannot count it
+            oom.strategy, oom.checkpointing = self.strategy.name, bool(self.strategy.checkpointed)
+            oom.blocks = oom.checkpointing or has_blocks(task.model, self.strategy.checkpoint_blocks)
+            oom.state = state_bytes_at_start(self.model, self.optimizer, task.optimizer)
         # a global order over a map-style set, or a stream's readers
         self.loader = make_loader(task.train_set, cfg, rt, batches)
         self.checkpointer = Checkpointer(
@@ -169,6 +182,8 @@ class Run:
         self.cadence = Cadence(
             self.plan, start, cfg.eval_every, cfg.eval_every_steps, self.checkpointer, self.steps.stop_requested
         )
+        if self.oom is not None:
+            self.oom.steps_done = lambda: self.cadence.global_step
         self.log = MetricsLog(
             self.run_dir,
             enabled=rt.is_main,
