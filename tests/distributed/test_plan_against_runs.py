@@ -12,9 +12,9 @@ import pytest
 from conftest import REPO, assert_state_equal, load_model, run_ddpkit
 
 DEEP = str(REPO / "examples" / "deep_mlp.py") + ":build"
-# 12.6M parameters: DDP holds ~200 MiB of AdamW state per rank, FSDP on 2 ranks at its peak ~80
-DEEP_ARGS = ["--nproc", "2", "--task-arg", "width=512", "--batch-size", "24", "--seed", "3"]
-GPT = "examples/gpt.py:build"
+# 19.7M parameters: DDP holds ~300 MiB of AdamW state per rank, FSDP on 2 ranks at its peak ~120
+DEEP_ARGS = ["--nproc", "2", "--task-arg", "width=640", "--batch-size", "24"]
+GPT = str(REPO / "examples" / "gpt.py") + ":build"
 GPT_S = [f"--task-arg={k}={v}" for k, v in {"n_layer": 4, "n_embd": 128, "n_head": 4, "block_size": 128}.items()]
 GPT_ARGS = ["--nproc", "2", "--batch-size", "8", *GPT_S, "--task-arg", "max_samples=128"]
 MiB = 2**20
@@ -35,7 +35,7 @@ def test_auto_counts_everything_picks_what_fits_and_trains_what_the_named_settin
     assert ddp["peak"] == max(ddp["fixed"] + ddp["state"] + ddp["in_flight"] + ddp["activations"], ddp["end_of_run"])
     assert ddp["peak"] - fsdp["peak"] > 100 * MiB
     budget = int((ddp["peak"] + fsdp["peak"]) / 2 / plan["fit_fraction"])  # only FSDP's peak fits
-    common = [*DEEP_ARGS, "--max-steps", "4", "--save-every", "0", "--device-memory", str(budget)]
+    common = [*DEEP_ARGS, "--seed", "3", "--max-steps", "4", "--save-every", "0", "--device-memory", str(budget)]
     auto = run_ddpkit("train", DEEP, *common, "--strategy", "auto", "--run-dir", str(tmp_path / "auto"), cwd=tmp_path)
     assert "ddpkit: --strategy auto: fsdp: DDP needs" in auto.stdout and "FSDP x2 needs" in auto.stdout
     s = _summary(tmp_path / "auto")
