@@ -36,7 +36,7 @@ class StrategyConfig:
     """How the model is parallelised, as the strategies read it: built from a RunConfig by
     RunConfig.strategy_config(), or from rt.wrap's keywords by the Session."""
 
-    name: str = "ddp"  # a registered strategy: ddp | fsdp | hsdp | auto (the memory plan picks ddp or fsdp)
+    name: str = "ddp"  # a registered strategy: ddp | fsdp | hsdp | auto (the memory plan picks, training/auto.py)
     precision: str = "fp32"
     device_memory: int | None = None  # bytes per device for the memory plan (None: detected)
     async_save: bool = False  # background checkpoints: one-file (DDP) checkpoints only
@@ -388,4 +388,10 @@ HSDP = register(
         note=hsdp_note,
     )
 )
-AUTO = register(StrategySpec("auto", "the memory plan picks ddp or fsdp", memory=None))
+AUTO = register(
+    StrategySpec(
+        "auto",
+        "the memory plan picks the fastest that fits: the strategy, activation checkpointing, the micro-batch",
+        memory=None,
+    )
+)

@@ -33,6 +33,7 @@ def test_auto_counts_everything_picks_what_fits_and_trains_what_the_named_settin
     ddp, fsdp = plan["strategies"]["ddp"], plan["strategies"]["fsdp"]
     assert ddp["fixed"] > 100 * MiB  # torch, the modules, the data: measured, in the total
     assert ddp["peak"] == max(ddp["fixed"] + ddp["state"] + ddp["in_flight"] + ddp["activations"], ddp["end_of_run"])
+    assert fsdp["grads_made_in_backward"] > 0 and ddp["grads_made_in_backward"] == 0  # DDP's stay in its state
     assert ddp["peak"] - fsdp["peak"] > 100 * MiB
     budget = int((ddp["peak"] + fsdp["peak"]) / 2 / plan["fit_fraction"])  # only FSDP's peak fits
     common = [*DEEP_ARGS, "--seed", "3", "--max-steps", "4", "--save-every", "0", "--device-memory", str(budget)]

@@ -55,7 +55,7 @@ def cmd_plan(ns: argparse.Namespace) -> int:
 
 COMMAND = Command(
     cmd_plan,
-    "memory per rank under DDP and FSDP, and which one fits",
+    "each rank's peak memory under DDP, FSDP and HSDP, and what --strategy auto would choose",
     PLAN_HELP,
     (config.STRATEGY,),
     (

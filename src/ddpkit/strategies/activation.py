@@ -144,7 +144,7 @@ class SavedBytes:
             for t in tree_leaves((args, kwargs)):
                 if isinstance(t, torch.Tensor):
                     self._held.append(t)
-                    self.inputs[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+                    self.inputs[_storage(t)] = t.untyped_storage().nbytes()
             if i is not None:
                 self._running.append(i)
 
@@ -157,8 +157,14 @@ class SavedBytes:
         base = t._base if t._base is not None else t
         if not (base.is_leaf and base.requires_grad):
             where = self.inside[self._running[-1]] if self._running else self.outside
-            where[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+            where[_storage(t)] = t.untyped_storage().nbytes()
         return t.detach()
+
+
+def _storage(t: Any) -> int:
+    """Which storage `t` lives in: torch's own handle of it (on the meta device too, where
+    every tensor's data pointer is 0)."""
+    return int(t.untyped_storage()._cdata)
 
 
 def _bytes(*parts: dict[int, int]) -> int:

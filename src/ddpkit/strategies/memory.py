@@ -157,7 +157,8 @@ class ProcessCost:
 @dataclass(frozen=True)
 class Peak:
     """What one rank's peak is made of under one strategy: in training, the fixed cost, the
-    model state, what is in flight and the activations of a micro-batch; after the last step,
+    model state, what is in flight and the activations of a micro-batch (or, when larger, the
+    gradients FSDP makes again in each backward as they go); after the last step,
     rank 0 writes model.pt beside the state it still holds (`end_of_run`:
     that state and, under FSDP, the one tensor it has gathered at a time). The peak is the larger
     of the two."""
@@ -167,10 +168,11 @@ class Peak:
     transient: int
     activations: int | None  # None: not estimated (no --batch-size given to the plan)
     end_of_run: int
+    grads_made: int = 0  # gradients made during backward while the activations go (FSDP's shards)
 
     @property
     def training(self) -> int:
-        return self.fixed + self.state + self.transient + (self.activations or 0)
+        return self.fixed + self.state + self.transient + max(self.activations or 0, self.grads_made)
 
     @property
     def total(self) -> int:
@@ -230,11 +232,14 @@ class MemoryPlan:
         if isinstance(a, ActivationEstimate):
             ckpt = self.checkpointing if checkpointing is None else checkpointing
             act = a.of(sharded).at(batch_size or a.batch_size).need(ckpt)
-        # FSDP frees its gradient shards after each step (set to None): at the peak, when backward
-        # begins, it holds none (its unsharded block in flight is counted); DDP's stay in its buckets.
-        # At the end rank 0 writes model.pt: DDP the weights it holds, FSDP one gathered tensor at a time
-        state = f.state - f.grads if sharded else f.state
-        return Peak(self.process.of(sharded), state, f.transient, act, state + (self.largest_tensor if sharded else 0))
+        # FSDP frees its gradient shards after each step (set to None) and makes them again during
+        # backward, as the activations are freed: its peak holds the larger of the two (measured: the
+        # start of backward for a model whose activations outweigh its gradients, the end otherwise);
+        # DDP's gradients stay in its buckets. At the end rank 0 writes model.pt: DDP the weights it
+        # holds, FSDP one gathered tensor at a time
+        state = f.params + f.optimizer if sharded else f.state
+        end = state + (self.largest_tensor if sharded else 0)
+        return Peak(self.process.of(sharded), state, f.transient, act, end, f.grads if sharded else 0)
 
     @property
     def largest_tensor(self) -> int:
@@ -281,6 +286,7 @@ class MemoryPlan:
                 "in_flight": p.transient,
                 "fixed": p.fixed,
                 "activations": p.activations,
+                "grads_made_in_backward": p.grads_made,
                 "end_of_run": p.fixed + p.end_of_run,
                 "peak": p.total,
                 "fits": self.fits(name),

@@ -133,17 +133,22 @@ def test_the_plan_estimates_what_a_forward_keeps_with_and_without_checkpointing_
     assert estimate.at(1).kept < estimate.kept and estimate.at(5) == estimate
 
 
-def test_a_model_on_the_meta_device_is_probed_on_a_copy_with_memory_and_stays_on_meta():
-    from ddpkit.training.probe import estimate_activations
+@pytest.mark.parametrize("in_memory_up_to", [1 << 30, 0])  # a copy with zeros in memory, or shapes only
+def test_a_model_on_the_meta_device_is_probed_on_a_copy_and_stays_on_meta(monkeypatch, in_memory_up_to):
+    from ddpkit.training import probe
 
+    monkeypatch.setattr(probe, "REAL_PROBE_MAX", in_memory_up_to)
     with torch.device("meta"):
-        model = nn.Sequential(nn.Linear(4, 16), nn.ReLU(), nn.Linear(16, 2))
-    real = nn.Sequential(nn.Linear(4, 16), nn.ReLU(), nn.Linear(16, 2))
-    data = TensorDataset(torch.zeros(4, 4), torch.zeros(4).long())
-    loss = nn.CrossEntropyLoss()
-    on_meta = estimate_activations(Task(model=model, train_set=data, optimizer=None, loss_fn=loss), 8, list)
-    eager = estimate_activations(Task(model=real, train_set=data, optimizer=None, loss_fn=loss), 8, list)
-    assert on_meta == eager and on_meta.kept > 0
+        model = _gpt()
+    windows = [{"idx": i, "targets": i.roll(1)} for i in torch.randint(0, 13, (4, 8))]
+    on_meta = probe.estimate_activations(Task(model=model, train_set=windows, optimizer=None), 8, lambda m: m.blocks)
+    eager = probe.estimate_activations(Task(model=_gpt(), train_set=windows, optimizer=None), 8, lambda m: m.blocks)
+    assert on_meta.on_meta == (in_memory_up_to == 0)
+    figures = lambda e: (e.kept, e.kept_checkpointed, e.recomputed, *e.per_sample)  # noqa: E731
+    if in_memory_up_to:
+        assert figures(on_meta) == figures(eager) and on_meta.kept > 0
+    else:  # on the meta device a few kernels save other buffers than on the CPU (measured: 1.4% here): close
+        assert figures(on_meta) == pytest.approx(figures(eager), rel=0.05) and on_meta.kept > 0
     assert all(p.is_meta for p in model.parameters())
 
 
