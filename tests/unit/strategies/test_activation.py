@@ -133,22 +133,23 @@ def test_the_plan_estimates_what_a_forward_keeps_with_and_without_checkpointing_
     assert estimate.at(1).kept < estimate.kept and estimate.at(5) == estimate
 
 
-def test_a_model_on_the_meta_device_is_probed_on_a_copy_there_or_for_autocast_with_zeros(monkeypatch):
+def test_a_model_on_the_meta_device_is_probed_on_a_copy_in_memory_or_if_too_large_on_meta(monkeypatch):
     from ddpkit.training import probe
 
     with torch.device("meta"):
         model = _gpt()
-    assert probe._probe_model(model, "fp32")[1].type == "meta"  # shapes only: no memory, no time
-    copy, device = probe._probe_model(model, "bf16")  # autocast has no meta kernels
-    assert device.type == "cpu" and all(not p.is_meta and not p.any() for p in copy.parameters())
+    copy, device = probe._probe_model(model, "fp32")
+    assert device.type == "cpu" and not any(p.is_meta for p in copy.parameters())
     monkeypatch.setattr(probe, "REAL_PROBE_MAX", 0)
-    assert probe._probe_model(model, "bf16")[1].type == "meta"  # too large to hold: the model cast instead
+    assert probe._probe_model(model, "fp32")[1].type == "meta"  # too large to hold: shapes only
     assert all(p.is_meta for p in model.parameters())  # the task's own model stays as it was
 
 
-def test_the_meta_probe_counts_what_a_real_forward_keeps():
+def test_the_meta_probe_counts_what_a_real_forward_keeps(monkeypatch):
+    from ddpkit.training import probe
     from ddpkit.training.probe import estimate_activations
 
+    monkeypatch.setattr(probe, "REAL_PROBE_MAX", 0)
     with torch.device("meta"):
         model = _gpt()
     windows = [{"idx": i, "targets": i.roll(1)} for i in torch.randint(0, 13, (4, 8))]
@@ -156,7 +157,7 @@ def test_the_meta_probe_counts_what_a_real_forward_keeps():
     eager = estimate_activations(Task(model=_gpt(), train_set=windows, optimizer=None), 8, lambda m: m.blocks)
     figures = lambda e: (e.kept, e.kept_checkpointed, e.recomputed, *e.per_sample)  # noqa: E731
     assert on_meta.on_meta and not eager.on_meta and on_meta.kept > 0
-    # on the meta device a few kernels save other buffers than on the CPU (measured: 1.4% here): close
+    # on the meta device attention saves its math path's buffers, not the CPU's fused kernel's: close here
     assert figures(on_meta) == pytest.approx(figures(eager), rel=0.05)
 
 
