@@ -271,8 +271,8 @@ def memory_plan(
     from .strategies.fsdp import default_blocks
 
     blocks = built.fsdp_blocks or default_blocks
-    process = _fixed_cost(built, blocks, precision, device_type, start_method == "fork", (release, sharded, planning))
-    activations = _probe(built, batch_size, built.checkpoint_blocks or blocks, precision)
+    fixed = _fixed_cost(built, blocks, precision, device_type, start_method == "fork", (release, sharded, planning))
+    activations = _probe(built, batch_size, built.checkpoint_blocks or blocks, precision)  # beside a fork's
     return make_plan(
         built.model,
         built.optimizer,
@@ -286,7 +286,7 @@ def memory_plan(
         nnodes=nnodes,
         activations=activations,
         checkpointing=activation_checkpointing,
-        process=process,
+        process=fixed(),
         built_how=how,
         built_on_meta=how.endswith("by the task"),
         accumulate=accumulate,
@@ -308,17 +308,26 @@ def _plan_request(
     return RunConfig(task=task, nproc=n, strategy=strategy, precision=precision, task_args=task_args or {})
 
 
-def _fixed_cost(built: Any, blocks: Any, precision: str, device_type: str, forked: bool, how: tuple) -> Any:
+def _fixed_cost(
+    built: Any, blocks: Any, precision: str, device_type: str, forked: bool, how: tuple
+) -> Callable[[], Any]:
     """A worker's fixed cost (strategies/memory.py: measure_process, `how`: its release, sharded
     and beside), measured as the workers will start: for forked ones on a CPU in a fork of this
-    process, which holds this process's heap but only the code it runs itself."""
+    process, which holds this process's heap but only the code it runs itself. Returns what
+    waits for it: the fork measures while this process goes on."""
     from .strategies.memory import ProcessCost, measure_process
 
     measure = lambda: measure_process(built.model, device_type, *how)  # noqa: E731
     if not forked or device_type != "cpu":
-        return measure()
-    got = _in_a_fork(lambda: dataclasses.asdict((_as_a_worker(built, blocks, precision), measure())[1]))
-    return ProcessCost(**got) if got else measure()
+        here = measure()
+        return lambda: here
+    wait = _in_a_fork(lambda: dataclasses.asdict((_as_a_worker(built, blocks, precision), measure())[1]))
+
+    def result() -> Any:
+        got = wait()
+        return ProcessCost(**got) if got else measure()
+
+    return result
 
 
 def _as_a_worker(built: Any, blocks: Any, precision: str) -> None:
@@ -339,10 +348,11 @@ def _as_a_worker(built: Any, blocks: Any, precision: str) -> None:
         dist.destroy_process_group()
 
 
-def _in_a_fork(measure: Callable[[], Any], timeout: float = 60.0) -> Any:
-    """`measure()` in a forked child of this process (its result, plain data, as JSON), or None when
-    the child fails or takes longer than `timeout` seconds (then it is killed). The child runs
-    torch on one thread: a fork inherits no OpenMP pool it could use."""
+def _in_a_fork(measure: Callable[[], Any], timeout: float = 60.0) -> Callable[[], Any]:
+    """Starts `measure()` in a forked child of this process; returns what waits for its result
+    (plain data, as JSON), or None when the child fails or takes longer than `timeout` seconds
+    (then it is killed). The child runs torch on one thread: a fork inherits no OpenMP pool it
+    could use."""
     import json
     import select
     import signal as signals
@@ -360,21 +370,25 @@ def _in_a_fork(measure: Callable[[], Any], timeout: float = 60.0) -> Any:
         finally:
             os._exit(0)
     os.close(write)
-    data = b""
-    with os.fdopen(read, "rb", buffering=0) as got:
-        deadline = time.monotonic() + timeout
-        while (left := deadline - time.monotonic()) > 0 and select.select([got], [], [], left)[0]:
-            chunk = got.read(65536)
-            if not chunk:
-                break
-            data += chunk
-        else:
-            os.kill(pid, signals.SIGKILL)
-    os.waitpid(pid, 0)
-    try:
-        return json.loads(data)
-    except ValueError:
-        return None
+    deadline = time.monotonic() + timeout
+
+    def wait() -> Any:
+        data = b""
+        with os.fdopen(read, "rb", buffering=0) as got:
+            while (left := deadline - time.monotonic()) > 0 and select.select([got], [], [], left)[0]:
+                chunk = got.read(65536)
+                if not chunk:
+                    break
+                data += chunk
+            else:
+                os.kill(pid, signals.SIGKILL)
+        os.waitpid(pid, 0)
+        try:
+            return json.loads(data)
+        except ValueError:
+            return None
+
+    return wait
 
 
 def _probe(built: Any, batch_size: int | None, blocks: Any, precision: str) -> Any:
