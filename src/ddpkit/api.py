@@ -95,25 +95,9 @@ def _print_dry_run(cfg: RunConfig, plan: Any, backend: str, nproc: int, device_t
     print(describe(plan, backend if nproc * plan.max_nodes > 1 else "none (one process)", device_type))
     if cfg.strategy != "ddp":
         print(
-            memory_plan(
-                cfg.task,
-                nproc * plan.max_nodes,
-                cfg.strategy,
-                cfg.precision,
-                cfg.device_memory,
-                cfg.seed,
-                cfg.device,
-                local_nproc=nproc,
-                task_args=cfg.task_args,
-                replicate=cfg.replicate,
-                nnodes=plan.max_nodes,
-                batch_size=cfg.batch_size,
-                activation_checkpointing=cfg.activation_checkpointing,
-                cpu_allocator=cfg.cpu_allocator,
-                accumulate=cfg.accumulate,
-                global_batch_size=cfg.global_batch_size,
-                start_method=plan.start_method,
-            ).format(cfg.task, cfg.strategy)
+            run_memory_plan(cfg, nproc * plan.max_nodes, plan.max_nodes, nproc, plan.start_method).format(
+                cfg.task, cfg.strategy
+            )
         )
 
 
@@ -306,6 +290,30 @@ def _plan_request(
         check_precision(precision, device_type)
     check(StrategyConfig(name=strategy, replicate=replicate), n)
     return RunConfig(task=task, nproc=n, strategy=strategy, precision=precision, task_args=task_args or {})
+
+
+def run_memory_plan(cfg: RunConfig, nproc: int, nnodes: int, local_nproc: int, start_method: str) -> Any:
+    """memory_plan() of the run `cfg` asks for, at `nproc` ranks over `nnodes` nodes
+    (`local_nproc` on each), its workers started by `start_method`."""
+    return memory_plan(
+        cfg.task,
+        nproc,
+        cfg.strategy,
+        cfg.precision,
+        cfg.device_memory,
+        cfg.seed,
+        cfg.device,
+        local_nproc=local_nproc,
+        task_args=cfg.task_args,
+        replicate=cfg.replicate,
+        nnodes=nnodes,
+        batch_size=cfg.batch_size,
+        activation_checkpointing=cfg.activation_checkpointing,
+        cpu_allocator=cfg.cpu_allocator,
+        accumulate=cfg.accumulate,
+        global_batch_size=cfg.global_batch_size,
+        start_method=start_method,
+    )
 
 
 def _fixed_cost(

@@ -27,28 +27,15 @@ class PlanOptions:
 
 
 def cmd_plan(ns: argparse.Namespace) -> int:
-    from ..api import memory_plan
+    from ..api import run_memory_plan
     from ..launchers.elastic import start_method_for
     from ..runtime.devices import resolve_device_type
+    from .flags import config_from
 
     nnodes = int(str(ns.nnodes).rpartition(":")[2] or 1)  # an elastic MIN:MAX: plan for MAX
-    plan = memory_plan(
-        ns.task,
-        nproc=ns.nproc * nnodes if ns.nproc else ns.nproc,
-        strategy=ns.strategy,
-        precision=ns.precision,
-        device_memory=ns.device_memory,
-        task_args=dict(ns.task_args or ()),
-        local_nproc=ns.nproc,
-        replicate=ns.replicate,
-        nnodes=nnodes,
-        batch_size=ns.batch_size,
-        activation_checkpointing=ns.activation_checkpointing,
-        cpu_allocator=ns.cpu_allocator,
-        accumulate=ns.accumulate,
-        global_batch_size=ns.global_batch_size,
-        start_method=start_method_for(ns.start_method, resolve_device_type(ns.device), clean_parent=True),
-    )
+    cfg = config_from(ns, nnodes="1")  # the nodes count here only for the plan: no rendezvous to check
+    forks = start_method_for(cfg.start_method, resolve_device_type(cfg.device), clean_parent=True)
+    plan = run_memory_plan(cfg, ns.nproc * nnodes if ns.nproc else ns.nproc, nnodes, ns.nproc, forks)
     print(json.dumps(plan.as_dict(), indent=2) if ns.json else plan.format(ns.task, ns.strategy), flush=True)
     return 0
 
