@@ -83,6 +83,13 @@ def failure_message(e: Any, folder: Path) -> str:
     rank, failure = e.get_first_failure()
     peer_losses = {int(p.stem.split("-")[1]): p for p in folder.glob("peer-*.txt")}
     if rank in peer_losses:
+        # a lost connection is what another rank's death does to this one: when a worker of this
+        # node failed on its own (an exit code, not a lost peer nor the agent's stop), name it,
+        # whichever the agent saw first (both can end within one of its polls)
+        cause = [r for r, f in sorted(e.failures.items()) if r not in peer_losses and f.exitcode > 0]
+        if cause:
+            rank, failure = cause[0], e.failures[cause[0]]
+    if rank in peer_losses:
         # the first failure was a lost connection: the rank that died first is elsewhere
         return (
             peer_losses[rank].read_text().strip() + "; a process or node elsewhere in the job died "

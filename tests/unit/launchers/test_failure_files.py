@@ -15,8 +15,9 @@ from ddpkit.launchers.report import user_error as _user_error
 class _Failed:
     """What torch's ChildFailedError answers to get_first_failure (rank, failure)."""
 
-    def __init__(self, rank: int, exitcode: int) -> None:
+    def __init__(self, rank: int, exitcode: int, **others: int) -> None:
         self.first = (rank, SimpleNamespace(exitcode=exitcode))
+        self.failures = {rank: self.first[1], **{int(k[1:]): SimpleNamespace(exitcode=c) for k, c in others.items()}}
 
     def get_first_failure(self):
         return self.first
@@ -46,6 +47,17 @@ def test_the_failing_attempts_files_are_reported(tmp_path: Path) -> None:
     last = attempt_errors(tmp_path, 2)
     assert _user_error(last) == "attempt 2: the first rank's"
     assert _failure_message(_Failed(1, 1), last).startswith("rank 1 lost contact with another rank; ")
+
+
+def test_a_rank_that_died_on_its_own_is_named_before_the_rank_that_lost_contact_with_it(tmp_path: Path) -> None:
+    """Both can end within one poll of the agent, which then calls the lower rank first."""
+    _write(tmp_path, 1, "peer-0.txt", "rank 0 lost contact with another rank")
+    last = attempt_errors(tmp_path, 1)
+    assert _failure_message(_Failed(0, 1, r1=3), last) == (
+        "worker rank 1 exited with code 3; the other workers were stopped (see its output above)"
+    )
+    # stopped by the agent (a signal) is no cause of its own: the lost contact is what is known
+    assert _failure_message(_Failed(0, 1, r1=-15), last).startswith("rank 0 lost contact with another rank; ")
 
 
 class _Failure(SimpleNamespace):
