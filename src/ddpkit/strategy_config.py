@@ -274,7 +274,7 @@ class StrategySpec:
     def factory(self) -> Callable[..., Any]:
         """The function that builds its Strategy (imported now: the strategies import torch)."""
         if self.build is None:
-            raise RuntimeError(f"strategy {self.name!r} builds nothing: make_strategy resolves it to another first")
+            raise RuntimeError(f"strategy {self.name!r} builds nothing: training/auto.py resolves it to another first")
         module, _, attr = self.build.partition(":")
         return getattr(importlib.import_module(module), attr)
 

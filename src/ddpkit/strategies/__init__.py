@@ -1,6 +1,6 @@
 """How the model is parallelised: DDP (a whole replica per rank) or FSDP (shards over a
 device mesh; HSDP is FSDP over a 2-D one), the precision, DDP's knobs, and the memory plan
-that `--strategy auto` asks.
+that `--strategy auto` asks (choice.py; resolved in the workers by training/auto.py).
 
 The loop sees a Strategy (base.py) only; make_strategy builds the one --strategy names, by
 the factory its registry entry names (build_ddp, build_fsdp here). The registry, the
@@ -10,10 +10,7 @@ below config/, so that the config, the launcher and the own-loop Session check a
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Any
-
-import torch
 
 from ..config import RunConfig
 from ..runtime import Runtime
@@ -22,7 +19,6 @@ from ..task import Task
 from .base import Strategy
 from .ddp import DdpStrategy, grad_sync_used, wrap_model
 from .materialize import ModelInit
-from .memory import detect_device_memory, make_plan
 from .precision import check_precision
 
 __all__ = [
@@ -33,7 +29,6 @@ __all__ = [
     "build_fsdp",
     "check",
     "check_precision",
-    "choose_strategy",
     "grad_sync_used",
     "make_strategy",
     "strategy_for",
@@ -42,11 +37,10 @@ __all__ = [
 
 
 def make_strategy(cfg: RunConfig, rt: Runtime, task: Task) -> Strategy:
-    """The strategy --strategy names; `auto` asks the memory plan (DDP when it fits). Checked
-    again here: the real world size, and what auto chose (an explicit one was checked before launch)."""
+    """The strategy --strategy names (`auto` is resolved before, in the workers:
+    training/auto.py). Checked again here: the real world size, and what auto chose (an
+    explicit one was checked before launch)."""
     config = cfg.strategy_config()
-    if strategy_spec(config.name).build is None:  # auto
-        config = dataclasses.replace(config, name=choose_strategy(config, rt, task, quiet=cfg.quiet))
     check(config, rt.world_size)
     strategy = strategy_for(config, rt, blocks=task.fsdp_blocks, checkpoint_blocks=task.checkpoint_blocks)
     init_from = cfg.init_from or task.init_from
@@ -82,23 +76,3 @@ def build_fsdp(
     from .fsdp import FsdpStrategy  # FSDP's imports cost ~0.5 s: only for FSDP runs
 
     return FsdpStrategy(rt, config, blocks=blocks, mesh_shape=mesh_shape, checkpoint_blocks=checkpoint_blocks)
-
-
-def choose_strategy(config: StrategyConfig, rt: Runtime, task: Task, quiet: bool = False) -> str:
-    """DDP if model, gradients and optimizer state fit each device, else FSDP (the plan's rule)."""
-    from .fsdp import default_blocks
-
-    budget = config.device_memory
-    name = "given"
-    if budget is None:
-        budget, name = detect_device_memory(rt.device.type, rt.env.local_world_size)
-        if rt.distributed:  # the smallest device decides, the same on every rank: -max(-budget)
-            smallest = torch.tensor([-budget], dtype=torch.int64, device=rt.collective_device)
-            budget = -int(rt.collectives.all_reduce_(smallest, "max").item())
-    plan = make_plan(
-        task.model, task.optimizer, rt.world_size, config.precision, budget, name, task.fsdp_blocks or default_blocks
-    )
-    choice = plan.choose()
-    if not quiet:
-        rt.print(f"ddpkit: --strategy auto: {plan.reason()}")
-    return choice
