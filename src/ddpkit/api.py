@@ -242,15 +242,15 @@ def memory_plan(
     RAM (default: all); `nnodes`: the nodes they span; `batch_size` (per process): the
     activations too (training/probe.py); `start_method` fork: measured in a fork, as the CLI's
     CPU workers start. The rest as `ddpkit train` takes it."""
-    from .runtime.allocator import release_freed_memory
-    from .strategies.memory import make_plan
+    from .runtime.allocator import release_freed_memory, sized_to_memory
+    from .strategies.memory import device_budget, make_plan
 
     device_type = resolve_device_type(device)
     n = resolve_nproc(nproc, device_type) if device_type == "cpu" or nproc is None else nproc
     cfg = _plan_request(task, n, strategy, precision, device_type, task_args, replicate)
-    budget, where = _device_budget(device_memory, device_type, local_nproc or n)
+    budget, where = device_budget(device_memory, device_type, local_nproc or n)
     # as the run will decide (runtime/allocator.py): released when sized to its memory
-    release = device_type != "cpu" or release_freed_memory(cpu_allocator, strategy == "auto" or bool(device_memory))
+    release = device_type != "cpu" or release_freed_memory(cpu_allocator, sized_to_memory(strategy, device_memory))
     built, how, sharded, planning = _build_for_plan(cfg, seed)
     from .strategies.fsdp import default_blocks
 
@@ -441,16 +441,6 @@ def _build_for_plan(cfg: RunConfig, seed: int) -> tuple[Any, str, int, int]:
         reason = f"{type(e).__name__}: {str(e).splitlines()[0][:120] if str(e) else ''}"
     seed_everything(seed)
     return build_task(cfg.task, cfg), f"; built eagerly (on the meta device: {reason})", sharded, planning
-
-
-def _device_budget(device_memory: int | str | None, device_type: str, sharing: int) -> tuple[int, str]:
-    """The memory per rank the plan assumes, and where it comes from: the size given, else what
-    this machine's device has (a CPU's RAM over the `sharing` ranks on it)."""
-    from .config.values import parse_memory
-    from .strategies.memory import detect_device_memory
-
-    budget = parse_memory(device_memory)
-    return (budget, "given") if budget is not None else detect_device_memory(device_type, sharing)
 
 
 def _task_slug(task: str) -> str:

@@ -28,7 +28,7 @@ from .reporting.rank_output import rank_stdout
 from .reporting.run_state import record_failure
 from .reporting.summary import add_phases, run_summary, write_summary
 from .runtime import Runtime
-from .runtime.allocator import release_freed_memory
+from .runtime.allocator import release_freed_memory, sized_to_memory
 from .runtime.devices import resolve_device_type
 from .runtime.watchdog import HangWatchdog, start_watchdog, watched
 from .strategies.memory import load_what_every_worker_loads, measure_process, sharding_import_cost
@@ -195,7 +195,7 @@ def _train(cfg: RunConfig, env: DistEnv, held: contextlib.ExitStack, given: Task
     # number) for a hang report, on gloo and NCCL (no cost measurable next to gloo's latency)
     os.environ.setdefault("TORCH_FR_BUFFER_SIZE", "2000")
     # on a CPU, freed blocks go back to the system: the peak is what the memory plan counts
-    sized = cfg.strategy == "auto" or cfg.device_memory is not None
+    sized = sized_to_memory(cfg.strategy, cfg.device_memory)
     release = release_freed_memory(cfg.cpu_allocator, sized) if resolve_device_type(cfg.device) == "cpu" else True
     with Runtime(env, cfg.device, cfg.backend, cfg.timeout, cfg.threads) as rt:
         watchdog = start_watchdog(cfg, rt, run_dir / "hang")  # every rank reports where it is when the job hangs

@@ -24,6 +24,12 @@ M_MMAP_THRESHOLD = -3  # glibc's malloc.h
 RELEASE_THRESHOLD = 64 * 1024
 
 
+def sized_to_memory(strategy: str, device_memory: object) -> bool:
+    """Whether a run is sized to its memory: --strategy auto or --device-memory, where what the
+    memory plan counts must hold (the run and its plan ask the same)."""
+    return strategy == "auto" or device_memory is not None
+
+
 def releases(mode: str, sized: bool) -> bool:
     """Whether --cpu-allocator `mode` releases: release, or auto for a run `sized` to its memory
     (--strategy auto or --device-memory: what the plan counts must hold). Releasing costs speed

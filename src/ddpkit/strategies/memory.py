@@ -47,7 +47,7 @@ from typing import Any, Callable, Iterable
 import torch
 from torch import nn
 
-from ..config.values import format_bytes
+from ..config.values import format_bytes, parse_memory
 from ..strategy_config import StrategyConfig, StrategySpec, strategy_spec, strategy_specs
 from ..strategy_memory import Footprint, ModelSizes, cross_node_bytes
 from .choice import FIT_FRACTION, Choice, choose
@@ -69,6 +69,14 @@ def detect_device_memory(device_type: str, local_procs: int) -> tuple[int, str]:
         pass
     procs = max(1, local_procs)
     return total // procs, f"CPU RAM {format_bytes(total)}" + (f" / {procs} processes" if procs > 1 else "")
+
+
+def device_budget(given: int | str | None, device_type: str, sharing: int) -> tuple[int, str]:
+    """The memory per rank a plan assumes, and where it comes from: the size given
+    (--device-memory), else what this machine's device has (a CPU's RAM over the `sharing`
+    ranks on it)."""
+    budget = parse_memory(given)
+    return (budget, "given") if budget is not None else detect_device_memory(device_type, sharing)
 
 
 def optimizer_state_per_param(spec: Any) -> tuple[str, float, bool]:

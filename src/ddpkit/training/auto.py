@@ -18,7 +18,7 @@ import torch
 
 from ..config import RunConfig
 from ..runtime.group import Runtime
-from ..strategies.memory import ProcessCost, detect_device_memory, make_plan
+from ..strategies.memory import ProcessCost, device_budget, make_plan
 from ..task import Task
 from .probe import estimate_activations
 
@@ -30,10 +30,7 @@ def resolve_auto(cfg: RunConfig, rt: Runtime, task: Task, process: ProcessCost) 
         return cfg, None
     from ..strategies.fsdp import default_blocks  # what a sharded worker imports: its cost is measured
 
-    budget = cfg.device_memory
-    where = "given"
-    if budget is None:
-        budget, where = detect_device_memory(rt.device.type, rt.env.local_world_size)
+    budget, where = device_budget(cfg.device_memory, rt.device.type, rt.env.local_world_size)
     mine = (budget, process.fixed, process.sharded_imports)
     everyone = rt.all_gather_object(mine) if rt.distributed else [mine]
     budget = min(e[0] for e in everyone)  # the smallest device and the largest cost decide
