@@ -65,8 +65,7 @@ def fit(
     oom = oom or OomAdvice.of(cfg, rt.env, run_dir, rt.device.type)
     with oom.watching():
         # model, optimizer, data, steps, checkpoints: resumed
-        run = Run(cfg, task, rt, run_dir, batches, stop, mark, begin, oom)
-        run.fixed = fixed
+        run = Run(cfg, task, rt, run_dir, batches, stop, mark, begin, oom, fixed)
         moment = None
         try:
             with run.checkpointer.writing():  # --async-save: every checkpoint is on disk when this block is left
@@ -91,8 +90,6 @@ class Run:
     their parts, a resume puts everything where its checkpoint was, then the plan of the steps
     left (at this world size and batch) and the cadence follow."""
 
-    fixed: int | None = None  # this process's memory before the model (fit's `fixed`)
-
     def __init__(
         self,
         cfg: RunConfig,
@@ -104,10 +101,11 @@ class Run:
         mark: WorldMark | None = None,
         begin: Callable[[], None] | None = None,
         oom: OomAdvice | None = None,
+        fixed: int | None = None,
     ) -> None:
         reset_peak_memory(rt.device)
         self.cfg, self.task, self.rt, self.run_dir, self.stop, self.mark = cfg, task, rt, run_dir, stop, mark
-        self.batches, self.oom = batches, oom
+        self.batches, self.oom, self.fixed = batches, oom, fixed  # fixed: this process's memory before the model
         self.strategy = make_strategy(cfg, rt, task)  # DDP or FSDP, the precision, DDP's knobs
         self.model = self.strategy.setup_module(task.model)
         self.optimizer = self.strategy.setup_optimizer(task.optimizer, self.model, cfg.lr)
