@@ -39,7 +39,7 @@ def job_failure(e: Any, errors: Path, attempt: int, hang_dir: Path | None, since
     hang_lines = sorted(folder.glob("hang-*.txt"))
     if hang_lines:  # a rank's watchdog ended the job, but no report is readable here
         return WorkerFailed(hang_lines[0].read_text().strip())
-    oom = out_of_memory(folder, e.get_first_failure()[0])
+    oom = out_of_memory(folder, first_cause(e.failures)[0])
     if oom:  # a few lines from the rank that ran out of memory (training/oom.py): exit 1
         return WorkerFailed(oom)
     refusal = user_error(folder)
@@ -79,8 +79,26 @@ def out_of_memory(folder: Path, first: int | None = None) -> str | None:
     return "\n".join(lines)
 
 
+# deaths that are no rank's reaction to another's: killed from outside (the OOM killer, a user,
+# the scheduler) or crashed; a lost peer makes a rank exit with an error or abort (SIGABRT), and
+# torch's agent stops the others with SIGTERM, with SIGKILL only 30 s later
+_KILLED_OR_CRASHED = {-int(s) for s in (signal.SIGKILL, signal.SIGSEGV, signal.SIGBUS, signal.SIGILL, signal.SIGFPE)}
+_SAME_POLL_S = 5
+
+
+def first_cause(failures: dict[int, Any]) -> tuple[int, Any]:
+    """(rank, failure) to name among torch's ProcessFailures: the earliest (as torch's
+    get_first_failure; on a tie the first recorded), unless a rank was killed or crashed within a
+    few seconds of it: then that rank, whose death the other's error (its lost connection) was."""
+    rank, first = min(failures.items(), key=lambda kv: kv[1].timestamp)
+    for other, failure in sorted(failures.items()):
+        if failure.exitcode in _KILLED_OR_CRASHED and failure.timestamp <= first.timestamp + _SAME_POLL_S:
+            return other, failure
+    return rank, first
+
+
 def failure_message(e: Any, folder: Path) -> str:
-    rank, failure = e.get_first_failure()
+    rank, failure = first_cause(e.failures)
     peer_losses = {int(p.stem.split("-")[1]): p for p in folder.glob("peer-*.txt")}
     if rank in peer_losses:
         # a lost connection is what another rank's death does to this one: when a worker of this
@@ -160,9 +178,7 @@ class RestartLine:
     errors: Path  # the launch's error folder
 
     def failed(self, failures: dict[int, Any], restarts_done: int, max_restarts: int) -> str:
-        # as torch's get_first_failure: the earliest; on a tie the first recorded (the ranks torch's
-        # agent stopped because of it are recorded after it, in the same second)
-        rank, failure = min(failures.items(), key=lambda kv: kv[1].timestamp)
+        rank, failure = first_cause(failures)
         folder = attempt_errors(self.errors, restarts_done - 1)
         why = user_error(folder) or (out_of_memory(folder, rank) or "").split("\n")[0]
         how = how_it_ended(failure.exitcode) + (f" ({why[:200]})" if why else "")

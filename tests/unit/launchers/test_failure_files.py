@@ -16,8 +16,11 @@ class _Failed:
     """What torch's ChildFailedError answers to get_first_failure (rank, failure)."""
 
     def __init__(self, rank: int, exitcode: int, **others: int) -> None:
-        self.first = (rank, SimpleNamespace(exitcode=exitcode))
-        self.failures = {rank: self.first[1], **{int(k[1:]): SimpleNamespace(exitcode=c) for k, c in others.items()}}
+        self.first = (rank, SimpleNamespace(exitcode=exitcode, timestamp=100))
+        self.failures = {
+            rank: self.first[1],
+            **{int(k[1:]): SimpleNamespace(exitcode=c, timestamp=100) for k, c in others.items()},
+        }
 
     def get_first_failure(self):
         return self.first
@@ -104,6 +107,23 @@ def test_a_restart_line_says_which_rank_failed_how_and_what_the_restarted_worker
     failures = {0: _Failure(exitcode=2, timestamp=100)}
     assert line.failed(failures, 2, 3).startswith("ddpkit: worker rank 0 exited with code 2 (bad --lr); ")
     assert "attempt 3 of 4" in line.failed(failures, 2, 3)
+
+
+def test_a_rank_killed_from_outside_is_named_before_the_rank_that_then_lost_it(tmp_path: Path) -> None:
+    """A launched script writes no peer file: rank 0's lost connection (exit 1, its error file dated
+    a second before the agent saw rank 1's SIGKILL) is what rank 1's death did to it."""
+    line = RestartLine(RESUME_SCRIPT, tmp_path)
+    failures = {0: _Failure(exitcode=1, timestamp=99), 1: _Failure(exitcode=-9, timestamp=100)}
+    assert line.failed(failures, 1, 1).startswith("ddpkit: worker rank 1 was killed by signal 9; restarting")
+    failures[1] = _Failure(exitcode=-11, timestamp=100)  # a crash too
+    assert line.failed(failures, 1, 1).startswith("ddpkit: worker rank 1 was killed by signal 11; ")
+    failures[1] = _Failure(exitcode=-9, timestamp=140)  # the agent's SIGKILL 30 s after its SIGTERM: a stop
+    assert line.failed(failures, 1, 1).startswith("ddpkit: worker rank 0 exited with code 1; ")
+    last = attempt_errors(tmp_path, 0)
+    assert _failure_message(_Failed(0, 1, r1=-9), last) == (
+        "worker rank 1 was killed by signal 9; the other workers were stopped (see its output above)"
+    )
+    assert _failure_message(_Failed(0, 1, r1=-15), last).startswith("worker rank 0 exited with code 1; ")
 
 
 def test_a_rank_whose_task_raised_is_named_with_its_exception_however_it_ended(tmp_path: Path) -> None:

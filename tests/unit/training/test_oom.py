@@ -243,7 +243,7 @@ def test_a_real_step_names_its_phase_and_the_global_step(where: str) -> None:
 
 class _Failed:
     def __init__(self, rank: int) -> None:
-        self.failures = {rank: SimpleNamespace(exitcode=1)}
+        self.failures = {rank: SimpleNamespace(exitcode=1, timestamp=100)}
         self.rank = rank
 
     def get_first_failure(self):
