@@ -40,12 +40,14 @@ def test_our_nodelist_parser_agrees_with_scontrol(slurm, nodelist):
 def test_generated_script_trains_on_two_nodes_like_one_node(slurm, tmp_path, reference_run):
     ref = _local_reference(reference_run)
     run_dir = tmp_path / "job"
+    # the job from a config file's [launch] table; the nodes are one machine, so the run
+    # directory on its disk is shared: the table says so (else a 2-node job is refused it)
+    job = tmp_path / "job.toml"
+    job.write_text('[launch]\nnodes = 2\njob_name = "two-nodes"\nshared_run_dir = true\n')
     proc = run_ddpkit(
         "slurm",
-        "--nodes",
-        "2",
-        "--job-name",
-        "two-nodes",
+        "--config",
+        str(job),
         "--submit",
         "--wait",
         "--wait-timeout",
@@ -63,7 +65,9 @@ def test_generated_script_trains_on_two_nodes_like_one_node(slurm, tmp_path, ref
     assert proc.returncode == 0, proc.stdout + proc.stderr + (log.read_text() if log else "no log")
     assert "ddpkit: submitted job" in proc.stdout and str(run_dir / "slurm-") in proc.stdout
     assert "COMPLETED" in proc.stdout
-    assert (run_dir / "job.sbatch").read_text().count("srun --kill-on-bad-exit=1") == 1
+    script = (run_dir / "job.sbatch").read_text()
+    assert script.count("srun --kill-on-bad-exit=1") == 1
+    assert "#SBATCH --nodes=2" in script and "#SBATCH --job-name=two-nodes" in script
     summary = json.loads((run_dir / "summary.json").read_text())
     assert (summary["world_size"], summary["nnodes"], summary["grad_sync"]) == (2, 2, "gloo"), summary
     assert json.loads((ref / "summary.json").read_text())["grad_sync"] == "gloo"  # the same gradient path

@@ -49,7 +49,8 @@ def no_scontrol_in_steps(slurm, tmp_path):
 
 def _submit(env, tmp_path, run_dir, *slurm_args, task_args=()):
     proc = run_ddpkit(
-        "slurm", "--nodes", "2", "--submit", *slurm_args, "--", TASK, *task_args, *TRAIN, "--run-dir", str(run_dir),
+        "slurm", "--nodes", "2", "--shared-run-dir", "--submit", *slurm_args,
+        "--", TASK, *task_args, *TRAIN, "--run-dir", str(run_dir),
         cwd=tmp_path, env=env, timeout=60,
     )  # fmt: skip
     return int(proc.stdout.split("submitted job ")[1].split(";")[0])

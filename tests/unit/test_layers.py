@@ -31,6 +31,7 @@ LAYERS = [
     ["session"],
     ["api", "notebook"],  # notebook: notebook_launch, the API's launch from a Jupyter kernel
     ["tools"],
+    ["engines"],  # where the jobs run past one machine: SLURM, Ray, Kubernetes, SkyPilot, from one description
     ["cli", "__main__"],
 ]
 LAYER_OF = {name: i for i, names in enumerate(LAYERS) for name in names}
@@ -137,7 +138,7 @@ def test_the_cli_and_config_import_no_torch():
     assert "ddpkit.cli.commands" in cli and "ddpkit.cli.train_cmd" in cli
     for name in (
         *cli,
-        "ddpkit.launchers.slurm_job",
+        *sorted(m for m in MODULES if m.startswith("ddpkit.engines.")),
         *sorted(m for m in MODULES if m == "ddpkit.config" or m.startswith("ddpkit.config.")),
         "ddpkit.errors",
         "ddpkit.envvars",

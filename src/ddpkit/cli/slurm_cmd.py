@@ -1,5 +1,5 @@
 """`ddpkit slurm`: write (and submit) an sbatch script that runs `ddpkit train` on every node of
-an allocation. What goes into the job is launchers/slurm_job.py's; here the flags and the help."""
+an allocation. What goes into the job is engines/slurm.py's; here the flags and the help."""
 
 from __future__ import annotations
 
@@ -25,16 +25,29 @@ and the requeued job resumes. Example:
 
 @dataclass(frozen=True)
 class SlurmOptions:
-    nodes: int = option(1, "nodes to ask for")
-    gpus_per_node: int = option(0, "GPUs per node; one task (worker) per GPU", default_help="0: CPU nodes")
-    ntasks_per_node: int | None = option(
-        help="workers per node on CPU nodes", type=int, default_help="GPUs per node, or 1"
+    nodes: int | None = option(help="nodes to ask for", type=int, default_help="[launch] nodes, or 1")
+    gpus_per_node: int | None = option(
+        help="GPUs per node; one task (worker) per GPU",
+        type=int,
+        default_help="[launch] gpus_per_node, or 0: CPU nodes",
     )
-    cpus_per_task: int | None = option(help="CPU cores per worker", type=int)
-    time: str | None = option(help="time limit, e.g. 02:00:00")
-    partition: str | None = option(help="the SLURM partition to run in")
-    account: str | None = option(help="the SLURM account to charge")
-    job_name: str = option("ddpkit", "the job's name, also of its run directory (runs/JOB_NAME-TIME) without --run-dir")
+    ntasks_per_node: int | None = option(
+        help="workers per node on CPU nodes", type=int, default_help="[launch] workers_per_node, GPUs per node, or 1"
+    )
+    cpus_per_task: int | None = option(help="CPU cores per worker", type=int, default_help="[launch] cpus_per_worker")
+    mem: str | None = option(help="memory per node, e.g. 64GiB (sbatch --mem)", default_help="[launch] memory")
+    time: str | None = option(help="time limit, e.g. 02:00:00", default_help="[launch] time")
+    partition: str | None = option(help="the SLURM partition to run in", default_help="[launch] partition")
+    account: str | None = option(help="the SLURM account to charge", default_help="[launch] account")
+    job_name: str | None = option(
+        help="the job's name, also of its run directory (runs/JOB_NAME-TIME) without --run-dir",
+        default_help="[launch] job_name, or ddpkit",
+    )
+    shared_run_dir: bool = option(
+        False,
+        "the run directory is shared by the nodes though its file system looks local (one machine; "
+        "a file system ddpkit does not know): do not refuse a multi-node job for it",
+    )
     output: str | None = option(help="log file pattern", default_help="RUN_DIR/slurm-%%j.out")
     signal: str = option(
         "USR2@90",
@@ -53,7 +66,8 @@ class SlurmOptions:
     )
     config: str | None = option(
         help="the training settings from a TOML, YAML or JSON file: checked now, read by `ddpkit train --config` "
-        "in the job (the arguments after -- win over it)",
+        "in the job (the arguments after -- win over it); its [launch] table describes the job "
+        "(the flags of `ddpkit slurm` win over it)",
         metavar="FILE",
     )
     train_args: list[str] | None = option(
@@ -62,7 +76,7 @@ class SlurmOptions:
 
 
 def cmd_slurm(ns: argparse.Namespace) -> int:
-    from ..launchers.slurm_job import slurm_command
+    from ..engines.slurm import slurm_command
 
     return slurm_command(
         ns,

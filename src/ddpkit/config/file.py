@@ -12,6 +12,8 @@ from typing import Any
 
 from ..errors import DdpkitError
 from . import NODES, RunConfig, flag_spellings
+from .launch import TABLE as LAUNCH
+from .launch import LaunchTable, launch_table
 from .values import parse_task_arg
 
 FIELDS = {f.name: f for f in dataclasses.fields(RunConfig)}
@@ -59,7 +61,12 @@ def load_config(path: str | Path, **overrides: Any) -> RunConfig:
 def read_config_file(path: str | Path) -> dict[str, Any]:
     """{field name: value} of every setting the file gives, each checked and converted as its
     flag's text would be. A user's mistake is a DdpkitError naming the file and the key."""
-    p = Path(path)
+    return settings_of(_read(Path(path)), str(path))
+
+
+def _read(p: Path) -> dict[str, Any]:
+    """The parsed table of a config file (its format from its name)."""
+    path = str(p)
     kind = FORMATS.get(p.suffix.lower())
     if kind is None:
         raise DdpkitError(f"--config {path}: name the file .toml, .yaml, .yml or .json (its format)")
@@ -70,7 +77,14 @@ def read_config_file(path: str | Path) -> dict[str, Any]:
     data = _parse(text, kind, p)
     if not isinstance(data, dict):
         raise DdpkitError(f"{path}: a config file holds a table of settings (KEY = VALUE), not {type(data).__name__}")
-    return settings_of(data, str(path))
+    return data
+
+
+def read_launch_table(path: str | Path) -> LaunchTable:
+    """The file's [launch] table (the job: nodes, GPUs, time, where it runs), checked; an empty
+    table where the file has none."""
+    p = Path(path)
+    return launch_table(_read(p).get(LAUNCH), str(path))
 
 
 def _parse(text: str, kind: str, path: Path) -> Any:
@@ -122,6 +136,9 @@ def settings_of(data: dict[str, Any], where: str) -> dict[str, Any]:
     unknown: list[str] = []
     for key, value in data.items():
         key = str(key)
+        if key == LAUNCH:
+            launch_table(value, where)  # the engines' table: checked here, read by read_launch_table
+            continue
         spelled = SPELLINGS.get(key)
         if isinstance(value, dict) and key in TABLES and not (spelled and _is_table(FIELDS[spelled[0]])):
             for inner, v in value.items():
@@ -141,7 +158,7 @@ def _take(
         return
     spelled = SPELLINGS.get(key)
     if spelled is None:
-        candidates = [k for k in SPELLINGS if k not in RECORD_ONLY] + ([] if table else list(TABLES))
+        candidates = [k for k in SPELLINGS if k not in RECORD_ONLY] + ([] if table else [*TABLES, LAUNCH])
         near = difflib.get_close_matches(key, candidates, n=1)
         unknown.append(f"unknown setting {shown!r}" + (f" (did you mean {near[0]!r}?)" if near else ""))
         return

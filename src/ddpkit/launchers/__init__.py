@@ -1,2 +1,3 @@
 """How many processes, where: the launch plan (plan.py), torch's elastic agent on this node
-(elastic.py), SLURM batch scripts (sbatch.py) and what goes into a SLURM job (slurm_job.py)."""
+(elastic.py), and what a launched run reports (report.py). SLURM, Ray, Kubernetes and SkyPilot
+jobs are engines/'s."""

@@ -1,4 +1,4 @@
-"""`ddpkit slurm`'s decisions (launchers/slurm_job.py): no training argument or config-file
+"""`ddpkit slurm`'s decisions (engines/slurm.py): no training argument or config-file
 setting may say where the workers run, in any spelling of its flag; the list of those flags
 is made from the settings' own spellings, not copied."""
 
@@ -6,7 +6,7 @@ import pytest
 
 from ddpkit.cli import main
 from ddpkit.config.file import FIELDS
-from ddpkit.launchers.slurm_job import SLURM_PLACES, placement_flags
+from ddpkit.engines.slurm import SLURM_PLACES, placement_flags
 
 REFUSAL = (
     "ddpkit: error: {flag} does not belong after --: SLURM starts the workers "

@@ -21,6 +21,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ..config.values import parse_memory
 from ..envvars import REQUEUE_FILE_VAR
 from ..errors import DdpkitError
 
@@ -56,6 +57,7 @@ class SlurmJob:
     gpus_per_node: int = 0
     tasks_per_node: int | None = None  # default: gpus_per_node, or 1 on CPU nodes
     cpus_per_task: int | None = None
+    memory: str | None = None  # per node: 64GiB, 500MB, ... (sbatch --mem, in MiB)
     time: str | None = None
     partition: str | None = None
     account: str | None = None
@@ -167,6 +169,8 @@ def _directives(job: SlurmJob, output: str) -> list[str]:
         directives.append(f"--gpus-per-node={job.gpus_per_node}")
     if job.cpus_per_task:
         directives.append(f"--cpus-per-task={job.cpus_per_task}")
+    if job.memory:
+        directives.append(f"--mem={-(-parse_memory(job.memory, '--mem') // 2**20)}M")
     if job.time:
         directives.append(f"--time={job.time}")
     if job.partition:

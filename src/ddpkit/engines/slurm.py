@@ -11,9 +11,11 @@ from pathlib import Path
 from typing import Any, Callable
 
 from ..config.file import FIELDS
+from ..config.launch import LaunchTable
 from ..config.settings import flag_spellings
 from ..errors import DdpkitError
 from . import sbatch
+from .job import check_run_dir_shared, job_description, run_dir_of
 
 # The settings that say where the workers run: SLURM's, never the job's training arguments'
 # (in the order the flags are refused: the first one given is named)
@@ -37,19 +39,24 @@ def slurm_command(
     The exit code: 0, or with --wait the job's exit status."""
     args, train = train_arguments(opts.train_args, opts.config, parse_train)
     train_config(train)  # validates values
-    run_dir = Path(train.run_dir or f"runs/{opts.job_name}-{time.strftime('%Y%m%d-%H%M%S')}").resolve()
+    job = slurm_job_description(opts, args)
+    name = job.job_name or "ddpkit"
+    chosen = run_dir_of(job, train.run_dir)
+    run_dir = Path(chosen or f"runs/{name}-{time.strftime('%Y%m%d-%H%M%S')}").resolve()
     if not train.run_dir:
         args += ["--run-dir", str(run_dir)]
-    job = sbatch.SlurmJob(
+    check_run_dir_shared(run_dir, job, "SLURM", dry_run=opts.dry_run)
+    slurm = sbatch.SlurmJob(
         train_args=args,
-        nodes=opts.nodes,
-        gpus_per_node=opts.gpus_per_node,
-        tasks_per_node=opts.ntasks_per_node,
-        cpus_per_task=opts.cpus_per_task,
-        time=opts.time,
-        partition=opts.partition,
-        account=opts.account,
-        job_name=opts.job_name,
+        nodes=job.nodes or 1,
+        gpus_per_node=job.gpus_per_node or 0,
+        tasks_per_node=job.workers_per_node,
+        cpus_per_task=job.cpus_per_worker,
+        memory=job.memory,
+        time=job.time,
+        partition=job.partition,
+        account=job.account,
+        job_name=name,
         output=opts.output,
         signal=opts.signal,
         run_dir=str(run_dir),
@@ -57,7 +64,7 @@ def slurm_command(
     )
     if opts.array and opts.wait:
         raise DdpkitError("--wait follows one job, not an array: follow its elements with squeue")
-    text = sbatch.render_sbatch(job, command_line)
+    text = sbatch.render_sbatch(slurm, command_line)
     if opts.dry_run:
         print(text, end="")
         return 0
@@ -77,6 +84,34 @@ def slurm_command(
     code = sbatch.wait(job_id, timeout=opts.wait_timeout, report=lambda m: print(m, flush=True))
     print(f"ddpkit: job {job_id} ended with exit status {code}; log: {log}", flush=True)
     return code
+
+
+def slurm_job_description(opts: Any, args: list[str]) -> LaunchTable:
+    """The job: the config file's [launch] table (the file of --config, before or after --)
+    under `ddpkit slurm`'s own flags."""
+    return job_description(
+        config_of(args),
+        nodes=opts.nodes,
+        gpus_per_node=opts.gpus_per_node,
+        workers_per_node=opts.ntasks_per_node,
+        cpus_per_worker=opts.cpus_per_task,
+        memory=opts.mem,
+        time=opts.time,
+        partition=opts.partition,
+        account=opts.account,
+        job_name=opts.job_name,
+        shared_run_dir=opts.shared_run_dir or None,
+    )
+
+
+def config_of(args: list[str]) -> str | None:
+    """The config file the training arguments name (--config FILE or --config=FILE), if any."""
+    for i, a in enumerate(args):
+        if a == "--config" and i + 1 < len(args):
+            return args[i + 1]
+        if a.startswith("--config="):
+            return a.partition("=")[2]
+    return None
 
 
 def train_arguments(
