@@ -121,3 +121,22 @@ def test_a_batch_script_without_srun_on_two_nodes_is_refused(slurm, tmp_path):
     log = next(tmp_path.glob("bare-*.out")).read_text()
     assert result.state == "FAILED" and result.exit_code == 2, (result, log)
     assert "has 2 nodes but ddpkit runs in the batch script itself" in log and "srun" in log
+
+
+def test_a_job_the_cluster_cannot_place_is_refused_before_it_is_submitted(slurm, tmp_path):
+    # sbatch itself would queue some of these for ever (a job bigger than its partition pends
+    # as "PartitionNodeLimit"): ddpkit asks sinfo first, says why in one line and writes nothing
+    jobs_before = slurm.scontrol("show", "job").count("JobId=")
+    for flags, said in (
+        (["--partition", "nope"], "--partition nope: this cluster has no such partition (it has: debug)"),
+        (["--nodes", "9"], "--nodes 9: partition debug has"),
+    ):
+        run_dir = tmp_path / flags[1]
+        proc = run_ddpkit(
+            "slurm", *flags, "--shared-run-dir", "--submit", "--", "wine", "--run-dir", str(run_dir),
+            cwd=tmp_path, env=_slurm_env(slurm), timeout=60, check=False,
+        )  # fmt: skip
+        err = proc.stderr.strip().splitlines()
+        assert proc.returncode == 2 and len(err) == 1 and said in err[0], proc.stdout + proc.stderr
+        assert not run_dir.exists()
+    assert slurm.scontrol("show", "job").count("JobId=") == jobs_before  # nothing was submitted

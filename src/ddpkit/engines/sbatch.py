@@ -21,6 +21,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ..config.launch import time_limit_s
 from ..config.values import parse_memory
 from ..envvars import REQUEUE_FILE_VAR
 from ..errors import DdpkitError
@@ -236,3 +237,89 @@ def wait(job_id: str, timeout: float | None = None, poll: float = 1.0, report=pr
                 f"job {job_id} still {state} after {timeout:.0f} s; it keeps running (scancel {job_id} to stop it)"
             )
         time.sleep(poll)
+
+
+@dataclass(frozen=True)
+class Partition:
+    """A partition as `sinfo` shows it: its nodes, its time limit (None: infinite) and whether
+    it takes jobs (state "up")."""
+
+    name: str
+    nodes: int
+    time_limit_s: int | None
+    up: bool
+    default: bool = False
+
+
+def partitions() -> list[Partition] | None:
+    """The cluster's partitions from `sinfo`; None where sinfo is not here or does not answer
+    (the job is then checked by sbatch alone)."""
+    try:
+        proc = subprocess.run(["sinfo", "-h", "-o", "%P|%D|%l|%a"], capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return parse_sinfo(proc.stdout) if proc.returncode == 0 else None
+
+
+def parse_sinfo(text: str) -> list[Partition]:
+    """`sinfo -h -o "%P|%D|%l|%a"` read: a partition may fill several lines (one per node
+    state): its nodes are summed. The default partition is marked with a '*' after its name."""
+    found: dict[str, Partition] = {}
+    for line in text.splitlines():
+        parts = line.strip().split("|")
+        if len(parts) != 4 or not parts[1].strip().isdigit():
+            continue
+        name, nodes, limit, avail = (p.strip() for p in parts)
+        default = name.endswith("*")
+        name = name.rstrip("*")
+        seconds = None if limit in ("infinite", "UNLIMITED", "n/a") else _sinfo_seconds(limit)
+        before = found.get(name)
+        found[name] = Partition(
+            name,
+            int(nodes) + (before.nodes if before else 0),
+            seconds,
+            avail == "up",
+            default or bool(before and before.default),
+        )
+    return list(found.values())
+
+
+def _sinfo_seconds(limit: str) -> int | None:
+    try:
+        return time_limit_s(limit)
+    except DdpkitError:
+        return None
+
+
+def check_against(job: SlurmJob, known: list[Partition] | None) -> str | None:
+    """What stops SLURM from ever running `job` on this cluster, in one line (None: nothing
+    seen): a partition it lacks or that is down, more nodes than the partition has, a time
+    over its limit. sbatch would accept some of these and leave the job pending for ever."""
+    if not known:
+        return None
+    by_name = {p.name: p for p in known}
+    chosen = by_name.get(job.partition) if job.partition else next((p for p in known if p.default), None)
+    if job.partition and chosen is None:
+        return f"--partition {job.partition}: this cluster has no such partition (it has: {', '.join(by_name)})"
+    if chosen is None:
+        return None
+    if not chosen.up:
+        return f"partition {chosen.name} is not up (sinfo says so): the job would wait until an admin brings it up"
+    if job.nodes > chosen.nodes:
+        return (
+            f"--nodes {job.nodes}: partition {chosen.name} has {chosen.nodes} node(s); the job could never start "
+            "(ask for fewer nodes or another --partition)"
+        )
+    asked = time_limit_s(job.time) if job.time else None
+    if asked is not None and chosen.time_limit_s is not None and asked > chosen.time_limit_s:
+        return (
+            f"--time {job.time}: partition {chosen.name} allows at most {_clock(chosen.time_limit_s)}; "
+            "the job would never start (ask for less, or another --partition)"
+        )
+    return None
+
+
+def _clock(seconds: int) -> str:
+    days, rest = divmod(seconds, 86400)
+    text = f"{rest // 3600:02d}:{rest % 3600 // 60:02d}:{rest % 60:02d}"
+    return f"{days}-{text}" if days else text

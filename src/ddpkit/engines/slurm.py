@@ -6,6 +6,7 @@ it. sbatch.py renders the script and talks to SLURM; the CLI (cli/slurm_cmd.py) 
 from __future__ import annotations
 
 import shlex
+import sys
 import time
 from pathlib import Path
 from typing import Any, Callable
@@ -65,6 +66,7 @@ def slurm_command(
     if opts.array and opts.wait:
         raise DdpkitError("--wait follows one job, not an array: follow its elements with squeue")
     text = sbatch.render_sbatch(slurm, command_line)
+    check_placeable(slurm, opts.dry_run)
     if opts.dry_run:
         print(text, end="")
         return 0
@@ -84,6 +86,16 @@ def slurm_command(
     code = sbatch.wait(job_id, timeout=opts.wait_timeout, report=lambda m: print(m, flush=True))
     print(f"ddpkit: job {job_id} ended with exit status {code}; log: {log}", flush=True)
     return code
+
+
+def check_placeable(job: sbatch.SlurmJob, dry_run: bool) -> None:
+    """A job this cluster could never run (no such partition, too many nodes, too long) is
+    refused before it is submitted; a dry run (perhaps written away from the cluster) warns."""
+    problem = sbatch.check_against(job, sbatch.partitions())
+    if problem and dry_run:
+        print(f"ddpkit: warning: {problem}", file=sys.stderr, flush=True)
+    elif problem:
+        raise DdpkitError(problem)
 
 
 def slurm_job_description(opts: Any, args: list[str]) -> LaunchTable:
