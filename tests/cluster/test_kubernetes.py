@@ -56,7 +56,9 @@ def _start_pods(net, tmp_path, command, name):
     port = net.next_port()
     logs = [open(tmp_path / f"{name}-pod{i}.log", "w+") for i in range(2)]
     procs = [
-        node.popen(command, env=_pod_env(net, i, port), stdout=log, stderr=subprocess.STDOUT, uts=True, worker_env=False)
+        node.popen(
+            command, env=_pod_env(net, i, port), stdout=log, stderr=subprocess.STDOUT, uts=True, worker_env=False
+        )
         for i, (node, log) in enumerate(zip(net.nodes, logs, strict=True))
     ]
     return procs, logs

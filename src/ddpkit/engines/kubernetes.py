@@ -2,7 +2,18 @@
 
 from __future__ import annotations
 
+
 # What every pod's container runs
 def pod_command(train_args: list[str], run_dir: str, python: str = "python") -> list[str]:
-    return [python, "-m", "ddpkit", "train", *train_args, "--run-dir", run_dir, "--auto-resume",
-            "--save-on-signal", "TERM"]
+    return [
+        python,
+        "-m",
+        "ddpkit",
+        "train",
+        *train_args,
+        "--run-dir",
+        run_dir,
+        "--auto-resume",
+        "--save-on-signal",
+        "TERM",
+    ]
