@@ -112,10 +112,10 @@ def pod_command(train_args: list[str], run_dir: str, python: str = "python") -> 
     return [python, "-m", "ddpkit", "train", *args, "--auto-resume", "--save-on-signal", "TERM"]
 
 
-def k8s_job_description(opts: Any, args: list[str]) -> LaunchTable:
-    """The job: the config file's [launch] table under `ddpkit k8s`'s own flags."""
+def k8s_job_description(opts: Any, config: str | None) -> LaunchTable:
+    """The job: the [launch] table of the config file (on this machine) under `ddpkit k8s`'s own flags."""
     return job_description(
-        config_of(args),
+        config,
         nodes=opts.nodes,
         gpus_per_node=opts.gpus_per_node,
         workers_per_node=opts.workers_per_node,
@@ -135,7 +135,7 @@ def kube_job(opts: Any, parse_train: Callable[[list[str]], Any], train_config: C
     """The checked job of `ddpkit k8s` with its options `opts` (cli/k8s_cmd.py's K8sOptions)."""
     args, train, config = pod_train_arguments(opts.train_args, opts.config, parse_train)
     train_config(train)  # validates the values now, not in a pod an hour later
-    job = k8s_job_description(opts, args)
+    job = k8s_job_description(opts, config)
     name = job.job_name or f"ddpkit-{time.strftime('%Y%m%d-%H%M%S')}"
     if not _NAME.match(name):
         raise DdpkitError(
