@@ -15,8 +15,9 @@ import sys
 import time
 
 import pytest
+import yaml
 
-from conftest import REPO, assert_state_equal, load_model
+from conftest import REPO, assert_state_equal, load_model, run_ddpkit
 
 pytestmark = pytest.mark.cluster
 
@@ -32,11 +33,18 @@ def reference(reference_run):
     return reference_run("wine", "--nproc", "2", "--quiet", "--grad-sync", "backend", *TRAIN)
 
 
-def _pod_command(run_dir, *task_args):
-    """The container command of the TrainJob for this job (engines/kubernetes.py writes it)."""
-    from ddpkit.engines.kubernetes import pod_command
-
-    return pod_command([TASK, *task_args, *TRAIN], str(run_dir), python=sys.executable)
+def _pod_command(run_dir, *train_args):
+    """The container command of the TrainJob `ddpkit k8s` writes for this job (the run directory
+    on the shared volume), with this machine's Python for the image's."""
+    volume = run_dir.parent
+    proc = run_ddpkit(
+        "k8s", TASK, "--nodes", "2", "--image", "ddpkit:test", "--volume", f"shared:{volume}",
+        "--run-dir", str(run_dir), "--job-name", "wine", "--dry-run", "--", *train_args,
+    )  # fmt: skip
+    runtime, job = yaml.safe_load_all(proc.stdout)
+    command = job["spec"]["trainer"]["command"]
+    assert command[:4] == ["python", "-m", "ddpkit", "train"] and job["spec"]["trainer"]["numProcPerNode"] == 1
+    return [sys.executable, *command[1:]]
 
 
 def _pod_env(net, rank, port):
@@ -100,7 +108,7 @@ def _evict_and_restart(net, tmp_path, reference, evicted):
     at the same step and exited 143; then restart both pods (the JobSet's restart) and check the
     resumed job ends at the reference's model with every epoch logged once."""
     run_dir = tmp_path / "shared-volume" / "run"
-    command = _pod_command(run_dir, "--task-arg", "slow=0.02")
+    command = _pod_command(run_dir, "--task-arg", "slow=0.02", *TRAIN)
     procs, logs = _start_pods(net, tmp_path, command, "first")
     _wait_training(run_dir, procs)
     for i in evicted:
@@ -117,7 +125,7 @@ def _evict_and_restart(net, tmp_path, reference, evicted):
     for out in outs:  # every pod says what was saved, at the one step every rank stopped at
         assert f"after saving a checkpoint at step {step}" in out, both
         assert "nothing newer was saved" not in out, both
-    procs, logs = _start_pods(net, tmp_path, _pod_command(run_dir), "restarted")
+    procs, logs = _start_pods(net, tmp_path, command, "restarted")  # a restarted pod runs what it ran before
     codes, outs = _finish(procs, logs, timeout=150)
     assert codes == [0, 0], outs
     assert f"ddpkit: resuming from {run_dir / 'checkpoints' / saved[0]}" in outs[0], outs[0]
@@ -133,3 +141,20 @@ def test_one_evicted_pod_stops_every_pod_at_one_saved_step_and_the_restarted_job
     # A node drained or a pod preempted: only that pod gets SIGTERM. The other pod's ranks stop at
     # the same step (the step's agreement), and its `ddpkit train` exits 143 too, at once
     _evict_and_restart(two_nodes, tmp_path, reference, evicted=[1])
+
+
+def test_the_environment_trainer_v2_sets_in_each_pod_trains_like_one_node(two_nodes, tmp_path, reference):
+    run_dir = tmp_path / "shared-volume" / "run"
+    procs, logs = _start_pods(two_nodes, tmp_path, _pod_command(run_dir, *TRAIN), "pods")
+    codes, outs = _finish(procs, logs, timeout=150)
+    assert codes == [0, 0], outs
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert (summary["world_size"], summary["nnodes"], summary["stopped_early"]) == (2, 2, False), summary
+    assert "world size   2 (2 nodes)" in outs[0] and "train_loss" not in outs[1], outs  # pod 0 holds rank 0
+    assert_state_equal(load_model(run_dir), load_model(reference))  # 2 ranks through gloo: the same sums
+
+
+@pytest.mark.slow
+def test_every_pod_evicted_saves_once_and_the_restarted_job_resumes_exactly(two_nodes, tmp_path, reference):
+    # The TrainJob deleted, or every node drained at once: every pod gets SIGTERM
+    _evict_and_restart(two_nodes, tmp_path, reference, evicted=[0, 1])
