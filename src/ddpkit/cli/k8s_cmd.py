@@ -114,7 +114,7 @@ def own_flags_after_task(ns: argparse.Namespace) -> argparse.Namespace:
 
 
 def cmd_k8s(ns: argparse.Namespace) -> int:
-    from ..engines.kubernetes import k8s_command
+    from ..engines.trainjob import k8s_command
 
     return k8s_command(
         own_flags_after_task(ns),

@@ -1,7 +1,7 @@
 """`ddpkit k8s`'s decisions: the Kubernetes job a training becomes (how many pods, what each asks
 for, where the run directory lives, how long a pod has to save when it is evicted) and the checks
-made before anything is written. trainjob.py renders it with Kubeflow's own API models; the CLI
-(cli/k8s_cmd.py) only parses.
+made before anything is written. trainjob.py renders it with Kubeflow's own API models and
+writes it; the CLI (cli/k8s_cmd.py) only parses.
 
 Choice: ONE POD PER NODE, `ddpkit train` its container's command. Kubeflow Trainer's torch runtime
 sets PET_NNODES, PET_NPROC_PER_NODE, PET_NODE_RANK, PET_MASTER_ADDR and PET_MASTER_PORT in every pod
@@ -14,10 +14,7 @@ terminationGracePeriodSeconds must cover the save: after it the kubelet kills.""
 
 from __future__ import annotations
 
-import os
 import re
-import shlex
-import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
@@ -264,37 +261,3 @@ def _without_config(args: list[str]) -> list[str]:
         elif not a.startswith("--config="):
             out.append(a)
     return out
-
-
-def k8s_command(
-    opts: Any, command_line: str, parse_train: Callable[[list[str]], Any], train_config: Callable[[Any], Any]
-) -> int:
-    """`ddpkit k8s` with its options `opts`: the YAML printed (--dry-run) or written to a file, with
-    the command that starts it. `command_line` heads the YAML as a comment."""
-    from . import trainjob
-
-    job = kube_job(opts, parse_train, train_config)
-    if job.volume is None:
-        print(
-            f"ddpkit: warning: the run directory {job.run_dir} is on the pod's own disk: an evicted pod's "
-            "checkpoints go with it (--volume PVC keeps them)",
-            file=sys.stderr,
-            flush=True,
-        )
-    docs = trainjob.pytorchjob_documents(job) if opts.pytorchjob else trainjob.trainjob_documents(job)
-    text = trainjob.render(docs, f"written by {command_line}" if command_line else "")
-    if opts.dry_run:
-        print(text, end="")
-        return 0
-    out = Path(opts.output or f"{job.name}.yaml")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    part = out.with_name(out.name + ".part")
-    part.write_text(text)
-    os.replace(part, out)
-    kind = "PyTorchJob" if opts.pytorchjob else "TrainJob"
-    where = f" on volume {job.volume.claim}" if job.volume else ""
-    print(
-        f"ddpkit: wrote {out}: {kind} {job.name}, {job.nodes} pod(s) x {job.procs} worker(s), run directory "
-        f"{job.run_dir}{where}; start it with: kubectl apply -f {shlex.quote(str(out))}"
-    )
-    return 0

@@ -2,14 +2,19 @@
 by them: Kubeflow Trainer v2 (`kubeflow-trainer-api`: a TrainingRuntime with the pods' template and
 a TrainJob that runs on it) or, with --pytorchjob, a training-operator v1 PyTorchJob (`kubeflow-training`).
 Each document is parsed back into its model and must come out unchanged: a field the model does not
-know (a misspelt key) would otherwise be dropped by the cluster without a word."""
+know (a misspelt key) would otherwise be dropped by the cluster without a word. `k8s_command`:
+`ddpkit k8s` from its options to the YAML printed or written."""
 
 from __future__ import annotations
 
-from typing import Any
+import os
+import shlex
+import sys
+from pathlib import Path
+from typing import Any, Callable
 
 from ..errors import DdpkitError
-from .kubernetes import CONFIG_MOUNT, KubeJob
+from .kubernetes import CONFIG_MOUNT, KubeJob, kube_job
 
 TRAINER_API = "trainer.kubeflow.org"
 NODE = "node"  # the replicated job and container Trainer's torch runtime fills in (PET_*, its DNS name)
@@ -171,3 +176,35 @@ def render(docs: list[dict[str, Any]], header: str = "") -> str:
     text = yaml.safe_dump_all(docs, sort_keys=False, default_flow_style=False, width=1000)
     lines = [f"# {line}" for line in header.splitlines()] if header else []
     return "\n".join([*lines, text]) if lines else text
+
+
+def k8s_command(
+    opts: Any, command_line: str, parse_train: Callable[[list[str]], Any], train_config: Callable[[Any], Any]
+) -> int:
+    """`ddpkit k8s` with its options `opts`: the YAML printed (--dry-run) or written to a file, with
+    the command that starts it. `command_line` heads the YAML as a comment."""
+    job = kube_job(opts, parse_train, train_config)
+    if job.volume is None:
+        print(
+            f"ddpkit: warning: the run directory {job.run_dir} is on the pod's own disk: an evicted pod's "
+            "checkpoints go with it (--volume PVC keeps them)",
+            file=sys.stderr,
+            flush=True,
+        )
+    docs = pytorchjob_documents(job) if opts.pytorchjob else trainjob_documents(job)
+    text = render(docs, f"written by {command_line}" if command_line else "")
+    if opts.dry_run:
+        print(text, end="")
+        return 0
+    out = Path(opts.output or f"{job.name}.yaml")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    part = out.with_name(out.name + ".part")
+    part.write_text(text)
+    os.replace(part, out)
+    kind = "PyTorchJob" if opts.pytorchjob else "TrainJob"
+    where = f" on volume {job.volume.claim}" if job.volume else ""
+    print(
+        f"ddpkit: wrote {out}: {kind} {job.name}, {job.nodes} pod(s) x {job.procs} worker(s), run directory "
+        f"{job.run_dir}{where}; start it with: kubectl apply -f {shlex.quote(str(out))}"
+    )
+    return 0
