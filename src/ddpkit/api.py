@@ -69,7 +69,7 @@ def train(
                 plan, train_worker, [cfg.as_dict()], verbose=cfg.verbose, hang_dir=hang_dir, restarted=RESUME_TRAIN
             )
         except Interrupted as e:
-            raise Interrupted(e.signum, f"{e}{_after_signal(cfg, e.signum)}") from None
+            raise Interrupted(e.signum, f"{e}{_after_signal(cfg, e.signum, e.saved_step)}", e.saved_step) from None
     return results.get(0, {}) if isinstance(results, dict) else results[0]
 
 
@@ -101,12 +101,14 @@ def _print_dry_run(cfg: RunConfig, plan: Any, backend: str, nproc: int, device_t
         )
 
 
-def _after_signal(cfg: RunConfig, signum: int) -> str:
-    """What a run stopped by a signal left to continue from, and how (the launcher's line goes on)."""
+def _after_signal(cfg: RunConfig, signum: int, saved_step: int | None = None) -> str:
+    """What a run stopped by a signal left to continue from, and how (the launcher's line goes on).
+    `saved_step`: this node's workers said they saved at that step (rank 0's summary.json, on
+    another node, may not be written yet)."""
     from .reporting.run_state import run_state
 
     run_dir = Path(cfg.run_dir or ".")
-    state = run_state(run_dir)
+    state = run_state(run_dir) if saved_step is None else {"state": "stopped", "summary": {"steps_done": saved_step}}
     if state["state"] == "stopped":
         steps = (state.get("summary") or {}).get("steps_done")
         at = f" at step {steps}" if steps is not None else ""

@@ -13,6 +13,7 @@ LAUNCH_TIME_VAR = "DDPKIT_LAUNCH_TIME"  # when the command started (the summary'
 LAUNCH_ID_VAR = "DDPKIT_LAUNCH_ID"  # one `ddpkit train` (a token): the run directory's mark names it once started
 SNAPSHOT_DIR_VAR = "DDPKIT_SNAPSHOT_DIR"  # this node's private folder for memory snapshots (checkpoint/snapshot.py)
 STORE_FILE_VAR = "DDPKIT_STORE_FILE"  # one node: the workers' FileStore, this path + attempt (runtime/store.py)
+AGENT_PID_VAR = "DDPKIT_AGENT_PID"  # the launcher's process: a stop by a signal another node received is sent there
 # `ddpkit slurm`'s batch script -> rank 0: after a warning signal's checkpoint write this file; the script requeues
 REQUEUE_FILE_VAR = "DDPKIT_REQUEUE_FILE"
 # torch's agent -> every worker: how many times it has restarted this node's workers, and how often it may
@@ -26,6 +27,7 @@ HANG_DIR_VAR = "DDPKIT_HANG_DIR"  # where the workers write hang reports
 # (a later abort is torch's teardown, not the script's), and where its stacks go on STACK_SIGNAL
 RETURNED_FILE = "returned-{rank}"
 STACKS_FILE = "stacks-{rank}.txt"  # first line: "PID MAIN_THREAD_ID", then faulthandler's dumps
+STOPPED_FILE = "stopped.json"  # a stop by a signal: which, at which step, received here or not (training/signals.py)
 
 
 def restart_count() -> int:

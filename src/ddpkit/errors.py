@@ -17,10 +17,11 @@ class Interrupted(DdpkitError):
     """The command was stopped by a signal (Ctrl-C, a TERM from a scheduler or `kill`): the CLI
     exits 128 + the signal's number, the shell's convention (130 after SIGINT, 143 after SIGTERM)."""
 
-    def __init__(self, signum: int, message: str) -> None:
+    def __init__(self, signum: int, message: str, saved_step: int | None = None) -> None:
         super().__init__(message)
         self.signum = signum
         self.exit_code = 128 + signum
+        self.saved_step = saved_step  # the workers saved a checkpoint at this step before they stopped
 
 
 class RunDirTaken(DdpkitError):

@@ -37,7 +37,7 @@ from .textfile import write_text_atomic
 from .training.auto import resolve_auto
 from .training.loop import fit
 from .training.oom import OOM_FILE, OomAdvice, OutOfMemory, oom_error
-from .training.signals import ENDING_SIGNALS, StopRequest
+from .training.signals import ENDING_SIGNALS, StopRequest, hand_over
 from .training.trace import DROPOUT_FILE, TRACE_DIR, dropout_off, to_float64
 
 
@@ -234,6 +234,8 @@ def _train(cfg: RunConfig, env: DistEnv, held: contextlib.ExitStack, given: Task
     add_phases(summary, fit_start, fit_end)
     if env.is_main:
         write_summary(summary, run_dir, cfg.quiet)
+    if stats["stopped_early"]:  # all written: the launcher may stop this node's workers now
+        hand_over(stop, summary, env.local_rank)
     return summary
 
 

@@ -26,8 +26,9 @@ from pathlib import Path
 from typing import Any, Callable, Iterator
 
 from ..config.processes import DEFAULT_TIMEOUT_S
-from ..envvars import ERROR_DIR_VAR, SNAPSHOT_DIR_VAR, STORE_FILE_VAR
+from ..envvars import AGENT_PID_VAR, ERROR_DIR_VAR, SNAPSHOT_DIR_VAR, STORE_FILE_VAR
 from ..errors import DdpkitError, Interrupted
+from ..training.signals import stopped_note
 from .joined import NEVER_JOINED, JoinWatch
 from .report import FROM_START, RestartLine, job_failure, rendezvous_message, restarts_announced
 from .scope import scoped_environ, signal_handlers_kept, whole_line_tail
@@ -125,6 +126,7 @@ def _launch_environ(plan: LaunchPlan, env: dict[str, str] | None, errors: Path) 
         **plan.extra_env,
         **(env or {}),
         ERROR_DIR_VAR: str(errors),
+        AGENT_PID_VAR: str(os.getpid()),  # the agent runs in this process
         "OMP_NUM_THREADS": str(plan.threads_per_process),
     }
     if plan.rdzv_backend == "c10d":
@@ -209,14 +211,26 @@ def _launch(
         # the agent's own store (static rendezvous: node 0 serves it) never completing is a rendezvous failure too
         raise DdpkitError(rendezvous_message(e, plan, endpoint)) from None
     except SignalException as e:
-        name = signal.Signals(e.sigval).name
-        raise Interrupted(e.sigval, f"stopped by {name}; the workers were stopped") from None
+        raise interrupted(e.sigval, errors) from None
     finally:
         if watch is not None:
             watch.stop()
         if stacks is not None:
             stacks.stop()
         del rdzv_store
+
+
+def interrupted(signum: int, errors: Path) -> Interrupted:
+    """This launcher was stopped by signal `signum`: by one it received (a pod evicted, Ctrl-C), or by
+    its workers, who stopped at the step another node's signal made every rank stop at (their note
+    in `errors` says so, and at which step they saved)."""
+    name = signal.Signals(signum).name
+    note = stopped_note(list(errors.glob("attempt-*"))) or {}
+    said = f"stopped by {name}; the workers were stopped"
+    if note.get("elsewhere") and note.get("signal") == name:
+        said = f"stopped by {name}, which another node received; the workers here stopped with it"
+    step = note.get("steps_done")
+    return Interrupted(signum, said, step if isinstance(step, int) else None)
 
 
 def _launch_config(plan: LaunchPlan, scratch: Path, agent_options: dict[str, Any] | None) -> tuple[Any, str, Any]:

@@ -35,7 +35,7 @@ from .evaluate import evaluate
 from .oom import OomAdvice
 from .profile import LabelledSteps, StepProfile
 from .schedule import make_scheduler, replan
-from .signals import StopRequest
+from .signals import StopRequest, agreed_signal
 from .step import StepRunner
 from .stragglers import StepClock
 from .trace import ParamTrace
@@ -262,10 +262,7 @@ class Run:
             self.profile.close(reached=self.cadence.global_step)
         stopped = moment is not None and moment.stop and not moment.finished
         if stopped:
-            self.totals.stop(
-                0.0 if moment.pass_end else moment.epoch_run.elapsed(),
-                self.stop.received if self.stop is not None else None,
-            )
+            self.totals.stop(0.0 if moment.pass_end else moment.epoch_run.elapsed(), self._stop_signal())
         else:
             if self.mark is not None and self.mark.lost_anywhere(self.rt.collectives, self.rt.device):
                 raise self.mark.error("the end of the run, before model.pt")  # after the last step's agreement
@@ -285,6 +282,18 @@ class Run:
             | ({"snapshot_every_steps": memory.every} if memory is not None else {})
             | ({"recovery": memory.recovery} if memory is not None and memory.recovery else {})
         )
+
+    def _stop_signal(self) -> str | None:
+        """The signal that stopped the run, agreed by every rank (those that received none too:
+        another node's pod was evicted), by one small all-reduce at the stop."""
+        if self.stop is None:
+            return None
+
+        def all_max(value: int) -> int:
+            t = torch.tensor([float(value)], dtype=torch.float64, device=self.rt.device)
+            return int(self.rt.collectives.all_reduce_(t, "max").item())
+
+        return agreed_signal(self.stop.received, all_max)
 
 
 class PlannedSteps:
