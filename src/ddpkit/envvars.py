@@ -16,6 +16,8 @@ STORE_FILE_VAR = "DDPKIT_STORE_FILE"  # one node: the workers' FileStore, this p
 AGENT_PID_VAR = "DDPKIT_AGENT_PID"  # the launcher's process: a stop by a signal another node received is sent there
 # `ddpkit slurm`'s batch script -> rank 0: after a warning signal's checkpoint write this file; the script requeues
 REQUEUE_FILE_VAR = "DDPKIT_REQUEUE_FILE"
+# `ddpkit slurm --exclude-slow`'s batch script -> rank 0: the record of the nodes named slow, check by check
+SLOW_NODES_FILE_VAR = "DDPKIT_SLOW_NODES_FILE"
 # torch's agent -> every worker: how many times it has restarted this node's workers, and how often it may
 RESTART_COUNT_VAR = "TORCHELASTIC_RESTART_COUNT"
 MAX_RESTARTS_VAR = "TORCHELASTIC_MAX_RESTARTS"

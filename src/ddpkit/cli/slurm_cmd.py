@@ -48,6 +48,13 @@ class SlurmOptions:
         "the run directory is shared by the nodes though its file system looks local (one machine; "
         "a file system ddpkit does not know): do not refuse a multi-node job for it",
     )
+    exclude_slow: bool = option(
+        False,
+        "at ddpkit's requeue after the warning signal, leave out a node the straggler view named slow at the "
+        "last 2 checks in a row (its ExcNodeList, as sbatch --exclude), unless the partition could not run "
+        "the job without it",
+        default_help="[launch] exclude_slow",
+    )
     output: str | None = option(help="log file pattern", default_help="RUN_DIR/slurm-%%j.out")
     signal: str = option(
         "USR2@90",

@@ -23,7 +23,7 @@ from pathlib import Path
 
 from ..config.launch import time_limit_s
 from ..config.values import parse_memory
-from ..envvars import REQUEUE_FILE_VAR
+from ..envvars import REQUEUE_FILE_VAR, SLOW_NODES_FILE_VAR
 from ..errors import DdpkitError
 
 _TIME = re.compile(r"^(\d+-)?\d{1,2}(:\d{2}){0,2}$")
@@ -69,6 +69,7 @@ class SlurmJob:
     python: str = field(default_factory=lambda: sys.executable)
     run_dir: str = ""
     array: str | None = None  # a job array (sbatch --array): each element trains in RUN_DIR/INDEX
+    exclude_slow: bool = False  # leave out, at ddpkit's requeue, a node the straggler view named slow (exclude_slow.py)
 
     def __post_init__(self) -> None:
         if self.nodes < 1:
@@ -90,6 +91,11 @@ class SlurmJob:
             raise DdpkitError(
                 f"--signal {self.signal!r}: SLURM sends {self.signal_name} to end a job (scancel, preemption), so "
                 "it cannot ask for a requeue; use USR2@90"
+            )
+        if self.exclude_slow and not self.signal:
+            raise DdpkitError(
+                "--exclude-slow leaves slow nodes out when ddpkit requeues the job after the warning signal: "
+                "keep --signal (e.g. USR2@90)"
             )
         if self.array is not None and not _ARRAY.match(self.array):
             raise DdpkitError(f"--array {self.array!r} is not a SLURM array, e.g. 0-3, 1,5,9 or 0-15%4")
@@ -140,24 +146,56 @@ def render_sbatch(job: SlurmJob, command_line: str = "") -> str:
     ]
     if not job.signal:
         return "\n".join([*lines, srun, ""])
+    slow = _exclude_slow_lines(job)
     lines += [
         f"# After the warning signal ({job.signal_name}) every task saves at the next step and stops; rank 0",
         f"# then writes ${REQUEUE_FILE_VAR} and this script, on the batch host (outside any container),",
         "# requeues the job, which continues from that checkpoint (--auto-resume). SIGTERM (scancel,",
         "# preemption) saves too, and SLURM ends or requeues the job itself.",
         f'export {REQUEUE_FILE_VAR}="$RUN_DIR/requeue-request"',
+        *slow["setup"],
         f'mkdir -p "$RUN_DIR" && rm -f "${REQUEUE_FILE_VAR}"',
         "status=0",
         srun + " || status=$?",
         f'if [ -e "${REQUEUE_FILE_VAR}" ]; then',
         f'    rm -f "${REQUEUE_FILE_VAR}"',
+        *slow["before requeue"],
         '    echo "ddpkit: requeueing SLURM job $SLURM_JOB_ID"',
         f'    scontrol requeue "{_THIS_JOB}"',
+        *slow["after requeue"],
         "fi",
         'exit "$status"',
         "",
     ]
     return "\n".join(lines)
+
+
+def _exclude_slow_lines(job: SlurmJob) -> dict[str, list[str]]:
+    """--exclude-slow's lines of the script: rank 0 records the nodes the straggler view names; at a
+    requeue, exclude_slow.py decides before it and `scontrol update` sets ExcNodeList after it (SLURM
+    changes it only of a job that is not running, and the requeued job starts only once this script
+    has ended). The requeue sends SIGTERM to this script: from then on it, and scontrol, ignore it."""
+    if not job.exclude_slow:
+        return {"setup": [], "before requeue": [], "after requeue": []}
+    this = _THIS_JOB
+    return {
+        "setup": [
+            "# --exclude-slow: rank 0 records, check by check, the nodes the straggler view names slow",
+            f'export {SLOW_NODES_FILE_VAR}="$RUN_DIR/slow-nodes.json"',
+        ],
+        "before requeue": [
+            "    # the nodes named slow at the last 2 checks in a row that the partition can spare (why: in this log)",
+            f'    exclude="$({shlex.quote(job.python)} -m ddpkit.engines.exclude_slow "${SLOW_NODES_FILE_VAR}" '
+            f'"{this}" {job.nodes})" || exclude=""',
+            "    trap '' TERM  # the requeue signals this script: ExcNodeList must still be set after it",
+        ],
+        "after requeue": [
+            '    if [ -n "$exclude" ]; then',
+            f'        scontrol update JobId="{this}" ExcNodeList="$exclude" \\',
+            '            || echo "ddpkit: SLURM did not take ExcNodeList=$exclude: the requeued job may run anywhere"',
+            "    fi",
+        ],
+    }
 
 
 def _directives(job: SlurmJob, output: str) -> list[str]:

@@ -39,8 +39,9 @@ def slurm_command(
     `train_config` makes their RunConfig (checking the values); `command_line` heads the script.
     The exit code: 0, or with --wait the job's exit status."""
     args, train = train_arguments(opts.train_args, opts.config, parse_train)
-    train_config(train)  # validates values
+    config = train_config(train)  # validates values
     job = slurm_job_description(opts, args)
+    check_exclude_slow(job, config)
     name = job.job_name or "ddpkit"
     chosen = run_dir_of(job, train.run_dir)
     run_dir = Path(chosen or f"runs/{name}-{time.strftime('%Y%m%d-%H%M%S')}").resolve()
@@ -62,6 +63,7 @@ def slurm_command(
         signal=opts.signal,
         run_dir=str(run_dir),
         array=opts.array,
+        exclude_slow=bool(job.exclude_slow),
     )
     if opts.array and opts.wait:
         raise DdpkitError("--wait follows one job, not an array: follow its elements with squeue")
@@ -113,7 +115,17 @@ def slurm_job_description(opts: Any, args: list[str]) -> LaunchTable:
         account=opts.account,
         job_name=opts.job_name,
         shared_run_dir=opts.shared_run_dir or None,
+        exclude_slow=opts.exclude_slow or None,
     )
+
+
+def check_exclude_slow(job: LaunchTable, config: Any) -> None:
+    """--exclude-slow acts on what the straggler view names, check by check: it needs the checks."""
+    if job.exclude_slow and not getattr(config, "straggler_every", 1):
+        raise DdpkitError(
+            "--exclude-slow (exclude_slow in [launch]) leaves out the nodes the straggler checks name, but "
+            "--straggler-every is 0: give it a number of steps after -- (e.g. --straggler-every 100)"
+        )
 
 
 def config_of(args: list[str]) -> str | None:

@@ -24,6 +24,7 @@ from ..data.loaders import rank_loader
 from ..reporting.metrics import MetricsLog
 from ..reporting.progress import Progress, choose_mode
 from ..reporting.sinks.base import FAILED, FINISHED, STOPPED, SinkSettings
+from ..reporting.slow_nodes import slow_node_recorder
 from ..runtime import Runtime
 from ..strategies import Strategy, make_strategy
 from ..strategies.activation import has_blocks
@@ -197,7 +198,12 @@ class Run:
             max_steps=cfg.max_steps,
         )
         self.totals = RunTotals(resumed_from=start.epoch)
-        self.clock = StepClock(rt, cfg.straggler_every, say=None if cfg.quiet else rt.print)
+        self.clock = StepClock(
+            rt,
+            cfg.straggler_every,
+            say=None if cfg.quiet else rt.print,
+            on_check=slow_node_recorder(rt.is_main, rt.env.node_rank),  # `ddpkit slurm --exclude-slow`
+        )
 
     def resume(self) -> Position:
         """--resume/--auto-resume: the checkpoint's position; a map-style set continues at its sample."""

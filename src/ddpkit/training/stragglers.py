@@ -43,9 +43,15 @@ class StepClock:
     window since the last exchange; rank 0 keeps the worst finding per rank for the summary."""
 
     def __init__(
-        self, rt: Runtime, every: int, threshold: float = 1.2, say: Callable[[str], None] | None = None
+        self,
+        rt: Runtime,
+        every: int,
+        threshold: float = 1.2,
+        say: Callable[[str], None] | None = None,
+        on_check: Callable[[list[dict[str, Any]], list[int], int], None] | None = None,
     ) -> None:
         self.rt, self.every, self.threshold, self.say = rt, every, threshold, say
+        self.on_check = on_check  # rank 0, after each window's findings (reporting/slow_nodes.py)
         self.window = [0.0, 0.0, 0.0, 0]
         self.run = [0.0, 0.0, 0.0, 0]
         self.worst: dict[tuple[int, bool], dict[str, Any]] = {}  # (rank, a link finding): the worst
@@ -76,8 +82,11 @@ class StepClock:
             ranks = self.exchange(self.window)
             self.window = [0.0, 0.0, 0.0, 0]
             nodes = [int(v[4]) for v in ranks]
-            for finding in findings(ranks, self.probe(nodes) if len(set(nodes)) > 1 else {}, self.threshold):
+            found = findings(ranks, self.probe(nodes) if len(set(nodes)) > 1 else {}, self.threshold)
+            for finding in found:
                 self._note(finding, global_step)
+            if self.on_check is not None and self.rt.is_main:
+                self.on_check(found, nodes, global_step)
 
     def probe(self, nodes: list[int]) -> dict[int, float]:
         if not self.probed:  # the first probe of a pair also sets up its connection (NCCL)
