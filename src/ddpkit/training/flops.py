@@ -3,9 +3,9 @@ tokens a sample holds: what turns the samples/s the loop times into TFLOP/s, MFU
 (reporting/throughput.py).
 
 The count is torch's FlopCounterMode over one forward and backward of a micro-batch, on the
-meta device: a copy of the model whose parameters and buffers are meta tensors (shapes only:
-no memory, no arithmetic), fed a micro-batch of the first sample's shapes, its loss taken as
-the loop takes it (training/batches.py: compute_loss). It counts the matrix products
+meta device: the model with its parameters and buffers swapped for meta tensors for the
+moment (shapes only: no memory, no arithmetic), fed a micro-batch of the first sample's
+shapes, its loss taken as the loop takes it (training/batches.py: compute_loss). It counts the matrix products
 (linear layers, attention's two products, convolutions), forward and backward (the backward
 ~2x the forward); elementwise work (norms, activations, the softmax) is not counted, as
 MFU's convention has it. Attention takes its math path on the meta device, whose products
@@ -17,9 +17,9 @@ shapes, a kernel without a meta implementation) is not counted: the reason is ke
 
 from __future__ import annotations
 
-import copy
+import contextlib
 import itertools
-from typing import Any
+from typing import Any, Iterator
 
 import torch
 from torch import nn
@@ -29,6 +29,8 @@ from ..reporting.throughput import Throughput, device_peak
 from ..task import Task
 from ..tree import map_tensors, tensors
 from .batches import compute_loss
+
+META = torch.device("meta")
 
 
 def first_sample(dataset: Any) -> Any:
@@ -47,15 +49,30 @@ def tokens_in(sample: Any) -> int | None:
     return None
 
 
-def meta_copy(model: nn.Module) -> nn.Module:
-    """A copy of `model` whose parameters and buffers are empty tensors of the same shapes on
-    the meta device (tied weights stay tied); the model itself is left as it is."""
-    memo: dict[int, Any] = {}
-    for t in itertools.chain(model.parameters(), model.buffers()):
-        if id(t) not in memo:
-            empty = torch.empty_like(t, device="meta")
-            memo[id(t)] = nn.Parameter(empty, requires_grad=t.requires_grad) if isinstance(t, nn.Parameter) else empty
-    return copy.deepcopy(model, memo)
+@contextlib.contextmanager
+def on_meta(model: nn.Module) -> Iterator[nn.Module]:
+    """`model` with its parameters and buffers swapped, for the block, for empty tensors of the
+    same shapes on the meta device (tied weights stay tied), then put back. Swapped rather
+    than copied: a copy would have to copy whatever else the model holds (the hang watchdog's
+    hook, a user's handles), which may not copy at all."""
+    swapped: dict[int, Any] = {}
+    held: list[tuple[dict[str, Any], str, Any]] = []  # (the module's dict, name, the real tensor)
+    try:
+        for module in model.modules():
+            for table in (module._parameters, module._buffers):
+                for name, t in table.items():
+                    if t is None:
+                        continue
+                    if id(t) not in swapped:
+                        empty = torch.empty_like(t, device="meta")
+                        is_param = isinstance(t, nn.Parameter)
+                        swapped[id(t)] = nn.Parameter(empty, requires_grad=t.requires_grad) if is_param else empty
+                    held.append((table, name, t))
+                    table[name] = swapped[id(t)]
+        yield model
+    finally:
+        for table, name, t in reversed(held):
+            table[name] = t
 
 
 def meta_batch(sample: Any, batch_size: int) -> Any:
@@ -71,17 +88,18 @@ def count_flops(task: Task, batch_size: int, sample: Any) -> tuple[float | None,
     or (None, why not)."""
     from torch.utils.flop_counter import FlopCounterMode
 
+    model, was_training = task.model, task.model.training
     try:
-        model = meta_copy(task.model)
-        model.train()
-        batch = meta_batch(sample, batch_size)
-        with torch.enable_grad(), FlopCounterMode(display=False) as counter:
-            loss = compute_loss(model, batch, batch_size, task.loss_fn, task.step, torch.device("meta"))
+        with on_meta(model), torch.enable_grad(), FlopCounterMode(display=False) as counter:
+            model.train()
+            loss = compute_loss(model, meta_batch(sample, batch_size), batch_size, task.loss_fn, task.step, META)
             if loss.value is None or not loss.value.requires_grad:
                 return None, "the loss does not depend on the model's parameters"
             loss.value.backward()
     except Exception as e:  # the run goes on without the figure
         return None, f"one forward and backward on the meta device failed: {type(e).__name__}: {e}"
+    finally:
+        model.train(was_training)
     total = counter.get_total_flops()
     if not total:
         return None, "the counter found no matrix product in the model's forward and backward"
