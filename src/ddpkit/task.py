@@ -82,6 +82,9 @@ class Task:
     init_from: str | os.PathLike[str] | None = None
     """Pretrained weights (a safetensors file, a Hugging Face folder, a torch state dict), of
     which each rank reads its part (`--init-from` on the command line)."""
+    tokens_per_sample: int | None = None
+    """The tokens one sample holds, for tokens/s (0: none). None: the length of a sample's first
+    integer tensor of one dimension (token ids), if it has one."""
 
 
 def accuracy_sum(outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:

@@ -89,13 +89,14 @@ def test_csv_tensorboard_and_the_metric_hook_get_the_same_global_values(terminal
     assert [json.loads(x) for x in (tmp_path / "hook-rank0.jsonl").read_text().splitlines()] == records
     # CSV: a column for every key (eval_* appeared in epoch 2), empty where there was no eval
     rows = (run / "metrics.csv").read_text().splitlines()
-    assert rows[0] == "epoch,step,train_loss,epoch_s,samples_per_s,lr,eval_loss,eval_accuracy"
+    assert rows[0] == "epoch,step,train_loss,epoch_s,samples_per_s,tflops_per_device,lr,eval_loss,eval_accuracy"
     assert len(rows) == 5 and rows[1].endswith(",,") and rows[2].split(",")[0] == "2"
     assert float(rows[4].split(",")[2]) == records[3]["train_loss"]
     # TensorBoard: the same values, at the optimizer step (as MLflow and W&B), the epoch beside them
     acc = tb.EventAccumulator(str(run / "tensorboard"))
     acc.Reload()
-    assert {"loss/train", "loss/eval", "eval/accuracy", "perf/samples_per_s"} <= set(acc.Tags()["scalars"])
+    tags = {"loss/train", "loss/eval", "eval/accuracy", "perf/samples_per_s", "perf/tflops_per_device"}
+    assert tags <= set(acc.Tags()["scalars"])
     train = acc.Scalars("loss/train")
     assert [e.step for e in train] == [r["step"] for r in records]
     assert [e.value for e in train] == pytest.approx([r["train_loss"] for r in records], rel=1e-6)

@@ -44,6 +44,7 @@ def test_a_section_view_holds_its_settings_only_with_the_configs_values():
         (Output, {"straggler_every": -1}, "--straggler-every must be 0 or"),
         (Strategy, {"precision": "fp8"}, "--precision must be one of"),
         (Performance, {"accumulate": 0}, "--accumulate must be a positive integer"),
+        (Performance, {"peak_tflops": 0}, "--peak-tflops must be a positive number"),
     ],
 )
 def test_each_section_checks_its_own_values_without_the_rest(section, bad, message):

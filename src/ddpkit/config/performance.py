@@ -67,6 +67,15 @@ class Performance(Section):
         default_help="auto: release when the run is sized to its memory (--strategy auto or --device-memory), "
         "else keep",
     )
+    peak_tflops: float | None = setting(
+        None,
+        "the peak TFLOP/s of one device at the run's precision, for the MFU the run reports (achieved TFLOP/s "
+        "per device / this)",
+        group=PERFORMANCE,
+        type=float,
+        metavar="TFLOPS",
+        default_help="a GPU's dense figure from ddpkit's table (reporting/throughput.py); none on a CPU: no MFU",
+    )
 
     def check(self) -> None:
         choice("--cpu-allocator", self.cpu_allocator, CPU_ALLOCATORS)
@@ -81,3 +90,11 @@ class Performance(Section):
         positive("--accumulate", self.accumulate)
         if self.bucket_mb is not None and not (isinstance(self.bucket_mb, (int, float)) and self.bucket_mb > 0):
             raise DdpkitError(f"--bucket-mb must be a positive number of megabytes, got {self.bucket_mb!r}")
+        if self.peak_tflops is not None and not (
+            isinstance(self.peak_tflops, (int, float))
+            and not isinstance(self.peak_tflops, bool)
+            and self.peak_tflops > 0
+        ):
+            raise DdpkitError(
+                f"--peak-tflops must be a positive number of TFLOP/s (one device's peak), got {self.peak_tflops!r}"
+            )

@@ -27,6 +27,7 @@ from typing import Any, TextIO
 import torch
 
 from ..envvars import PROGRESS_INTERVAL_VAR
+from .throughput import Throughput
 
 LINE_INTERVAL_S = 30.0
 BAR_REFRESH_S = 0.5
@@ -57,6 +58,16 @@ def epoch_line(record: dict[str, Any], epochs: int | None, max_steps: int | None
     return "  ".join(parts)
 
 
+def rates_text(rates: dict[str, Any]) -> str:
+    """What follows samples/s on a progress line: `  tokens/s N` for tokens, `  TFLOP/s X  mfu Y%`
+    where the device's peak is known (on a CPU without --peak-tflops, no TFLOP/s: summary.json
+    and metrics.jsonl have them)."""
+    text = f"  tokens/s {rates['tokens_per_s']:,.0f}" if rates.get("tokens_per_s") else ""
+    if rates.get("mfu") is not None:
+        text += f"  TFLOP/s {rates['tflops_per_device']:.3g}  mfu {rates['mfu']:.1%}"
+    return text
+
+
 def format_eta(seconds: float) -> str:
     seconds = max(0, int(round(seconds)))
     h, rest = divmod(seconds, 3600)
@@ -75,8 +86,10 @@ class Progress:
         samples_per_epoch: int | None,
         stream: TextIO | None = None,
         max_steps: int | None = None,
+        throughput: Throughput | None = None,
     ) -> None:
         self.mode = mode
+        self.throughput = throughput  # tokens/s, TFLOP/s and MFU beside samples/s
         self.epochs = epochs
         self.max_steps = max_steps  # a run by --max-steps: the epoch lines show the steps too
         self.samples_per_epoch = samples_per_epoch
@@ -155,18 +168,14 @@ class Progress:
                 parts = [f"epoch {self._epoch + 1}", f"{self._seen_global:,} samples"]
                 if self._seen_local:
                     parts.append(f"rank0_loss {self._rank0_loss(local_loss_sum):.4f}")
-                parts.append(
-                    f"samples/s {(self._seen_global - self._skipped) / elapsed:,.0f}" if elapsed > 0 else "samples/s -"
-                )
+                parts.append(self._speed(elapsed))
                 print("  ".join(parts), file=self.stream, flush=True)
                 return
             fraction = self._seen_global / self.samples_per_epoch
             parts = [f"epoch {self._epoch + 1}/{self.epochs}", f"{fraction:.0%} of the epoch"]
             if self._seen_local:
                 parts.append(f"rank0_loss {self._rank0_loss(local_loss_sum):.4f}")
-            parts.append(
-                f"samples/s {(self._seen_global - self._skipped) / elapsed:,.0f}" if elapsed > 0 else "samples/s -"
-            )
+            parts.append(self._speed(elapsed))
             here = (self._seen_global - self._skipped) / self.samples_per_epoch  # this session's part of the epoch
             parts.append(f"eta {format_eta(self._eta(fraction, elapsed / here if here > 0 else 0.0))}")
             print("  ".join(parts), file=self.stream, flush=True)
@@ -179,7 +188,7 @@ class Progress:
         self._epochs_done_here += 1
         line = epoch_line(record, self.epochs, self.max_steps)
         if record.get("samples_per_s"):
-            line += f"  samples/s {record['samples_per_s']:,.0f}"
+            line += f"  samples/s {record['samples_per_s']:,.0f}" + rates_text(record)
         if self.epochs and record["epoch"] < self.epochs and self.samples_per_epoch is not None:
             line += f"  eta {format_eta(self._eta(1.0, 0.0))}"
         if self.mode == "lines":
@@ -197,6 +206,14 @@ class Progress:
             if bar is not None:
                 bar.close()
         self._step_bar = self._epoch_bar = None
+
+    def _speed(self, elapsed: float) -> str:
+        """`samples/s N` so far this epoch (+ tokens/s, TFLOP/s and MFU where they are known)."""
+        if elapsed <= 0:
+            return "samples/s -"
+        samples_per_s = (self._seen_global - self._skipped) / elapsed
+        rates = self.throughput.rates(samples_per_s) if self.throughput is not None else {}
+        return f"samples/s {samples_per_s:,.0f}" + rates_text(rates)
 
     def _rank0_loss(self, local_loss_sum: torch.Tensor) -> float:
         if local_loss_sum.numel() == 2:

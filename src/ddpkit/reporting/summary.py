@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..config.values import format_bytes
 from ..envvars import BENCH_RESULT_VAR, LAUNCH_TIME_VAR
+from .throughput import compute_line
 
 if TYPE_CHECKING:
     from ..config import BatchPlan, RunConfig
@@ -122,7 +123,12 @@ def format_summary(s: dict[str, Any]) -> str:
             + (" (checkpointed blocks keep only their inputs)" if s.get("activation_checkpointing") else "")
         )
     wall = f", wall {s['wall_s']:.2f} s)" if "wall_s" in s else ")"
-    lines.append(f"  samples/s    {num(s['samples_per_s'], ',.0f')} (training {s['train_s']:.2f} s{wall}")
+    t = s.get("throughput") or {}
+    tokens = f", {t['tokens_per_s']:,.0f} tokens/s" if t.get("tokens_per_s") else ""
+    lines.append(f"  samples/s    {num(s['samples_per_s'], ',.0f')}{tokens} (training {s['train_s']:.2f} s{wall}")
+    compute = compute_line(t)
+    if compute:
+        lines.append(f"  compute      {compute}")
     lines.append(f"  written to   {s['run_dir']}")
     return "\n".join(lines)
 

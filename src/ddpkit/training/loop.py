@@ -33,6 +33,7 @@ from ..task import Task
 from .cadence import Cadence, Moment, StepPlan
 from .epoch import EpochRun, RunTotals
 from .evaluate import evaluate
+from .flops import throughput_of
 from .oom import OomAdvice
 from .profile import LabelledSteps, StepProfile
 from .schedule import make_scheduler, replan
@@ -108,6 +109,8 @@ class Run:
         self.cfg, self.task, self.rt, self.run_dir, self.stop, self.mark = cfg, task, rt, run_dir, stop, mark
         self.batches, self.oom, self.fixed = batches, oom, fixed  # fixed: this process's memory before the model
         self.strategy = make_strategy(cfg, rt, task)  # DDP or FSDP, the precision, DDP's knobs
+        # FLOPs of a sample (counted on the meta device), tokens, the device's peak: before the model is set up
+        self.throughput = throughput_of(task, cfg, rt, self.strategy.precision)
         self.model = self.strategy.setup_module(task.model)
         self.optimizer = self.strategy.setup_optimizer(task.optimizer, self.model, cfg.lr)
         if oom is not None:  # counted now: a rank that has run out of memory cannot count it
@@ -196,6 +199,7 @@ class Run:
             start.epoch,
             self.loader.n,
             max_steps=cfg.max_steps,
+            throughput=self.throughput,
         )
         self.totals = RunTotals(resumed_from=start.epoch)
         self.clock = StepClock(
@@ -250,7 +254,9 @@ class Run:
         """metrics.jsonl (+ csv, TensorBoard), the task's on_metrics hook on rank 0, the epoch
         line: for every pass, and for an evaluation inside one."""
         if moment.pass_end:
-            record.update(moment.epoch_run.rates(), lr=self.optimizer.param_groups[0]["lr"], **self.steps.figures())
+            rates = moment.epoch_run.rates()
+            rates.update(self.throughput.rates(rates["samples_per_s"]))  # tokens/s, TFLOP/s per device, MFU
+            record.update(rates, lr=self.optimizer.param_groups[0]["lr"], **self.steps.figures())
         elif moment.evaluate:
             record["lr"] = self.optimizer.param_groups[0]["lr"]
         else:
@@ -276,8 +282,10 @@ class Run:
             self.checkpointer.end_snapshots()  # the run is done: nothing to restart from memory
         self.log.close(STOPPED if stopped else FINISHED)  # after model.pt: a tracker's run ends as the run did
         memory = self.checkpointer.memory
+        totals = self.totals.summary(self.task.metric_name)
         return (
-            self.totals.summary(self.task.metric_name)
+            totals
+            | {"throughput": self.throughput.summary(totals["samples_per_s"])}
             | {
                 "grad_sync": self.strategy.grad_sync(self.model),
                 "steps_done": self.cadence.global_step,

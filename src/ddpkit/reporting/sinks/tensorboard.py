@@ -17,6 +17,9 @@ class TensorBoardSink(MetricSink):
         "train_loss": "loss/train",
         "eval_loss": "loss/eval",
         "samples_per_s": "perf/samples_per_s",
+        "tokens_per_s": "perf/tokens_per_s",
+        "tflops_per_device": "perf/tflops_per_device",
+        "mfu": "perf/mfu",
         "epoch_s": "perf/epoch_s",
         "lr": "optim/lr",
     }
