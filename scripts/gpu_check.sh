@@ -539,7 +539,7 @@ step_fsdp() {
 step_fused() {
   wine_ref
   local fused=$([[ $MODE == gpu ]] && echo true || echo false)  # --fused-optimizer auto: GPUs only
-  check "the default (auto) fused the optimizer: fused_optimizer $fused" pycheck summary "$W/wine-fp32" fused_optimizer=$fused
+  check "--fused-optimizer auto (the default): fused_optimizer $fused (fused on a GPU only)" pycheck summary "$W/wine-fp32" fused_optimizer=$fused
   if trained wine-unfused "$W/wine-unfused" "${WINE[@]}" --fused-optimizer off --save-every 0; then
     check "--fused-optimizer off: not fused, accuracy >= 0.97" pycheck summary "$W/wine-unfused" fused_optimizer=false \
       eval_accuracy'>='0.97
