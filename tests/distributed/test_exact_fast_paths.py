@@ -22,7 +22,9 @@ def _train(tmp_path, name, *flags):
 
 
 def test_batches_on_the_device_train_the_host_paths_model_and_deterministic_is_on_in_every_worker(tmp_path):
-    placed, out, summary, ranks = _train(tmp_path, "on", "--data-on-device", "on", "--deterministic", "--num-workers", "1")
+    placed, out, summary, ranks = _train(
+        tmp_path, "on", "--data-on-device", "on", "--deterministic", "--num-workers", "1"
+    )
     host, _, host_summary, host_ranks = _train(tmp_path, "off", "--data-on-device", "off")
     assert_state_equal(load_model(placed), load_model(host))  # the same samples in the same order
     assert summary["eval_loss"] == host_summary["eval_loss"]
