@@ -33,9 +33,10 @@ from ddpkit.training.prefetch import Prefetcher  # noqa: E402
 
 
 def workloads() -> list[tuple[str, TensorDataset, int]]:
+    from tasks.mlp import make_data
+
     from ddpkit.tasks.digits import digits_tensors
     from ddpkit.tasks.wine import wine_tensors
-    from tasks.mlp import make_data
 
     x, y = make_data(15360)
     mlp = TensorDataset(x, y)
@@ -93,8 +94,8 @@ def main() -> int:
         [
             f"# The data path: batches per second, on the device vs the host path ({where})\n",
             f"{time.strftime('%Y-%m-%d')}; python {platform.python_version()}, torch {torch.__version__}; "
-            f"{args.passes} passes per timing, median of {args.repeats}, interleaved. Command: "
-            f"`python benchmarks/data_path.py --device {args.device} --passes {args.passes} --repeats {args.repeats}`\n",
+            f"{args.passes} passes per timing, median of {args.repeats}, interleaved. Command: `python "
+            f"benchmarks/data_path.py --device {args.device} --passes {args.passes} --repeats {args.repeats}`\n",
             "| workload | batches | host path (loader) batches/s | on the device batches/s | x |",
             "|---|---|---|---|---|",
             *rows,

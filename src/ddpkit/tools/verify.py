@@ -135,12 +135,17 @@ def _verify(cfg: Any, nproc: int, steps: int, root: Path, clean_parent: bool) ->
         probe = root / "other-draws"
         _run(cfg, ref, probe, steps, float64, clean_parent, draws_seed=cfg.seed + 7919)
         evidence.draws_matter = compare(dirs[ref], probe, judged, judged, tol, "", "").first is not None
+    g = nproc * cfg.batch_size * cfg.accumulate
+    return _report(cfg.task, steps, g, float64, judged, tol, evidence, summaries)
+
+
+def _report(
+    task: str, steps: int, g: int, float64: bool, judged: range, tol: float, evidence: Evidence, summaries: dict
+) -> dict[str, Any]:
+    """The report: the comparisons' table, the verdict, the evidence behind it."""
     comparisons = evidence.comparisons
     deterministic = all(s.get("deterministic") for s in summaries.values())  # as every run recorded it
-    g = nproc * cfg.batch_size * cfg.accumulate
-    text = format_report(cfg.task, steps, g, float64, judged, tol, comparisons, deterministic)
     line, code = diagnose(evidence)
-    text += "\n" + line
     return {
         "exact": code == EXACT,
         "exit_code": code,
@@ -149,7 +154,7 @@ def _verify(cfg: Any, nproc: int, steps: int, root: Path, clean_parent: bool) ->
         "eval_differences": evidence.evals,
         "dropout_off": evidence.dropout_off,
         "deterministic": deterministic,
-        "text": text,
+        "text": format_report(task, steps, g, float64, judged, tol, comparisons, deterministic) + "\n" + line,
     }
 
 
