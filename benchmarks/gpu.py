@@ -18,7 +18,11 @@ are a plain model; the hand-written loop is torchrun + NCCL + DDP of world size 
                     (ddpkit's data path: in-memory tensors indexed on the host)
   hw-ddp-devdata-*  the same with the data set on the GPU: no host gather or copy (the bound
                     of the data path)
-  ddpkit-*          ddpkit train benchmarks/tasks/mlp.py:build --nproc 1 --epochs 2
+  ddpkit-*          ddpkit train benchmarks/tasks/mlp.py:build --nproc 1 --epochs 2: by default the
+                    data set (a TensorDataset, 1/10 of the device's memory at most) is kept on the
+                    device and each batch indexed there (summary "data": "on device"), and SGD is
+                    fused on a GPU (--fused-optimizer auto)
+  ddpkit-hostdata-* the same with --data-on-device off: batches gathered on the host and copied
 `--device cpu` runs the same rows on the CPU with gloo (a dry run of this script, at tiny sizes).
 Variants run interleaved (A B C ... A B C) over `--rounds` rounds, through harness.py.
 """
@@ -106,7 +110,16 @@ def variants(device: str, batch: int, steps: int, threads: int) -> list[dict]:
                 env=env,
                 collect=last_epoch,
                 argv=ddpkit + ["--precision", prec],
-                about=f"ddpkit train --nproc 1 --precision {prec} (no process group, no DDP with one process)",
+                about=f"ddpkit train --nproc 1 --precision {prec} (no process group, no DDP with one process; "
+                "the data set kept on the device)",
+            ),
+            dict(
+                name=f"ddpkit-hostdata-{prec}",
+                world_size=1,
+                env=env,
+                collect=last_epoch,
+                argv=ddpkit + ["--precision", prec, "--data-on-device", "off"],
+                about=f"the same with --data-on-device off: batches gathered on the host and copied, {prec}",
             ),
         ]
     return out

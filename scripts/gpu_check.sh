@@ -21,20 +21,23 @@
 #               the hardware has no native bfloat16, which is then what is checked)
 #   4 fsdp      --strategy fsdp with one process is refused (exit 2, one line); with 2 or more
 #               devices (2 GPUs, or --cpu) FSDP2 on 2 processes trains, model.pt loads, equals DDP
-#   5 fused     --fused-optimizer on trains, close to unfused
+#   5 fused     the default (--fused-optimizer auto) fused the optimizer on the GPU (summary
+#               fused_optimizer; not on a CPU); --fused-optimizer off trains, close to it
 #   6 compile   --compile trains, close to eager
 #   7 resume    50 epochs, then --resume --epochs 100: model.pt bit-identical to 100 straight
 #               epochs (torch.equal on every tensor), same per-epoch losses
-#   7b resume-cnn  the same for the digits CNN (cuDNN convolutions), with a control run
+#   7b resume-cnn  the same for the digits CNN (cuDNN convolutions) under --deterministic (summary
+#               deterministic true), with a control run when it differs
 #   8 bench     benchmarks/gpu.py: the MLP, hand-written DDP vs ddpkit, fp32 and bf16, samples/s
 #               -> benchmarks/results/gpu.md (with --cpu: only into the output folder)
 #   9 fp16      --precision fp16 (autocast + gradient scaler) trains, accuracy within 0.05 of
 #               fp32, and 50 epochs + --resume is bit-identical to 100 (the scaler's state is in
 #               the checkpoint); with --cpu its refusal is what is checked
 #  10 syncdebug scripts/sync_check.py: ddpkit's optimizer steps (--accumulate 2, batches copied
-#               ahead by training/prefetch.py) under torch.cuda.set_sync_debug_mode("error"):
-#               fails on any host synchronisation inside a step but the agreement's one
-#               documented read (with --cpu: the same steps, no debug mode)
+#               ahead by training/prefetch.py, then batches of a data set kept on the device over
+#               two passes) under torch.cuda.set_sync_debug_mode("error"): fails on any host
+#               synchronisation inside a step but the agreement's one documented read (with
+#               --cpu: the same steps, no debug mode)
 #
 # With one process ddpkit starts no process group (summary backend "none", as on CPU): NCCL
 # and DDP are exercised only with 2+ GPUs (step 4's 2-process runs) and by the hand-written
@@ -48,10 +51,11 @@
 # Determinism (step 7): CUBLAS_WORKSPACE_CONFIG=:4096:8 is exported for every training run
 # unless already set: the value torch's reproducibility notes named for deterministic cuBLAS
 # (torch 2.11 no longer insists on it, pytorch#161749; cuBLAS is run-to-run reproducible on
-# one stream anyway, and Wine's Linear layers and Adam use nothing else). ddpkit has no switch
-# for torch.backends.cudnn.deterministic / torch.use_deterministic_algorithms, so step 7b
-# first resumes the digits CNN and, if the result differs, runs it twice uninterrupted to tell
-# a resume bug from cuDNN's own run-to-run differences.
+# one stream anyway, and Wine's Linear layers and Adam use nothing else). Step 7b trains the
+# digits CNN with --deterministic (deterministic cuDNN without benchmark mode,
+# torch.use_deterministic_algorithms, ddpkit's own CUBLAS_WORKSPACE_CONFIG in each worker); if
+# the resumed model still differs, it runs it twice uninterrupted to tell a resume bug from
+# run-to-run differences that --deterministic failed to remove.
 set -uo pipefail
 
 usage() { sed -n '2,9p' "$0" | sed 's/^# \{0,1\}//'; }
@@ -459,7 +463,7 @@ step_train() {
   local r=$W/wine-fp32
   if trained wine-fp32 "$r" "${WINE[@]}"; then
     check "summary: one process on $EXPECT_DEVICE, accuracy >= 0.97" pycheck summary "$r" world_size=1 backend=none \
-      device="$EXPECT_DEVICE" strategy=ddp precision=fp32 epochs_done=100 eval_accuracy'>='0.97
+      device="$EXPECT_DEVICE" strategy=ddp precision=fp32 epochs_done=100 eval_accuracy'>='0.97 data="on device"
     check "printed summary names the device" grep_out wine-fp32 "world size   1 (1 node), backend none, device $EXPECT_DEVICE"
     check "model.pt: plain state_dict, loads into Linear(13,64)-ReLU-Linear(64,3)" pycheck model "$r" wine
     check "checkpoints at epochs 50 and 100" pycheck ckpts "$r" epoch-000050.pt epoch-000100.pt
@@ -534,10 +538,12 @@ step_fsdp() {
 
 step_fused() {
   wine_ref
-  if trained wine-fused "$W/wine-fused" "${WINE[@]}" --fused-optimizer on --save-every 0; then
-    check "the optimizer was fused (no 'left as it is' notice)" bash -c "! grep -q 'no fused kernel here' '$WORK/out/wine-fused.txt'"
-    check "fused: accuracy >= 0.97" pycheck summary "$W/wine-fused" eval_accuracy'>='0.97
-    check "fused close to unfused after 100 epochs" pycheck close "$W/wine-fused" "$W/wine-fp32" 1e-4 1e-5
+  local fused=$([[ $MODE == gpu ]] && echo true || echo false)  # --fused-optimizer auto: GPUs only
+  check "--fused-optimizer auto (the default): fused_optimizer $fused (fused on a GPU only)" pycheck summary "$W/wine-fp32" fused_optimizer=$fused
+  if trained wine-unfused "$W/wine-unfused" "${WINE[@]}" --fused-optimizer off --save-every 0; then
+    check "--fused-optimizer off: not fused, accuracy >= 0.97" pycheck summary "$W/wine-unfused" fused_optimizer=false \
+      eval_accuracy'>='0.97
+    check "fused (the default) close to unfused after 100 epochs" pycheck close "$W/wine-fp32" "$W/wine-unfused" 1e-4 1e-5
     add_note "$(cut -d'(' -f1 <<< "$LAST")vs unfused"
   fi
 }
@@ -575,11 +581,12 @@ step_resume() {
 }
 
 step_resume_cnn() {
-  local common=(digits "${D[@]}" --epochs 4 --seed 0 --batch-size 64 --save-every 2)
+  local common=(digits "${D[@]}" --epochs 4 --seed 0 --batch-size 64 --save-every 2 --deterministic)
   trained cnn-full "$W/cnn-full" "${common[@]}" || return 0
   trained cnn-half "$W/cnn-split" "${common[@]}" --epochs 2 || return 0
   trained cnn-resume "$W/cnn-split" "${common[@]}" --resume || return 0
-  add_note "digits CNN: 2 epochs + --resume to 4 vs 4"
+  check "--deterministic recorded in the summary" pycheck summary "$W/cnn-split" deterministic=true
+  add_note "digits CNN --deterministic: 2 epochs + --resume to 4 vs 4"
   if pycheck equal "$W/cnn-split" "$W/cnn-full" > /dev/null 2>&1; then
     check "CNN resumed model.pt bit-identical to 4 uninterrupted epochs" pycheck equal "$W/cnn-split" "$W/cnn-full"
     return 0
@@ -591,7 +598,7 @@ step_resume_cnn() {
       pycheck equal "$W/cnn-split" "$W/cnn-full"
   else
     check "CNN resumed model.pt bit-identical" pycheck equal "$W/cnn-split" "$W/cnn-full"
-    add_note "two uninterrupted CNN runs differ too: cuDNN picked non-deterministic kernels and ddpkit has no switch for torch.backends.cudnn.deterministic / torch.use_deterministic_algorithms"
+    add_note "two uninterrupted CNN runs differ too, under --deterministic: a kernel it did not make deterministic"
   fi
 }
 
@@ -643,6 +650,13 @@ step_syncdebug() {
   cat "$out" >> "$LOG"
   check "no host synchronisation inside a step (exit $rc)" test "$rc" -eq 0 || tail -n 8 "$out" | sed 's/^/      | /'
   add_note "$(grep -m1 '^sync_check:' "$out" | cut -c1-160)"
+  note "\$ $PYTHON scripts/sync_check.py --device $DEV --steps 20 --accumulate 2 --data-on-device"
+  tmo "$(limit 120)" "$PYTHON" scripts/sync_check.py --device "$DEV" --steps 20 --accumulate 2 --data-on-device \
+    > "$out.placed" 2>&1
+  rc=$?
+  cat "$out.placed" >> "$LOG"
+  check "no host synchronisation with the data set on the device (exit $rc)" test "$rc" -eq 0 \
+    || tail -n 8 "$out.placed" | sed 's/^/      | /'
 }
 
 # ---------------------------------------------------------------- run

@@ -4,19 +4,22 @@ Runs ddpkit's optimizer step (training/step.py) on an MLP, with the batches hand
 training/prefetch.py as `ddpkit train` does, and after a few warm-up steps (lazy CUDA and
 optimizer-state set-up synchronises once) runs --steps more under
 torch.cuda.set_sync_debug_mode("error"): any synchronisation inside a step raises, except the
-step's one documented read of the agreement (training/prefetch.expected_sync). On a CPU
-(--device cpu) the same steps run without the debug mode. Prints one line; exit 0: none.
+step's one documented read of the agreement (training/prefetch.expected_sync). With
+--data-on-device the batches come from a TensorDataset kept on the device (data/placement.py)
+as `ddpkit train` gathers them, over passes of 8 steps (each pass's order is copied over once).
+On a CPU (--device cpu) the same steps run without the debug mode. Prints one line; exit 0: none.
 
-    python scripts/sync_check.py --device cuda [--steps 20] [--accumulate 2]
+    python scripts/sync_check.py --device cuda [--steps 20] [--accumulate 2] [--data-on-device]
 """
 
 import argparse
+import itertools
 import sys
 
 import torch
 from torch import nn
 
-from ddpkit import DistEnv
+from ddpkit import DistEnv, ShardedLoader
 from ddpkit.runtime import Runtime
 from ddpkit.strategies import DdpStrategy
 from ddpkit.training.prefetch import Prefetcher
@@ -29,12 +32,23 @@ def batches(n: int, size: int = 64):
         yield (torch.randn(size, 32, generator=g), torch.randint(0, 4, (size,), generator=g)), size, size
 
 
+def placed_batches(device: torch.device, size: int = 64):
+    """Passes of 8 steps over a data set kept on `device`, without end."""
+    g = torch.Generator().manual_seed(0)
+    data = torch.utils.data.TensorDataset(torch.randn(8 * size, 32, generator=g), torch.randint(0, 4, (8 * size,)))
+    loader = ShardedLoader(data, size, device=device)
+    for epoch in itertools.count():
+        loader.set_epoch(epoch)
+        yield from loader.iter_steps()
+
+
 def main() -> int:
     p = argparse.ArgumentParser()
     p.add_argument("--device", default="cuda")
     p.add_argument("--steps", type=int, default=20)
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--accumulate", type=int, default=2)
+    p.add_argument("--data-on-device", action="store_true", help="batches of a data set kept on the device")
     args = p.parse_args()
     with Runtime(DistEnv(), device=args.device, threads=1) as rt:
         torch.manual_seed(0)
@@ -45,7 +59,12 @@ def main() -> int:
         runner = StepRunner(rt, strategy, model, opt, nn.CrossEntropyLoss(), accumulate=args.accumulate)
         cuda = rt.device.type == "cuda"
         total = torch.zeros(2, dtype=torch.float64, device=rt.device)
-        for i, (batch, n_local, n_global) in enumerate(Prefetcher(batches(args.warmup + args.steps), rt.device)):
+        n = args.warmup + args.steps
+        if args.data_on_device:
+            source = itertools.islice(placed_batches(rt.device), n)
+        else:
+            source = Prefetcher(batches(n), rt.device)
+        for i, (batch, n_local, n_global) in enumerate(source):
             if cuda and i == args.warmup:
                 torch.cuda.synchronize()
                 torch.cuda.set_sync_debug_mode("error")
@@ -62,8 +81,9 @@ def main() -> int:
             print(f"sync_check: FAIL: the steps trained no finite loss ({loss} over {count})")
             return 1
         debug = f"under set_sync_debug_mode('error') on {rt.device}" if cuda else f"on {rt.device} (no debug mode)"
+        data = ", data on the device" if args.data_on_device else ""
         print(
-            f"sync_check: {args.steps} steps (--accumulate {args.accumulate}) {debug}: no host sync "
+            f"sync_check: {args.steps} steps (--accumulate {args.accumulate}{data}) {debug}: no host sync "
             f"but the agreement's one; mean loss {loss / count:.4f}"
         )
     return 0

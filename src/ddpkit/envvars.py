@@ -82,6 +82,8 @@ WANDB_DIR_VAR = "WANDB_DIR"  # where W&B writes its files (else RUN_DIR)
 WANDB_SILENT_VAR = "WANDB_SILENT"  # ddpkit -> W&B under --quiet: none of its own lines
 WANDB_MODE_VAR = "WANDB_MODE"  # offline: W&B writes the run for a later `wandb sync` (online needs its login)
 MLFLOW_QUIET_VAR = "MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT"  # ddpkit -> MLflow under --quiet: no "View run" lines
+# ddpkit -> cuBLAS in a worker under --deterministic (runtime/determinism.py): a fixed workspace
+CUBLAS_WORKSPACE_VAR = "CUBLAS_WORKSPACE_CONFIG"
 # ddpkit -> MLflow's HTTP client, unless the user set them: a few short retries, not minutes of them
 MLFLOW_CLIENT_LIMITS = {
     "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "1",

@@ -79,6 +79,7 @@ class Session:
             grad_sync=grad_sync,
             activation_checkpointing=activation_checkpointing,
             ddp_options=ddp_options,
+            fused_optimizer="off",  # an own loop's optimizer is the one it passed, as it made it
         )
         check(config, self.world_size, own_loop=True)
         if self.strategy is not None and (self.strategy.name, self.strategy.precision) != (strategy, precision):

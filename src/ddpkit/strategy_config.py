@@ -46,7 +46,7 @@ class StrategyConfig:
     grad_compression: str = "none"
     bucket_mb: float | None = None
     static_graph: bool = False
-    fused_optimizer: str = "off"
+    fused_optimizer: str = "auto"  # on a GPU where the task chose neither fused nor foreach (ddp_knobs.py)
     compile: bool = False
     ddp_options: dict[str, Any] = field(default_factory=dict)  # DistributedDataParallel keywords (rt.wrap's)
     replicate: int | None = None  # hsdp's replicas (None: one per node); the shards are world_size / replicate

@@ -29,6 +29,7 @@ from .reporting.run_state import record_failure
 from .reporting.summary import add_phases, run_summary, write_summary
 from .runtime import Runtime
 from .runtime.allocator import release_freed_memory, sized_to_memory
+from .runtime.determinism import deterministic
 from .runtime.devices import resolve_device_type
 from .runtime.watchdog import HangWatchdog, start_watchdog, watched
 from .strategies.memory import load_what_every_worker_loads, measure_process, sharding_import_cost
@@ -197,7 +198,8 @@ def _train(cfg: RunConfig, env: DistEnv, held: contextlib.ExitStack, given: Task
     # on a CPU, freed blocks go back to the system: the peak is what the memory plan counts
     sized = sized_to_memory(cfg.strategy, cfg.device_memory)
     release = release_freed_memory(cfg.cpu_allocator, sized) if resolve_device_type(cfg.device) == "cpu" else True
-    with Runtime(env, cfg.device, cfg.backend, cfg.timeout, cfg.threads) as rt:
+    # --deterministic: before CUDA starts (cuBLAS reads its workspace setting then) and the model is built
+    with deterministic(cfg.deterministic), Runtime(env, cfg.device, cfg.backend, cfg.timeout, cfg.threads) as rt:
         watchdog = start_watchdog(cfg, rt, run_dir / "hang")  # every rank reports where it is when the job hangs
         task = _build_task(cfg, rt, run_dir, given, watchdog)
         load_what_every_worker_loads()  # by its first step anyway: counted in its fixed cost

@@ -56,3 +56,27 @@ def test_gpu_check_runs_the_steps_under_sync_debug_mode_and_the_check_trains_on_
     )  # fmt: skip
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert proc.stdout.startswith("sync_check: 2 steps (--accumulate 2) on cpu") and "mean loss" in proc.stdout
+    assert 'scripts/sync_check.py --device "$DEV" --steps 20 --accumulate 2 --data-on-device' in text
+    proc = subprocess.run(
+        [sys.executable, str(check), "--device", "cpu", "--steps", "9", "--warmup", "1", "--data-on-device"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )  # fmt: skip  (10 steps: a second pass of the data set kept on the device)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert proc.stdout.startswith("sync_check: 9 steps (--accumulate 2, data on the device) on cpu")
+
+
+def _function(text, name):
+    start = text.index(f"{name}() {{")
+    return text[start : text.index("\n}\n", start)]
+
+
+def test_the_cnn_resume_runs_deterministic_and_the_fused_step_checks_the_default():
+    text = SCRIPT.read_text()
+    cnn = _function(text, "step_resume_cnn")
+    assert "--deterministic)" in cnn.splitlines()[1]  # every run of the step: full, half, resumed, control
+    assert 'pycheck summary "$W/cnn-split" deterministic=true' in cnn
+    fused = _function(text, "step_fused")
+    assert "fused_optimizer=$fused" in fused and "--fused-optimizer off" in fused

@@ -48,13 +48,21 @@ class Performance(Section):
         False, "tell DDP the model uses the same parameters every step (skips per-step graph checks)", group=PERFORMANCE
     )
     fused_optimizer: str = setting(
-        "off",
-        "rebuild torch Adam/AdamW/SGD with fused=True (one kernel over all parameters); auto: on with GPUs",
+        "auto",
+        "rebuild torch Adam/AdamW/SGD with fused=True (one kernel over all parameters); auto: on a GPU, "
+        "where the task left fused and foreach unset; the summary says which ran",
         group=PERFORMANCE,
         choices=FUSED_MODES,
     )
     compile: bool = setting(
         False, "torch.compile the model (slow first steps; needs a C++ compiler on CPU)", group=PERFORMANCE
+    )
+    deterministic: bool = setting(
+        False,
+        "deterministic kernels only (cuDNN without benchmark mode, torch.use_deterministic_algorithms, "
+        "CUBLAS_WORKSPACE_CONFIG=:4096:8): a run and its resume repeat bit for bit on a GPU too, at some cost "
+        "in speed; an op with no deterministic kernel raises, naming itself",
+        group=PERFORMANCE,
     )
 
     cpu_allocator: str = setting(

@@ -13,6 +13,7 @@ from .values import parse_task_arg
 BACKENDS = ("auto", "gloo", "nccl")
 DEVICES = ("auto", "cpu", "cuda")
 LR_SCHEDULES = ("constant", "linear", "cosine", "wsd")
+DATA_PLACEMENTS = ("auto", "on", "off")  # --data-on-device (data/placement.py)
 
 
 @dataclass(frozen=True)
@@ -77,7 +78,20 @@ class Training(Section):
         "(on a GPU: reads the norm on the host, one more synchronisation per step)",
         type=float,
     )
-    num_workers: int = setting(0, "DataLoader worker processes per rank for data sets that are not in-memory tensors")
+    num_workers: int = setting(
+        0,
+        "DataLoader worker processes per rank for data sets that are not in-memory tensors (a TensorDataset is "
+        "batched by indexing its tensors, without workers)",
+    )
+    data_on_device: str = setting(
+        "auto",
+        "keep a training set of tensors (TensorDataset) on the device and index each batch there: the same "
+        "samples in the same order, without a copy per step; on: whatever its size; off: gathered on the host "
+        "and copied",
+        choices=DATA_PLACEMENTS,
+        default_help="auto: when its tensors take at most a tenth of the device's memory (--device-memory), "
+        "always on a CPU",
+    )
     backend: str = setting(
         "auto", "process-group backend", choices=BACKENDS, default_help="auto: nccl with GPUs, gloo on CPU"
     )
@@ -125,6 +139,7 @@ class Training(Section):
             raise DdpkitError(f"--lr must be positive, got {self.lr}")
         if self.num_workers < 0:
             raise DdpkitError(f"--num-workers must be 0 or more, got {self.num_workers}")
+        choice("--data-on-device", self.data_on_device, DATA_PLACEMENTS)
         choice("--backend", self.backend, BACKENDS)
         choice("--device", self.device, DEVICES)
         if self.backend == "nccl" and self.device == "cpu":

@@ -18,6 +18,7 @@ class RankBatches:
     world_size: int
     epoch: int = 0
     fixed_global_batch: int | None = None  # --global-batch-size: shares of it, not world x batch_size
+    data: str = "loader"  # which path gathers the batches: "on device" (data/placement.py) or "loader"
 
     @property
     def global_batch_size(self) -> int:

@@ -26,6 +26,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset, TensorDataset, default_collate
 
 from ..tree import map_tensors
+from .placement import ON_DEVICE, indices_to, tensors_of, to_device_once
 from .samples import RankBatches
 
 
@@ -59,7 +60,9 @@ class ShardedLoader(RankBatches):
     before each epoch (the order changes every epoch, identically on all ranks).
 
     Iterating yields collated batches, as a DataLoader does. Data sets that are
-    TensorDatasets are batched by indexing their tensors (no per-item Python calls).
+    TensorDatasets are batched by indexing their tensors (no per-item Python calls); with
+    `device`, on that device, where their tensors are placed once (placement.py): the same
+    indices in the same order, so the same batches.
 
     The position in an epoch is a number of samples of the global order (the same on every
     rank): state() records it, load() continues from exactly that sample at any world size,
@@ -77,9 +80,11 @@ class ShardedLoader(RankBatches):
         drop_last: bool = False,
         num_workers: int = 0,
         global_batch: int | None = None,
+        device: torch.device | None = None,
     ) -> None:
         """`batch_size`: this rank's samples per step, the global batch world x that; or
-        `global_batch` samples per step, split as evenly as it goes (shares differ by one)."""
+        `global_batch` samples per step, split as evenly as it goes (shares differ by one).
+        `device`: a TensorDataset's tensors go there once and every batch is indexed there."""
         if batch_size < 1:
             raise ValueError("batch_size must be positive")
         self.fixed_global_batch = global_batch
@@ -95,6 +100,14 @@ class ShardedLoader(RankBatches):
         self.epoch = 0
         self.taken = 0  # samples of this epoch's global order handed out so far (all ranks)
         self._resume_at: tuple[int, int] | None = None  # (epoch, samples) from load()
+        self.device = device
+        self.placed: tuple[torch.Tensor, ...] | None = None
+        if device is not None:
+            columns = tensors_of(dataset)
+            if columns is None:
+                raise ValueError("only a TensorDataset's tensors can be placed on a device")
+            self.placed = to_device_once(columns, device)
+            self.data = ON_DEVICE
 
     def __len__(self) -> int:
         """Steps of a whole pass."""
@@ -110,6 +123,8 @@ class ShardedLoader(RankBatches):
         one step at a time: a list of the whole epoch's steps (~40 us each) would make an epoch's
         start, and a resume early in it, cost time in proportion to the epoch's length."""
         order = global_order(self.n, self.epoch, self.seed, self.shuffle)[start:]
+        if self.device is not None:
+            order = indices_to(order, self.device)  # once per pass: every step's indices are slices of it
         for s in range(self.steps_left(start)):
             batch = order[s * self.global_batch_size : (s + 1) * self.global_batch_size]
             lo, hi = split_even(len(batch), self.world_size, self.rank)
@@ -127,9 +142,12 @@ class ShardedLoader(RankBatches):
         self._resume_at = None
         self.taken = start
         steps, ahead = itertools.tee(self.steps(start))
-        for step, batch in zip(
-            steps, fetch_batches(self.dataset, (s.indices for s in ahead), self.num_workers), strict=True
-        ):
+        index_lists = (s.indices for s in ahead)
+        if self.placed is not None:
+            batches = (tuple(t.index_select(0, idx) for t in self.placed) for idx in index_lists)
+        else:
+            batches = fetch_batches(self.dataset, index_lists, self.num_workers)
+        for step, batch in zip(steps, batches, strict=True):
             self.taken += step.global_count
             yield batch, len(step.indices), step.global_count
 

@@ -96,10 +96,11 @@ def maybe_compile(model: nn.Module, enabled: bool) -> nn.Module:
 
 
 def fuse_optimizer(optimizer: torch.optim.Optimizer, mode: str, device: torch.device) -> torch.optim.Optimizer:
-    """With mode 'on' (or 'auto' on a GPU), rebuild a fresh torch Adam/AdamW/SGD with its fused
-    kernel (one pass over all parameters per step instead of one kernel per tensor), same
-    param groups and hyper-parameters. Anything else is returned as it is."""
-    if mode == "off" or (mode == "auto" and device.type != "cuda"):
+    """With mode 'on', or 'auto' on a GPU where the task chose neither `fused` nor `foreach`,
+    rebuild a fresh torch Adam/AdamW/SGD with its fused kernel (one pass over all parameters per
+    step instead of one kernel per tensor), same param groups and hyper-parameters. Anything
+    else is returned as it is (is_fused() says which ran)."""
+    if mode == "off" or (mode == "auto" and (device.type != "cuda" or _task_chose(optimizer))):
         return optimizer
     cls = type(optimizer)
     if cls.__module__.split(".")[:2] != ["torch", "optim"] or cls.__name__ not in _FUSABLE:
@@ -112,3 +113,17 @@ def fuse_optimizer(optimizer: torch.optim.Optimizer, mode: str, device: torch.de
     if not all(p.is_floating_point() and p.device.type in ("cpu", "cuda") for p in params):
         return optimizer
     return rebuild_optimizer(optimizer, fused=True, foreach=None)
+
+
+def _task_chose(optimizer: torch.optim.Optimizer) -> bool:
+    """The task set `fused` or `foreach` itself (in its defaults or any param group): auto keeps its choice."""
+    return any(
+        settings.get(key) is not None
+        for settings in (optimizer.defaults, *optimizer.param_groups)
+        for key in ("fused", "foreach")
+    )
+
+
+def is_fused(optimizer: torch.optim.Optimizer) -> bool:
+    """Whether the optimizer that runs steps with a fused kernel (the summary's fused_optimizer)."""
+    return bool(optimizer.defaults.get("fused")) or any(g.get("fused") for g in optimizer.param_groups)

@@ -10,7 +10,8 @@ and a copy of it resumes from there (the round trip). Every run writes its param
 each step (training/trace.py); this compares them step by step against the reference (the
 round trip against the run it copied) and the final evaluation's loss and metric. The model's
 nn.Dropout is off in every run (each process draws its own masks: with it on no two world
-sizes agree), and the report names what was turned off. When cutting the batch otherwise
+sizes agree), and the report names what was turned off; every run is --deterministic (the
+same kernels each time, so a difference is the world size's, not a kernel's choice). When cutting the batch otherwise
 drifts, one more 1 x G run with other random draws tells randomness from the task's
 arithmetic; tools/verify_report.py names the cause the evidence points to.
 
@@ -134,10 +135,17 @@ def _verify(cfg: Any, nproc: int, steps: int, root: Path, clean_parent: bool) ->
         probe = root / "other-draws"
         _run(cfg, ref, probe, steps, float64, clean_parent, draws_seed=cfg.seed + 7919)
         evidence.draws_matter = compare(dirs[ref], probe, judged, judged, tol, "", "").first is not None
+    g = nproc * cfg.batch_size * cfg.accumulate
+    return _report(cfg.task, steps, g, float64, judged, tol, evidence, summaries)
+
+
+def _report(
+    task: str, steps: int, g: int, float64: bool, judged: range, tol: float, evidence: Evidence, summaries: dict
+) -> dict[str, Any]:
+    """The report: the comparisons' table, the verdict, the evidence behind it."""
     comparisons = evidence.comparisons
-    text = format_report(cfg.task, steps, nproc * cfg.batch_size * cfg.accumulate, float64, judged, tol, comparisons)
+    deterministic = all(s.get("deterministic") for s in summaries.values())  # as every run recorded it
     line, code = diagnose(evidence)
-    text += "\n" + line
     return {
         "exact": code == EXACT,
         "exit_code": code,
@@ -145,7 +153,8 @@ def _verify(cfg: Any, nproc: int, steps: int, root: Path, clean_parent: bool) ->
         "comparisons": comparisons,
         "eval_differences": evidence.evals,
         "dropout_off": evidence.dropout_off,
-        "text": text,
+        "deterministic": deterministic,
+        "text": format_report(task, steps, g, float64, judged, tol, comparisons, deterministic) + "\n" + line,
     }
 
 
@@ -176,6 +185,7 @@ def _run(
         trace_steps=True,
         float64=float64,
         dropout_off=True,  # its masks are drawn per process: with it on no two world sizes agree
+        deterministic=True,  # the same kernels every run: a difference is the world size's, not a kernel's choice
         save_every=0,
         save_every_steps=None,
         save_every_minutes=None,

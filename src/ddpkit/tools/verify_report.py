@@ -131,7 +131,14 @@ def eval_differences(summaries: dict[Setup, dict[str, Any]], ref: Setup, rtol: f
 
 
 def format_report(
-    task: str, steps: int, g: int, float64: bool, judged: range, tol: float, comparisons: list[Comparison]
+    task: str,
+    steps: int,
+    g: int,
+    float64: bool,
+    judged: range,
+    tol: float,
+    comparisons: list[Comparison],
+    deterministic: bool = False,
 ) -> str:
     how = (
         "in float64 (the model and its floating inputs cast)"
@@ -140,7 +147,9 @@ def format_report(
         "float32 rounding grow"
     )
     lines = [
-        f"ddpkit verify: {task}, {steps} optimizer steps at global batch {g}, {how}; tolerance {tol:.0e}",
+        f"ddpkit verify: {task}, {steps} optimizer steps at global batch {g}, {how}"
+        + (", deterministic kernels" if deterministic else "")  # --deterministic, as every run recorded it
+        + f"; tolerance {tol:.0e}",
     ]
     for c in comparisons:
         where = f"first over at step {c.first[0]} ({c.first[1]})" if c.first else "within tolerance"

@@ -9,6 +9,7 @@ from typing import Any, Callable, Iterator
 import torch
 
 from ..checkpoint.state import Position
+from ..data.placement import ON_DEVICE
 from ..errors import DdpkitError
 from ..runtime import Runtime
 from .prefetch import Prefetcher
@@ -54,7 +55,8 @@ class EpochRun:
         """Runs the pass's optimizer steps, yielding each step's result, until the pass ends or
         `until()` says the run has reached its last step. `global_step`: steps done before."""
         batches = self.loader.iter_steps()
-        if self.loader.n is not None:  # a stream's position must not include a batch taken ahead
+        # a stream's position must not include a batch taken ahead; batches gathered on the device need no copy
+        if self.loader.n is not None and getattr(self.loader, "data", None) != ON_DEVICE:
             batches = iter(Prefetcher(batches, self.rt.device))
         if self.profile is not None:  # the profiler steps at each fetch: its steps are whole loop iterations
             batches = self.profile.around(batches, global_step)

@@ -21,6 +21,8 @@ from ..checkpoint.world_mark import WorldMark
 from ..config import BatchPlan, RunConfig
 from ..data import ShardedLoader, StreamLoader
 from ..data.loaders import rank_loader
+from ..data.placement import place_on_device, tensors_of
+from ..data.streams import is_stream
 from ..reporting.metrics import MetricsLog
 from ..reporting.progress import Progress, choose_mode
 from ..reporting.sinks.base import FAILED, FINISHED, STOPPED, SinkSettings
@@ -28,7 +30,14 @@ from ..reporting.slow_nodes import slow_node_recorder
 from ..runtime import Runtime
 from ..strategies import Strategy, make_strategy
 from ..strategies.activation import has_blocks
-from ..strategies.memory import local_state_bytes, peak_memory_bytes, reset_peak_memory, state_bytes_at_start
+from ..strategies.ddp_knobs import is_fused
+from ..strategies.memory import (
+    device_budget,
+    local_state_bytes,
+    peak_memory_bytes,
+    reset_peak_memory,
+    state_bytes_at_start,
+)
 from ..task import Task
 from .cadence import Cadence, Moment, StepPlan
 from .epoch import EpochRun, RunTotals
@@ -290,6 +299,9 @@ class Run:
                 "grad_sync": self.strategy.grad_sync(self.model),
                 "steps_done": self.cadence.global_step,
                 "steps_planned": self.plan.total_steps,
+                "data": self.loader.data,  # where the batches were gathered: "on device" or "loader"
+                "fused_optimizer": is_fused(self.optimizer),
+                "deterministic": torch.are_deterministic_algorithms_enabled(),  # --deterministic, as it ran
             }
             | memory_stats(self.rt, self.strategy, self.model, self.optimizer, self.steps.activation_bytes, self.fixed)
             | self.clock.summary()
@@ -340,7 +352,14 @@ class StreamPosition:
 
 def make_loader(dataset: Any, cfg: RunConfig, rt: Runtime, plan: BatchPlan) -> ShardedLoader | StreamLoader:
     """This rank's batches of the training set: micro-batches of --batch-size, --accumulate per step,
-    or its share of `plan`'s fixed global batch (the same loader rt.loader gives an own loop)."""
+    or its share of `plan`'s fixed global batch (the same loader rt.loader gives an own loop), gathered
+    on the device when the set is tensors that fit (--data-on-device, data/placement.py)."""
+    placed = not is_stream(dataset) and place_on_device(dataset, cfg.data_on_device, rt.device, _budget(cfg, rt))
+    if cfg.num_workers and tensors_of(dataset) is not None and not cfg.quiet:
+        rt.print(
+            f"ddpkit: note: --num-workers {cfg.num_workers} is not used: the training set is tensors, each batch "
+            f"one indexing op ({'on the device' if placed else 'on the host'})"
+        )
     return rank_loader(
         dataset,
         cfg.batch_size * cfg.accumulate,
@@ -349,7 +368,15 @@ def make_loader(dataset: Any, cfg: RunConfig, rt: Runtime, plan: BatchPlan) -> S
         cfg.shuffle,
         num_workers=cfg.num_workers,
         global_batch=plan.global_batch if plan.fixed else None,
+        **({"device": rt.device} if placed else {}),
     )
+
+
+def _budget(cfg: RunConfig, rt: Runtime) -> int | None:
+    """The rank's memory budget the placement rule takes its share of (a GPU's; None on a CPU)."""
+    if rt.device.type == "cpu":
+        return None
+    return device_budget(cfg.device_memory, rt.device.type, rt.env.local_world_size)[0]
 
 
 def memory_stats(

@@ -2,7 +2,7 @@ import numpy as np
 import pytest
 import torch
 
-from ddpkit.strategies.ddp_knobs import fuse_optimizer
+from ddpkit.strategies.ddp_knobs import fuse_optimizer, is_fused
 from ddpkit.tasks import wine
 from ddpkit.training.step import micro_batches
 
@@ -32,6 +32,30 @@ def test_fuse_optimizer_keeps_groups_and_hyperparameters():
     assert fused.param_groups[1]["betas"] == (0.8, 0.9)
     assert fuse_optimizer(opt, "off", torch.device("cpu")) is opt
     assert fuse_optimizer(opt, "auto", torch.device("cpu")) is opt  # auto: GPUs only
+
+
+@pytest.mark.parametrize(
+    "make, fused",
+    [
+        (lambda p: torch.optim.AdamW(p, lr=0.01), True),
+        (lambda p: torch.optim.SGD(p, lr=0.01, momentum=0.9), True),
+        (lambda p: torch.optim.Adam(p, lr=0.01, foreach=True), False),  # the task chose foreach
+        (lambda p: torch.optim.Adam(p, lr=0.01, fused=False), False),  # the task chose: not fused
+        (lambda p: torch.optim.Adam(p, lr=0.01, fused=True), True),  # already fused: kept
+        (lambda p: torch.optim.RMSprop(p, lr=0.01), False),  # no fused kernel in torch
+    ],
+)
+def test_fused_auto_is_on_for_a_gpu_where_the_task_did_not_choose(make, fused):
+    """--fused-optimizer auto (the default) decides from the device's type alone: on for CUDA,
+    off elsewhere; the rebuilt optimizer is made here on the CPU, where torch has the same kernels."""
+    opt = make(torch.nn.Linear(3, 2).parameters())
+    chosen = fuse_optimizer(opt, "auto", torch.device("cuda", 0))
+    assert is_fused(chosen) is fused
+    assert (chosen is opt) is (not fused or bool(opt.defaults.get("fused")))
+    assert fuse_optimizer(opt, "auto", torch.device("cpu")) is opt  # off on a CPU: left as the task made it
+    assert is_fused(fuse_optimizer(make(torch.nn.Linear(3, 2).parameters()), "on", torch.device("cpu"))) is (
+        type(opt).__name__ != "RMSprop"  # on: overrides the task's choice where a kernel exists
+    )
 
 
 def test_powersgd_on_gloo_uses_one_bucket():
