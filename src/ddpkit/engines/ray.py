@@ -105,10 +105,10 @@ def ray_job(launch: LaunchTable, workers: int | None, max_failures: int = 0, bac
             f"{launch.nodes * per_node}: give one of them, or make them agree"
         )
     nodes = launch.nodes or (-(-workers // per_node) if per_node and launch.workers_per_node else None)
-    if nodes and workers % nodes:
-        raise DdpkitError(f"{workers} worker(s) do not divide evenly over {nodes} node(s): change --workers or --nodes")
     if nodes and nodes > workers:
         raise DdpkitError(f"{nodes} node(s) for {workers} worker(s): each node runs at least one; lower --nodes")
+    if nodes and workers % nodes:
+        raise DdpkitError(f"{workers} worker(s) do not divide evenly over {nodes} node(s): change --workers or --nodes")
     return RayJob(
         workers=workers,
         nodes=nodes,
@@ -338,7 +338,9 @@ def job_error(e: BaseException, refused: Path, max_failures: int) -> DdpkitError
     restarts = f" (after {max_failures} restart(s), --max-restarts)" if max_failures else ""
     if own:
         rank = min(own)
-        return WorkerFailed(f"worker rank {rank} raised {exception_line(own[rank])}; the other workers were stopped{restarts}")
+        return WorkerFailed(
+            f"worker rank {rank} raised {exception_line(own[rank])}; the other workers were stopped{restarts}"
+        )
     if died:
         rank = min(died)
         return WorkerFailed(f"worker rank {rank} died ({_death(died[rank])}); the other workers were stopped{restarts}")
