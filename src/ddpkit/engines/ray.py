@@ -169,6 +169,7 @@ def run_ray_job(cfg: Any, table: LaunchTable, workers: int | None, dry_run: bool
     if dry_run:
         print(job.describe(run_dir))
         return {"plan": dataclasses.asdict(job)}
+    _import_ray()  # before the run directory is made
     made = _missing_folders(str(run_dir))
     cfg = prepare_local_run(cfg)  # refuses a folder that holds a run, unless --resume / --auto-resume
     with failure_recorded(str(run_dir), made=made):
