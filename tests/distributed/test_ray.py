@@ -98,6 +98,9 @@ def ray_cluster():
                 pass
         for p in procs:
             p.wait(timeout=30)
+        deadline = time.monotonic() + 30  # the killed daemons' own children are reaped by init
+        while _sessions_pids(sessions) and time.monotonic() < deadline:
+            time.sleep(0.5)
         assert not _sessions_pids(sessions), "Ray processes left running"
         shutil.rmtree(home, ignore_errors=True)
 
