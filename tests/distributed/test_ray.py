@@ -101,8 +101,9 @@ def ray_cluster():
         deadline = time.monotonic() + 30  # the killed daemons' own children are reaped by init
         while _sessions_pids(sessions) and time.monotonic() < deadline:
             time.sleep(0.5)
-        assert not _sessions_pids(sessions), "Ray processes left running"
+        left = _sessions_pids(sessions)
         shutil.rmtree(home, ignore_errors=True)
+        assert not left, f"Ray processes left running: {left}"
 
 
 @pytest.fixture(scope="module")
