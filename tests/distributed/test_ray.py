@@ -76,10 +76,10 @@ def ray_cluster():
         [*ray, "--head", "--port", str(port), "--temp-dir", str(home / "h"), "--include-dashboard", "false"],
         [*ray, "--address", address, "--temp-dir", str(home / "w")],
     ]
-    procs = []
+    procs, logs = [], []
     try:
         for i, argv in enumerate(starts):
-            log = open(home / f"node{i}.log", "w")
+            logs.append(log := open(home / f"node{i}.log", "w"))
             procs.append(
                 subprocess.Popen([*argv, "--block"], env=env, cwd=home, stdout=log, stderr=log, start_new_session=True)
             )
@@ -98,6 +98,8 @@ def ray_cluster():
                 pass
         for p in procs:
             p.wait(timeout=30)
+        for log in logs:
+            log.close()
         deadline = time.monotonic() + 30  # the killed daemons' own children are reaped by init
         while _sessions_pids(sessions) and time.monotonic() < deadline:
             time.sleep(0.5)
