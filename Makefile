@@ -20,7 +20,7 @@ CORE_STAMP = $(VENV)/.ddpkit-core
 TEST_STAMP = $(VENV)/.ddpkit-test
 # the extras of each step (pyproject.toml): a new extra the tests need is one more name here
 CORE_EXTRAS = progress
-TEST_EXTRAS = test,progress,plot,tensorboard,datasets,hf,docs,k8s,pytorchjob
+TEST_EXTRAS = test,progress,plot,tensorboard,datasets,hf,docs,k8s,pytorchjob,ray
 
 .PHONY: train test test-cluster lint docs setup clean
 

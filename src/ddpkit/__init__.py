@@ -13,6 +13,7 @@ _WHERE = {
     "init": "api",
     "train": "api",
     "launch": "api",
+    "train_on_ray": "engines.ray",
     "memory_plan": "api",
     "atomic_save": "checkpoint",
     "load_file": "checkpoint",

@@ -1,6 +1,7 @@
 """The launchers ddpkit knows, in the order they are asked: the first whose detect() says yes
-placed this process. torch's elastic agent comes first (torchrun inside a SLURM job or an MPI
-allocation is what started this process); Local, which always says yes, comes last.
+placed this process. Ray Train first (its workers carry torch's variables too, set by Ray, not by
+torch's agent), then torch's elastic agent (torchrun inside a SLURM job or an MPI allocation is what
+started this process); Local, which always says yes, comes last.
 
 A new launcher is one file here (a subclass of base.Environment), one line in this list, and
 its test (tests/unit/environments/)."""
@@ -13,10 +14,11 @@ from .base import Environ, Environment, StopRequest
 from .kubeflow import Kubeflow
 from .local import Local
 from .mpi import Mpi
+from .ray import Ray
 from .slurm import Slurm
 from .torchelastic import TorchElastic
 
-ENVIRONMENTS: tuple[Environment, ...] = (TorchElastic(), Slurm(), Mpi(), Kubeflow(), Local())
+ENVIRONMENTS: tuple[Environment, ...] = (Ray(), TorchElastic(), Slurm(), Mpi(), Kubeflow(), Local())
 
 
 # Read as registry.ENVIRONMENTS at call time (DistEnv.detect, ddpkit env): one list, one place to change.

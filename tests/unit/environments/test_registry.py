@@ -43,15 +43,15 @@ OPENMPI = {
 POD = {"RANK": "1", "WORLD_SIZE": "3", "MASTER_ADDR": "job-master-0", "MASTER_PORT": "23456"}
 
 
-def test_the_registry_asks_torchrun_first_and_ends_with_the_one_that_always_detects():
-    assert [e.name for e in ENVIRONMENTS] == ["torchrun", "slurm", "mpi", "kubeflow", "single"]
+def test_the_registry_asks_ray_and_torchrun_first_and_ends_with_the_one_that_always_detects():
+    assert [e.name for e in ENVIRONMENTS] == ["ray", "torchrun", "slurm", "mpi", "kubeflow", "single"]
     assert all(isinstance(e, Environment) for e in ENVIRONMENTS)
     assert ENVIRONMENTS[-1].detect({}) and not any(e.detect({}) for e in ENVIRONMENTS[:-1])
     # only the last lets ddpkit start the workers; every other one started them itself
-    assert [e.outside_launcher for e in ENVIRONMENTS] == [True, True, True, True, False]
+    assert [e.outside_launcher for e in ENVIRONMENTS] == [True, True, True, True, True, False]
     assert all(named(e.name) is e for e in ENVIRONMENTS) and DistEnv().environment is ENVIRONMENTS[-1]
-    with pytest.raises(ValueError, match="no environment named 'ray'"):
-        named("ray")
+    with pytest.raises(ValueError, match="no environment named 'dask'"):
+        named("dask")
 
 
 @pytest.mark.parametrize(
@@ -120,8 +120,8 @@ def test_mpi_and_a_pytorchjob_pod_read_their_variables():
 
 
 def test_who_started_the_processes_and_whether_ddpkit_launch_may_run_in_each():
-    assert [e.starter for e in ENVIRONMENTS] == ["torchrun", "srun", "mpirun", "the PyTorchJob", "ddpkit"]
-    assert [e.launch_inside for e in ENVIRONMENTS] == [True, True, False, False, True]
+    assert [e.starter for e in ENVIRONMENTS] == ["Ray Train", "torchrun", "srun", "mpirun", "the PyTorchJob", "ddpkit"]
+    assert [e.launch_inside for e in ENVIRONMENTS] == [False, True, True, False, False, True]
     assert Local().fields({}) == {} and DistEnv.detect({}) == DistEnv()
 
 
