@@ -11,7 +11,7 @@ from typing import Any, Callable, Iterable
 
 from ..config import RunConfig
 from ..config.settings import flag_spellings
-from ..environments.kubeflow import launcher_defaults
+from ..environments.registry import launcher_defaults
 
 _FIELDS = {f.name: f for f in dataclasses.fields(RunConfig)}
 
@@ -33,7 +33,8 @@ def add_config_flags(
     """Add the flags of every RunConfig field in `groups` and of the fields `names`, under
     their group's title; `defaults` overrides a field's default for this command."""
     wanted_groups, wanted_names = set(groups), set(names)
-    # Kubeflow's PET_* variables are torchrun's flags (torchrun reads PET_<FLAG> as each default): so do we
+    # a launcher that starts this command on every node says its node flags (Kubeflow's PET_*, as torchrun
+    # reads them; SkyPilot's SKYPILOT_*): its variables are their defaults
     defaults = {**launcher_defaults(os.environ), **(defaults or {})}
     fields = [
         f for f in dataclasses.fields(RunConfig) if f.name in wanted_names or f.metadata.get("group") in wanted_groups

@@ -138,11 +138,19 @@ def config_of(args: list[str]) -> str | None:
     return None
 
 
+SLURM_USE = "--nodes / --gpus-per-node / --ntasks-per-node of `ddpkit slurm`"
+
+
 def train_arguments(
-    train_args: list[str] | None, config: str | None, parse_train: Callable[[list[str]], Any]
+    train_args: list[str] | None,
+    config: str | None,
+    parse_train: Callable[[list[str]], Any],
+    engine: str = "SLURM",
+    use: str = SLURM_USE,
 ) -> tuple[list[str], Any]:
     """The arguments of `ddpkit train` the job runs (after --; a config file by its absolute
-    path) and what `parse_train` made of them: checked now, not in the job an hour later."""
+    path) and what `parse_train` made of them: checked now, not in the job an hour later. No
+    placement flag: `engine` starts the workers (`use`: the engine command's flags that say it)."""
     args = list(train_args or ())
     if args[:1] == ["--"]:
         args = args[1:]
@@ -155,11 +163,8 @@ def train_arguments(
         ) from None
     for flag in placement_flags():
         if any(a == flag or a.startswith(flag + "=") for a in args):
-            raise DdpkitError(
-                f"{flag} does not belong after --: SLURM starts the workers "
-                "(use --nodes / --gpus-per-node / --ntasks-per-node of `ddpkit slurm`)"
-            )
-    refuse_worker_placement(getattr(train, "file_settings", {}), train.config)
+            raise DdpkitError(f"{flag} does not belong after --: {engine} starts the workers (use {use})")
+    refuse_worker_placement(getattr(train, "file_settings", {}), train.config, engine, use)
     return args, train
 
 
@@ -179,11 +184,13 @@ def with_config_file(args: list[str], config: str | None) -> list[str]:
     return out
 
 
-def refuse_worker_placement(settings: dict[str, Any], path: str | None) -> None:
-    """Where the workers run is SLURM's, as for the flags after --: a config file may not say it."""
+def refuse_worker_placement(
+    settings: dict[str, Any], path: str | None, engine: str = "SLURM", use: str = SLURM_USE
+) -> None:
+    """Where the workers run is the engine's, as for the flags after --: a config file may not say it."""
     for name, value in settings.items():
         if name in SLURM_PLACES and value != FIELDS[name].default:
             raise DdpkitError(
-                f"{name} = {value!r} in {path} does not belong in a SLURM job: SLURM starts the "
-                "workers (remove it; use --nodes / --gpus-per-node / --ntasks-per-node of `ddpkit slurm`)"
+                f"{name} = {value!r} in {path} does not belong in a {engine} job: {engine} starts the "
+                f"workers (remove it; use {use})"
             )

@@ -67,6 +67,12 @@ class Environment:
         process is that launcher, resolved as `ddpkit train` would, not as a lone script."""
         return False
 
+    def launcher_defaults(self, e: Environ) -> dict[str, str]:
+        """{RunConfig field: text}: what this launcher's variables say the node flags of
+        `ddpkit train` / `ddpkit launch` are, where it starts those commands rather than the
+        workers (Kubeflow's PET_*, SkyPilot's nodes); a flag given on the command line wins."""
+        return {}
+
     # -- what it means for the run ------------------------------------------------------------
     def gpu_index(self, local_rank: int, gpus: int) -> int | None:
         """The GPU (of the `gpus` this process sees) that this local rank uses; None: none is left."""

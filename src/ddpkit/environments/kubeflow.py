@@ -5,7 +5,7 @@
 - torchrun's own variables, PET_NNODES, PET_NPROC_PER_NODE, PET_NODE_RANK, PET_MASTER_ADDR,
   PET_MASTER_PORT (PyTorchJob with nprocPerNode, Kubeflow Trainer's torch runtime): they are
   meant for a launcher in the pod (torchrun reads every flag from PET_<FLAG>); `ddpkit launch`
-  and `ddpkit train` read them the same way (`launcher_defaults`).
+  and `ddpkit train` read them the same way (`Kubeflow.launcher_defaults`).
 
 A script that is started alone (`python train.py`) where these name a world of several
 processes would otherwise train N independent copies; `check_nothing_missing` refuses that.
@@ -60,6 +60,10 @@ class Kubeflow(Environment):
     def feeds_launcher(self, e: Environ) -> bool:
         return any(k.startswith("PET_") for k in e)
 
+    def launcher_defaults(self, e: Environ) -> dict[str, str]:
+        """The PET_* variables set here, as torchrun reads them: the defaults of its flags."""
+        return {name: e[f"PET_{flag}"] for name, flag in PET_FIELDS.items() if e.get(f"PET_{flag}")}
+
     def title(self, report: Mapping[str, Any]) -> str:
         return "Kubeflow PyTorchJob pod (RANK/WORLD_SIZE: one pod, one worker)"
 
@@ -76,11 +80,6 @@ class Kubeflow(Environment):
             + " ".join(f"{k}={v}" for k, v in report["pet"].items())
             + " (read by ddpkit launch / train as torchrun's flags)"
         ]
-
-
-def launcher_defaults(e: Environ) -> dict[str, str]:
-    """{RunConfig field: text} for the PET_* variables set here (the flags' defaults)."""
-    return {name: e[f"PET_{flag}"] for name, flag in PET_FIELDS.items() if e.get(f"PET_{flag}")}
 
 
 def is_pytorchjob_pod(e: Environ) -> bool:

@@ -15,10 +15,11 @@ from .kubeflow import Kubeflow
 from .local import Local
 from .mpi import Mpi
 from .ray import Ray
+from .skypilot import SkyPilot
 from .slurm import Slurm
 from .torchelastic import TorchElastic
 
-ENVIRONMENTS: tuple[Environment, ...] = (Ray(), TorchElastic(), Slurm(), Mpi(), Kubeflow(), Local())
+ENVIRONMENTS: tuple[Environment, ...] = (Ray(), TorchElastic(), Slurm(), Mpi(), Kubeflow(), SkyPilot(), Local())
 
 
 # Read as registry.ENVIRONMENTS at call time (DistEnv.detect, ddpkit env): one list, one place to change.
@@ -30,6 +31,17 @@ def named(name: str) -> Environment:
         if environment.name == name:
             return environment
     raise ValueError(f"no environment named {name!r}; known: {', '.join(e.name for e in ENVIRONMENTS)}")
+
+
+def launcher_defaults(environ: Environ | None = None) -> dict[str, str]:
+    """The defaults of the node flags of `ddpkit train` / `launch` that the launchers whose
+    variables are here supply (Environment.launcher_defaults); the first in the list wins a field."""
+    e = os.environ if environ is None else environ
+    out: dict[str, str] = {}
+    for environment in ENVIRONMENTS:
+        for name, value in environment.launcher_defaults(e).items():
+            out.setdefault(name, value)
+    return out
 
 
 def request_requeue(stop: StopRequest, environ: Environ | None = None) -> None:

@@ -44,11 +44,12 @@ POD = {"RANK": "1", "WORLD_SIZE": "3", "MASTER_ADDR": "job-master-0", "MASTER_PO
 
 
 def test_the_registry_asks_ray_and_torchrun_first_and_ends_with_the_one_that_always_detects():
-    assert [e.name for e in ENVIRONMENTS] == ["ray", "torchrun", "slurm", "mpi", "kubeflow", "single"]
+    assert [e.name for e in ENVIRONMENTS] == ["ray", "torchrun", "slurm", "mpi", "kubeflow", "skypilot", "single"]
     assert all(isinstance(e, Environment) for e in ENVIRONMENTS)
     assert ENVIRONMENTS[-1].detect({}) and not any(e.detect({}) for e in ENVIRONMENTS[:-1])
-    # only the last lets ddpkit start the workers; every other one started them itself
-    assert [e.outside_launcher for e in ENVIRONMENTS] == [True, True, True, True, True, False]
+    # only the last lets ddpkit start the workers; every other one started them itself (SkyPilot
+    # started the command on each node and places no worker: it never detects)
+    assert [e.outside_launcher for e in ENVIRONMENTS] == [True, True, True, True, True, True, False]
     assert all(named(e.name) is e for e in ENVIRONMENTS) and DistEnv().environment is ENVIRONMENTS[-1]
     with pytest.raises(ValueError, match="no environment named 'dask'"):
         named("dask")
@@ -120,8 +121,10 @@ def test_mpi_and_a_pytorchjob_pod_read_their_variables():
 
 
 def test_who_started_the_processes_and_whether_ddpkit_launch_may_run_in_each():
-    assert [e.starter for e in ENVIRONMENTS] == ["Ray Train", "torchrun", "srun", "mpirun", "the PyTorchJob", "ddpkit"]
-    assert [e.launch_inside for e in ENVIRONMENTS] == [False, True, True, False, False, True]
+    assert [e.starter for e in ENVIRONMENTS] == [
+        "Ray Train", "torchrun", "srun", "mpirun", "the PyTorchJob", "SkyPilot", "ddpkit"
+    ]  # fmt: skip
+    assert [e.launch_inside for e in ENVIRONMENTS] == [False, True, True, False, False, True, True]
     assert Local().fields({}) == {} and DistEnv.detect({}) == DistEnv()
 
 
