@@ -47,6 +47,7 @@ def build_parser(
     flags, so a flag given on the command line wins over the file and a flag left out does not."""
     parser = OneLineParser(  # its subcommands' parsers too: a bad flag is one line, not the usage
         prog="ddpkit",
+        allow_abbrev=False,
         description="Run a PyTorch training task on one process, every GPU of a node, or many nodes, with DDP, FSDP "
         "or HSDP.",
     )
@@ -57,6 +58,7 @@ def build_parser(
             help=command.help,
             description=command.description,
             formatter_class=command.formatter or argparse.HelpFormatter,
+            allow_abbrev=False,  # `--bucket` is not --bucket-mb: a flag of another command, or a typo, is refused
         )
         if command.groups or command.names:
             defaults = {**command.defaults, **flag_defaults(file_settings or {})}

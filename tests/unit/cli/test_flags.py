@@ -199,3 +199,14 @@ def test_contradicting_settings_from_one_place_are_refused_in_one_line(tmp_path,
     launch.write_text("quiet = true\n")
     (tmp_path / "x.py").write_text("")
     assert main(["launch", "--config", str(launch), "--verbose", "--dry-run", str(tmp_path / "x.py")]) == 0
+
+
+def test_a_flag_is_never_taken_for_the_start_of_a_longer_one(capsys):
+    # argparse's default: `--bucket my-runs` (a flag of `ddpkit sky`) read as --bucket-mb, and
+    # `--save-every-m 5` as whichever flag it starts uniquely. A flag is its whole spelling.
+    from ddpkit.cli import main
+
+    with pytest.raises(SystemExit) as e:
+        main(["train", "wine", "--bucket", "25", "--dry-run"])
+    assert e.value.code == 2
+    assert "unrecognized arguments: --bucket 25" in capsys.readouterr().err
