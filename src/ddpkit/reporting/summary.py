@@ -172,12 +172,9 @@ def format_summary(s: dict[str, Any]) -> str:
     compute = compute_line(t)
     if compute:
         lines.append(f"  compute      {compute}")
-    if s.get("time"):
-        lines += time_lines(s["time"])
+    lines += time_lines(s["time"]) if s.get("time") else []
     lines.append(f"  written to   {s['run_dir']}")
-    if s.get("advice"):
-        lines += ["to try:", *(f"  {line}" for line in s["advice"])]
-    return "\n".join(lines)
+    return "\n".join(lines + (["to try:", *(f"  {line}" for line in s["advice"])] if s.get("advice") else []))
 
 
 def peak_parts(s: dict[str, Any]) -> str:
