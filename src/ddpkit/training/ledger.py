@@ -171,11 +171,15 @@ class OptimizerTimer:
         self.t0 = 0.0
         self.pending: list[tuple[Any, Any]] = []
         self.start_event: Any = None
+        self.depth = 0  # a subclass's step calling its base's runs the hooks twice, nested: the outer counts
         self.handles = []
         if hasattr(optimizer, "register_step_pre_hook"):
             self.handles = [optimizer.register_step_pre_hook(self._pre), optimizer.register_step_post_hook(self._post)]
 
     def _pre(self, *_: Any) -> None:
+        self.depth += 1
+        if self.depth > 1:
+            return
         if self.cuda:
             self.start_event = torch.cuda.Event(enable_timing=True)
             self.start_event.record()
@@ -183,6 +187,9 @@ class OptimizerTimer:
             self.t0 = time.perf_counter()
 
     def _post(self, *_: Any) -> None:
+        self.depth -= 1
+        if self.depth > 0:
+            return
         if not self.cuda:
             self.seconds += time.perf_counter() - self.t0
             return
