@@ -15,7 +15,7 @@ from ..errors import DdpkitError
 from ..reporting.run_state import FAILED_FILE, run_state
 from ..reporting.summary import top_loss
 
-WIDTH = 100  # the table fits a terminal this wide; long run and task names are shortened
+WIDTH = 112  # the table fits a terminal this wide; long run and task names are shortened
 COLUMNS = (
     ("run", "RUN"),
     ("task_short", "TASK"),
