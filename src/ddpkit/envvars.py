@@ -29,6 +29,7 @@ HANG_DIR_VAR = "DDPKIT_HANG_DIR"  # where the workers write hang reports
 # (a later abort is torch's teardown, not the script's), and where its stacks go on STACK_SIGNAL
 RETURNED_FILE = "returned-{rank}"
 STACKS_FILE = "stacks-{rank}.txt"  # first line: "PID MAIN_THREAD_ID", then faulthandler's dumps
+RESTARTED_FILE = "restarted-at"  # the launcher -> a restarted attempt: when the one before failed (training/ledger.py)
 STOPPED_FILE = "stopped.json"  # a stop by a signal: which, at which step, received here or not (training/signals.py)
 
 

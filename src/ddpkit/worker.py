@@ -26,7 +26,7 @@ from .envvars import ERROR_DIR_VAR, error_file, max_restarts, restart_count
 from .errors import DdpkitError, RunDirTaken
 from .reporting.rank_output import rank_stdout
 from .reporting.run_state import record_failure
-from .reporting.summary import add_phases, run_summary, write_summary
+from .reporting.summary import add_phases, add_time, run_summary, write_summary
 from .runtime import Runtime
 from .runtime.allocator import release_freed_memory, sized_to_memory
 from .runtime.determinism import deterministic
@@ -36,6 +36,7 @@ from .strategies.memory import load_what_every_worker_loads, measure_process, sh
 from .task import Task, as_task, build_task
 from .textfile import write_text_atomic
 from .training.auto import resolve_auto
+from .training.ledger import Ledger
 from .training.loop import fit
 from .training.oom import OOM_FILE, OomAdvice, OutOfMemory, oom_error
 from .training.signals import ENDING_SIGNALS, StopRequest, hand_over
@@ -192,6 +193,7 @@ def _train(cfg: RunConfig, env: DistEnv, held: contextlib.ExitStack, given: Task
     for (environments/), the summary (reporting/summary.py). `held`: the signal handlers, kept
     until the summary is written and the requeue asked for."""
     run_dir = Path(cfg.run_dir or "runs/latest")
+    ledger = Ledger()  # where the wall time goes, from the launch (training/ledger.py)
     # torch's flight recorder keeps the process group's last collectives (op, sizes, sequence
     # number) for a hang report, on gloo and NCCL (no cost measurable next to gloo's latency)
     os.environ.setdefault("TORCH_FR_BUFFER_SIZE", "2000")
@@ -221,7 +223,7 @@ def _train(cfg: RunConfig, env: DistEnv, held: contextlib.ExitStack, given: Task
         if chosen:
             oom.note_plan(chosen)
         with watched(watchdog), _rejoining(env):
-            stats = fit(cfg, task, rt, run_dir, batches, stop, start.mark, start.begin, process.fixed, oom)
+            stats = fit(cfg, task, rt, run_dir, batches, stop, start.mark, start.begin, process.fixed, oom, ledger)
         fit_end = time.time()
         del task  # holds the model; drop it before the process group goes
         if stats["stopped_early"] and cfg.requeue and env.is_main and stop is not None:
@@ -234,6 +236,7 @@ def _train(cfg: RunConfig, env: DistEnv, held: contextlib.ExitStack, given: Task
     if cfg.export and env.is_main and not stats["stopped_early"]:  # the process group is down: rank 0 alone
         export_run(run_dir, cfg.export, run_dir / "export", replace=True, say=print if not cfg.quiet else _silent)
     add_phases(summary, fit_start, fit_end)
+    add_time(summary)
     if env.is_main:
         write_summary(summary, run_dir, cfg.quiet)
     if stats["stopped_early"]:  # all written: the launcher may stop this node's workers now

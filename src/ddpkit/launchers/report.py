@@ -9,11 +9,12 @@ from __future__ import annotations
 import contextlib
 import signal
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator
 
-from ..envvars import RETURNED_FILE, STACKS_FILE, attempt_errors, ranks_with
+from ..envvars import RESTARTED_FILE, RETURNED_FILE, STACKS_FILE, attempt_errors, ranks_with
 from ..errors import DdpkitError, RunDirTaken, WorkerFailed
 from ..training.oom import OOM_FILE
 
@@ -218,6 +219,8 @@ def restarts_announced(line: RestartLine) -> Iterator[None]:
                 print(line.failed(result.failures, done, spec.max_restarts), file=sys.stderr, flush=True)
             elif result is not None and result.state == WorkerState.HEALTHY:
                 print(line.joined(), file=sys.stderr, flush=True)
+            if result is not None:
+                mark_restart(line.errors, spec.max_restarts - self._remaining_restarts)
             super()._restart_workers(worker_group)
 
     api.LocalElasticAgent = Agent
@@ -225,6 +228,15 @@ def restarts_announced(line: RestartLine) -> Iterator[None]:
         yield
     finally:
         api.LocalElasticAgent = torch_agent
+
+
+def mark_restart(errors: Path, attempt: int) -> None:
+    """As torch's agent restarts the workers: the failure's time, for the new attempt's ledger
+    (training/ledger.py: the restart's seconds and the work lost)."""
+    with contextlib.suppress(OSError):
+        folder = attempt_errors(errors, attempt)
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / RESTARTED_FILE).write_text(repr(time.time()))
 
 
 def rendezvous_message(e: BaseException, plan: Any, endpoint: str) -> str:

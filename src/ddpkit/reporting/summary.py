@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..config.values import format_bytes
 from ..envvars import BENCH_RESULT_VAR, LAUNCH_TIME_VAR
+from .advice import advise, measured_of_summary
 from .throughput import compute_line
 
 if TYPE_CHECKING:
@@ -53,6 +54,48 @@ def add_phases(summary: dict[str, Any], fit_start: float, fit_end: float) -> Non
         summary["startup_s"] = fit_start - launched
         summary["fit_s"] = fit_end - fit_start
         summary["fit_end_s"] = fit_end - launched
+
+
+def add_time(summary: dict[str, Any], now: float | None = None) -> None:
+    """summary.json's "time": the wall time since the launch split into the ledger's parts (the mean
+    of the ranks; training/ledger.py), "other" for the rest, in seconds and percent of the wall, the
+    GPU-busy share where it was sampled; then the doctor's "advice" (advice.py)."""
+    parts, launched = summary.pop("time_parts", None), summary.pop("launched", None)
+    busy = summary.pop("gpu_busy", None)
+    if parts is None or launched is None:
+        return
+    summary["time"] = time_block(parts, (time.time() if now is None else now) - launched, busy)
+    summary["advice"] = advise(measured_of_summary(summary))
+
+
+def time_block(parts: dict[str, float], wall: float, gpu_busy: float | None = None) -> dict[str, Any]:
+    """Seconds and percent per part and "other" (the wall time no part holds: what the parts sum
+    to beyond it, from the ranks' clocks, is taken from "other" and never shown below zero)."""
+    seconds = {p: round(v, 4) for p, v in parts.items()}
+    seconds["other"] = round(max(0.0, wall - sum(parts.values())), 4)
+    scale = max(wall, sum(seconds.values()))
+    return {
+        "wall_s": round(wall, 4),
+        "seconds": seconds,
+        "percent": {p: round(100 * v / scale, 1) if scale > 0 else 0.0 for p, v in seconds.items()},
+        "gpu_busy": None if gpu_busy is None else round(gpu_busy, 4),
+    }
+
+
+def time_lines(t: dict[str, Any]) -> list[str]:
+    """The printed summary's block: the parts that hold time, the largest first, four a line."""
+    shown = sorted(((p, s) for p, s in t["seconds"].items() if t["percent"][p] >= 0.5), key=lambda x: -x[1])
+    cells = [f"{p.replace('_', ' ')} {s:.2f} s ({t['percent'][p]:.0f}%)" for p, s in shown]
+    busy = f"; GPU busy {100 * t['gpu_busy']:.0f}% while training" if t.get("gpu_busy") is not None else ""
+    lines = [f"  time         wall {t['wall_s']:.2f} s{busy}"]
+    lines += ["               " + ", ".join(cells[i : i + 4]) for i in range(0, len(cells), 4)]
+    return lines
+
+
+def top_loss(t: dict[str, Any]) -> tuple[str, float] | None:
+    """The part that is not compute holding the most of the wall time (`ddpkit runs`)."""
+    losses = [(p, v) for p, v in t.get("percent", {}).items() if p != "compute"]
+    return max(losses, key=lambda x: x[1]) if losses else None
 
 
 def write_summary(summary: dict[str, Any], run_dir: Path, quiet: bool) -> None:
@@ -129,8 +172,9 @@ def format_summary(s: dict[str, Any]) -> str:
     compute = compute_line(t)
     if compute:
         lines.append(f"  compute      {compute}")
+    lines += time_lines(s["time"]) if s.get("time") else []
     lines.append(f"  written to   {s['run_dir']}")
-    return "\n".join(lines)
+    return "\n".join(lines + (["to try:", *(f"  {line}" for line in s["advice"])] if s.get("advice") else []))
 
 
 def peak_parts(s: dict[str, Any]) -> str:

@@ -137,6 +137,7 @@ def _step(rt: Any, spec: dict[str, Any]) -> dict[str, float]:
 
     from ..config import RunConfig
     from ..data import ShardedLoader
+    from ..data.placement import tensors_of
     from ..strategies import grad_sync_used, wrap_model
     from ..strategies.optimizers import make_optimizer
     from ..task import build_task
@@ -148,11 +149,12 @@ def _step(rt: Any, spec: dict[str, Any]) -> dict[str, float]:
     optimizer = make_optimizer(task.optimizer, model, None)
     ddp = wrap_model(model, rt, spec.get("grad_sync", "auto"))
     used = grad_sync_used(ddp)
+    workers_apply = tensors_of(task.train_set) is None  # the loader's workers fetch map-style samples
     loader = ShardedLoader(task.train_set, spec["batch_size"], rt.rank, rt.world_size, seed=0)
     result = _time_steps(rt, ddp, optimizer, loss_fn, _timed_batches(loader), spec["steps"])
     med = _slowest_medians(rt, result)
     del ddp, optimizer, model, task
-    return _step_figures(med, used, spec["batch_size"], rt.world_size)
+    return {**_step_figures(med, used, spec["batch_size"], rt.world_size), "workers_apply": workers_apply}
 
 
 def _timed_batches(loader: Any) -> Iterator[tuple[Any, float]]:
@@ -322,7 +324,32 @@ def format_report(results: list[dict[str, Any]], spec: dict[str, Any]) -> str:
                 f"# fastest: {best['world_size']} process(es), "
                 f"{best['step']['samples_per_s']:.0f} samples/s ({verdict})"
             )
+        advice = bench_advice(results)
+        if advice:
+            lines += ["# to try (ddpkit train), from the fastest row's split:", *(f"#   {a}" for a in advice)]
     return "\n".join(lines)
+
+
+def bench_advice(results: list[dict[str, Any]]) -> list[str]:
+    """The performance doctor (reporting/advice.py) on the fastest row's step split: what a
+    benchmark measures (no optimizer split, no GPU-busy share, no memory) fires no other rule."""
+    from ..reporting.advice import Measured, advise
+
+    st = [r for r in results if r.get("step")]
+    if not st:
+        return []
+    best = max(st, key=lambda r: r["step"]["samples_per_s"])
+    s = best["step"]
+    return advise(
+        Measured(
+            data_s=s["data_ms"] / 1e3,
+            compute_s=s["compute_ms"] / 1e3,
+            grad_sync_s=s["comm_ms"] / 1e3,
+            world_size=best["world_size"],
+            num_workers=0 if s.get("workers_apply") else None,  # the benchmark's loader has none
+            cores_per_process=best.get("threads"),
+        )
+    )
 
 
 def main_bench(ns: Any) -> int:
@@ -367,5 +394,5 @@ def main_bench(ns: Any) -> int:
     print(format_report(results, spec), flush=True)
     if ns.json:
         with open(ns.json, "w") as f:
-            json.dump({"spec": spec, "results": results}, f, indent=1)
+            json.dump({"spec": spec, "results": results, "advice": bench_advice(results)}, f, indent=1)
     return 0

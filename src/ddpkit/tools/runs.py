@@ -13,8 +13,9 @@ from typing import Any
 from ..checkpoint.headers import newest_checked
 from ..errors import DdpkitError
 from ..reporting.run_state import FAILED_FILE, run_state
+from ..reporting.summary import top_loss
 
-WIDTH = 100  # the table fits a terminal this wide; long run and task names are shortened
+WIDTH = 112  # the table fits a terminal this wide; long run and task names are shortened
 COLUMNS = (
     ("run", "RUN"),
     ("task_short", "TASK"),
@@ -23,6 +24,8 @@ COLUMNS = (
     ("steps", "STEPS"),
     ("train_loss", "TRAIN"),
     ("eval_loss", "EVAL"),
+    ("compute_pct", "COMPUTE"),
+    ("top_loss", "TOP LOSS"),
     ("state", "STATE"),
     ("resumable", "RESUME"),
 )
@@ -81,6 +84,7 @@ def describe_run(path: Path) -> dict[str, Any]:
         "epochs_done": summary.get("epochs_done", _last(records, "epoch")),
         "train_loss": summary.get("train_loss", _last(records, "train_loss")),
         "eval_loss": summary.get("eval_loss", _last(records, "eval_loss")),
+        "time": summary.get("time"),  # where the wall time went (the run's ledger), if it finished
         "state": ended["state"],
         "error": ended.get("error"),
         "resumable": newest is not None,
@@ -122,6 +126,12 @@ def _cell(key: str, run: dict[str, Any]) -> str:
     if key in ("train_loss", "eval_loss"):
         value = run[key]
         return "-" if value is None else f"{value:.4f}" if abs(value) < 100 else f"{value:.4g}"
+    if key == "compute_pct":
+        percent = (run.get("time") or {}).get("percent") or {}
+        return f"{percent['compute']:.0f}%" if "compute" in percent else "-"
+    if key == "top_loss":
+        top = top_loss(run.get("time") or {})
+        return f"{top[0]} {top[1]:.0f}%" if top else "-"
     if key == "resumable":
         return ("yes" if run["resumable"] else "no") + ("*" if run["skipped_checkpoints"] else "")
     value = run[key]

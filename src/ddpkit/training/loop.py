@@ -8,7 +8,9 @@ cadence says. A step is step.py, a pass epoch.py, checkpoints the checkpointer's
 
 from __future__ import annotations
 
+import os
 import sys
+import time
 from pathlib import Path
 from typing import Any, Callable
 
@@ -21,7 +23,7 @@ from ..checkpoint.world_mark import WorldMark
 from ..config import BatchPlan, RunConfig
 from ..data import ShardedLoader, StreamLoader
 from ..data.loaders import rank_loader
-from ..data.placement import place_on_device, tensors_of
+from ..data.placement import ON_DEVICE, place_on_device, tensors_of
 from ..data.streams import is_stream
 from ..reporting.metrics import MetricsLog
 from ..reporting.progress import Progress, choose_mode
@@ -43,6 +45,7 @@ from .cadence import Cadence, Moment, StepPlan
 from .epoch import EpochRun, RunTotals
 from .evaluate import evaluate
 from .flops import throughput_of
+from .ledger import PARTS, Ledger
 from .oom import OomAdvice
 from .profile import LabelledSteps, StepProfile
 from .schedule import make_scheduler, replan
@@ -63,6 +66,7 @@ def fit(
     begin: Callable[[], None] | None = None,
     fixed: int | None = None,
     oom: OomAdvice | None = None,
+    ledger: Ledger | None = None,
 ) -> dict[str, Any]:
     """Train `task` as `cfg` says, in the global batches of `batches` (cfg.batch_plan at this world
     size, planned once by the caller); returns the run's summary (the same on every rank).
@@ -72,23 +76,27 @@ def fit(
     before anything is written into the run directory: a refusal leaves it as it was.
     `fixed`: this process's memory before the model (the summary's breakdown of its peak).
     Running out of memory anywhere in it raises OutOfMemory, a few lines that say where and what
-    to try (oom.py; `oom`: the caller's, which may hold what the plan said)."""
+    to try (oom.py; `oom`: the caller's, which may hold what the plan said).
+    `ledger`: where the run's wall time goes (ledger.py; the caller's holds the start-up)."""
     oom = oom or OomAdvice.of(cfg, rt.env, run_dir, rt.device.type)
     with oom.watching():
         # model, optimizer, data, steps, checkpoints: resumed
-        run = Run(cfg, task, rt, run_dir, batches, stop, mark, begin, oom, fixed)
-        moment = None
+        run = Run(cfg, task, rt, run_dir, batches, stop, mark, begin, oom, fixed, ledger)
+        moment, timing = None, run.ledger.timing
         try:
             with run.checkpointer.writing():  # --async-save: every checkpoint is on disk when this block is left
                 for moment in run.cadence.moments(run.start_pass):
                     record = run.record(moment)  # a pass's figures (one all-reduce), or a step's place
                     if moment.evaluate:
-                        record.update(run.evaluate())
+                        with timing("eval"):
+                            record.update(run.evaluate())
                     run.report(record, moment)
                     if moment.save:
-                        run.checkpointer.save(moment.position(), record)
+                        with timing("checkpoint"):
+                            run.checkpointer.save(moment.position(), record)
                     if moment.snapshot:
-                        run.checkpointer.snapshot(moment.global_step, moment.position)
+                        with timing("checkpoint"):
+                            run.checkpointer.snapshot(moment.global_step, moment.position)
             return run.finish(moment)
         except BaseException as e:  # a tracker's run is marked so (nothing more when finish() closed the log)
             run.log.close_after_failure(STOPPED if isinstance(e, KeyboardInterrupt) else FAILED)
@@ -113,8 +121,10 @@ class Run:
         begin: Callable[[], None] | None = None,
         oom: OomAdvice | None = None,
         fixed: int | None = None,
+        ledger: Ledger | None = None,
     ) -> None:
         reset_peak_memory(rt.device)
+        self.ledger = ledger or Ledger()  # where the wall time goes: a restart carries it in the checkpoints
         self.cfg, self.task, self.rt, self.run_dir, self.stop, self.mark = cfg, task, rt, run_dir, stop, mark
         self.batches, self.oom, self.fixed = batches, oom, fixed  # fixed: this process's memory before the model
         self.strategy = make_strategy(cfg, rt, task)  # DDP or FSDP, the precision, DDP's knobs
@@ -182,6 +192,7 @@ class Run:
             ("scaler", self.steps.scaler and Stateful(self.steps.scaler)),
             ("stream", StreamPosition(self.loader, self.rt) if isinstance(self.loader, StreamLoader) else None),
             ("planned_steps", self.planned),
+            ("ledger", self.ledger),
         ):
             if part is not None:
                 self.checkpointer.register(name, part)
@@ -217,6 +228,8 @@ class Run:
             say=None if cfg.quiet else rt.print,
             on_check=slow_node_recorder(rt.is_main, rt.env.node_rank),  # `ddpkit slurm --exclude-slow`
         )
+        self.ledger.snapshot_source = self.clock  # the step parts: the clock's sums
+        self.ledger.watch(self.optimizer, rt.device)
 
     def resume(self) -> Position:
         """--resume/--auto-resume: the checkpoint's position; a map-style set continues at its sample."""
@@ -231,6 +244,7 @@ class Run:
         return pos
 
     def start_pass(self, epoch: int, start: Position) -> EpochRun:
+        self.ledger.passes_start()
         self.loader.set_epoch(epoch)
         self.model.train()
         return EpochRun(self.rt, self.progress, self.loader, self.steps, epoch, start, self.clock, self.profile)
@@ -278,6 +292,7 @@ class Run:
 
     def finish(self, moment: Moment | None) -> dict[str, Any]:
         """The final model.pt (unless a signal stopped the run) and the run's summary."""
+        self._idle_at_end()
         self.progress.close()
         if self.profile is not None:
             self.profile.close(reached=self.cadence.global_step)
@@ -287,7 +302,8 @@ class Run:
         else:
             if self.mark is not None and self.mark.lost_anywhere(self.rt.collectives, self.rt.device):
                 raise self.mark.error("the end of the run, before model.pt")  # after the last step's agreement
-            self.strategy.save_full_model(self.model, self.run_dir / "model.pt")  # every rank: FSDP gathers
+            with self.ledger.timing("checkpoint"):
+                self.strategy.save_full_model(self.model, self.run_dir / "model.pt")  # every rank: FSDP gathers
             self.checkpointer.end_snapshots()  # the run is done: nothing to restart from memory
         self.log.close(STOPPED if stopped else FINISHED)  # after model.pt: a tracker's run ends as the run did
         memory = self.checkpointer.memory
@@ -305,9 +321,51 @@ class Run:
             }
             | memory_stats(self.rt, self.strategy, self.model, self.optimizer, self.steps.activation_bytes, self.fixed)
             | self.clock.summary()
+            | self._time_figures()
+            | self._settings_ran()
             | ({"snapshot_every_steps": memory.every} if memory is not None else {})
             | ({"recovery": memory.recovery} if memory is not None and memory.recovery else {})
         )
+
+    def _idle_at_end(self) -> None:
+        """The ledger's idle at the end: how long this rank waits for the slowest to arrive (one
+        small all-reduce, which every rank's queued work precedes)."""
+        if not self.rt.distributed:
+            return
+        t0 = time.perf_counter()
+        self.rt.collectives.all_reduce_(torch.zeros(1, dtype=torch.float64, device=self.rt.device)).item()
+        self.ledger.seconds["idle_end"] += time.perf_counter() - t0
+
+    def _time_figures(self) -> dict[str, Any]:
+        """Every rank's ledger, the mean of the ranks (one all-reduce): seconds per part since the
+        launch, the GPU-busy share where sampled. The wall time is the summary's (worker.py)."""
+        self.ledger.steps(self.clock.run)
+        mine = self.ledger.close()
+        busy = mine["gpu_busy"]
+        values = [mine["seconds"][p] for p in PARTS] + [busy or 0.0, 1.0 if busy is not None else 0.0]
+        t = torch.tensor(values, dtype=torch.float64, device=self.rt.device)
+        if self.rt.distributed:
+            self.rt.collectives.all_reduce_(t)
+        total = t.tolist()
+        world = self.rt.world_size
+        return {
+            "time_parts": {p: total[i] / world for i, p in enumerate(PARTS)},
+            "launched": self.ledger.launched,
+            "gpu_busy": total[-2] / total[-1] if total[-1] else None,
+        }
+
+    def _settings_ran(self) -> dict[str, Any]:
+        """What the performance doctor (reporting/advice.py) must know not to suggest what ran."""
+        cfg, rt = self.cfg, self.rt
+        return {
+            "compile": bool(self.strategy.config.compile),
+            "optimizer": type(self.optimizer).__name__,
+            "num_workers": cfg.num_workers,
+            # the loader's workers fetch map-style samples; tensors are indexed whole
+            "workers_apply": self.loader.data != ON_DEVICE and tensors_of(self.task.train_set) is None,
+            "cores_per_process": max(1, (os.cpu_count() or 1) // max(1, rt.env.local_world_size)),
+            "device_memory_bytes": _budget(cfg, rt),
+        }
 
     def _stop_signal(self) -> str | None:
         """The signal that stopped the run, agreed by every rank (those that received none too:
