@@ -29,6 +29,20 @@ from .session import Session
 from .strategy_config import check
 
 
+_LAUNCH_TIMES_SET: set[str] = set()  # the launch times this process's own train() calls set
+
+
+def _mark_launch_time() -> None:
+    """The run's clock (the summary's wall time and time ledger) starts now, unless a launcher or
+    the command line started it earlier for this run; a time an earlier train() call of this
+    process set (a notebook's second run) is that run's, not this one's."""
+    current = os.environ.get(LAUNCH_TIME_VAR)
+    if current is None or current in _LAUNCH_TIMES_SET:
+        now = repr(time.time())
+        os.environ[LAUNCH_TIME_VAR] = now
+        _LAUNCH_TIMES_SET.add(now)
+
+
 def train(
     config: RunConfig | None = None, *, dry_run: bool = False, _clean_parent: bool = False, **overrides: Any
 ) -> dict[str, Any]:
@@ -40,13 +54,14 @@ def train(
     no torch op, so workers may be forked from it.)
     """
     cfg = (config or RunConfig()).replace(**overrides) if overrides else (config or RunConfig())
-    os.environ.setdefault(LAUNCH_TIME_VAR, repr(time.time()))
     os.environ[LAUNCH_ID_VAR] = uuid.uuid4().hex  # the run directory's mark names this launch once it starts
     from .worker import train_worker
 
     env = DistEnv.detect()
     if env.outside_launcher:
+        os.environ.setdefault(LAUNCH_TIME_VAR, repr(time.time()))  # the launcher's clock where it set one
         return _train_as_worker(cfg, env, dry_run)
+    _mark_launch_time()
     device_type = resolve_device_type(cfg.device)
     backend = resolve_backend(cfg.backend, device_type)  # refuse nccl without GPU before starting anything
     nproc = resolve_nproc(cfg.nproc, device_type)
