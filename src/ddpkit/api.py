@@ -28,7 +28,6 @@ from .runtime import default_threads, resolve_backend, resolve_device_type
 from .session import Session
 from .strategy_config import check
 
-
 _LAUNCH_TIMES_SET: set[str] = set()  # the launch times this process's own train() calls set
 
 
