@@ -38,6 +38,10 @@
 #               two passes) under torch.cuda.set_sync_debug_mode("error"): fails on any host
 #               synchronisation inside a step but the agreement's one documented read (with
 #               --cpu: the same steps, no debug mode)
+#  11 sharegpu  DDPKIT_SHARE_GPU=1: 2 ranks share cuda:0 over gloo: DDP and FSDP2 (CUDA DTensors) on
+#               2 ranks end at a 1-rank run; FSDP's sharded checkpoint of CUDA tensors holds every
+#               rank's CUDA RNG state and resumes at world 1 to the 1-rank run (with --cpu: the same
+#               runs on CPU ranks). Not proved: NCCL itself, P2P/NVLink, multi-GPU bandwidth
 #
 # With one process ddpkit starts no process group (summary backend "none", as on CPU): NCCL
 # and DDP are exercised only with 2+ GPUs (step 4's 2-process runs) and by the hand-written
@@ -61,7 +65,7 @@ set -uo pipefail
 usage() { sed -n '2,9p' "$0" | sed 's/^# \{0,1\}//'; }
 
 MODE=gpu
-ONLY="1,2,3,4,5,6,7,7b,8,9,10"
+ONLY="1,2,3,4,5,6,7,7b,8,9,10,11"
 while [[ $# -gt 0 ]]; do
   case $1 in
     --cpu) MODE=cpu ;;
@@ -659,6 +663,42 @@ step_syncdebug() {
     || tail -n 8 "$out.placed" | sed 's/^/      | /'
 }
 
+step_sharegpu() {
+  # The multi-rank CUDA paths on one GPU: ranks share it over gloo (collectives staged through host
+  # memory), which NCCL refuses. What this cannot prove: NCCL itself (its kernels, algorithms,
+  # watchdog), GPU-to-GPU P2P/NVLink, real multi-GPU bandwidth and overlap, one GPU per rank.
+  local s=$W/share g=(wine --device "$DEV" --global-batch-size 64 --seed 0)
+  local one=("${g[@]}" --nproc 1 --epochs 20 --save-every 0)
+  trained share-1 "$s/one" "${one[@]}" || return 0
+  if DDPKIT_SHARE_GPU=1 trained share-ddp "$s/ddp" "${g[@]}" --nproc 2 --epochs 20 --save-every 0; then
+    check "DDP, 2 ranks on $EXPECT_DEVICE over gloo" pycheck summary "$s/ddp" world_size=2 backend=gloo \
+      device="$EXPECT_DEVICE" strategy=ddp
+    check "DDP on 2 shared ranks ends at the 1-rank run" pycheck close "$s/ddp" "$s/one" 1e-5 1e-6 \
+      && add_note "DDP $(cut -d'(' -f1 <<< "$LAST")"
+  fi
+  DDPKIT_SHARE_GPU=1 trained share-fsdp "$s/fsdp" "${g[@]}" --nproc 2 --strategy fsdp --epochs 10 --save-every 10 \
+    || return 0
+  check "FSDP2, 2 ranks on $EXPECT_DEVICE over gloo" pycheck summary "$s/fsdp" world_size=2 backend=gloo \
+    device="$EXPECT_DEVICE" strategy=fsdp
+  [[ $MODE == gpu ]] && check "rank 0 says the ranks share the GPU" grep_out share-fsdp "2 ranks share 1 GPU(s) over gloo"
+  check "sharded checkpoint: a shard per rank, every rank's RNG state (CUDA's on a GPU)" "$PYTHON" -c '
+import sys, torch
+from pathlib import Path
+d, mode = Path(sys.argv[1]), sys.argv[2]
+assert {"__0_0.distcp", "__1_0.distcp"} <= {p.name for p in d.iterdir()}, sorted(p.name for p in d.iterdir())
+rng = torch.load(d / "ddpkit.pt", weights_only=True)["rng"]
+assert len(rng) == 2, len(rng)
+if mode == "gpu":
+    assert all("cuda" in r and r["cuda"].numel() > 0 for r in rng), [sorted(r) for r in rng]
+print(f"2 shards, RNG keys {sorted(rng[0])}")' "$s/fsdp/checkpoints/epoch-000010" "$MODE"
+  if trained share-resume "$s/fsdp" "${one[@]}" --resume; then
+    check "resumed at world 1 from the 2-rank sharded checkpoint" grep_out share-resume "resuming from .*epoch-000010"
+    check "FSDP 10 epochs on 2 shared ranks + 10 resumed on 1 ends at the 1-rank run" \
+      pycheck close "$s/fsdp" "$s/one" 1e-5 1e-6 && add_note "FSDP+resume $(cut -d'(' -f1 <<< "$LAST")"
+  fi
+  add_note "gloo on $EXPECT_DEVICE; NCCL, P2P and multi-GPU bandwidth not exercised"
+}
+
 # ---------------------------------------------------------------- run
 say "gpu_check ($MODE) $(date '+%F %T') on $(uname -n 2>/dev/null || echo '?'): repo $REPO"
 say "  python $PYTHON ($("$PYTHON" -c 'import sys; print(sys.version.split()[0])')), torch $TORCH_VERSION, CUDA build $TORCH_CUDA, GPUs visible $NGPU"
@@ -685,6 +725,7 @@ step 7b resume-cnn step_resume_cnn
 step 8 bench step_bench
 step 9 fp16 step_fp16
 step 10 syncdebug step_syncdebug
+step 11 sharegpu step_sharegpu
 
 pycheck collect "$OUTDIR/summaries.json" "$W"/* > /dev/null 2>&1
 FAILED=0

@@ -24,7 +24,8 @@ from .launchers.report import RESUME_SCRIPT, RESUME_TRAIN
 from .reporting.run_state import record_failure, stopped_by
 from .reporting.sinks import end_abandoned_trackers
 from .reporting.sinks.base import FAILED, STOPPED
-from .runtime import default_threads, resolve_backend, resolve_device_type
+from .runtime import default_threads, resolve_device_type
+from .runtime.devices import choose_devices, cuda_device_count
 from .session import Session
 from .strategy_config import check
 
@@ -62,8 +63,8 @@ def train(
         return _train_as_worker(cfg, env, dry_run)
     _mark_launch_time()
     device_type = resolve_device_type(cfg.device)
-    backend = resolve_backend(cfg.backend, device_type)  # refuse nccl without GPU before starting anything
     nproc = resolve_nproc(cfg.nproc, device_type)
+    backend = _backend(cfg, device_type, nproc)  # refuse nccl without GPU before starting anything
     plan = make_launch_plan(cfg, nproc, device_type, _clean_parent, cfg.threads or default_threads(nproc))
     if dry_run:
         _print_dry_run(cfg, plan, backend, nproc, device_type)
@@ -182,6 +183,13 @@ def check_request_matches_launcher(cfg: RunConfig, env: DistEnv) -> None:
     env.environment.check_devices(env.local_world_size, resolve_device_type(cfg.device))
 
 
+def _backend(cfg: RunConfig, device_type: str, local_procs: int) -> str:
+    """The backend the workers will take: --backend, or NCCL on GPUs, gloo on CPUs and where
+    ranks share a GPU (DDPKIT_SHARE_GPU=1: runtime/devices.py)."""
+    ngpu = cuda_device_count() if device_type == "cuda" else 0
+    return choose_devices(device_type, cfg.backend, local_procs, ngpu).backend
+
+
 def describe_worker(env: DistEnv, cfg: RunConfig) -> str:
     return "\n".join(
         [
@@ -190,7 +198,7 @@ def describe_worker(env: DistEnv, cfg: RunConfig) -> str:
             f"node {env.node_rank} of {env.nnodes}",
             f"  master {env.master_addr}:{env.master_port}",
             f"  device {resolve_device_type(cfg.device)}, "
-            f"backend {resolve_backend(cfg.backend, resolve_device_type(cfg.device))}",
+            f"backend {_backend(cfg, resolve_device_type(cfg.device), env.local_world_size)}",
         ]
     )
 
@@ -509,7 +517,7 @@ def launch(
         cfg.replace(start_method=start, tee=tee), n, device_type, False, cfg.threads or default_threads(n)
     )
     if dry_run:
-        print(describe(plan, resolve_backend(cfg.backend, device_type), device_type))
+        print(describe(plan, _backend(cfg, device_type, n), device_type))
         return 0
     if no_python:  # torchrun --no-python: the executable itself in every worker (no guard can go in)
         run_elastic(

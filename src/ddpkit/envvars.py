@@ -7,6 +7,9 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+# the user -> ddpkit: several ranks may share one GPU, over gloo (runtime/devices.py): to run the
+# multi-rank CUDA paths on a machine with one GPU; NCCL itself is not exercised
+SHARE_GPU_VAR = "DDPKIT_SHARE_GPU"
 # the launcher -> its workers
 ERROR_DIR_VAR = "DDPKIT_ERROR_DIR"  # where a worker writes a user error for the launcher to print
 LAUNCH_TIME_VAR = "DDPKIT_LAUNCH_TIME"  # when the command started (the summary's wall time)

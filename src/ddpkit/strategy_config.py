@@ -47,7 +47,7 @@ class StrategyConfig:
     bucket_mb: float | None = None
     static_graph: bool = False
     fused_optimizer: str = "auto"  # on a GPU where the task chose neither fused nor foreach (ddp_knobs.py)
-    compile: bool = False
+    compile: bool = False  # every strategy: the whole DDP model, else each block's forward (compiling.py)
     ddp_options: dict[str, Any] = field(default_factory=dict)  # DistributedDataParallel keywords (rt.wrap's)
     replicate: int | None = None  # hsdp's replicas (None: one per node); the shards are world_size / replicate
 
@@ -78,12 +78,6 @@ def check(
                 f"{', '.join(ddp_only)}: DDP options, not available with --strategy {config.name}; drop them or use "
                 "--strategy ddp"
             )
-    if config.activation_checkpointing and config.compile:
-        raise DdpkitError(
-            "--activation-checkpointing with --compile: ddpkit compiles the whole DDP model, and the compiled "
-            "graph does not recompute checkpointed blocks as they ran (torch raises a CheckpointError); drop one "
-            "of the two"
-        )
     if config.async_save and not spec.async_save:
         raise DdpkitError(
             "--async-save writes DDP's one-file checkpoints in the background; FSDP's sharded checkpoints are "
@@ -142,7 +136,6 @@ def _ddp_only(config: StrategyConfig, own_loop: bool) -> list[str]:
             ("--grad-sync shm", config.grad_sync == "shm"),
             ("--bucket-mb", config.bucket_mb is not None),
             ("--static-graph", config.static_graph),
-            ("--compile", config.compile),
             ("--fused-optimizer on", config.fused_optimizer == "on"),
         )
         if on
@@ -255,7 +248,7 @@ class StrategySpec:
     memory: MemoryModel | None = whole_replica
     layout: Layout | None = None
     rules: tuple[Rule, ...] = ()
-    ddp_knobs: bool = True  # takes DDP's knobs (--bucket-mb, --compile, ...); False refuses them
+    ddp_knobs: bool = True  # takes DDP's knobs (--bucket-mb, --static-graph, ...); False refuses them
     async_save: bool = False  # can write its checkpoints in the background (--async-save)
     replicas: bool = False  # takes --replicate R
     own_loop: bool = False  # offered to scripts with their own loop (rt.wrap(strategy=...))

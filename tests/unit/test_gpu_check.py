@@ -45,7 +45,7 @@ def test_gpu_check_refuses_an_unknown_argument(tmp_path):
 
 def test_gpu_check_runs_the_steps_under_sync_debug_mode_and_the_check_trains_on_a_cpu():
     text = SCRIPT.read_text()
-    assert "step 10 syncdebug step_syncdebug" in text and '9,10"' in text  # registered and run by default
+    assert "step 10 syncdebug step_syncdebug" in text and "10" in _default_steps(text)  # registered and run by default
     assert "scripts/sync_check.py --device" in text
     check = SCRIPT.parent / "sync_check.py"
     assert 'set_sync_debug_mode("error")' in check.read_text()
@@ -68,6 +68,11 @@ def test_gpu_check_runs_the_steps_under_sync_debug_mode_and_the_check_trains_on_
     assert proc.stdout.startswith("sync_check: 9 steps (--accumulate 2, data on the device) on cpu")
 
 
+def _default_steps(text):
+    """The steps the script runs without --steps (its ONLY=... line)."""
+    return text.split('ONLY="', 1)[1].split('"', 1)[0].split(",")
+
+
 def _function(text, name):
     start = text.index(f"{name}() {{")
     return text[start : text.index("\n}\n", start)]
@@ -80,3 +85,17 @@ def test_the_cnn_resume_runs_deterministic_and_the_fused_step_checks_the_default
     assert 'pycheck summary "$W/cnn-split" deterministic=true' in cnn
     fused = _function(text, "step_fused")
     assert "fused_optimizer=$fused" in fused and "--fused-optimizer off" in fused
+
+
+def test_the_shared_gpu_step_runs_its_cpu_stand_in(tmp_path):
+    """Step 11 (DDPKIT_SHARE_GPU=1: 2 ranks on one GPU over gloo) with --cpu: the same DDP, FSDP,
+    sharded-checkpoint and world-1 resume runs on CPU ranks (~12 s), every check passing."""
+    text = SCRIPT.read_text()
+    step = _function(text, "step_sharegpu")
+    assert "step 11 sharegpu step_sharegpu" in text and "11" in _default_steps(text)  # registered and run by default
+    assert step.count("DDPKIT_SHARE_GPU=1 trained") == 2 and '"cuda" in r' in step  # the CUDA RNG state, on a GPU
+    proc = _run(tmp_path, "--cpu", "--steps", "11")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    table = (tmp_path / "out" / "gpu_check_table.txt").read_text()
+    assert "11   sharegpu    PASS" in table and "NCCL, P2P and multi-GPU bandwidth not exercised" in table
+    assert "resumed at world 1 from the 2-rank sharded checkpoint" in proc.stdout

@@ -57,9 +57,10 @@ def test_run_config_builds_the_typed_strategy_settings_once():
         (StrategyConfig(name="zero3"), None, "--strategy must be one of ddp, fsdp, hsdp, auto, got 'zero3'"),
         (FSDP, 1, FSDP_NEEDS_TWO),
         (
-            StrategyConfig(name="fsdp", compile=True, bucket_mb=4.0),
+            StrategyConfig(name="fsdp", compile=True, bucket_mb=4.0, static_graph=True),
             2,
-            "--bucket-mb, --compile: DDP options, not available with --strategy fsdp; drop them or use --strategy ddp",
+            "--bucket-mb, --static-graph: DDP options, not available with --strategy fsdp; drop them or use "
+            "--strategy ddp",
         ),
         (StrategyConfig(name="fsdp", grad_sync="shm"), None, "--grad-sync shm: DDP options"),
         (StrategyConfig(name="fsdp", fused_optimizer="on"), 4, "--fused-optimizer on: DDP options"),
@@ -84,6 +85,10 @@ def test_check_refuses_with_the_flags_named(config, world, message):
         (FSDP, 2),
         (FSDP, None),  # the number of processes is not known yet (--nproc auto): the launcher checks again
         (StrategyConfig(name="fsdp", grad_sync="backend", fused_optimizer="auto", precision="bf16"), 8),
+        # --compile under every strategy, with activation checkpointing too (each block's forward: compiling.py)
+        (StrategyConfig(name="fsdp", compile=True, activation_checkpointing=True), 2),
+        (StrategyConfig(name="hsdp", compile=True, replicate=2), 4),
+        (StrategyConfig(name="ddp", compile=True, activation_checkpointing=True), 2),
     ],
 )
 def test_check_accepts(config, world):
@@ -131,8 +136,8 @@ def test_config_launcher_and_session_refuse_alike():
         RunConfig(strategy="fsdp", nproc=1)
     with pytest.raises(DdpkitError, match=re.escape(FSDP_NEEDS_TWO)):
         _check_strategy(RunConfig(strategy="fsdp"), "cpu", 1)  # --nproc auto turned out to be one process
-    with pytest.raises(DdpkitError, match=re.escape("--compile: DDP options")):
-        RunConfig(strategy="fsdp", nproc=2, compile=True)
+    with pytest.raises(DdpkitError, match=re.escape("--bucket-mb: DDP options")):
+        RunConfig(strategy="fsdp", nproc=2, bucket_mb=4.0)
     with (
         Session(DistEnv(), device="cpu", threads=1) as rt,
         pytest.raises(DdpkitError, match="needs at least 2 \\(start"),

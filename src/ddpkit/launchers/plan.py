@@ -13,7 +13,7 @@ from typing import Any
 from ..config import RunConfig
 from ..environments import network
 from ..errors import DdpkitError
-from ..runtime.devices import cuda_device_count
+from ..runtime.devices import check_gpu_count, cuda_device_count
 from .elastic import LaunchPlan, start_method_for
 
 DEFAULT_MASTER_PORT = 29500
@@ -200,9 +200,6 @@ def resolve_nproc(nproc: int | None, device_type: str) -> int:
         ngpu = cuda_device_count()
         if nproc is None:
             return ngpu
-        if nproc > ngpu:
-            raise DdpkitError(
-                f"--nproc {nproc} but only {ngpu} GPU(s) are visible: use at most one process per GPU (--nproc {ngpu})"
-            )
+        check_gpu_count(nproc, ngpu)  # DDPKIT_SHARE_GPU=1 lets ranks share them (runtime/devices.py)
         return nproc
     return 2 if nproc is None else nproc

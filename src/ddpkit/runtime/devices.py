@@ -4,10 +4,13 @@ group exists, so the launcher can refuse a bad request before any worker starts.
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
+from dataclasses import dataclass
 
 import torch
 
 from ..environments import DistEnv
+from ..envvars import SHARE_GPU_VAR
 from ..errors import DdpkitError
 
 
@@ -30,13 +33,79 @@ def resolve_device_type(requested: str) -> str:
     return requested
 
 
-def resolve_backend(requested: str, device_type: str) -> str:
-    """NCCL for GPUs, gloo for CPUs. NCCL without a GPU is refused, not attempted."""
+def resolve_backend(requested: str, device_type: str, shared: bool = False) -> str:
+    """NCCL for GPUs, gloo for CPUs. NCCL without a GPU is refused, not attempted. `shared`:
+    ranks share GPUs (DDPKIT_SHARE_GPU=1), which NCCL refuses ("duplicate GPU"): gloo."""
+    if shared:
+        if requested == "nccl":
+            raise DdpkitError(
+                f"--backend nccl with {SHARE_GPU_VAR}=1: NCCL refuses two ranks on one GPU; drop --backend "
+                "(auto takes gloo when ranks share a GPU), or start at most one process per GPU"
+            )
+        return "gloo"
     if requested == "auto":
         return "nccl" if device_type == "cuda" else "gloo"
     if requested == "nccl" and device_type != "cuda":
         raise DdpkitError("--backend nccl needs a CUDA GPU and none is in use; use --backend gloo (or auto)")
     return requested
+
+
+def share_gpu_opted(environ: Mapping[str, str] | None = None) -> bool:
+    """DDPKIT_SHARE_GPU=1: the user lets several ranks of a node share its GPUs (a test of the
+    multi-rank CUDA paths on one GPU; gloo carries the collectives). Unset or 0: one rank per GPU."""
+    value = (os.environ if environ is None else environ).get(SHARE_GPU_VAR, "").strip()
+    if value in ("", "0"):
+        return False
+    if value == "1":
+        return True
+    raise DdpkitError(
+        f"{SHARE_GPU_VAR}={value!r}: set it to 1 (several ranks share a GPU, over gloo: for testing "
+        "multi-rank code on one GPU) or leave it unset"
+    )
+
+
+@dataclass(frozen=True)
+class DeviceChoice:
+    """A node's device type and backend, and whether its ranks share GPUs (DDPKIT_SHARE_GPU=1,
+    more ranks than GPUs): decided from counts alone, so tested without a GPU."""
+
+    device_type: str
+    backend: str
+    shared: bool = False
+
+
+def choose_devices(
+    device: str, backend: str, local_procs: int, ngpu: int, environ: Mapping[str, str] | None = None
+) -> DeviceChoice:
+    """--device and --backend for `local_procs` ranks on a node with `ngpu` visible GPUs.
+    Ranks share GPUs only when asked (DDPKIT_SHARE_GPU=1) and there are more of them than
+    GPUs: then rank i uses GPU i mod ngpu and gloo carries the collectives (staged through
+    host memory). Without the opt-in, more ranks than GPUs is refused (check_gpu_count)."""
+    if device == "cuda" and ngpu == 0:
+        raise DdpkitError("--device cuda was asked for but no CUDA GPU is visible; use --device cpu (or auto)")
+    device_type = ("cuda" if ngpu > 0 else "cpu") if device == "auto" else device
+    shared = device_type == "cuda" and local_procs > ngpu and share_gpu_opted(environ)
+    return DeviceChoice(device_type, resolve_backend(backend, device_type, shared), shared)
+
+
+def check_gpu_count(nproc: int, ngpu: int, environ: Mapping[str, str] | None = None) -> None:
+    """One process per GPU, unless the user lets ranks share them (DDPKIT_SHARE_GPU=1)."""
+    if nproc <= ngpu or (ngpu >= 1 and share_gpu_opted(environ)):
+        return
+    share = (
+        f"; or, to test multi-rank code on fewer GPUs, {SHARE_GPU_VAR}=1 lets ranks share them over gloo"
+        if ngpu >= 1
+        else ""
+    )
+    raise DdpkitError(
+        f"--nproc {nproc} but only {ngpu} GPU(s) are visible: use at most one process per GPU (--nproc {ngpu}){share}"
+    )
+
+
+def gpu_index_of(env: DistEnv, ngpu: int, shared: bool = False) -> int | None:
+    """The GPU this rank uses (the launcher's binding); sharing: local rank i takes GPU i mod ngpu."""
+    local = env.local_rank % ngpu if shared and ngpu > 0 else env.local_rank
+    return env.environment.gpu_index(local, ngpu)
 
 
 def default_threads(local_world_size: int) -> int:
@@ -49,11 +118,12 @@ def usable_cores() -> int:
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
 
 
-def select_gpu(env: DistEnv) -> torch.device:
+def select_gpu(env: DistEnv, shared: bool = False) -> torch.device:
     """This rank's GPU, made current before the process group starts (as NCCL requires);
-    which one is the launcher's binding (environments/: SLURM may bind one GPU per task)."""
+    which one is the launcher's binding (environments/: SLURM may bind one GPU per task), or
+    with `shared` (DDPKIT_SHARE_GPU=1) local rank mod the GPUs."""
     ngpu = torch.cuda.device_count()
-    index = env.environment.gpu_index(env.local_rank, ngpu)
+    index = gpu_index_of(env, ngpu, shared)
     if index is None:
         raise DdpkitError(
             f"local rank {env.local_rank} has no GPU: this node runs {env.local_world_size} "

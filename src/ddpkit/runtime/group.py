@@ -17,7 +17,7 @@ from ..config.processes import DEFAULT_TIMEOUT_S
 from ..environments import DistEnv
 from .collectives import Collectives
 from .debug import apply_debug_level
-from .devices import default_threads, resolve_backend, resolve_device_type, select_gpu
+from .devices import choose_devices, cuda_device_count, default_threads, resolve_device_type, select_gpu
 from .record import CollectiveRecord
 from .store import make_store
 
@@ -47,9 +47,13 @@ class Runtime:
         self.env = env
         torch.set_num_threads(threads or default_threads(env.local_world_size))
         device_type = resolve_device_type(device)
-        self.backend = resolve_backend(backend, device_type)
+        # DDPKIT_SHARE_GPU=1 with more local ranks than GPUs: they share them, over gloo (devices.py)
+        ngpu = cuda_device_count() if device_type == "cuda" else 0
+        choice = choose_devices(device_type, backend, env.local_world_size, ngpu)
+        self.backend = choice.backend
+        self.shares_gpu = choice.shared
         if device_type == "cuda":
-            self.device = select_gpu(env)
+            self.device = select_gpu(env, choice.shared)
         else:
             self.device = torch.device("cpu")
         self.timeout = timeout
@@ -70,6 +74,12 @@ class Runtime:
                 **kwargs,
             )
             self._owns_group = True
+        if self.shares_gpu and env.local_rank == 0:
+            print(
+                f"ddpkit: DDPKIT_SHARE_GPU=1: {env.local_world_size} ranks share {cuda_device_count()} GPU(s) over "
+                "gloo (collectives staged through host memory): a test of the multi-rank code, not of NCCL",
+                flush=True,
+            )
         Runtime._active = self
 
     @classmethod

@@ -49,6 +49,9 @@ def make_strategy(cfg: RunConfig, rt: Runtime, task: Task) -> Strategy:
     said = note(strategy.mesh_shape) if note is not None else None
     if said and not cfg.quiet:
         rt.print(f"ddpkit: {said}")
+    choice = strategy.compile_choice
+    if choice is not None and not cfg.quiet:
+        rt.print(f"ddpkit: --compile with the {choice.backend} backend: {choice.why}")
     return strategy
 
 

@@ -12,6 +12,7 @@ The training loop calls these and never asks which strategy it has:
   load_full        a one-file checkpoint into this run's model (whole, or this rank's shards)
   full_state_dict  the plain weights (model.pt), gathered when sharded
   checkpoint_activations  --activation-checkpointing on the blocks, before the wrapping (activation.py)
+  compile_blocks   --compile: each block's forward compiled, the root eager (compiling.py)
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from ..data import eval_batches
 from ..runtime import Runtime
 from ..strategy_config import StrategyConfig
 from .activation import BlocksHook, checkpoint_blocks
+from .compiling import CompileChoice, choose_backend, compile_forwards, compiled_record
 from .materialize import ModelInit, on_meta
 from .optimizers import OptimizerSpec
 from .precision import autocast, check_precision
@@ -56,6 +58,10 @@ class Strategy:
         self.init = ModelInit()
         self.checkpoint_blocks = checkpoint_blocks
         self.checkpointed: list[nn.Module] = []  # the blocks activation checkpointing recomputes
+        # --compile: the backend (inductor, or aot_eager where inductor cannot build kernels) and
+        # what setup_module compiled (summary.json's "compile"; None without --compile)
+        self.compile_choice: CompileChoice | None = choose_backend(rt.device.type) if self.config.compile else None
+        self.compiled: dict[str, Any] | None = None
 
     # -- building -------------------------------------------------------------------
     def setup_module(self, model: nn.Module) -> nn.Module:
@@ -79,6 +85,19 @@ class Strategy:
         first, as torch orders it (checkpointing, compile, then DDP or sharding)."""
         if self.config.activation_checkpointing:
             self.checkpointed = checkpoint_blocks(model, self.checkpoint_blocks)
+
+    def compile_blocks(self, model: nn.Module, blocks: list[nn.Module]) -> None:
+        """With --compile, torch.compile each block's forward (after checkpointing hooked it,
+        around FSDP's hooks), the root eager; a model without blocks has its own forward
+        compiled. Its hooks stay eager either way (compiling.py says why)."""
+        if self.compile_choice is None:
+            return
+        backend = self.compile_choice.backend
+        if blocks:
+            self.compiled = compiled_record(self.compile_choice, "blocks", compile_forwards(blocks, backend))
+        else:
+            compile_forwards([model], backend)
+            self.compiled = compiled_record(self.compile_choice, "root")
 
     def setup_optimizer(self, spec: OptimizerSpec, model: nn.Module, lr: float | None = None) -> torch.optim.Optimizer:
         """The optimizer over the parameters `model` (what setup_module returned) steps: the

@@ -14,6 +14,7 @@ from ..checkpoint.state import unwrap
 from ..runtime import Runtime
 from . import ddp_knobs
 from .base import Strategy
+from .compiling import compiled_record
 from .grad_sync import carry_agreement, install
 from .materialize import fill
 from .optimizers import OptimizerSpec, make_optimizer
@@ -72,7 +73,13 @@ class DdpStrategy(Strategy):
         model = fill(model, self.rt.device, self.model_init(model))  # a meta build, whole; pretrained weights
         wrapped = wrap_model(model, self.rt, grad_sync, **options)  # (DDP keeps the same parameters)
         ddp_knobs.register_compression(wrapped, config.grad_compression)
-        return ddp_knobs.maybe_compile(wrapped, config.compile)
+        if self.compile_choice is None:
+            return wrapped
+        if self.checkpointed:  # the whole DDP graph would not recompute the blocks: each block's forward
+            self.compile_blocks(model, self.checkpointed)
+            return wrapped
+        self.compiled = compiled_record(self.compile_choice, "model")
+        return ddp_knobs.maybe_compile(wrapped, self.compile_choice.backend)
 
     def setup_optimizer(self, spec: OptimizerSpec, model: nn.Module, lr: float | None = None) -> torch.optim.Optimizer:
         optimizer = make_optimizer(spec, model, lr)  # after the move to the device: its state lands there

@@ -15,7 +15,8 @@ What each one changes in the result (tests/distributed/test_knobs.py checks thes
   --grad-compression bf16|fp16    gradients are all-reduced in 16 bits: close, not equal
   --grad-compression powersgd     low-rank (rank 4) gradients with error feedback: an
                                   approximation that converges differently
-  --compile                       inductor kernels: another rounding (close)
+  --compile                       inductor kernels: another rounding (close); aot_eager
+                                  (no C++ compiler): the eager kernels (compiling.py)
 """
 
 from __future__ import annotations
@@ -87,12 +88,14 @@ def _bf16_hook() -> Any:
     return bf16_hook
 
 
-def maybe_compile(model: nn.Module, enabled: bool) -> nn.Module:
-    """torch.compile the (DDP-wrapped) model: DDP's optimizer splits the graph at bucket
-    boundaries, so communication still overlaps backward. unwrap() sees through it."""
-    if not enabled:
+def maybe_compile(model: nn.Module, backend: str | None) -> nn.Module:
+    """torch.compile the (DDP-wrapped) model with `backend` (None: not compiled; compiling.py
+    chooses it): DDP's optimizer splits the graph at bucket boundaries, so communication still
+    overlaps backward. unwrap() sees through it. (With activation checkpointing, or under FSDP,
+    each block's forward is compiled instead: Strategy.compile_blocks.)"""
+    if backend is None:
         return model
-    return torch.compile(model)  # type: ignore[return-value]
+    return torch.compile(model, backend=backend)  # type: ignore[return-value]
 
 
 def fuse_optimizer(optimizer: torch.optim.Optimizer, mode: str, device: torch.device) -> torch.optim.Optimizer:

@@ -107,6 +107,8 @@ class FsdpStrategy(Strategy):
         for block in blocks:
             fully_shard(block, mesh=mesh, mp_policy=mp)
         fully_shard(model, mesh=mesh, mp_policy=root_mp)
+        # --compile: each block's forward inside FSDP's (and checkpointing's) eager hooks, the root eager
+        self.compile_blocks(model, self.checkpointed or blocks)
         fill(model, self.rt.device, self.model_init(model))  # meta -> this rank's shards; pretrained weights
         self.units = len(blocks) + 1
         self._unsharded_names[model] = names

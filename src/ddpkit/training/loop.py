@@ -317,6 +317,7 @@ class Run:
                 "steps_planned": self.plan.total_steps,
                 "data": self.loader.data,  # where the batches were gathered: "on device" or "loader"
                 "fused_optimizer": is_fused(self.optimizer),
+                "compile": self.strategy.compiled,  # --compile: backend, why, what (strategies/compiling.py)
                 "deterministic": torch.are_deterministic_algorithms_enabled(),  # --deterministic, as it ran
             }
             | memory_stats(self.rt, self.strategy, self.model, self.optimizer, self.steps.activation_bytes, self.fixed)

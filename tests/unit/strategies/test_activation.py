@@ -161,9 +161,10 @@ def test_the_meta_probe_counts_what_a_real_forward_keeps(monkeypatch):
     assert figures(on_meta) == pytest.approx(figures(eager), rel=0.05)
 
 
-def test_with_compile_it_is_refused_before_anything_starts():
-    with pytest.raises(DdpkitError, match="--activation-checkpointing with --compile"):
-        RunConfig(activation_checkpointing=True, compile=True)
+def test_with_compile_it_is_accepted_before_anything_starts():
+    """Each checkpointed block's forward is compiled (tests/unit/strategies/test_compiling.py)."""
+    cfg = RunConfig(activation_checkpointing=True, compile=True)
+    assert cfg.strategy_config().compile and cfg.strategy_config().activation_checkpointing
 
 
 def test_a_hugging_face_model_recomputes_its_blocks_without_its_key_value_cache():
