@@ -30,7 +30,8 @@ class HostFlags:
 
     def __init__(self) -> None:
         self.buffer: torch.Tensor | None = None  # pinned on CUDA: the only tensor a step reads on the host
-        self._event: Any = None
+        self._event: Any = None  # CUDA: recorded after each copy
+        self._waiting = False
         self.where: str | None = None  # the step the flags belong to ("epoch 3, step 7")
         self.pending = False
 
@@ -40,8 +41,9 @@ class HostFlags:
             self.buffer = torch.empty(agreed.shape, dtype=agreed.dtype, pin_memory=pin)
         if agreed.device.type == "cuda":
             self.buffer.copy_(agreed.detach(), non_blocking=True)
-            self._event = torch.cuda.Event()
+            self._event = self._event or torch.cuda.Event()
             self._event.record(torch.cuda.current_stream(agreed.device))
+            self._waiting = True
         else:
             self.buffer.copy_(agreed.detach())
         self.where, self.pending = where, True
@@ -51,8 +53,9 @@ class HostFlags:
         if not self.pending:
             return None
         self.pending = False
-        if self._event is not None:
-            self._event.synchronize()  # the copy of the step before: done while this step's kernels ran
-            self._event = None
+        if self._waiting:  # for the copy of the step before only: done while this step's kernels ran
+            if not self._event.query():
+                self._event.synchronize()
+            self._waiting = False
         assert self.buffer is not None and self.where is not None
         return self.buffer.tolist(), self.where
