@@ -64,7 +64,8 @@ def main() -> int:
         opt = strategy.setup_optimizer(lambda params: torch.optim.AdamW(params, lr=1e-3), model)
         if cuda and not is_fused(opt):
             print(
-                "sync_check: FAIL: --fused-optimizer auto did not fuse AdamW on the GPU (the step then reads on the host)"
+                "sync_check: FAIL: --fused-optimizer auto did not fuse AdamW on the GPU "
+                "(the step then reads on the host)"
             )
             return 1
         runner = StepRunner(rt, strategy, model, opt, nn.CrossEntropyLoss(), accumulate=args.accumulate)
@@ -98,7 +99,8 @@ def main() -> int:
         else:
             how = "AdamW, not fused: the host reads the agreement each step (on a CPU it waits for nothing)"
         print(
-            f"sync_check: {args.steps} steps (--accumulate {args.accumulate}{data}) {debug}, {how}; mean loss {loss / count:.4f}"
+            f"sync_check: {args.steps} steps (--accumulate {args.accumulate}{data}) {debug}, {how}; "
+            f"mean loss {loss / count:.4f}"
         )
     return 0
 
