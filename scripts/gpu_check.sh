@@ -35,21 +35,35 @@
 #               the checkpoint); with --cpu its refusal is what is checked
 #  10 syncdebug scripts/sync_check.py: ddpkit's optimizer steps (--accumulate 2, batches copied
 #               ahead by training/prefetch.py, then batches of a data set kept on the device over
-#               two passes) under torch.cuda.set_sync_debug_mode("error"): fails on any host
-#               synchronisation inside a step but the agreement's one documented read (with
+#               two passes, the default fused AdamW) under torch.cuda.set_sync_debug_mode("error"):
+#               fails on any host synchronisation inside a step; none is allowed (0 a step: the
+#               device skips a non-finite step, the host reads the agreement a step later; with
 #               --cpu: the same steps, no debug mode)
 #  11 sharegpu  DDPKIT_SHARE_GPU=1: 2 ranks share cuda:0 over gloo: DDP and FSDP2 (CUDA DTensors) on
 #               2 ranks end at a 1-rank run; FSDP's sharded checkpoint of CUDA tensors holds every
 #               rank's CUDA RNG state and resumes at world 1 to the 1-rank run (with --cpu: the same
 #               runs on CPU ranks). Not proved: NCCL itself, P2P/NVLink, multi-GPU bandwidth
+#  8b gpt       benchmarks/gpt_mfu.py: GPT-2 small (block 256) in ddpkit and a hand-written loop,
+#               bf16 + torch.compile + fused AdamW, with each row's MFU; run last, sized to the
+#               time left: the fp32 eager rows too when there is time, the compiled rows left
+#               uncompiled when there is not (with --cpu: a tiny GPT's bf16 rows, uncompiled, MFU
+#               against a nominal peak of GPU_CHECK_CPU_PEAK_TFLOPS, 1 by default: the wiring, not
+#               a measurement). Its table goes into gpu.md
+#
+# The table at the end has an mfu column: each step's highest model FLOPs utilisation among its
+# ddpkit runs (summary.json's throughput.mfu; "-" where none has one: no FLOP count or no known
+# peak), and for 8b ddpkit's compiled row's.
 #
 # With one process ddpkit starts no process group (summary backend "none", as on CPU): NCCL
 # and DDP are exercised only with 2+ GPUs (step 4's 2-process runs) and by the hand-written
 # baseline of step 8 (NCCL with world size 1).
 #
 # Output: $OUT if set (what comes back from the GPU machine: at most 8 files), else
-# runs/gpu_check[-cpu]/ of this checkout: gpu_check.log (everything), gpu_check_table.txt,
-# env.json, summaries.json, bench.json, gpu.md. Run directories go to a temporary folder.
+# runs/gpu_check[-cpu]/ of this checkout: gpu_check.log (everything, every benchmark's own
+# logs merged in), gpu_check_table.txt, env.json, summaries.json, bench.json, gpu.md (the MLP
+# and the GPT tables). Run directories and other work files go to a temporary folder.
+# Time: at most 8 minutes on one H100/H200 (GPU_CHECK_HARD_S, 460 s, ends every command; no
+# step starts after GPU_CHECK_BUDGET_S, 400 s).
 # Exit 0: every step passed; 1: some step failed; 2: cannot run (no GPU without --cpu, no torch).
 #
 # Determinism (step 7): CUBLAS_WORKSPACE_CONFIG=:4096:8 is exported for every training run
@@ -65,7 +79,7 @@ set -uo pipefail
 usage() { sed -n '2,9p' "$0" | sed 's/^# \{0,1\}//'; }
 
 MODE=gpu
-ONLY="1,2,3,4,5,6,7,7b,8,9,10,11"
+ONLY="1,2,3,4,5,6,7,7b,8,9,10,11,8b"
 while [[ $# -gt 0 ]]; do
   case $1 in
     --cpu) MODE=cpu ;;
@@ -111,13 +125,18 @@ fi
 
 if [[ $MODE == gpu ]]; then
   DEV=cuda BACKEND=nccl EXPECT_DEVICE=cuda:0 PEAK_KIND="cuda max allocated" NDEV=$NGPU
-  BENCH_BATCH=${GPU_CHECK_BENCH_BATCH:-4096} BENCH_STEPS=${GPU_CHECK_BENCH_STEPS:-50} BENCH_ROUNDS=${GPU_CHECK_BENCH_ROUNDS:-2}
+  BENCH_BATCH=${GPU_CHECK_BENCH_BATCH:-4096} BENCH_STEPS=${GPU_CHECK_BENCH_STEPS:-30} BENCH_ROUNDS=${GPU_CHECK_BENCH_ROUNDS:-1}
   BENCH_MD=$REPO/benchmarks/results/gpu.md
-  BUDGET_S=${GPU_CHECK_BUDGET_S:-420} HARD_S=${GPU_CHECK_HARD_S:-560}
+  # GPT-2 small at block 256 (the first run's notes: ~2,200 samples/s compiled on an H200, ~1 min
+  # of compilation a compiled row), 2 passes of GPT_STEPS steps of batch GPT_BATCH a row
+  GPT_SHAPE=(--block-size 256) GPT_BATCH=${GPU_CHECK_GPT_BATCH:-32} GPT_STEPS=${GPU_CHECK_GPT_STEPS:-20} GPT_PEAK=()
+  BUDGET_S=${GPU_CHECK_BUDGET_S:-400} HARD_S=${GPU_CHECK_HARD_S:-460}
 else
   DEV=cpu BACKEND=gloo EXPECT_DEVICE=cpu PEAK_KIND="peak resident set" NDEV=2
   BENCH_BATCH=${GPU_CHECK_BENCH_BATCH:-64} BENCH_STEPS=${GPU_CHECK_BENCH_STEPS:-4} BENCH_ROUNDS=${GPU_CHECK_BENCH_ROUNDS:-1}
   BENCH_MD=$OUTDIR/gpu.md
+  GPT_SHAPE=(--n-layer 2 --n-head 2 --n-embd 32 --block-size 32 --vocab-size 128) GPT_BATCH=2 GPT_STEPS=3
+  GPT_PEAK=(--peak-tflops "${GPU_CHECK_CPU_PEAK_TFLOPS:-1}")
   BUDGET_S=${GPU_CHECK_BUDGET_S:-1500} HARD_S=${GPU_CHECK_HARD_S:-2400}
 fi
 # Time: no step starts after BUDGET_S seconds, no command runs past HARD_S (GPU: well inside
@@ -339,6 +358,45 @@ def cmd_bf16(mode):
     print("yes" if ok else "no")
 
 
+def _mfu_text(m):
+    return "-" if m is None else f"{100 * m:.3g}%"
+
+
+def cmd_mfu(*runs):
+    """The highest MFU (summary.json's throughput.mfu) among these runs, with its run; "-" when none has one."""
+    best = None
+    for r in runs:
+        p = Path(r) / "summary.json"
+        m = (json.loads(p.read_text()).get("throughput") or {}).get("mfu") if p.is_file() else None
+        if m is not None and (best is None or m > best[0]):
+            best = (m, Path(r).name)
+    print("-" if best is None else f"{_mfu_text(best[0])} {best[1]}")
+
+
+def cmd_gpt(path):
+    """benchmarks/gpt_mfu.py's runs: every row measured; each ddpkit row's samples/s and MFU (ddpkit's own)."""
+    r = json.loads(Path(path).read_text())
+    runs = r.get("runs") or []
+    bad = [f"{x['name']}: {str(x.get('error', ''))[:300]}" for x in runs if not x.get("ok")]
+    if bad or not runs:
+        fail("; ".join(bad) or "no runs")
+    sps = {x["name"]: x.get("steady_samples_per_s") for x in runs}
+    parts = []
+    for x in runs:
+        if x["name"].startswith("ddpkit"):
+            hand = sps.get("hw-" + x["name"].split("-", 1)[1])
+            vs = f", {x['steady_samples_per_s'] / hand:.2f}x hand-written" if hand else ""
+            parts.append(f"{x['name']}: {x['steady_samples_per_s']:,.1f} samples/s, MFU {_mfu_text(x.get('reported_mfu'))}{vs}")
+    print("; ".join(parts))
+
+
+def cmd_gpt_mfu(path):
+    """The MFU of ddpkit's fastest row (what the table's mfu column shows for the GPT step)."""
+    runs = [x for x in json.loads(Path(path).read_text()).get("runs", []) if x["name"].startswith("ddpkit") and x.get("ok")]
+    best = max(runs, key=lambda x: x.get("reported_mfu") or 0, default=None)
+    print("-" if best is None else f"{_mfu_text(best.get('reported_mfu'))} {best['name']}")
+
+
 def cmd_collect(out, *runs):
     found = {Path(r).name: json.loads((Path(r) / "summary.json").read_text()) for r in runs if (Path(r) / "summary.json").is_file()}
     Path(out).write_text(json.dumps(found, indent=1) + "\n")
@@ -373,6 +431,8 @@ declare -a ROWS=()
 SEP=$'\x1f'  # between the fields of a table row (notes may hold anything printable)
 STEP_OK=1
 STEP_NOTE=""
+STEP_MFU=""       # the step's mfu column (set by the step, else the best of STEP_RUNS)
+declare -a STEP_RUNS=()  # the run directories the step trained
 add_note() { [[ -n ${*// /} ]] && STEP_NOTE="${STEP_NOTE:+$STEP_NOTE; }$*"; return 0; }
 
 # run_ddpkit LABEL ARGS...: python -m ddpkit ARGS from the repo root; output into the log and
@@ -412,6 +472,7 @@ check() {
 }
 trained() {  # trained LABEL RUNDIR ARGS...: a training run whose exit code is itself a check
   local label=$1 run=$2; shift 2
+  STEP_RUNS+=("$run")
   check "$label trains (exit 0)" run_ddpkit "$label" train "$@" --run-dir "$run" --progress lines
 }
 grep_out() { grep -q -- "$2" "$WORK/out/$1.txt" || { echo "'$2' not in the output of $1"; return 1; }; }
@@ -441,17 +502,20 @@ step() {  # step ID NAME FUNCTION
   [[ ",$ONLY," == *",$id,"* ]] || return 0
   STEP_OK=1
   STEP_NOTE=""
+  STEP_MFU=""
+  STEP_RUNS=()
   if (( SECONDS - START > BUDGET_S )); then
     say "== step $id $name: not run, the time budget (${BUDGET_S} s) is spent"
-    ROWS+=("$id$SEP$name${SEP}FAIL${SEP}0${SEP}not run: time budget of ${BUDGET_S} s spent (GPU_CHECK_BUDGET_S)")
+    ROWS+=("$id$SEP$name${SEP}FAIL${SEP}0$SEP-${SEP}not run: time budget of ${BUDGET_S} s spent (GPU_CHECK_BUDGET_S)")
     return 0
   fi
   say ""
   say "== step $id $name ($(date +%T), $((SECONDS - START)) s into the run)"
   "$fn"
   status=$([[ $STEP_OK -eq 1 ]] && echo PASS || echo FAIL)
-  say "== step $id $name: $status ($((SECONDS - t0)) s)"
-  ROWS+=("$id$SEP$name$SEP$status$SEP$((SECONDS - t0))$SEP$STEP_NOTE")
+  [[ -z $STEP_MFU && ${#STEP_RUNS[@]} -gt 0 ]] && STEP_MFU=$(pycheck mfu "${STEP_RUNS[@]}" 2>/dev/null | cut -d' ' -f1)
+  say "== step $id $name: $status ($((SECONDS - t0)) s${STEP_MFU:+, mfu $STEP_MFU})"
+  ROWS+=("$id$SEP$name$SEP$status$SEP$((SECONDS - t0))$SEP${STEP_MFU:--}$SEP$STEP_NOTE")
 }
 
 # ---------------------------------------------------------------- the steps
@@ -653,7 +717,9 @@ step_syncdebug() {
   rc=$?
   cat "$out" >> "$LOG"
   check "no host synchronisation inside a step (exit $rc)" test "$rc" -eq 0 || tail -n 8 "$out" | sed 's/^/      | /'
-  add_note "$(grep -m1 '^sync_check:' "$out" | cut -c1-160)"
+  [[ $MODE == gpu ]] && check "0 host syncs a step: the default fused AdamW, the device decides" \
+    grep_out syncdebug "fused AdamW: the device decides, 0 host syncs a step"
+  add_note "$(grep -m1 '^sync_check:' "$out" | cut -c1-200)"
   note "\$ $PYTHON scripts/sync_check.py --device $DEV --steps 20 --accumulate 2 --data-on-device"
   tmo "$(limit 120)" "$PYTHON" scripts/sync_check.py --device "$DEV" --steps 20 --accumulate 2 --data-on-device \
     > "$out.placed" 2>&1
@@ -699,6 +765,35 @@ print(f"2 shards, RNG keys {sorted(rng[0])}")' "$s/fsdp/checkpoints/epoch-000010
   add_note "gloo on $EXPECT_DEVICE; NCCL, P2P and multi-GPU bandwidth not exercised"
 }
 
+step_gpt() {
+  local left rc t0=$SECONDS json=$WORK/gpt.json md=$WORK/gpt_mfu.md args=()
+  # what fits the time left (GPU: ~20 s a row to start and run, ~60 s more a compiled row)
+  left=$(( HARD_S - (SECONDS - START) - 15 ))
+  if [[ $MODE == cpu ]]; then args=(--variants fast --no-compile)  # the wiring, not a measurement
+  elif (( left >= 170 )); then args=(--variants default,fast)
+  elif (( left >= 110 )); then args=(--variants fast)
+  elif (( left >= 45 )); then args=(--variants fast --no-compile); add_note "compile rows left uncompiled: ${left} s left"
+  else add_note "not run: ${left} s left"; STEP_OK=0; return 0
+  fi
+  args+=("${GPT_SHAPE[@]}" --batch-size "$GPT_BATCH" --steps "$GPT_STEPS" "${GPT_PEAK[@]}" --timeout "$(limit "$left")")
+  note "\$ $PYTHON benchmarks/gpt_mfu.py --device $DEV ${args[*]} --out $md --json $json"
+  tmo "$(limit "$left")" "$PYTHON" benchmarks/gpt_mfu.py --device "$DEV" "${args[@]}" --out "$md" --json "$json" \
+    > "$WORK/out/gpt.txt" 2>&1
+  rc=$?
+  cat "$WORK/out/gpt.txt" >> "$LOG"
+  for f in "$WORK"/logs-gpt-mfu/*; do [[ -f $f ]] && { note "--- $(basename "$f")"; cat "$f" >> "$LOG"; }; done
+  note "(exit $rc after $((SECONDS - t0)) s)"
+  sed -n '/^| variant/,/^$/p' "$WORK/out/gpt.txt"
+  check "benchmarks/gpt_mfu.py exits 0" test "$rc" -eq 0 || tail -n 15 "$WORK/out/gpt.txt" | sed 's/^/      | /'
+  [[ -f $json ]] || return 0
+  check "every GPT row measured, ddpkit's with its MFU" pycheck gpt "$json" && add_note "$LAST"
+  STEP_MFU=$(pycheck gpt_mfu "$json" 2>/dev/null | cut -d' ' -f1)
+  if [[ -s $md && -f $OUTDIR/gpu.md ]]; then printf '\n' >> "$OUTDIR/gpu.md"; cat "$md" >> "$OUTDIR/gpu.md"
+  elif [[ -s $md ]]; then cp "$md" "$OUTDIR/gpu.md"; fi
+  [[ $MODE == cpu ]] && add_note "CPU: MFU against a nominal ${GPT_PEAK[1]} TFLOP/s"
+  return 0
+}
+
 # ---------------------------------------------------------------- run
 say "gpu_check ($MODE) $(date '+%F %T') on $(uname -n 2>/dev/null || echo '?'): repo $REPO"
 say "  python $PYTHON ($("$PYTHON" -c 'import sys; print(sys.version.split()[0])')), torch $TORCH_VERSION, CUDA build $TORCH_CUDA, GPUs visible $NGPU"
@@ -726,15 +821,16 @@ step 8 bench step_bench
 step 9 fp16 step_fp16
 step 10 syncdebug step_syncdebug
 step 11 sharegpu step_sharegpu
+step 8b gpt step_gpt  # last: the measurement that adapts to the time left
 
 pycheck collect "$OUTDIR/summaries.json" "$W"/* > /dev/null 2>&1
 FAILED=0
 {
-  printf '\n%-4s %-11s %-6s %5s  %s\n' step name status secs note
+  printf '\n%-4s %-11s %-6s %5s %8s  %s\n' step name status secs mfu note
   for row in "${ROWS[@]}"; do
-    IFS=$SEP read -r id name status secs text <<< "$row"
+    IFS=$SEP read -r id name status secs mfu text <<< "$row"
     [[ $status == PASS ]] || FAILED=1
-    printf '%-4s %-11s %-6s %5s  %s\n' "$id" "$name" "$status" "$secs" "$text"
+    printf '%-4s %-11s %-6s %5s %8s  %s\n' "$id" "$name" "$status" "$secs" "$mfu" "$text"
   done
 } > "$WORK/table.txt"
 grep -q ' FAIL ' "$WORK/table.txt" && FAILED=1

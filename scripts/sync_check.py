@@ -1,13 +1,17 @@
 """gpu_check.sh step 10: training steps without a host synchronisation.
 
 Runs ddpkit's optimizer step (training/step.py) on an MLP, with the batches handed over by
-training/prefetch.py as `ddpkit train` does, and after a few warm-up steps (lazy CUDA and
-optimizer-state set-up synchronises once) runs --steps more under
-torch.cuda.set_sync_debug_mode("error"): any synchronisation inside a step raises, except the
-step's one documented read of the agreement (training/prefetch.expected_sync). With
+training/prefetch.py as `ddpkit train` does, and the optimizer `ddpkit train` builds by default
+(--fused-optimizer auto: AdamW's fused kernel on a GPU, which skips a non-finite step on the
+device), and after a few warm-up steps (lazy CUDA and optimizer-state set-up, and the first
+step's agreement, read on the host: training/step.py) runs --steps more under
+torch.cuda.set_sync_debug_mode("error"): any synchronisation inside a step raises. None is
+allowed: the agreement is read a step later from a pinned copy (training/deferred.py). With
 --data-on-device the batches come from a TensorDataset kept on the device (data/placement.py)
 as `ddpkit train` gathers them, over passes of 8 steps (each pass's order is copied over once).
-On a CPU (--device cpu) the same steps run without the debug mode. Prints one line; exit 0: none.
+On a CPU (--device cpu) the same steps run without the debug mode (the optimizer is not fused
+there by default: the host reads the agreement, which on a CPU waits for nothing). Prints one
+line; exit 0: none.
 
     python scripts/sync_check.py --device cuda [--steps 20] [--accumulate 2] [--data-on-device]
 """
@@ -22,6 +26,7 @@ from torch import nn
 from ddpkit import DistEnv, ShardedLoader
 from ddpkit.runtime import Runtime
 from ddpkit.strategies import DdpStrategy
+from ddpkit.strategies.ddp_knobs import is_fused
 from ddpkit.training.prefetch import Prefetcher
 from ddpkit.training.step import StepRunner
 
@@ -54,10 +59,16 @@ def main() -> int:
         torch.manual_seed(0)
         model = nn.Sequential(nn.Linear(32, 256), nn.ReLU(), nn.Linear(256, 4))
         strategy = DdpStrategy(rt)
-        model = strategy.setup_module(model)
-        opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
-        runner = StepRunner(rt, strategy, model, opt, nn.CrossEntropyLoss(), accumulate=args.accumulate)
         cuda = rt.device.type == "cuda"
+        model = strategy.setup_module(model)
+        opt = strategy.setup_optimizer(lambda params: torch.optim.AdamW(params, lr=1e-3), model)
+        if cuda and not is_fused(opt):
+            print(
+                "sync_check: FAIL: --fused-optimizer auto did not fuse AdamW on the GPU "
+                "(the step then reads on the host)"
+            )
+            return 1
+        runner = StepRunner(rt, strategy, model, opt, nn.CrossEntropyLoss(), accumulate=args.accumulate)
         total = torch.zeros(2, dtype=torch.float64, device=rt.device)
         n = args.warmup + args.steps
         if args.data_on_device:
@@ -76,15 +87,20 @@ def main() -> int:
             total += result.loss_sum
         if cuda:
             torch.cuda.set_sync_debug_mode(0)
+        runner.settle()  # the last step's agreement (a pass's end reads it so)
         loss, count = total.tolist()
         if not count or not torch.isfinite(torch.tensor(loss)):
             print(f"sync_check: FAIL: the steps trained no finite loss ({loss} over {count})")
             return 1
         debug = f"under set_sync_debug_mode('error') on {rt.device}" if cuda else f"on {rt.device} (no debug mode)"
         data = ", data on the device" if args.data_on_device else ""
+        if is_fused(opt):
+            how = "fused AdamW: the device decides, 0 host syncs a step"
+        else:
+            how = "AdamW, not fused: the host reads the agreement each step (on a CPU it waits for nothing)"
         print(
-            f"sync_check: {args.steps} steps (--accumulate {args.accumulate}{data}) {debug}: no host sync "
-            f"but the agreement's one; mean loss {loss / count:.4f}"
+            f"sync_check: {args.steps} steps (--accumulate {args.accumulate}{data}) {debug}, {how}; "
+            f"mean loss {loss / count:.4f}"
         )
     return 0
 

@@ -257,19 +257,32 @@ def test_corrupt_newest_checkpoint_is_reported_and_the_newest_valid_one_used(tmp
     assert_state_equal(load_model(run), load_model(reference))
 
 
+# fused: Adam's fused kernel takes found_inf, so the device skips the step and the host reads the
+# agreement a step later (training/step.py); not fused: the host decides at once
+FUSED = pytest.mark.parametrize("fused", [[], ["--fused-optimizer", "on"]], ids=["host decides", "device decides"])
+
+
 def test_nan_loss_stops_with_epoch_and_step_and_no_nan_checkpoint(tmp_path):
-    run = tmp_path / "run"
-    proc = run_ddpkit("train", f"{TASKS}:nan_sample", "--nproc", "2", "--run-dir", str(run), *WINE, check=False)
-    assert proc.returncode == 2
-    assert "not finite in epoch 1, step" in proc.stderr
-    assert not (run / "checkpoints").exists() or not any((run / "checkpoints").iterdir())
+    errors = []
+    for name, fused in (("host", []), ("device", ["--fused-optimizer", "on"])):
+        run = tmp_path / name
+        proc = run_ddpkit(
+            "train", f"{TASKS}:nan_sample", "--nproc", "2", "--run-dir", str(run), *WINE, *fused, check=False
+        )  # fmt: skip
+        assert proc.returncode == 2
+        assert "not finite in epoch 1, step" in proc.stderr
+        assert not (run / "checkpoints").exists() or not any((run / "checkpoints").iterdir())
+        errors.append([line for line in proc.stderr.splitlines() if "not finite" in line])
+    assert errors[0] == errors[1] and len(errors[0]) == 1, errors  # the device's decision names the same step
 
 
-def test_nan_loss_with_skip_drops_those_steps_on_every_rank(tmp_path):
+@FUSED
+def test_nan_loss_with_skip_drops_those_steps_on_every_rank(tmp_path, fused):
     run = tmp_path / "run"
     run_ddpkit(
-        "train", f"{TASKS}:nan_sample", "--nproc", "2", "--run-dir", str(run), *WINE, "--on-nan", "skip", "--quiet"
-    )
+        "train", f"{TASKS}:nan_sample", "--nproc", "2", "--run-dir", str(run), *WINE, "--on-nan", "skip", "--quiet",
+        *fused,
+    )  # fmt: skip
     lines = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
     assert all(r["skipped_steps"] == 1 for r in lines)  # the step holding the NaN sample, each epoch
     state = load_model(run)

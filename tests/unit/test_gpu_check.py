@@ -99,3 +99,34 @@ def test_the_shared_gpu_step_runs_its_cpu_stand_in(tmp_path):
     table = (tmp_path / "out" / "gpu_check_table.txt").read_text()
     assert "11   sharegpu    PASS" in table and "NCCL, P2P and multi-GPU bandwidth not exercised" in table
     assert "resumed at world 1 from the 2-rank sharded checkpoint" in proc.stdout
+
+
+def test_the_sync_step_allows_no_host_sync_and_the_whole_check_fits_8_minutes_on_a_gpu():
+    text = SCRIPT.read_text()
+    sync = _function(text, "step_syncdebug")
+    assert '"fused AdamW: the device decides, 0 host syncs a step"' in sync  # scripts/sync_check.py's line on a GPU
+    assert "fused AdamW: the device decides, 0 host syncs a step" in (SCRIPT.parent / "sync_check.py").read_text()
+    gpu = text[text.index("if [[ $MODE == gpu ]]; then\n  DEV=cuda") :]
+    hard = int(gpu[gpu.index("GPU_CHECK_HARD_S:-") :].split("-", 1)[1].split("}", 1)[0])
+    assert hard <= 8 * 60  # every command ends by then (limit), the table follows at once
+    gpt = _function(text, "step_gpt")
+    assert "HARD_S - (SECONDS - START)" in gpt and "--no-compile" in gpt  # sized to the time left
+    assert text.rstrip().splitlines()[-1] != "step 8b gpt step_gpt"  # the table follows it
+    assert text.index("step 8b gpt step_gpt") > text.index("step 10 syncdebug step_syncdebug")  # run last
+
+
+@pytest.mark.slow
+def test_gpu_check_on_a_cpu_reports_the_gpt_rows_and_an_mfu_column_in_at_most_8_files(tmp_path):
+    proc = _run(tmp_path, "--cpu", "--steps", "10,8b")
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr
+    out = tmp_path / "out"
+    files = [p for p in out.rglob("*") if p.is_file()]
+    assert 0 < len(files) <= 8, files
+    lines = (out / "gpu_check_table.txt").read_text().splitlines()  # a title, a blank line, the header, rows
+    header = lines[2].split()
+    rows = {line.split()[0]: line.split() for line in lines[3:]}
+    assert header == ["step", "name", "status", "secs", "mfu", "note"]
+    assert rows["10"][2] == "PASS" and rows["10"][4] == "-"  # no training run: no MFU
+    assert rows["8b"][2] == "PASS" and rows["8b"][4].endswith("%"), rows["8b"]
+    assert "ddpkit-fast" in (out / "gpu.md").read_text() and "| MFU |" in (out / "gpu.md").read_text()
+    assert "ddpkit-fast" in (out / "gpu_check.log").read_text()  # the benchmark's own logs, merged

@@ -128,9 +128,13 @@ class Strategy:
         """Clip the gradients to a total 2-norm of `max_norm`; returns the norm before
         clipping, the same on every rank: after the sync every replica holds the same
         gradients, and sharded gradients (DTensors) make the norm a collective over the shards."""
+        return float(self.clip_grad_norm_(model, max_norm))
+
+    def clip_grad_norm_(self, model: nn.Module, max_norm: float) -> torch.Tensor:
+        """clip_grad_norm, the norm left on the device (no host synchronisation: training/step.py)."""
         params = [p for p in model.parameters() if p.grad is not None]
         norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
-        return float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)
+        return norm.full_tensor() if hasattr(norm, "full_tensor") else norm
 
     def check_output(self, output: Any) -> None:
         """Called on the first training forward: refuse an output this strategy cannot work with."""

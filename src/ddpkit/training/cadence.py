@@ -117,6 +117,7 @@ class Cadence:
         snapshot = self.checkpointer.snapshot_due()
         if not (evaluate or save or result.stop or snapshot):
             return None
+        epoch_run.settle()  # the last step's agreement first: a checkpoint or an evaluation of finite weights
         return Moment(epoch_run, at, pass_end=False, evaluate=evaluate, save=save, stop=result.stop, snapshot=snapshot)
 
     def _after_pass(self, epoch_run: EpochRun) -> Moment:

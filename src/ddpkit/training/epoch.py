@@ -68,6 +68,7 @@ class EpochRun:
             item = next(batches, None)
             if item is None:
                 self.complete = True
+                self.settle()
                 return
             batch, n_local, n_global = item
             t1, waited = time.perf_counter(), self.steps.wait_s
@@ -79,13 +80,20 @@ class EpochRun:
                 self.clock.step_done(global_step)
             self.add(result, n_local, n_global)
             yield result
+        self.settle()
+
+    def settle(self) -> None:
+        """Before anything reads this pass's figures or weights (its end, a moment inside it): the
+        last step's agreement, when the device decided it (training/step.py: raises for a
+        non-finite step under --on-nan stop, counts a skipped one)."""
+        self.skipped += self.steps.settle()
 
     def add(self, result: Any, n_local: int, n_global: int) -> None:
         self.steps_done += 1
         self.samples += n_global
         self.samples_here += n_global
+        self.skipped += result.skipped  # --on-nan skip: this step (host) or the one before (device)
         if result.loss_sum is None:
-            self.skipped += 1  # --on-nan skip
             return
         self.sums += result.loss_sum
         self.progress.step(n_local, n_global, self.sums)

@@ -1,5 +1,6 @@
-"""The next step's batch copied to the GPU while this step computes, and the step's one
-allowed host synchronisation.
+"""The next step's batch copied to the GPU while this step computes, and the mark of a host
+synchronisation meant to be there (the host's own decision of a step where the device cannot
+decide it, training/step.py; between passes).
 
 Why: a copy from pageable host memory to the GPU waits for the GPU (torch copies through a
 staging buffer and synchronises); from pinned memory with non_blocking it is queued like a

@@ -155,6 +155,6 @@ class LabelledSteps(StepRunner):
         with record_function("step.backward"):
             super()._backward(loss)
 
-    def _optimizer_step(self) -> None:
+    def _optimizer_step(self, found_inf: torch.Tensor | None = None) -> None:
         with record_function("step.optimizer"):
-            super()._optimizer_step()
+            super()._optimizer_step(found_inf)

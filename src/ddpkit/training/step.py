@@ -19,13 +19,35 @@ Why each piece is here:
     under fp16), the optimizer step (through the gradient scaler under fp16), the LR
     scheduler's step.
   * An empty share (more ranks than samples left) still joins the gradient sync, with zeros.
+
+Who decides, and when (no host synchronisation in a step):
+  * On the device, this step: whether the weights move. An optimizer that takes a found_inf
+    tensor (torch's fused Adam/AdamW/SGD/Adagrad: what --fused-optimizer auto builds on a GPU)
+    skips its update, its state and step count included, when the agreed flags say a loss
+    was not finite (or the run directory is taken, or an earlier step stopped the run): the
+    weights never take a non-finite step, and nothing is read on the host. The count of a
+    summed loss divides the gradients on the device too; a skipped step adds nothing to the
+    pass's loss sums.
+  * On the host, one step later (training/deferred.py): the flags' copy is read at the end of
+    the next step, or at the pass's end or a moment (checkpoint, evaluation) before it, which
+    synchronise anyway (settle). Then --on-nan stop raises naming the step that was not
+    finite, --on-nan skip counts it, a stop asked by a signal and a timed save take effect
+    at that boundary: one step later than the step whose agreement carried them, the same
+    step on every rank (every rank reads the same reduced numbers).
+  * What users see differently from a host decision: a step skipped on the device still
+    advances the LR schedule (as under torch's GradScaler); a stop by signal or a timed save
+    lands one step later.
+  * The host decides at once, reading the flags after the backward (the one host
+    synchronisation a step then has), where the device cannot: the run's first step (the
+    optimizer's state is created then), an optimizer without found_inf (not fused, or not
+    torch's), fp16's gradient scaler, FSDP's sharded parameters.
 """
 
 from __future__ import annotations
 
 import contextlib
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable, ContextManager, Iterator
 
 import torch
@@ -36,6 +58,7 @@ from ..runtime import Runtime
 from ..strategies import Strategy
 from ..strategies.activation import SavedBytes
 from .batches import compute_loss, sample_count, split, to_device, zero_loss
+from .deferred import HostFlags
 from .prefetch import expected_sync
 from .signals import StopRequest
 
@@ -44,9 +67,10 @@ FLAGS = 5  # the step's agreement: not finite, stop, count, timed save, run dire
 
 @dataclass
 class StepResult:
-    loss_sum: torch.Tensor | None  # [this rank's loss sum, its count] (None: the step was skipped)
+    loss_sum: torch.Tensor | None  # [this rank's loss sum, its count] (zeros or None: the step was skipped)
     stop: bool  # some rank asked to stop: save at this step boundary
     save: bool = False  # rank 0's clock says --save-every-minutes is due
+    skipped: int = 0  # steps found skipped (--on-nan skip) now: this one (host) or the one before (device)
 
 
 @dataclass
@@ -65,24 +89,46 @@ class StepRunner:
     clip_grad_norm: float | None = None
     scheduler: Any = None  # stepped after every optimizer step
     scaler: Any = None  # torch.amp.GradScaler under fp16
-    last_grad_norm: float | None = None
+    last_grad_norm: float | torch.Tensor | None = None  # a tensor on the device until read
     timed_save: Callable[[], bool] | None = None  # rank 0's clock says a checkpoint is due (--save-every-minutes)
     wait_s: float = 0.0  # seconds this rank waited for the gradient sync (the others) after its backward, in all
     after_step: Callable[[], None] | None = None  # called after every optimizer step (ddpkit verify's trace)
     mark: Any = None  # checkpoint/world_mark.py: does this world still own the run directory (rank 0's stat)
     activation_bytes: int | None = None  # what the first forward kept for backward (the summary's)
     _output_checked: bool = False
+    _stepped: bool = False  # an optimizer step has run: its state exists (the device may decide from now on)
+    _device_capable: bool | None = None  # the optimizer takes found_inf (see _on_device)
+    _halt: torch.Tensor | None = None  # on the device: an agreed stop (NaN under --on-nan stop, taken): no update
+    _host: HostFlags = field(default_factory=HostFlags)  # the step before's flags, read a step later
 
     def run(self, batch: Any, n_local: int, n_global: int, where: str) -> StepResult:
         """One optimizer step over this rank's share of a global batch of `n_global` samples.
         `where` names the step in errors ("epoch 3, step 7")."""
+        agreement = self.strategy.agreement(self.model)
+        waited = agreement.waited_s if agreement is not None else 0.0
+        totals, flags, summed = self._backward_share(batch, n_local, n_global, agreement)
+        agreed = self._agreed_tensor(flags, agreement, waited)
+        if not self._on_device():
+            return self._decide_on_host(agreed, totals, summed, where)
+        skip = self._guard(agreed)  # a bool on the device: the weights stay as they are
+        if summed:
+            self._scale_grads(self.rt.world_size / torch.where(agreed[2] > 0, agreed[2], self.rt.world_size))
+        self._optimizer_step(found_inf=skip)
+        stop, save, skipped = self._act(self._host.receive())  # the step before's agreement
+        self._host.send(agreed, where)
+        return StepResult(torch.where(skip, torch.zeros_like(totals), totals), stop, save, skipped)
+
+    def _backward_share(
+        self, batch: Any, n_local: int, n_global: int, agreement: Any
+    ) -> tuple[torch.Tensor, torch.Tensor, bool]:
+        """Forward and backward of every micro-batch of this rank's share; the flags armed for
+        the last backward's gradient sync. Returns ([loss sum, count], this rank's flags,
+        whether the task's losses are sums)."""
         world = self.rt.world_size
         pending = None  # non-finite losses of earlier micro-batches (no extra collective)
         totals = torch.zeros(2, dtype=torch.float64, device=self.rt.device)  # loss sum, count
         kinds: set[bool] = set()
         flags = torch.zeros(FLAGS, dtype=torch.float64, device=self.rt.device)
-        agreement = self.strategy.agreement(self.model)
-        waited = agreement.waited_s if agreement is not None else 0.0
         for micro, n_micro, last in iter_micro(batch, n_local, self.accumulate):
             if not last and not n_micro:
                 continue  # an empty micro-batch outside the sync adds nothing
@@ -104,7 +150,33 @@ class StepRunner:
                     totals[1] += loss.count
                 else:  # no sample for this rank in a short last batch: join the gradient sync with zeros
                     self._backward(self._empty_share_loss(loss))
-        bad, stop_now, global_count, save_now, taken = self._agreed(flags, agreement, waited)
+        return totals, flags, True in kinds
+
+    def _decide_on_host(self, agreed: torch.Tensor, totals: torch.Tensor, summed: bool, where: str) -> StepResult:
+        """The host reads this step's agreement now (one synchronisation) and steps, skips or stops."""
+        before = self._act(self._host.receive())  # nothing, unless the device decided the step before
+        bad, stop_now, global_count, save_now, taken = self._read(agreed)
+        self._act_on(bad, taken, where)
+        if bad:  # --on-nan skip: every rank drops this step
+            return StepResult(None, before[0], before[1], before[2] + 1)
+        if summed and global_count:
+            self._scale_grads(self.rt.world_size / global_count)  # summed losses: the mean over every rank's count
+        self._optimizer_step()
+        return StepResult(totals, stop_now or before[0], save_now or before[1], before[2])
+
+    def _act(self, received: tuple[list[float], str] | None) -> tuple[bool, bool, int]:
+        """A step's agreement read on the host: raises (taken; not finite under --on-nan stop),
+        else (stop asked, timed save due, 1 if the step was skipped)."""
+        if received is None:
+            return False, False, 0
+        (bad, stopping, _, save, taken), where = received
+        self._act_on(int(bad), taken > 0, where)
+        if bad:
+            return False, False, 1  # a skipped step's stop and save wait for the next step, as on the host
+        return stopping > 0, save > 0, 0
+
+    def _act_on(self, bad: int, taken: bool, where: str) -> None:
+        world = self.rt.world_size
         if taken:  # every rank, at this step, before its optimizer step: the other world's files stay as they are
             self.optimizer.zero_grad(set_to_none=True)
             raise self.mark.error(where)
@@ -116,11 +188,33 @@ class StepRunner:
                     "optimizer step, so the last checkpoint holds finite weights "
                     "(lower --lr, check the data, or --on-nan skip)"
                 )
-            return StepResult(None, False)  # --on-nan skip: every rank drops this step
-        if True in kinds and global_count:
-            self._scale_grads(world / global_count)  # summed losses: the mean over every rank's count
-        self._optimizer_step()
-        return StepResult(totals, stop_now, save_now)
+
+    def settle(self) -> int:
+        """At a point that synchronises anyway (a pass's end, a checkpoint, an evaluation, the
+        run's end): act on the last step's agreement if the device decided it (raise, see _act);
+        returns 1 if that step was skipped, else 0."""
+        return self._act(self._host.receive())[2]
+
+    def _on_device(self) -> bool:
+        """Can the device decide this step (the module's docstring says when it cannot)?"""
+        if self._device_capable is None:
+            from torch.distributed.tensor import DTensor
+
+            params = [p for g in self.optimizer.param_groups for p in g["params"]]
+            self._device_capable = (
+                self.scaler is None
+                and bool(getattr(self.optimizer, "_step_supports_amp_scaling", False))
+                and not any(isinstance(p, DTensor) for p in params)
+            )
+        return self._device_capable and self._stepped
+
+    def _guard(self, agreed: torch.Tensor) -> torch.Tensor:
+        """On the device: skip this step's update? (a loss not finite on some rank, or the run
+        stopped: the run directory taken, or a non-finite step before under --on-nan stop)."""
+        bad = agreed[0] > 0
+        halt = (agreed[4] > 0) | bad if self.on_nan == "stop" else agreed[4] > 0
+        self._halt = halt if self._halt is None else self._halt | halt
+        return bad | self._halt
 
     def _forward(self, micro: Any, n_micro: int, kinds: set[bool]) -> Any:
         with self.strategy.autocast(), self._counting() as saved:
@@ -139,10 +233,9 @@ class StepRunner:
                 )
         return loss
 
-    def _agreed(self, flags: torch.Tensor, agreement: Any, waited: float) -> tuple[int, bool, float, bool, bool]:
-        """The step's flags summed over the ranks: as the gradient sync carried them, else by an
-        all-reduce issued now, after the backward. Reading them on the host is the step's one
-        host synchronisation on a GPU: whether to step, skip or stop is the host's decision."""
+    def _agreed_tensor(self, flags: torch.Tensor, agreement: Any, waited: float) -> torch.Tensor:
+        """The step's flags summed over the ranks, on the device: as the gradient sync carried
+        them, else by an all-reduce issued now, after the backward."""
         agreed = agreement.collect() if agreement is not None else None
         if agreed is None:
             t0 = time.perf_counter()
@@ -150,6 +243,11 @@ class StepRunner:
             self.wait_s += time.perf_counter() - t0
         if agreement is not None:
             self.wait_s += agreement.waited_s - waited
+        return agreed
+
+    @staticmethod
+    def _read(agreed: torch.Tensor) -> tuple[int, bool, float, bool, bool]:
+        """The agreed flags on the host: a host synchronisation on a GPU (the host decides)."""
         with expected_sync():
             bad, stopping, total, save, taken = agreed.tolist()
         return int(bad), stopping > 0, total, save > 0, taken > 0
@@ -175,22 +273,35 @@ class StepRunner:
             )
         return value.sum() * 0.0
 
-    def _scale_grads(self, factor: float) -> None:
+    def _scale_grads(self, factor: float | torch.Tensor) -> None:
         with torch.no_grad():
             for p in self.model.parameters():
                 if p.grad is not None:
-                    p.grad.mul_(factor)
+                    p.grad.mul_(factor.to(p.grad.dtype) if isinstance(factor, torch.Tensor) else factor)
 
-    def _optimizer_step(self) -> None:
+    def _optimizer_step(self, found_inf: torch.Tensor | None = None) -> None:
+        """Clip, step, zero the gradients, step the scheduler. `found_inf` (a bool on the
+        device): the optimizer skips its update where it is true (its found_inf, as under
+        torch's GradScaler)."""
         if self.clip_grad_norm is not None:
             if self.scaler is not None:
                 self.scaler.unscale_(self.optimizer)
-            self.last_grad_norm = self.strategy.clip_grad_norm(self.model, self.clip_grad_norm)
+            norm = self.strategy.clip_grad_norm_(self.model, self.clip_grad_norm)
+            if found_inf is not None and isinstance(self.last_grad_norm, torch.Tensor):
+                norm = torch.where(found_inf, self.last_grad_norm, norm)  # a skipped step's norm is not kept
+            self.last_grad_norm = norm  # read on the host at the pass's end (figures)
         if self.scaler is not None:
             self.scaler.step(self.optimizer)
             self.scaler.update()
+        elif found_inf is not None:
+            self.optimizer.found_inf = found_inf.to(torch.float32)  # type: ignore[attr-defined]
+            try:
+                self.optimizer.step()
+            finally:
+                del self.optimizer.found_inf  # type: ignore[attr-defined]
         else:
             self.optimizer.step()
+        self._stepped = True
         self.optimizer.zero_grad(set_to_none=True)
         if self.scheduler is not None:
             self.scheduler.step()
@@ -198,8 +309,8 @@ class StepRunner:
             self.after_step()
 
     def figures(self) -> dict[str, Any]:
-        """For the epoch's record: the last step's gradient norm before clipping."""
-        return {"grad_norm": self.last_grad_norm} if self.last_grad_norm is not None else {}
+        """For the epoch's record: the last step's gradient norm before clipping (read on the host now)."""
+        return {"grad_norm": float(self.last_grad_norm)} if self.last_grad_norm is not None else {}
 
     def flags(
         self, loss: torch.Tensor | None, pending: torch.Tensor | None = None, count: torch.Tensor | float = 0.0
@@ -208,7 +319,7 @@ class StepRunner:
         whether rank 0's clock says a timed checkpoint is due, whether rank 0 found the run
         directory taken): the same on every rank, by an all-reduce of its own (between epochs; a
         step's ride with its gradient sync)."""
-        return self._agreed(self._local_flags(loss, pending, count), None, 0.0)
+        return self._read(self._agreed_tensor(self._local_flags(loss, pending, count), None, 0.0))
 
     def _local_flags(
         self, loss: torch.Tensor | None, pending: torch.Tensor | None, count: torch.Tensor | float

@@ -71,6 +71,9 @@ class _Pass:
             self.log.append(("step", self.epoch, global_step))
             yield SimpleNamespace(stop=global_step == self.stop_at, save=False)
 
+    def settle(self):
+        """The last step's agreement, read before a moment (nothing pending here)."""
+
 
 @pytest.fixture
 def rt():
