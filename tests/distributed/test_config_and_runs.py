@@ -93,12 +93,16 @@ def test_runs_tells_how_each_run_ended(runs, capsys):
 
     assert main(["runs", str(folder)]) == 0
     table = capsys.readouterr().out.splitlines()
-    assert table[0].split() == ["RUN", "TASK", "WORLD", "STRATEGY", "STEPS", "TRAIN", "EVAL", "STATE", "RESUME"]
-    assert all(len(line) <= 100 for line in table)
+    assert table[0].split() == [
+        "RUN", "TASK", "WORLD", "STRATEGY", "STEPS", "TRAIN", "EVAL", "COMPUTE", "TOP", "LOSS", "STATE", "RESUME"
+    ]  # fmt: skip
+    assert all(len(line) <= 112 for line in table)
     rows = {line.split()[0]: line.split() for line in table[1:6]}
     assert rows["replay"][1:] == ["wine", "2", "ddp", f"{summary['steps_done']}/{summary['steps_done']}"] + [
         f"{summary['train_loss']:.4f}",
         f"{summary['eval_loss']:.4f}",
+        f"{summary['time']['percent']['compute']:.0f}%",  # where the time went (the ledger)
+        *top_loss_cell(summary),
         "finished",
         "yes",
     ]
@@ -113,3 +117,11 @@ def test_runs_of_an_empty_or_a_missing_folder(tmp_path, capsys):
     assert main(["runs", str(tmp_path / "nowhere")]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "no such folder" in err
+
+
+def top_loss_cell(summary):
+    """The TOP LOSS cell of `ddpkit runs`: the part that took the most time after compute."""
+    from ddpkit.reporting.summary import top_loss
+
+    part, percent = top_loss(summary["time"])
+    return [part, f"{percent:.0f}%"]

@@ -144,7 +144,7 @@ def measured_of_summary(s: dict[str, Any]) -> Measured:
         batch_size=None if fixed else batch,
         world_size=s.get("world_size") or 1,
         accumulate=s.get("accumulate") or 1,
-        compile=s.get("compile"),
+        compile=bool(s.get("compile")) if "compile" in s else None,  # what was compiled, or None: nothing
         fused_optimizer=s.get("fused_optimizer"),
         optimizer=s.get("optimizer"),
         num_workers=s.get("num_workers") if s.get("workers_apply") else None,

@@ -75,6 +75,37 @@ def on_meta(model: nn.Module) -> Iterator[nn.Module]:
             table[name] = t
 
 
+# A module's hooks, set aside while the count runs: a user's hook counts, logs, sleeps or fails
+# on its Nth training forward, and the count is no training forward (nor is ddpkit's watchdog's)
+_HOOKS = (
+    "_forward_pre_hooks",
+    "_forward_pre_hooks_with_kwargs",
+    "_forward_hooks",
+    "_forward_hooks_with_kwargs",
+    "_forward_hooks_always_called",
+    "_backward_pre_hooks",
+    "_backward_hooks",
+)
+
+
+@contextlib.contextmanager
+def without_hooks(model: nn.Module) -> Iterator[nn.Module]:
+    """`model` with every module's forward and backward hooks set aside for the block, then put
+    back as they were (torch's global module hooks stay: they are no module's)."""
+    held: list[tuple[nn.Module, str, Any]] = []
+    try:
+        for module in model.modules():
+            for name in _HOOKS:
+                hooks = getattr(module, name, None)
+                if hooks:
+                    held.append((module, name, hooks))
+                    setattr(module, name, type(hooks)())
+        yield model
+    finally:
+        for module, name, hooks in held:
+            setattr(module, name, hooks)
+
+
 def meta_batch(sample: Any, batch_size: int) -> Any:
     """A micro-batch of `batch_size` samples shaped like `sample`, on the meta device."""
     return map_tensors(
@@ -90,7 +121,7 @@ def count_flops(task: Task, batch_size: int, sample: Any) -> tuple[float | None,
 
     model, was_training = task.model, task.model.training
     try:
-        with on_meta(model), torch.enable_grad(), FlopCounterMode(display=False) as counter:
+        with on_meta(model), without_hooks(model), torch.enable_grad(), FlopCounterMode(display=False) as counter:
             model.train()
             loss = compute_loss(model, meta_batch(sample, batch_size), batch_size, task.loss_fn, task.step, META)
             if loss.value is None or not loss.value.requires_grad:

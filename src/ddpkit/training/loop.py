@@ -356,10 +356,10 @@ class Run:
         }
 
     def _settings_ran(self) -> dict[str, Any]:
-        """What the performance doctor (reporting/advice.py) must know not to suggest what ran."""
+        """What the performance doctor (reporting/advice.py) must know not to suggest what ran
+        (whether it compiled: the summary's "compile", which setup_module filled)."""
         cfg, rt = self.cfg, self.rt
         return {
-            "compile": bool(self.strategy.config.compile),
             "optimizer": type(self.optimizer).__name__,
             "num_workers": cfg.num_workers,
             # the loader's workers fetch map-style samples; tensors are indexed whole

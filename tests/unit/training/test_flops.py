@@ -98,14 +98,15 @@ def test_counting_leaves_the_model_as_it_was_and_keeps_tied_weights_tied():
 
 def test_a_model_that_does_not_deep_copy_is_counted_all_the_same():
     """The hang watchdog's forward hook holds a lock (so does a user's handle): the count swaps
-    the tensors in place instead of copying the model."""
+    the tensors in place instead of copying the model, whose hooks it sets aside meanwhile."""
     import threading
 
     task = wine.build(None)
     lock, beats = threading.Lock(), []
     task.model.register_forward_pre_hook(lambda module, args: beats.append(lock.locked()))
     assert count_flops(task, 8, first_sample(task.train_set)) == (4480.0, "")
-    assert beats == [False]  # the hook ran, on the model itself
+    assert beats == []  # set aside for the count
+    assert len(task.model._forward_pre_hooks) == 1  # and back after it
 
 
 class ReadsItsData(nn.Module):
@@ -157,3 +158,18 @@ def test_a_task_may_say_how_many_tokens_its_samples_hold(rt):
     gpt_task = gpt.build(None, n_layer=1, max_samples=8)
     gpt_task.tokens_per_sample = 0  # none, whatever the samples look like
     assert throughput_of(gpt_task, RunConfig(), rt, "fp32").tokens_per_sample is None
+
+
+def test_the_count_calls_no_hook_of_the_model_and_leaves_every_hook_in_place():
+    """A user's hook counts training forwards (to fail, sleep or log at the Nth): the count is no
+    training forward, so no module's forward or backward hook sees it; each is back after it."""
+    task = wine.build(None)
+    calls = []
+    task.model.register_forward_pre_hook(lambda m, args: calls.append("pre"))
+    task.model[0].register_forward_hook(lambda m, args, out: calls.append("post"))
+    task.model[2].register_full_backward_hook(lambda m, gi, go: calls.append("backward"))
+    assert count_flops(task, 8, first_sample(task.train_set))[0] == 4480.0
+    assert calls == []
+    x, y = first_sample(task.train_set)
+    task.model(x[None]).sum().backward()
+    assert calls == ["pre", "post", "backward"]
