@@ -5,7 +5,10 @@ tokens a sample holds: what turns the samples/s the loop times into TFLOP/s, MFU
 The count is torch's FlopCounterMode over one forward and backward of a micro-batch, on the
 meta device: the model with its parameters and buffers swapped for meta tensors for the
 moment (shapes only: no memory, no arithmetic), fed a micro-batch of the first sample's
-shapes, its loss taken as the loop takes it (training/batches.py: compute_loss). It counts the matrix products
+shapes, its loss taken as the loop takes it (training/batches.py: compute_loss) but for two
+things: no hook of the model runs, and a task's loss_fn is not called (the outputs' sum stands
+in for it): the count is no training step, and user code that counts its calls must not see
+it. It counts the matrix products
 (linear layers, attention's two products, convolutions), forward and backward (the backward
 ~2x the forward); elementwise work (norms, activations, the softmax) is not counted, as
 MFU's convention has it. Attention takes its math path on the meta device, whose products
@@ -113,6 +116,14 @@ def meta_batch(sample: Any, batch_size: int) -> Any:
     )
 
 
+def _sum_of_outputs(out: Any, target: Any) -> torch.Tensor:
+    """The loss the count backpropagates in place of a task's loss_fn, which it never calls (it
+    may count its calls, or log): the sum of the model's floating outputs, whose backward runs
+    every product of the model's backward as the real loss's does (a loss's own arithmetic is
+    no matrix product: the count leaves it out either way)."""
+    return sum(t.sum() for t in tensors(out) if t.is_floating_point())
+
+
 def count_flops(task: Task, batch_size: int, sample: Any) -> tuple[float | None, str]:
     """FLOPs of one sample's forward and backward, counted over a micro-batch of `batch_size`
     samples shaped like `sample` on the meta device (see the module's docstring), and "";
@@ -123,7 +134,8 @@ def count_flops(task: Task, batch_size: int, sample: Any) -> tuple[float | None,
     try:
         with on_meta(model), without_hooks(model), torch.enable_grad(), FlopCounterMode(display=False) as counter:
             model.train()
-            loss = compute_loss(model, meta_batch(sample, batch_size), batch_size, task.loss_fn, task.step, META)
+            loss_fn = None if task.loss_fn is None else _sum_of_outputs  # the task's own: called only in steps
+            loss = compute_loss(model, meta_batch(sample, batch_size), batch_size, loss_fn, task.step, META)
             if loss.value is None or not loss.value.requires_grad:
                 return None, "the loss does not depend on the model's parameters"
             loss.value.backward()

@@ -173,3 +173,16 @@ def test_the_count_calls_no_hook_of_the_model_and_leaves_every_hook_in_place():
     x, y = first_sample(task.train_set)
     task.model(x[None]).sum().backward()
     assert calls == ["pre", "post", "backward"]
+
+
+def test_the_count_never_calls_the_tasks_loss_function_and_counts_the_same():
+    task = wine.build(None)
+    calls = []
+    inner = task.loss_fn
+
+    def counted(out, y):
+        calls.append(out.device.type)
+        return inner(out, y)
+
+    task = ddpkit.Task(model=task.model, train_set=task.train_set, optimizer=task.optimizer, loss_fn=counted)
+    assert count_flops(task, 8, first_sample(task.train_set)) == (4480.0, "") and calls == []
