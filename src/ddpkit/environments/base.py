@@ -11,7 +11,32 @@ from __future__ import annotations
 
 from typing import Any, Mapping, Protocol
 
+from ..errors import DdpkitError
+
 Environ = Mapping[str, str]
+
+
+def env_int(
+    e: Environ,
+    name: str,
+    default: int | None = None,
+    *,
+    unset: str = "{name} is not set",
+    empty_is_unset: bool = False,
+    set_by: str = "",
+) -> int:
+    """The integer a launcher's variable `name` holds; `default` where it is unset (an empty value
+    counts as unset with `empty_is_unset`), else a DdpkitError: `unset` (its text, with {name}),
+    or that the value is no integer (`set_by`: who set it, said after)."""
+    raw = e.get(name)
+    if raw is None or (empty_is_unset and raw == ""):
+        if default is None:
+            raise DdpkitError(unset.format(name=name))
+        return default
+    try:
+        return int(raw)
+    except ValueError:
+        raise DdpkitError(f"{name}={raw!r} is not an integer" + (f" (set by {set_by})" if set_by else "")) from None
 
 
 class StopRequest(Protocol):

@@ -16,7 +16,7 @@ import zlib
 from typing import Any, Mapping
 
 from ..errors import DdpkitError
-from .base import Environ, Environment
+from .base import Environ, Environment, env_int
 
 FLAVOURS = {  # name: (rank, size, local rank, local size)
     "openmpi": (
@@ -111,15 +111,10 @@ def mpi_fields(e: Environ) -> dict[str, int | str]:
 
 
 def _int(e: Environ, name: str, default: int | None = None) -> int:
-    raw = e.get(name)
-    if raw is None:
-        if default is None:
-            raise DdpkitError(
-                f"started by mpirun, but {name} is not set (an MPI that ddpkit does not know?); "
-                "start the script with `ddpkit launch` or torchrun instead"
-            )
-        return default
-    try:
-        return int(raw)
-    except ValueError:
-        raise DdpkitError(f"{name}={raw!r} is not an integer") from None
+    return env_int(
+        e,
+        name,
+        default,
+        unset="started by mpirun, but {name} is not set (an MPI that ddpkit does not know?); "
+        "start the script with `ddpkit launch` or torchrun instead",
+    )

@@ -14,7 +14,7 @@ from __future__ import annotations
 from typing import Any, Mapping
 
 from ..errors import DdpkitError
-from .base import Environ, Environment
+from .base import Environ, Environment, env_int
 
 RAY_WORKER_VAR = "RAY_RAYLET_PID"  # in every process Ray starts as a worker (task or actor)
 RAY_TRAIN_VARS = ("RANK", "LOCAL_RANK", "WORLD_SIZE")  # what Ray Train adds in a TorchTrainer's workers
@@ -70,12 +70,6 @@ def ray_fields(e: Environ) -> dict[str, int | str]:
 
 
 def _int(e: Environ, name: str, default: int | None = None) -> int:
-    raw = e.get(name)
-    if raw is None or raw == "":
-        if default is None:
-            raise DdpkitError(f"{name} is not set in this Ray Train worker")
-        return default
-    try:
-        return int(raw)
-    except ValueError:
-        raise DdpkitError(f"{name}={raw!r} is not an integer (set by Ray Train)") from None
+    return env_int(
+        e, name, default, unset="{name} is not set in this Ray Train worker", empty_is_unset=True, set_by="Ray Train"
+    )

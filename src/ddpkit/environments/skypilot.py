@@ -15,7 +15,7 @@ from __future__ import annotations
 from typing import Any, Mapping
 
 from ..errors import DdpkitError
-from .base import Environ, Environment
+from .base import Environ, Environment, env_int
 
 NODE_RANK = "SKYPILOT_NODE_RANK"
 NODE_IPS = "SKYPILOT_NODE_IPS"
@@ -120,12 +120,4 @@ def _gpus(e: Environ) -> int:
 
 
 def _int(e: Environ, name: str, default: int | None = None) -> int:
-    raw = e.get(name)
-    if raw is None or raw == "":
-        if default is None:
-            raise DdpkitError(f"{name} is not set")
-        return default
-    try:
-        return int(raw)
-    except ValueError:
-        raise DdpkitError(f"{name}={raw!r} is not an integer") from None
+    return env_int(e, name, default, empty_is_unset=True)

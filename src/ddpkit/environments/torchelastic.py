@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import Any, Mapping
 
 from ..errors import DdpkitError
-from .base import Environ, Environment
+from .base import Environ, Environment, env_int
 
 TORCHRUN_VARS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 
@@ -37,12 +37,12 @@ def torchrun_fields(e: Environ) -> dict[str, int | str]:
             f"incomplete launcher environment: {', '.join(missing)} not set "
             "(start the script with `ddpkit launch` or `torchrun`, which set all of them)"
         )
-    world = _int(e, "WORLD_SIZE")
-    local_world = _int(e, "LOCAL_WORLD_SIZE", default=world)
-    rank = _int(e, "RANK")
-    local_rank = _int(e, "LOCAL_RANK")
+    world = env_int(e, "WORLD_SIZE")
+    local_world = env_int(e, "LOCAL_WORLD_SIZE", default=world)
+    rank = env_int(e, "RANK")
+    local_rank = env_int(e, "LOCAL_RANK")
     # GROUP_RANK is the node's index as the elastic agent assigned it (rendezvous order).
-    node_rank = _int(e, "GROUP_RANK", default=rank // max(1, local_world))
+    node_rank = env_int(e, "GROUP_RANK", default=rank // max(1, local_world))
     if not (0 <= rank < world and 0 <= local_rank < local_world):
         raise DdpkitError(
             f"inconsistent launcher environment: RANK={rank} LOCAL_RANK={local_rank} "
@@ -55,17 +55,5 @@ def torchrun_fields(e: Environ) -> dict[str, int | str]:
         world_size=world,
         local_world_size=local_world,
         master_addr=e["MASTER_ADDR"],
-        master_port=_int(e, "MASTER_PORT"),
+        master_port=env_int(e, "MASTER_PORT"),
     )
-
-
-def _int(e: Environ, name: str, default: int | None = None) -> int:
-    raw = e.get(name)
-    if raw is None:
-        if default is None:
-            raise DdpkitError(f"{name} is not set")
-        return default
-    try:
-        return int(raw)
-    except ValueError:
-        raise DdpkitError(f"{name}={raw!r} is not an integer") from None
