@@ -6,14 +6,12 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import shlex
-import sys
 from dataclasses import dataclass
 
-from .flags import OneLineParser, add_option_flags, config_from
+from .flags import OneLineParser, add_option_flags
 from .options import option
-from .parser import Command, parse_args
-from .train_cmd import COMMAND as TRAIN
+from .parser import Command
+from .train_cmd import engine_command
 
 K8S_HELP = """Write the Kubernetes job that runs `ddpkit train` on N nodes: a Kubeflow Trainer v2
 TrainJob (with the TrainingRuntime it runs on), or a v1 PyTorchJob with --pytorchjob, built and
@@ -116,12 +114,7 @@ def own_flags_after_task(ns: argparse.Namespace) -> argparse.Namespace:
 def cmd_k8s(ns: argparse.Namespace) -> int:
     from ..engines.trainjob import k8s_command
 
-    return k8s_command(
-        own_flags_after_task(ns),
-        "ddpkit " + " ".join(shlex.quote(a) for a in sys.argv[1:]),
-        parse_train=lambda args: parse_args({"train": TRAIN}, ["train", *args]),
-        train_config=config_from,
-    )
+    return engine_command(k8s_command, own_flags_after_task(ns))
 
 
 COMMAND = Command(

@@ -4,14 +4,11 @@ What goes into the task is engines/skypilot.py's; here the flags and the help.""
 from __future__ import annotations
 
 import argparse
-import shlex
-import sys
 from dataclasses import dataclass
 
-from .flags import config_from
 from .options import option
-from .parser import Command, parse_args
-from .train_cmd import COMMAND as TRAIN
+from .parser import Command
+from .train_cmd import engine_command
 
 SKY_HELP = """Write a SkyPilot task YAML that runs `ddpkit train` on every node of a cluster. SkyPilot
 runs the task's `run` line once per node; ddpkit reads SkyPilot's variables (SKYPILOT_NODE_RANK,
@@ -92,12 +89,7 @@ class SkyOptions:
 def cmd_sky(ns: argparse.Namespace) -> int:
     from ..engines.skypilot import sky_command
 
-    return sky_command(
-        ns,
-        "ddpkit " + " ".join(shlex.quote(a) for a in sys.argv[1:]),
-        parse_train=lambda args: parse_args({"train": TRAIN}, ["train", *args]),
-        train_config=config_from,
-    )
+    return engine_command(sky_command, ns)
 
 
 COMMAND = Command(

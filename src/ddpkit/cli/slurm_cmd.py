@@ -4,14 +4,11 @@ an allocation. What goes into the job is engines/slurm.py's; here the flags and 
 from __future__ import annotations
 
 import argparse
-import shlex
-import sys
 from dataclasses import dataclass
 
-from .flags import config_from
 from .options import option
-from .parser import Command, parse_args
-from .train_cmd import COMMAND as TRAIN
+from .parser import Command
+from .train_cmd import engine_command
 
 SLURM_HELP = """Write an sbatch script that runs `ddpkit train` on every node of a SLURM allocation:
 one srun task per GPU (per worker on CPU nodes), each task one ddpkit worker that reads its
@@ -85,12 +82,7 @@ class SlurmOptions:
 def cmd_slurm(ns: argparse.Namespace) -> int:
     from ..engines.slurm import slurm_command
 
-    return slurm_command(
-        ns,
-        "ddpkit " + " ".join(shlex.quote(a) for a in sys.argv[1:]),
-        parse_train=lambda args: parse_args({"train": TRAIN}, ["train", *args]),
-        train_config=config_from,
-    )
+    return engine_command(slurm_command, ns)
 
 
 COMMAND = Command(

@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import argparse
 import os
+import shlex
+import sys
 from dataclasses import dataclass
+from typing import Any, Callable
 
 from ..envvars import REQUEUE_FILE_VAR
 from .flags import config_from
 from .options import PLAN_ONLY, config_option, option
-from .parser import ALL_GROUPS, Command
+from .parser import ALL_GROUPS, Command, parse_args
 
 TRAIN_HELP = """Train a task with DDP or FSDP (--strategy) over local worker processes (or as one worker, \
 when started by
@@ -45,3 +48,15 @@ COMMAND = Command(
     options=TrainOptions,
     quick_exit=True,
 )
+
+
+def engine_command(run: Callable[..., int], opts: Any) -> int:
+    """An engine's command (`ddpkit slurm`, `k8s`, `sky`: engines/) run with its options `opts`:
+    handed the command line that heads the job it writes, and how the `ddpkit train` arguments
+    after -- are parsed and checked (this command's parser, its RunConfig)."""
+    return run(
+        opts,
+        "ddpkit " + " ".join(shlex.quote(a) for a in sys.argv[1:]),
+        parse_train=lambda args: parse_args({"train": COMMAND}, ["train", *args]),
+        train_config=config_from,
+    )
