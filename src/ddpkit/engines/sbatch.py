@@ -26,7 +26,6 @@ from ..config.values import parse_memory
 from ..envvars import REQUEUE_FILE_VAR, SLOW_NODES_FILE_VAR
 from ..errors import DdpkitError
 
-_TIME = re.compile(r"^(\d+-)?\d{1,2}(:\d{2}){0,2}$")
 _SIGNAL = re.compile(r"^(B:|R:)?(SIG)?[A-Z0-9]+(@\d+)?$")
 _SAFE_NAME = re.compile(r"^[A-Za-z0-9_.\-]+$")
 # An array element by its array id and index: one element's JobId is also the ArrayJobId, which
@@ -83,7 +82,7 @@ class SlurmJob:
                 f"--ntasks-per-node {self.tasks_per_node} is more than --gpus-per-node {self.gpus_per_node}: "
                 "ddpkit runs one task per GPU; drop --ntasks-per-node"
             )
-        if self.time is not None and not _TIME.match(self.time):
+        if self.time is not None and _seconds_or_none(self.time) is None:
             raise DdpkitError(f"--time {self.time!r} is not a SLURM time (MM, HH:MM:SS or D-HH:MM:SS)")
         if self.signal and not _SIGNAL.match(self.signal.upper()):
             raise DdpkitError(f"--signal {self.signal!r} is not SIG[@SECONDS], e.g. USR2@90")
@@ -310,7 +309,7 @@ def parse_sinfo(text: str) -> list[Partition]:
         name, nodes, limit, avail = (p.strip() for p in parts)
         default = name.endswith("*")
         name = name.rstrip("*")
-        seconds = None if limit in ("infinite", "UNLIMITED", "n/a") else _sinfo_seconds(limit)
+        seconds = None if limit in ("infinite", "UNLIMITED", "n/a") else _seconds_or_none(limit)
         before = found.get(name)
         found[name] = Partition(
             name,
@@ -322,7 +321,8 @@ def parse_sinfo(text: str) -> list[Partition]:
     return list(found.values())
 
 
-def _sinfo_seconds(limit: str) -> int | None:
+def _seconds_or_none(limit: str) -> int | None:
+    """The seconds of a time limit as SLURM writes it (config/launch.py reads it); None: not one."""
     try:
         return time_limit_s(limit)
     except DdpkitError:
