@@ -34,9 +34,9 @@ from pathlib import Path
 import torch
 
 import ddpkit
+from ddpkit.parallel.spec import StrategyConfig
 from ddpkit.strategies import DdpStrategy
 from ddpkit.strategies.fsdp import FsdpStrategy
-from ddpkit.strategy_config import StrategyConfig
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
 from gpt import GPT, GPTConfig, adamw_with_decay_groups  # noqa: E402

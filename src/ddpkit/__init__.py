@@ -10,11 +10,11 @@ import importlib
 from typing import Any
 
 _WHERE = {
-    "init": "api",
-    "train": "api",
-    "launch": "api",
+    "init": "ownloop.session",
+    "train": "run.train",
+    "launch": "launchers.script",
     "train_on_ray": "engines.ray",
-    "memory_plan": "api",
+    "memory_plan": "run.plan",
     "atomic_save": "checkpoint",
     "load_file": "checkpoint",
     "unwrap": "checkpoint",
@@ -27,7 +27,7 @@ _WHERE = {
     "Runtime": "runtime",
     "all_sum": "runtime",
     "mean_across_ranks": "runtime",
-    "Session": "session",
+    "Session": "ownloop.session",
     "wrap_model": "strategies",
     "Task": "task",
     "ShardedStream": "data",
@@ -35,7 +35,7 @@ _WHERE = {
     "read_jsonl": "data",
     "read_tar": "data",
     "verify": "tools.verify",
-    "notebook_launch": "notebook",
+    "notebook_launch": "run.notebook",
 }
 __all__ = sorted(_WHERE)
 __version__ = "0.1.0"

@@ -359,9 +359,9 @@ def with_dry_run(text: str) -> str:
 
 @functools.lru_cache(maxsize=1)
 def session_attributes() -> set[str]:
-    from ddpkit.session import Session
+    from ddpkit.ownloop.session import Session
 
-    source = (REPO / "src" / "ddpkit" / "session.py").read_text()
+    source = (REPO / "src" / "ddpkit" / "ownloop/session.py").read_text()
     return set(dir(Session)) | set(re.findall(r"self\.(\w+)(?::[^=]*)? = ", source))
 
 
@@ -372,7 +372,7 @@ def fragment_problems(code: str) -> list[str]:
     import inspect
 
     import ddpkit
-    from ddpkit.session import Session
+    from ddpkit.ownloop.session import Session
 
     try:
         tree = ast.parse(code)

@@ -6,7 +6,7 @@ import os
 import time
 
 import ddpkit
-from ddpkit.envvars import LAUNCH_TIME_VAR
+from ddpkit.util.envvars import LAUNCH_TIME_VAR
 
 
 def test_each_train_call_of_a_process_starts_its_own_clock(monkeypatch, tmp_path):

@@ -9,14 +9,9 @@ SRC = Path(__file__).resolve().parents[2] / "src" / "ddpkit"
 
 # Lowest first. A module may import its own layer and those before it.
 LAYERS = [
-    [
-        "errors",
-        "envvars",
-        "tree",
-        "textfile",
-    ],  # envvars: variable names both sides read; tree: the one walk over nested batches and states;
-    # textfile: small text files written whole or not at all
-    ["strategy_memory", "strategy_config"],  # the strategies' settings, rules, registry and memory models
+    ["errors", "util"],  # util: the variables both sides read, the walk over nested batches and states,
+    # small text files written whole or not at all
+    ["parallel"],  # how a run is parallelised, without torch: the strategies' settings, rules, registry, footprints
     ["config"],  # RunConfig and its sections (one module each), flag values, --config FILE
     ["environments"],
     ["runtime"],
@@ -24,12 +19,12 @@ LAYERS = [
     ["task", "tasks"],
     ["data"],
     ["strategies"],
+    ["planning"],  # will it fit: the memory plan over the strategies
     ["reporting"],
     ["training"],
-    ["worker"],
     ["launchers"],
-    ["session"],
-    ["api", "notebook"],  # notebook: notebook_launch, the API's launch from a Jupyter kernel
+    ["ownloop"],  # ddpkit.init() and its Session
+    ["run"],  # a run's lifecycle: train() in the launcher, every worker, the notebook, the plan's request
     ["tools"],
     ["engines"],  # where the jobs run past one machine: SLURM, Ray, Kubernetes, SkyPilot, from one description
     ["cli", "__main__"],
@@ -129,7 +124,7 @@ def test_the_checker_sees_function_level_and_relative_imports():
     # a real edge of each kind, so a broken resolver cannot pass the tests above vacuously
     assert "ddpkit.checkpoint.sharded" in GRAPH["ddpkit.checkpoint.checkpointer"]  # inside a function
     assert "ddpkit.strategies.ddp_knobs" in GRAPH["ddpkit.strategies.ddp"]  # `from . import ddp_knobs`
-    assert "ddpkit.runtime" in GRAPH["ddpkit.session"]  # `from .runtime import Runtime` (a package)
+    assert "ddpkit.runtime" in GRAPH["ddpkit.ownloop.session"]  # `from .runtime import Runtime` (a package)
 
 
 def test_the_cli_and_config_import_no_torch():
@@ -141,8 +136,8 @@ def test_the_cli_and_config_import_no_torch():
         *sorted(m for m in MODULES if m.startswith("ddpkit.engines.")),
         *sorted(m for m in MODULES if m == "ddpkit.config" or m.startswith("ddpkit.config.")),
         "ddpkit.errors",
-        "ddpkit.envvars",
-        "ddpkit.strategy_config",
+        "ddpkit.util.envvars",
+        "ddpkit.parallel.spec",
     ):
         tree = ast.parse(MODULES[name].read_text())
         top = [n for n in tree.body if isinstance(n, (ast.Import, ast.ImportFrom))]

@@ -4,7 +4,7 @@ kernel: tests/distributed/test_notebook.py)."""
 import pytest
 
 from ddpkit.errors import DdpkitError
-from ddpkit.notebook import notebook_launch
+from ddpkit.run.notebook import notebook_launch
 
 
 def test_a_setting_runconfig_lacks_is_named():

@@ -9,8 +9,8 @@ from torch.utils.data import TensorDataset
 from ddpkit import DdpkitError
 from ddpkit.data import global_order
 from ddpkit.environments import DistEnv
+from ddpkit.ownloop.session import Session
 from ddpkit.runtime import Runtime
-from ddpkit.session import Session
 
 
 def _model():

@@ -7,9 +7,8 @@ import pytest
 from torch import nn
 
 from ddpkit import DdpkitError, DistEnv, RunConfig
-from ddpkit.api import _check_strategy
-from ddpkit.session import Session
-from ddpkit.strategy_config import (
+from ddpkit.ownloop.session import Session
+from ddpkit.parallel.spec import (
     FSDP_NEEDS_TWO,
     StrategyConfig,
     check,
@@ -19,6 +18,7 @@ from ddpkit.strategy_config import (
     hsdp_note,
     strategy_spec,
 )
+from ddpkit.run.train import _check_strategy
 
 FSDP = StrategyConfig(name="fsdp")
 

@@ -2,7 +2,7 @@
 
 import threading
 
-from ddpkit.textfile import write_text_atomic
+from ddpkit.util.textfile import write_text_atomic
 
 
 def test_racing_writers_leave_one_whole_file_and_no_temporary_ones(tmp_path):

@@ -2,7 +2,7 @@ from collections import namedtuple
 
 import torch
 
-from ddpkit.tree import map_tensors, tensors
+from ddpkit.util.tree import map_tensors, tensors
 
 
 def test_map_tensors_rebuilds_every_container_and_keeps_other_values():

@@ -23,7 +23,7 @@ import torch
 from torch import nn
 
 from ..errors import DdpkitError
-from ..tree import map_tensors
+from ..util.tree import map_tensors
 from .integrity import WriteThrough, is_torch_zip, verify_zip
 
 FORMAT = "ddpkit-checkpoint"

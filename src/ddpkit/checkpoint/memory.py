@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
-from ..envvars import max_restarts
+from ..util.envvars import max_restarts
 from .snapshot import SnapshotStore
 
 COST_SHARE = 0.05  # auto: a snapshot may cost this share of a step

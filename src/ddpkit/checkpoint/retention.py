@@ -12,7 +12,7 @@ import os
 import shutil
 from pathlib import Path
 
-from ..textfile import write_text_atomic
+from ..util.textfile import write_text_atomic
 from .file import CKPT_DIR, list_checkpoints
 
 METRICS = "metrics.json"  # checkpoint name -> its --best-metric value

@@ -33,9 +33,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ..envvars import SNAPSHOT_DIR_VAR
 from ..errors import DdpkitError
-from ..textfile import write_text_atomic
+from ..util.envvars import SNAPSHOT_DIR_VAR
+from ..util.textfile import write_text_atomic
 from .file import BackgroundWriter, atomic_save, load_file
 
 SHM = Path("/dev/shm")

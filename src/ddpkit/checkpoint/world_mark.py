@@ -32,9 +32,9 @@ from typing import Any
 
 import torch
 
-from ..envvars import LAUNCH_ID_VAR
 from ..errors import RunDirTaken
-from ..textfile import write_text_atomic
+from ..util.envvars import LAUNCH_ID_VAR
+from ..util.textfile import write_text_atomic
 
 MARK_FILE = ".world"
 

@@ -13,8 +13,8 @@ import threading
 import time
 from typing import Any, Iterator, Sequence
 
-from ..envvars import LAUNCH_TIME_VAR, SLOW_EXIT_VAR
 from ..errors import DdpkitError, Terminated
+from ..util.envvars import LAUNCH_TIME_VAR, SLOW_EXIT_VAR
 from . import (
     bench_cmd,
     check_cmd,

@@ -100,7 +100,7 @@ def cmd_launch(ns: argparse.Namespace) -> int:
     finally:
         if quiet:
             del os.environ["TORCH_CPP_LOG_LEVEL"]
-    from ..api import launch
+    from ..launchers.script import launch
 
     argv = (["-m", ns.script] if ns.module else [ns.script]) + list(ns.args)
     agent = {name: getattr(ns, name) for name in agent_options() if getattr(ns, name) not in (None, False)}

@@ -27,8 +27,8 @@ class PlanOptions:
 
 
 def cmd_plan(ns: argparse.Namespace) -> int:
-    from ..api import run_memory_plan
     from ..launchers.elastic import start_method_for
+    from ..run.plan import run_memory_plan
     from ..runtime.devices import resolve_device_type
     from .flags import config_from
 

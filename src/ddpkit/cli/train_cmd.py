@@ -9,7 +9,7 @@ import sys
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from ..envvars import REQUEUE_FILE_VAR
+from ..util.envvars import REQUEUE_FILE_VAR
 from .flags import config_from
 from .options import PLAN_ONLY, config_option, option
 from .parser import ALL_GROUPS, Command, parse_args
@@ -33,7 +33,7 @@ def cmd_train(ns: argparse.Namespace) -> int:
         from ..training.signals import install_early
 
         install_early(ns.save_on_signal.split(","))
-    from ..api import train
+    from ..run.train import train
 
     train(config_from(ns), dry_run=ns.dry_run, _clean_parent=True)
     return 0

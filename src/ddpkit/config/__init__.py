@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from ..errors import DdpkitError
-from ..strategy_config import FSDP_NEEDS_TWO, STRATEGIES, StrategyConfig, check, strategy_help  # noqa: F401
+from ..parallel.spec import FSDP_NEEDS_TWO, STRATEGIES, StrategyConfig, check, strategy_help  # noqa: F401
 from .faults import ON_NAN_MODES, Faults  # noqa: F401
 from .nodes import RDZV_BACKENDS, Nodes  # noqa: F401
 from .output import EXPORT_FORMATS, PROGRESS_MODES, TRACKERS, Output, check_export_format  # noqa: F401

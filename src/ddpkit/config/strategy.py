@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..errors import DdpkitError
-from ..strategy_config import STRATEGIES, strategy_help
+from ..parallel.spec import STRATEGIES, strategy_help
 from .settings import STRATEGY, Section, choice, setting
 
 PRECISIONS = ("fp32", "bf16", "fp16")

@@ -7,7 +7,7 @@ from typing import Any
 import torch
 
 from ..errors import DdpkitError
-from ..tree import tensors
+from ..util.tree import tensors
 
 
 class RankBatches:

@@ -25,7 +25,7 @@ from typing import Any, Iterable, Iterator
 import torch
 from torch.utils.data import DataLoader, Dataset, TensorDataset, default_collate
 
-from ..tree import map_tensors
+from ..util.tree import map_tensors
 from .placement import ON_DEVICE, indices_to, tensors_of, to_device_once
 from .samples import RankBatches
 

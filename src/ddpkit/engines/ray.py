@@ -23,8 +23,8 @@ from typing import Any
 
 from ..config.file import FIELDS
 from ..config.launch import LaunchTable
-from ..envvars import LAUNCH_TIME_VAR
 from ..errors import DdpkitError, Interrupted, RunDirTaken, WorkerFailed
+from ..util.envvars import LAUNCH_TIME_VAR
 from .job import check_run_dir_shared, job_description, run_dir_of
 from .slurm import SLURM_PLACES
 
@@ -157,7 +157,7 @@ def train_on_ray(
 
 def run_ray_job(cfg: Any, table: LaunchTable, workers: int | None, dry_run: bool) -> dict[str, Any]:
     """The driver: check everything `ddpkit train` checks before a worker starts, then submit."""
-    from ..api import _check_strategy, _check_task_exists, _missing_folders, failure_recorded, prepare_local_run
+    from ..run.train import _check_strategy, _check_task_exists, _missing_folders, failure_recorded, prepare_local_run
 
     refuse_placement(cfg)
     job = ray_job(table, workers, cfg.max_restarts, cfg.backend)
@@ -179,7 +179,7 @@ def run_ray_job(cfg: Any, table: LaunchTable, workers: int | None, dry_run: bool
 
 def default_ray_run_dir(cfg: Any, table: LaunchTable) -> Path:
     """runs/JOB_NAME-TIME with a [launch] job_name (or --job-name), else `ddpkit train`'s default."""
-    from ..api import default_run_dir
+    from ..run.train import default_run_dir
 
     if table.job_name:
         return Path("runs") / f"{table.job_name}-{time.strftime('%Y%m%d-%H%M%S')}"
@@ -266,8 +266,8 @@ def ray_worker(loop: dict[str, Any]) -> None:
     it (api.train: DistEnv finds Ray, the Runtime takes the group Ray made). It starts where the
     command was given, when that folder is here too (relative paths mean what they meant there).
     A refusal is written for the attempts Ray may start after it: they refuse at once."""
-    from ..api import train
     from ..config import RunConfig
+    from ..run.train import train
 
     if os.path.isdir(loop["cwd"]):
         os.chdir(loop["cwd"])
@@ -324,7 +324,7 @@ def ranks_from_context() -> None:
 def job_error(e: BaseException, refused: Path, max_failures: int) -> DdpkitError:
     """ddpkit's one line for Ray's failure `e`: a worker's refusal (exit 2); else the rank whose
     own error or death ended the job, not the ranks that only lost contact with it (exit 1)."""
-    from ..worker import another_rank_failed, exception_line
+    from ..run.worker import another_rank_failed, exception_line
 
     if refused.is_file():
         return DdpkitError(refused.read_text().strip())

@@ -23,8 +23,8 @@ from pathlib import Path
 
 from ..config.launch import time_limit_s
 from ..config.values import parse_memory
-from ..envvars import REQUEUE_FILE_VAR, SLOW_NODES_FILE_VAR
 from ..errors import DdpkitError
+from ..util.envvars import REQUEUE_FILE_VAR, SLOW_NODES_FILE_VAR
 
 _SIGNAL = re.compile(r"^(B:|R:)?(SIG)?[A-Z0-9]+(@\d+)?$")
 _SAFE_NAME = re.compile(r"^[A-Za-z0-9_.\-]+$")

@@ -14,9 +14,9 @@ import subprocess
 import sys
 from typing import Any, Mapping
 
-from ..envvars import REQUEUE_FILE_VAR
 from ..errors import DdpkitError
-from ..textfile import write_text_atomic
+from ..util.envvars import REQUEUE_FILE_VAR
+from ..util.textfile import write_text_atomic
 from .base import Environ, Environment, StopRequest
 
 _GROUP = re.compile(r"\[([^\]]*)\]")

@@ -26,9 +26,9 @@ from pathlib import Path
 from typing import Any, Callable, Iterator
 
 from ..config.processes import DEFAULT_TIMEOUT_S
-from ..envvars import AGENT_PID_VAR, ERROR_DIR_VAR, SNAPSHOT_DIR_VAR, STORE_FILE_VAR
 from ..errors import DdpkitError, Interrupted
 from ..training.signals import stopped_note
+from ..util.envvars import AGENT_PID_VAR, ERROR_DIR_VAR, SNAPSHOT_DIR_VAR, STORE_FILE_VAR
 from .joined import NEVER_JOINED, JoinWatch
 from .report import FROM_START, RestartLine, job_failure, rendezvous_message, restarts_announced
 from .scope import scoped_environ, signal_handlers_kept, whole_line_tail

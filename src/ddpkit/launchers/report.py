@@ -14,9 +14,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator
 
-from ..envvars import RESTARTED_FILE, RETURNED_FILE, STACKS_FILE, attempt_errors, ranks_with
 from ..errors import DdpkitError, RunDirTaken, WorkerFailed
 from ..training.oom import OOM_FILE
+from ..util.envvars import RESTARTED_FILE, RETURNED_FILE, STACKS_FILE, attempt_errors, ranks_with
 
 # what restarted workers do, by what they run
 RESUME_TRAIN = "they resume from the newest checkpoint"

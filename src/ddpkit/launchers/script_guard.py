@@ -41,7 +41,7 @@ from importlib.machinery import ModuleSpec, PathFinder
 from pathlib import Path
 from typing import Any, Callable
 
-from ..envvars import (
+from ..util.envvars import (
     ERROR_DIR_VAR,
     HANG_DIR_VAR,
     HANG_TIMEOUT_VAR,

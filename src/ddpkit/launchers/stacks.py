@@ -17,7 +17,7 @@ import threading
 import time
 from pathlib import Path
 
-from ..envvars import STACKS_FILE, attempt_errors
+from ..util.envvars import STACKS_FILE, attempt_errors
 
 ANSWER_S = 3.0  # a healthy rank's watchdog thread answers within a poll (0.25 s)
 DUMP_WAIT_S = 2.0  # faulthandler's dump is written at once; the file is read until then

@@ -26,7 +26,7 @@ from typing import Any, TextIO
 
 import torch
 
-from ..envvars import PROGRESS_INTERVAL_VAR
+from ..util.envvars import PROGRESS_INTERVAL_VAR
 from .throughput import Throughput
 
 LINE_INTERVAL_S = 30.0

@@ -14,7 +14,7 @@ from typing import Any
 
 from ..checkpoint.world_mark import started_by_this_launch
 from ..errors import DdpkitError, RunDirTaken
-from ..textfile import write_text_atomic
+from ..util.textfile import write_text_atomic
 
 FAILED_FILE = "failed.json"
 STATES = ("finished", "stopped", "interrupted", "failed", "running?")

@@ -23,9 +23,9 @@ from pathlib import Path
 from typing import Any, Callable, Mapping
 
 from ..environments.slurm import hostnames
-from ..envvars import SLOW_NODES_FILE_VAR
 from ..errors import DdpkitError
-from ..textfile import write_text_atomic
+from ..util.envvars import SLOW_NODES_FILE_VAR
+from ..util.textfile import write_text_atomic
 
 MIN_CHECKS = 2  # a node is left out when the last this-many checks in a row named it
 KEEP_NAMINGS = 5  # the latest namings kept per node: what the job log says of it

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..config.values import format_bytes
-from ..envvars import BENCH_RESULT_VAR, LAUNCH_TIME_VAR
+from ..util.envvars import BENCH_RESULT_VAR, LAUNCH_TIME_VAR
 from .advice import advise, measured_of_summary
 from .throughput import compute_line
 

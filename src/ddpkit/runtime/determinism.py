@@ -20,7 +20,7 @@ from typing import Iterator
 
 import torch
 
-from ..envvars import CUBLAS_WORKSPACE_VAR
+from ..util.envvars import CUBLAS_WORKSPACE_VAR
 
 CUBLAS_WORKSPACE = ":4096:8"  # torch's reproducibility notes: 8 buffers of 4 MiB (":16:8" is the other)
 _DETERMINISTIC_WORKSPACES = (":4096:8", ":16:8")

@@ -10,8 +10,8 @@ from dataclasses import dataclass
 import torch
 
 from ..environments import DistEnv
-from ..envvars import SHARE_GPU_VAR
 from ..errors import DdpkitError
+from ..util.envvars import SHARE_GPU_VAR
 
 
 def cuda_device_count() -> int:
@@ -137,3 +137,10 @@ def select_gpu(env: DistEnv, shared: bool = False) -> torch.device:
             f"cannot use {device}: {str(e).splitlines()[0]}; see `ddpkit env` and nvidia-smi, or use --device cpu"
         ) from None
     return device
+
+
+def workers_backend(requested: str, device_type: str, local_procs: int) -> str:
+    """The backend the workers will take: `requested` (--backend), or NCCL on GPUs, gloo on CPUs
+    and where ranks share a GPU (DDPKIT_SHARE_GPU=1)."""
+    ngpu = cuda_device_count() if device_type == "cuda" else 0
+    return choose_devices(device_type, requested, local_procs, ngpu).backend

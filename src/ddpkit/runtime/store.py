@@ -15,8 +15,8 @@ from typing import Any
 
 import torch.distributed as dist
 
-from ..envvars import RESTART_COUNT_VAR, STORE_FILE_VAR
 from ..errors import DdpkitError
+from ..util.envvars import RESTART_COUNT_VAR, STORE_FILE_VAR
 
 
 def make_store(env: Any, timeout: float) -> dist.Store:

@@ -39,7 +39,7 @@ import traceback
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterator
 
-from ..envvars import ERROR_DIR_VAR, error_file, restart_count
+from ..util.envvars import ERROR_DIR_VAR, error_file, restart_count
 from .hang_summary import FR_PATH, format_summary, innermost_user_frame
 from .record import CollectiveRecord
 

@@ -13,8 +13,8 @@ from __future__ import annotations
 from typing import Any
 
 from ..config import RunConfig
+from ..parallel.spec import StrategyConfig, check, strategy_spec
 from ..runtime import Runtime
-from ..strategy_config import StrategyConfig, check, strategy_spec
 from ..task import Task
 from .base import Strategy
 from .ddp import DdpStrategy, grad_sync_used, wrap_model

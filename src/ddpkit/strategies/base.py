@@ -28,8 +28,8 @@ from torch import nn
 from ..checkpoint import file as ckpt_file
 from ..checkpoint import state as ckpt_state
 from ..data import eval_batches
+from ..parallel.spec import StrategyConfig
 from ..runtime import Runtime
-from ..strategy_config import StrategyConfig
 from .activation import BlocksHook, checkpoint_blocks
 from .compiling import CompileChoice, choose_backend, compile_forwards, compiled_record
 from .materialize import ModelInit, on_meta

@@ -26,7 +26,7 @@ from typing import Any
 
 from ..config.values import format_bytes
 from ..errors import DdpkitError
-from ..strategy_config import StrategyConfig, check, strategy_spec, strategy_specs
+from ..parallel.spec import StrategyConfig, check, strategy_spec, strategy_specs
 
 FIT_FRACTION = 0.9  # of the device: the rest is a margin for what the plan does not count
 MemoryPlan = Any  # strategies/memory.py's, which imports this module (its plan's choice())

@@ -28,7 +28,7 @@ from torch import nn
 
 from ..config.performance import GRAD_COMPRESSIONS as COMPRESSIONS
 from ..errors import DdpkitError
-from ..strategy_config import StrategyConfig
+from ..parallel.spec import StrategyConfig
 from .optimizers import rebuild_optimizer
 
 _FUSABLE = ("Adam", "AdamW", "SGD")

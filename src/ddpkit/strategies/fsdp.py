@@ -32,8 +32,8 @@ from ..checkpoint.file import explained
 from ..checkpoint.state import optimizer_state_by_name, unwrap, weights_to_save_now
 from ..checkpoint.streamed import save_streamed
 from ..errors import DdpkitError
+from ..parallel.spec import StrategyConfig, check
 from ..runtime import Runtime
-from ..strategy_config import StrategyConfig, check
 from .base import Strategy
 from .blocks import BlocksHook, default_blocks  # noqa: F401  (default_blocks: re-exported, where it was)
 from .local_step import step_on_local_shards

@@ -376,10 +376,10 @@ def _sync(rt: Any) -> None:
 def main_check(cfg: Any, as_json: bool = False) -> int:
     """`ddpkit check`: start this node's workers like `ddpkit train` would (or be one of them
     under srun/torchrun), print rank 0's table; 0 only when a job would run."""
-    from ..api import resolve_nproc
     from ..environments import DistEnv
     from ..launchers.elastic import run_elastic
     from ..launchers.plan import make_launch_plan
+    from ..run.train import resolve_nproc
     from ..runtime import default_threads, resolve_backend, resolve_device_type
 
     run_dir = cfg.run_dir or "runs"

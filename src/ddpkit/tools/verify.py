@@ -225,8 +225,8 @@ def _child(config: dict[str, Any], send: Any, clean: bool, silent: bool) -> None
     import os
     import traceback
 
-    from ..api import train
     from ..config import RunConfig
+    from ..run.train import train
 
     null = os.open(os.devnull, os.O_WRONLY)
     os.dup2(null, 1)  # what the task prints (its on_metrics, say) would repeat once per run

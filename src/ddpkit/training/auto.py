@@ -17,8 +17,8 @@ from typing import Any
 import torch
 
 from ..config import RunConfig
+from ..planning.memory import ProcessCost, device_budget, make_plan
 from ..runtime.group import Runtime
-from ..strategies.memory import ProcessCost, device_budget, make_plan
 from ..task import Task
 from .probe import estimate_activations
 

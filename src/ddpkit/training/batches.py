@@ -26,7 +26,7 @@ from torch import nn
 
 from ..data.samples import first_tensor, sample_count  # noqa: F401  (re-exported for the loop)
 from ..errors import DdpkitError
-from ..tree import map_tensors
+from ..util.tree import map_tensors
 
 _CROSS_ENTROPY = nn.CrossEntropyLoss()
 

@@ -30,7 +30,7 @@ from torch.utils.data import IterableDataset, default_collate
 
 from ..reporting.throughput import Throughput, device_peak
 from ..task import Task
-from ..tree import map_tensors, tensors
+from ..util.tree import map_tensors, tensors
 from .batches import compute_loss
 
 META = torch.device("meta")

@@ -33,7 +33,7 @@ from typing import Any, Iterator
 
 import torch
 
-from ..envvars import ERROR_DIR_VAR, LAUNCH_TIME_VAR, RESTARTED_FILE, attempt_errors, restart_count
+from ..util.envvars import ERROR_DIR_VAR, LAUNCH_TIME_VAR, RESTARTED_FILE, attempt_errors, restart_count
 
 PARTS = (
     "startup",

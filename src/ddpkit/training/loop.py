@@ -25,6 +25,13 @@ from ..data import ShardedLoader, StreamLoader
 from ..data.loaders import rank_loader
 from ..data.placement import ON_DEVICE, place_on_device, tensors_of
 from ..data.streams import is_stream
+from ..planning.memory import (
+    device_budget,
+    local_state_bytes,
+    peak_memory_bytes,
+    reset_peak_memory,
+    state_bytes_at_start,
+)
 from ..reporting.metrics import MetricsLog
 from ..reporting.progress import Progress, choose_mode
 from ..reporting.sinks.base import FAILED, FINISHED, STOPPED, SinkSettings
@@ -33,13 +40,6 @@ from ..runtime import Runtime
 from ..strategies import Strategy, make_strategy
 from ..strategies.activation import has_blocks
 from ..strategies.ddp_knobs import is_fused
-from ..strategies.memory import (
-    device_budget,
-    local_state_bytes,
-    peak_memory_bytes,
-    reset_peak_memory,
-    state_bytes_at_start,
-)
 from ..task import Task
 from .cadence import Cadence, Moment, StepPlan
 from .epoch import EpochRun, RunTotals

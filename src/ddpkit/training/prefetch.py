@@ -17,7 +17,7 @@ from typing import Any, Iterable, Iterator
 
 import torch
 
-from ..tree import map_tensors
+from ..util.tree import map_tensors
 
 
 class Prefetcher:

@@ -21,8 +21,8 @@ import torch
 from torch import nn
 from torch.utils.data import IterableDataset, default_collate
 
+from ..planning.memory import ActivationEstimate
 from ..strategies.activation import SavedBytes
-from ..strategies.memory import ActivationEstimate
 from ..strategies.precision import autocast
 from ..task import Task
 from .batches import compute_loss

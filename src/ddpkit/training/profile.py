@@ -27,9 +27,9 @@ from typing import Any, Iterator
 import torch
 from torch.profiler import ProfilerActivity, profile, record_function, schedule
 
-from ..envvars import PROFILE_OUT_VAR, PROFILE_STEPS_VAR
 from ..errors import DdpkitError
 from ..runtime import Runtime
+from ..util.envvars import PROFILE_OUT_VAR, PROFILE_STEPS_VAR
 from .step import StepResult, StepRunner
 
 TABLE_ROWS = 40

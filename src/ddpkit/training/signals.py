@@ -23,7 +23,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any, Callable
 
-from ..envvars import AGENT_PID_VAR, ERROR_DIR_VAR, STOPPED_FILE, error_file
+from ..util.envvars import AGENT_PID_VAR, ERROR_DIR_VAR, STOPPED_FILE, error_file
 
 # What a scheduler or a user sends to END a job (scancel, preemption, a requeue from outside,
 # Ctrl-C): save and stop, but never requeue, or a cancelled job would come back.

@@ -15,7 +15,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..tree import map_tensors
+from ..util.tree import map_tensors
 
 TRACE_DIR = "trace"
 DROPOUT_FILE = "dropout-off.json"  # the dropout modules a verify run turned off, by name

@@ -7,9 +7,9 @@ import torch
 from torch import nn
 
 import ddpkit
+from ddpkit.parallel.spec import StrategyConfig
 from ddpkit.strategies import DdpStrategy
 from ddpkit.strategies.fsdp import FsdpStrategy
-from ddpkit.strategy_config import StrategyConfig
 
 
 def build():

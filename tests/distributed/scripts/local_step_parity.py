@@ -8,10 +8,10 @@ import torch
 from torch.distributed.tensor import DTensor
 
 import ddpkit
+from ddpkit.parallel.spec import StrategyConfig
 from ddpkit.strategies.fsdp import FsdpStrategy
 from ddpkit.strategies.local_step import step_on_local_shards
 from ddpkit.strategies.optimizers import make_optimizer
-from ddpkit.strategy_config import StrategyConfig
 
 sys.path.insert(0, sys.argv[2])  # examples/
 from gpt import GPT, GPTConfig, adamw_with_decay_groups  # noqa: E402

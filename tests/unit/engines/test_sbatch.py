@@ -3,9 +3,9 @@ import shlex
 import pytest
 
 from ddpkit import DdpkitError, DistEnv, RunConfig
-from ddpkit.api import check_request_matches_launcher
 from ddpkit.engines.sbatch import SlurmJob, render_sbatch
 from ddpkit.environments.slurm import expand_nodelist, expand_tasks_per_node, port_for_job
+from ddpkit.run.train import check_request_matches_launcher
 
 
 @pytest.mark.parametrize(

@@ -125,7 +125,7 @@ def test_ddpkit_env_says_which_it_found(environ, shown):
 
 @pytest.mark.parametrize("environ", [OPENMPI, PYTORCHJOB])
 def test_ddpkit_launch_inside_an_mpi_or_pytorchjob_world_is_refused_not_run_n_times(monkeypatch, tmp_path, environ):
-    from ddpkit.api import launch
+    from ddpkit.launchers.script import launch
 
     for k, v in environ.items():
         monkeypatch.setenv(k, v)

@@ -167,9 +167,9 @@ class Demo(Environment):
 
 
 def test_a_new_environment_in_the_list_is_what_detect_ddpkit_env_and_the_api_ask(monkeypatch):
-    from ddpkit.api import check_request_matches_launcher
     from ddpkit.config import RunConfig
     from ddpkit.environments import registry
+    from ddpkit.run.train import check_request_matches_launcher
     from ddpkit.tools.doctor import collect, format_report
 
     monkeypatch.setattr(registry, "ENVIRONMENTS", (*ENVIRONMENTS[:-1], Demo(), ENVIRONMENTS[-1]))

@@ -6,10 +6,10 @@ from __future__ import annotations
 from pathlib import Path
 from types import SimpleNamespace
 
-from ddpkit.envvars import attempt_errors
 from ddpkit.launchers.report import RESUME_SCRIPT, RestartLine, after_return
 from ddpkit.launchers.report import failure_message as _failure_message
 from ddpkit.launchers.report import user_error as _user_error
+from ddpkit.util.envvars import attempt_errors
 
 
 class _Failed:
@@ -141,7 +141,7 @@ def test_a_rank_whose_task_raised_is_named_with_its_exception_however_it_ended(t
 def test_another_ranks_failure_is_told_from_this_ranks_own() -> None:
     from torch.distributed.elastic.multiprocessing.api import SignalException
 
-    from ddpkit.worker import another_rank_failed
+    from ddpkit.run.worker import another_rank_failed
 
     lost = RuntimeError("[pair.cc:553] Connection closed by peer [127.0.0.1]:13023")
     try:

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from ddpkit.envvars import RETURNED_FILE, STACKS_FILE, attempt_errors
 from ddpkit.launchers.script_guard import ScriptGuard
+from ddpkit.util.envvars import RETURNED_FILE, STACKS_FILE, attempt_errors
 
 
 @pytest.fixture

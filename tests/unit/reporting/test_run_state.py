@@ -7,9 +7,9 @@ import os
 import pytest
 
 from ddpkit import DdpkitError
-from ddpkit.envvars import LAUNCH_ID_VAR
 from ddpkit.errors import RunDirTaken
 from ddpkit.reporting.run_state import FAILED_FILE, record_failure, run_state
+from ddpkit.util.envvars import LAUNCH_ID_VAR
 
 
 @pytest.fixture(autouse=True)
@@ -75,7 +75,7 @@ def test_a_run_stopped_by_a_signal_is_interrupted_not_failed(tmp_path):
 
 def test_a_launch_records_a_failure_only_in_a_folder_it_started_training_in(tmp_path, monkeypatch):
     from ddpkit.checkpoint.world_mark import WorldMark
-    from ddpkit.envvars import LAUNCH_ID_VAR
+    from ddpkit.util.envvars import LAUNCH_ID_VAR
 
     _write(tmp_path / "config.json", {}, 100)  # a finished run of an earlier launch
     _write(tmp_path / "summary.json", {"stopped_early": False}, 200)

@@ -3,8 +3,8 @@ each check of the straggler view named, and for how many checks in a row, across
 
 import json
 
-from ddpkit.envvars import SLOW_NODES_FILE_VAR
 from ddpkit.reporting.slow_nodes import Recorder, SlowNodes, named_nodes, slow_node_recorder
+from ddpkit.util.envvars import SLOW_NODES_FILE_VAR
 
 HOSTS = ["gpu01", "gpu02", "gpu03"]
 NODES = [0, 0, 1, 1, 2, 2]  # each rank's node id (SLURM_NODEID)

@@ -107,8 +107,8 @@ def test_a_checkpoint_blocks_hook_that_is_not_a_function_is_refused():
 
 
 def test_the_plan_estimates_what_a_forward_keeps_with_and_without_checkpointing_at_any_batch():
+    from ddpkit.planning.memory import make_plan
     from ddpkit.strategies.activation import SavedBytes
-    from ddpkit.strategies.memory import make_plan
     from ddpkit.training.probe import estimate_activations
 
     model = _gpt()

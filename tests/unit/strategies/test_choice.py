@@ -6,10 +6,10 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from ddpkit.parallel.spec import StrategyConfig
+from ddpkit.planning.memory import ActivationEstimate, ProcessCost, make_plan
 from ddpkit.strategies.choice import FIT_FRACTION, micro_batches
 from ddpkit.strategies.fsdp import default_blocks
-from ddpkit.strategies.memory import ActivationEstimate, ProcessCost, make_plan
-from ddpkit.strategy_config import StrategyConfig
 
 MiB = 2**20
 

@@ -61,8 +61,8 @@ def test_fused_auto_is_on_for_a_gpu_where_the_task_did_not_choose(make, fused):
 def test_powersgd_on_gloo_uses_one_bucket():
     # several buckets' PowerSGD all-reduces interleave differently per rank on gloo (a
     # collective mismatch seen on the 9.5M MLP); one bucket keeps them ordered
+    from ddpkit.parallel.spec import StrategyConfig
     from ddpkit.strategies.ddp_knobs import ddp_options
-    from ddpkit.strategy_config import StrategyConfig
 
     assert ddp_options(StrategyConfig(grad_compression="powersgd"), "gloo")["bucket_cap_mb"] >= 1 << 20
     assert "bucket_cap_mb" not in ddp_options(StrategyConfig(grad_compression="powersgd"), "nccl")

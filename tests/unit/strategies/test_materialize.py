@@ -13,9 +13,9 @@ from torch import nn
 from conftest import REPO
 from ddpkit import DdpkitError
 from ddpkit.checkpoint.pretrained import open_pretrained, tensor_names
+from ddpkit.planning.memory import make_plan
 from ddpkit.strategies.fsdp import default_blocks
 from ddpkit.strategies.materialize import ModelInit, fill, on_meta
-from ddpkit.strategies.memory import make_plan
 
 CPU = torch.device("cpu")
 

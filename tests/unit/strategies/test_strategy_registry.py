@@ -15,7 +15,7 @@ import toy_strategy
 import ddpkit
 from ddpkit import DdpkitError, RunConfig
 from ddpkit.cli import main
-from ddpkit.strategy_config import (
+from ddpkit.parallel.spec import (
     FSDP,
     HSDP,
     StrategyConfig,
@@ -61,7 +61,7 @@ def test_a_strategy_registered_before_the_cli_is_built_has_its_help_line():
     here = Path(__file__).parent
     code = (
         f"import sys; sys.path.insert(0, {str(here)!r}); import toy_strategy; "
-        "from ddpkit.strategy_config import register; register(toy_strategy.TOY); "
+        "from ddpkit.parallel.spec import register; register(toy_strategy.TOY); "
         "assert 'ddpkit.config' not in sys.modules and 'torch' not in sys.modules; "
         "from ddpkit.cli import main; main(['train', '--help'])"
     )

@@ -9,8 +9,8 @@ from __future__ import annotations
 from typing import Any
 
 from ddpkit.errors import DdpkitError
-from ddpkit.strategy_config import StrategyConfig, StrategySpec
-from ddpkit.strategy_memory import Footprint, ModelSizes
+from ddpkit.parallel.footprints import Footprint, ModelSizes
+from ddpkit.parallel.spec import StrategyConfig, StrategySpec
 
 REFUSAL = "--strategy toy computes in fp32 only; drop --precision"
 

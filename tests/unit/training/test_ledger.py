@@ -8,10 +8,10 @@ import pytest
 
 import ddpkit
 from ddpkit import RunConfig
-from ddpkit.envvars import ERROR_DIR_VAR, LAUNCH_TIME_VAR, RESTART_COUNT_VAR, RESTARTED_FILE, attempt_errors
 from ddpkit.launchers.report import mark_restart
 from ddpkit.reporting.summary import format_summary, time_block
 from ddpkit.training.ledger import PARTS, Ledger, OptimizerTimer, failure_time
+from ddpkit.util.envvars import ERROR_DIR_VAR, LAUNCH_TIME_VAR, RESTART_COUNT_VAR, RESTARTED_FILE, attempt_errors
 
 SLEEP_S = 0.05  # per sleeping call
 TASK = """

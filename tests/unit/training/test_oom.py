@@ -13,7 +13,6 @@ import torch
 from torch import nn
 
 from ddpkit import DistEnv
-from ddpkit.envvars import attempt_errors
 from ddpkit.launchers.report import job_failure, out_of_memory
 from ddpkit.runtime import Runtime
 from ddpkit.strategies import DdpStrategy
@@ -27,6 +26,7 @@ from ddpkit.training.oom import (
     tried_bytes,
 )
 from ddpkit.training.step import StepRunner
+from ddpkit.util.envvars import attempt_errors
 
 CPU = (
     "[enforce fail at alloc_cpu.cpp:127] err == 0. DefaultCPUAllocator: can't allocate memory: "

@@ -3,9 +3,9 @@ import signal
 import subprocess
 import sys
 
-from ddpkit.envvars import AGENT_PID_VAR, ERROR_DIR_VAR
 from ddpkit.launchers.elastic import interrupted
 from ddpkit.training.signals import StopRequest, agreed_signal, hand_over, install_early, stopped_note
+from ddpkit.util.envvars import AGENT_PID_VAR, ERROR_DIR_VAR
 
 
 def test_the_first_signal_decides_and_later_ones_are_only_counted():

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from ...config.output import TRACKERS
-from ...envvars import MLFLOW_CLIENT_LIMITS, MLFLOW_EXPERIMENT_VAR, MLFLOW_QUIET_VAR, MLFLOW_URI_VAR
+from ...util.envvars import MLFLOW_CLIENT_LIMITS, MLFLOW_EXPERIMENT_VAR, MLFLOW_QUIET_VAR, MLFLOW_URI_VAR
 from .base import FAILED, FINISHED, STOPPED, SinkSettings
 from .tracker import Tracker, flat_params, run_tags, task_name
 

@@ -13,7 +13,7 @@ import os
 from typing import Any
 
 from ...config.output import TRACKERS
-from ...envvars import WANDB_DIR_VAR, WANDB_MODE_VAR, WANDB_PROJECT_VAR, WANDB_SILENT_VAR
+from ...util.envvars import WANDB_DIR_VAR, WANDB_MODE_VAR, WANDB_PROJECT_VAR, WANDB_SILENT_VAR
 from .base import FINISHED, SinkSettings
 from .tracker import Tracker, run_tags, task_name
 

@@ -23,10 +23,10 @@ import sys
 import traceback
 from typing import Any, Callable, Iterator
 
-from .config import RunConfig
-from .envvars import ERROR_DIR_VAR, error_file
-from .errors import DdpkitError
-from .task import Task
+from ..config import RunConfig
+from ..errors import DdpkitError
+from ..task import Task
+from ..util.envvars import ERROR_DIR_VAR, error_file
 
 
 def notebook_launch(
@@ -41,11 +41,11 @@ def notebook_launch(
     launch`. A `ddpkit.Task` is trained as `ddpkit train` would (`settings`: RunConfig
     fields, e.g. epochs=3, batch_size=16) and its summary returned. For `fn`, `settings`
     are the process settings (threads, timeout, device, backend, verbose)."""
-    from .api import prepare_local_run
-    from .launchers.elastic import run_elastic
-    from .launchers.plan import make_launch_plan
-    from .launchers.report import FROM_START, RESUME_TRAIN
-    from .runtime import default_threads, resolve_device_type
+    from ..launchers.elastic import run_elastic
+    from ..launchers.plan import make_launch_plan
+    from ..launchers.report import FROM_START, RESUME_TRAIN
+    from ..runtime import default_threads, resolve_device_type
+    from .train import prepare_local_run
 
     if nproc < 1:
         raise DdpkitError(f"nproc={nproc}: give 1 or more processes")

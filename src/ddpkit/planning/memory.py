@@ -48,9 +48,9 @@ import torch
 from torch import nn
 
 from ..config.values import format_bytes, parse_memory
-from ..strategy_config import StrategyConfig, StrategySpec, strategy_spec, strategy_specs
-from ..strategy_memory import Footprint, ModelSizes, cross_node_bytes
-from .choice import FIT_FRACTION, Choice, choose
+from ..parallel.footprints import Footprint, ModelSizes, cross_node_bytes
+from ..parallel.spec import StrategyConfig, StrategySpec, strategy_spec, strategy_specs
+from ..strategies.choice import FIT_FRACTION, Choice, choose
 
 ASSUMED_OPTIMIZER_BYTES = 8.0  # Adam's two fp32 moments, when the optimizer cannot be probed
 
@@ -524,7 +524,7 @@ def sharding_import_cost() -> int:
     if "ddpkit.strategies.fsdp" in sys.modules:
         return 0
     before = resident_bytes()
-    from . import fsdp  # noqa: F401
+    from ..strategies import fsdp  # noqa: F401
 
     return max(0, resident_bytes() - before)
 

@@ -16,31 +16,31 @@ from typing import Any, Iterator, NoReturn
 import numpy as np
 import torch
 
-from .checkpoint import hf_config
-from .checkpoint.export import export_run
-from .checkpoint.run_dir import prepare_run_dir
-from .config import RunConfig
-from .environments import DistEnv
-from .environments.registry import request_requeue
-from .envvars import ERROR_DIR_VAR, error_file, max_restarts, restart_count
-from .errors import DdpkitError, RunDirTaken
-from .reporting.rank_output import rank_stdout
-from .reporting.run_state import record_failure
-from .reporting.summary import add_phases, add_time, run_summary, write_summary
-from .runtime import Runtime
-from .runtime.allocator import release_freed_memory, sized_to_memory
-from .runtime.determinism import deterministic
-from .runtime.devices import resolve_device_type
-from .runtime.watchdog import HangWatchdog, start_watchdog, watched
-from .strategies.memory import load_what_every_worker_loads, measure_process, sharding_import_cost
-from .task import Task, as_task, build_task
-from .textfile import write_text_atomic
-from .training.auto import resolve_auto
-from .training.ledger import Ledger
-from .training.loop import fit
-from .training.oom import OOM_FILE, OomAdvice, OutOfMemory, oom_error
-from .training.signals import ENDING_SIGNALS, StopRequest, hand_over
-from .training.trace import DROPOUT_FILE, TRACE_DIR, dropout_off, to_float64
+from ..checkpoint import hf_config
+from ..checkpoint.export import export_run
+from ..checkpoint.run_dir import prepare_run_dir
+from ..config import RunConfig
+from ..environments import DistEnv
+from ..environments.registry import request_requeue
+from ..errors import DdpkitError, RunDirTaken
+from ..planning.memory import load_what_every_worker_loads, measure_process, sharding_import_cost
+from ..reporting.rank_output import rank_stdout
+from ..reporting.run_state import record_failure
+from ..reporting.summary import add_phases, add_time, run_summary, write_summary
+from ..runtime import Runtime
+from ..runtime.allocator import release_freed_memory, sized_to_memory
+from ..runtime.determinism import deterministic
+from ..runtime.devices import resolve_device_type
+from ..runtime.watchdog import HangWatchdog, start_watchdog, watched
+from ..task import Task, as_task, build_task
+from ..training.auto import resolve_auto
+from ..training.ledger import Ledger
+from ..training.loop import fit
+from ..training.oom import OOM_FILE, OomAdvice, OutOfMemory, oom_error
+from ..training.signals import ENDING_SIGNALS, StopRequest, hand_over
+from ..training.trace import DROPOUT_FILE, TRACE_DIR, dropout_off, to_float64
+from ..util.envvars import ERROR_DIR_VAR, error_file, max_restarts, restart_count
+from ..util.textfile import write_text_atomic
 
 
 def _is_peer_loss(e: BaseException) -> bool:

@@ -9,20 +9,22 @@ The same script runs unchanged under `ddpkit launch`, torchrun and srun, or alon
 from __future__ import annotations
 
 import contextlib
+import os
 from pathlib import Path
 from typing import Any, Callable, ContextManager, Iterable
 
 import torch
 from torch import nn
 
-from .checkpoint import whole
-from .checkpoint.world_mark import WorldMark
-from .config.processes import DEFAULT_TIMEOUT_S
-from .data import ShardedLoader, StreamLoader, rank_loader
-from .environments import DistEnv
-from .errors import DdpkitError
-from .runtime import Collectives, Runtime
-from .strategies import Strategy, StrategyConfig, check, strategy_for
+from ..checkpoint import whole
+from ..checkpoint.world_mark import WorldMark
+from ..config.processes import DEFAULT_TIMEOUT_S
+from ..data import ShardedLoader, StreamLoader, rank_loader
+from ..environments import DistEnv
+from ..errors import DdpkitError
+from ..runtime import Collectives, Runtime
+from ..strategies import Strategy, StrategyConfig, check, strategy_for
+from ..util.envvars import TIMEOUT_VAR
 
 
 class Session:
@@ -146,7 +148,7 @@ class Session:
             whole.check_optimizer_of(model, optimizer)
         self._check_owner(path)
         if sharded:
-            from .checkpoint.sharded import save_state_dir
+            from ..checkpoint.sharded import save_state_dir
 
             save_state_dir(path, model, optimizer, extra, self.runtime)
             return
@@ -174,7 +176,7 @@ class Session:
         """Load what save() wrote (either kind) into model/optimizer on every rank, whatever
         wraps them now (a whole file into an FSDP model, shards into a DDP one); returns the extras."""
         if whole.saved_kind(path) == "sharded":
-            from .checkpoint.sharded import load_state_dir
+            from ..checkpoint.sharded import load_state_dir
 
             return load_state_dir(path, model, optimizer)
         return whole.load_whole(path, model, optimizer)
@@ -250,3 +252,15 @@ class Session:
 def _plain_strategy(rt: Runtime, model: nn.Module) -> Strategy:
     """For a model the user wrapped without rt.wrap (DDP, or torch's own fully_shard)."""
     return strategy_for(StrategyConfig(name="fsdp" if hasattr(model, "set_requires_gradient_sync") else "ddp"), rt)
+
+
+def init(
+    device: str = "auto", backend: str = "auto", timeout: float | None = None, threads: int | None = None
+) -> Session:
+    """For scripts with their own loop: join the job this process was started in (by
+    `ddpkit launch`, torchrun or srun; alone otherwise) and return its Session (session.py).
+    Use it as a context manager so the process group is always torn down. `timeout`: seconds a
+    collective may wait (default: `ddpkit launch --timeout`, else DEFAULT_TIMEOUT_S)."""
+    if timeout is None:
+        timeout = float(os.environ.get(TIMEOUT_VAR) or DEFAULT_TIMEOUT_S)
+    return Session(DistEnv.detect_worker(), device=device, backend=backend, timeout=timeout, threads=threads)

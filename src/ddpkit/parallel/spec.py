@@ -22,8 +22,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator
 
-from .errors import DdpkitError
-from .strategy_memory import MemoryModel, sharded_state, whole_replica
+from ..errors import DdpkitError
+from .footprints import MemoryModel, sharded_state, whole_replica
 
 FSDP_NEEDS_TWO = (
     "--strategy fsdp shards the model across processes and needs at least 2 (--nproc 2 or more); "
