@@ -136,6 +136,12 @@ class Strategy:
         norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
         return norm.full_tensor() if hasattr(norm, "full_tensor") else norm
 
+    def run_share(self, steps: Any, batch: Any, n_local: int, n_global: int) -> Any:
+        """None: the step runner runs the share's micro-batches (training/step.py). A strategy
+        that runs them itself (pipeline parallel, through its schedule) returns what that loop
+        would: ([loss sum, count], this rank's flags, whether the losses are sums)."""
+        return None
+
     def check_output(self, output: Any) -> None:
         """Called on the first training forward: refuse an output this strategy cannot work with."""
 
@@ -146,6 +152,11 @@ class Strategy:
     # -- evaluation -----------------------------------------------------------------
     def eval_module(self, model: nn.Module) -> nn.Module:
         return model
+
+    def eval_forward(self, module: nn.Module, batch: Any, n: int) -> Any:
+        """What evaluation calls as the model on this batch: the module, or (pipeline parallel)
+        the output the stages computed; None where this rank has no output to score."""
+        return module
 
     def eval_batches(self, dataset: Any, batch_size: int, num_workers: int = 0) -> Iterator[Any]:
         """Contiguous unpadded slices: every sample counted once; with `eval_lockstep`,

@@ -38,7 +38,10 @@ def evaluate(
             batch = to_device(batch, rt.device)
             n = sample_count(batch)
             with strategy.autocast():
-                loss = compute_loss(module, batch, n, loss_fn, step, rt.device)
+                forward = strategy.eval_forward(module, batch, n)  # None: no output on this rank (pipeline stage)
+                if forward is None:
+                    continue
+                loss = compute_loss(forward, batch, n, loss_fn, step, rt.device)
             if n == 0:
                 continue
             sums[0] += loss.value.double() * (1.0 if loss.summed else n)

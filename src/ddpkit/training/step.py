@@ -106,7 +106,9 @@ class StepRunner:
         `where` names the step in errors ("epoch 3, step 7")."""
         agreement = self.strategy.agreement(self.model)
         waited = agreement.waited_s if agreement is not None else 0.0
-        totals, flags, summed = self._backward_share(batch, n_local, n_global, agreement)
+        # a strategy that runs the share's micro-batches itself (pipeline parallel: its schedule), else the loop below
+        share = self.strategy.run_share(self, batch, n_local, n_global)
+        totals, flags, summed = share or self._backward_share(batch, n_local, n_global, agreement)
         agreed = self._agreed_tensor(flags, agreement, waited)
         if not self._on_device():
             return self._decide_on_host(agreed, totals, summed, where)
