@@ -159,8 +159,8 @@ class Checkpointer:
                 rngs,
                 self.rt.world_size,
                 self.config,
-                ckpt_file.model_signature(unwrap(self.model).state_dict()),
-                [len(g["params"]) for g in self.optimizer.param_groups],
+                ckpt_file.signature_of(unwrap(self.model)),
+                ckpt_file.groups_of(unwrap(self.model), self.optimizer),
             )
             if self.sharded:  # this rank's shards only (no collective)
                 return {**header.to_dict(), **self._shards.local_shards(self.model, self.optimizer)}
@@ -194,8 +194,8 @@ class Checkpointer:
             self.rt.gather_object(rng_state()) or [],  # rank 0 writes the header (sharded too)
             self.rt.world_size,
             self.config,
-            ckpt_file.model_signature(unwrap(self.model).state_dict()),
-            [len(g["params"]) for g in self.optimizer.param_groups],
+            ckpt_file.signature_of(unwrap(self.model)),
+            ckpt_file.groups_of(unwrap(self.model), self.optimizer),
         )
         taken = self.mark is not None and self.mark.lost()
         finite, taken = weights_finite(self.model, self.rt.collectives, self.rt.device, taken)

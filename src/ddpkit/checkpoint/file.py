@@ -244,6 +244,19 @@ def model_signature(state_dict: dict[str, torch.Tensor]) -> dict[str, list[int]]
     return {k: list(v.shape) for k, v in state_dict.items()}
 
 
+def signature_of(model: torch.nn.Module) -> dict[str, list[int]]:
+    """The names and shapes a checkpoint of `model` is of: the whole model's where this rank
+    holds a part of its layers (a pipeline stage's `whole_signature`), else its own."""
+    whole = getattr(model, "whole_signature", None)
+    return whole if whole is not None else model_signature(model.state_dict())
+
+
+def groups_of(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> list[int]:
+    """The optimizer's parameter groups' sizes, the whole model's (a pipeline stage's `whole_groups`)."""
+    whole = getattr(model, "whole_groups", None)
+    return whole if whole is not None else [len(g["params"]) for g in optimizer.param_groups]
+
+
 def checkpoint_path(run_dir: str | os.PathLike, epoch: int, step: int = 0) -> Path:
     """epoch-000003.pt: 3 epochs done; epoch-000003-step-000012.pt: and 12 steps of the 4th."""
     return Path(run_dir) / CKPT_DIR / (f"epoch-{epoch:06d}.pt" if not step else f"epoch-{epoch:06d}-step-{step:06d}.pt")

@@ -132,8 +132,8 @@ def _first_line(e: BaseException) -> str:
 def validate_sharded(path: Path, model: nn.Module, optimizer: torch.optim.Optimizer | None) -> dict[str, Any]:
     """ddpkit.pt of a complete sharded checkpoint that fits this model; a DdpkitError otherwise."""
     meta = read_complete(path)
-    ckpt_io.check_signature(path, ckpt_io.model_signature(unwrap(model).state_dict()), meta["model_signature"])
-    if optimizer is not None and meta["optimizer_groups"] != [len(g["params"]) for g in optimizer.param_groups]:
+    ckpt_io.check_signature(path, ckpt_io.signature_of(unwrap(model)), meta["model_signature"])
+    if optimizer is not None and meta["optimizer_groups"] != ckpt_io.groups_of(unwrap(model), optimizer):
         raise DdpkitError(f"{path}: checkpoint's optimizer has different parameter groups than this task's optimizer")
     return meta
 
