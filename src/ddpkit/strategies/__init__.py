@@ -44,7 +44,12 @@ def make_strategy(cfg: RunConfig, rt: Runtime, task: Task) -> Strategy:
     config = cfg.strategy_config()
     check(config, rt.world_size, local_world_size=rt.env.local_world_size)
     _not_built_yet(config)
-    strategy = strategy_for(config, rt, blocks=task.fsdp_blocks, checkpoint_blocks=task.checkpoint_blocks)
+    if config.pp > 1:
+        from .pipeline import pipeline_for  # torch.distributed.pipelining: only for --pp runs
+
+        strategy: Strategy = pipeline_for(config, rt, task)
+    else:
+        strategy = strategy_for(config, rt, blocks=task.fsdp_blocks, checkpoint_blocks=task.checkpoint_blocks)
     init_from = cfg.init_from or task.init_from
     strategy.init = ModelInit(task.init_weights, str(init_from) if init_from else None, cfg.seed)
     note = strategy_spec(config.name).note
@@ -59,7 +64,7 @@ def make_strategy(cfg: RunConfig, rt: Runtime, task: Task) -> Strategy:
 
 def _not_built_yet(config: StrategyConfig) -> None:
     """The mesh's dims whose strategy this build lacks: refused, never silently trained without."""
-    for flag, n in (("--tp", config.tp), ("--pp", config.pp)):
+    for flag, n in (("--tp", config.tp),):
         if n > 1:
             raise DdpkitError(f"{flag} {n}: this ddpkit cannot split the model that way yet; drop {flag}")
 
