@@ -26,6 +26,7 @@ from torch import nn
 
 from ..config.faults import Faults
 from ..errors import DdpkitError
+from . import bucket
 from . import file as ckpt_file
 from .memory import MemorySnapshots, shard_plan, wanted
 from .retention import prune, record_metric
@@ -211,8 +212,12 @@ class Checkpointer:
         if self.strategy.checkpoint_kind == "sharded":
             from .sharded import save_dcp  # torch.distributed.checkpoint: ~0.5 s to import
 
-            save_dcp(self.run_dir, header, self.model, self.optimizer, self.rt)
+            if self.writer is not None and self.rt.is_main:
+                self.writer.wait()  # the previous upload reads its folder: pruning waits for it
+            final = save_dcp(self.run_dir, header, self.model, self.optimizer, self.rt)
             self.prune(metric)
+            if self.rt.is_main:
+                self._publish(final)
         elif self.rt.is_main:
             self._write_file(header, path, metric)
         self.last_save = time.monotonic()
@@ -231,11 +236,23 @@ class Checkpointer:
         def write() -> None:
             ckpt_file.save_or_explain(state, path)
             self.prune(metric)
+            bucket.publish(self.run_dir, path, self.faults)
 
         if background:
             self.writer.submit(write)
         else:
             write()
+
+    def _publish(self, final: Path) -> None:
+        """Rank 0, a sharded checkpoint complete in the run folder: to the bucket, if the run is
+        stored in one (in the background with --async-save)."""
+        if bucket.current() is None:
+            return
+        job = lambda: bucket.publish(self.run_dir, final, self.faults)  # noqa: E731
+        if self.writer is not None:
+            self.writer.submit(job)
+        else:
+            job()
 
     def prune(self, metric: tuple[str, float] | None = None) -> None:
         """--keep-last/--keep-best: rank 0 records the new checkpoint's metric, then deletes what
@@ -297,7 +314,7 @@ class Checkpointer:
             where = f"epoch {pos.epoch} done" + (
                 f", {pos.samples} samples into epoch {pos.epoch + 1}" if pos.mid_epoch else ""
             )
-            self.rt.print(f"ddpkit: resuming from {path} ({where})")
+            self.rt.print(f"ddpkit: resuming from {bucket.shown(path, self.run_dir)} ({where})")
         return pos
 
     def _on_disk(self, required: bool) -> tuple[str, Any, str | None]:

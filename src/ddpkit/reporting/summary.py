@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..config.values import format_bytes
-from ..util.envvars import BENCH_RESULT_VAR, LAUNCH_TIME_VAR
+from ..util.envvars import BENCH_RESULT_VAR, LAUNCH_TIME_VAR, RUN_URL_VAR
 from .advice import advise, measured_of_summary
 from .throughput import compute_line
 
@@ -39,7 +39,7 @@ def run_summary(
         "eval_every_steps": cfg.eval_every_steps,
         "save_every_steps": cfg.save_every_steps,
         **stats,
-        "run_dir": str(run_dir),
+        "run_dir": os.environ.get(RUN_URL_VAR) or str(run_dir),  # a bucket's run: its URL, not the staging copy
     }
 
 

@@ -85,10 +85,9 @@ def filesystem(remote: Remote) -> Any:
 
         __import__(package)
     except ImportError:
-        extra = "s3" if package == "s3fs" else package
+        install = "'ddpkit[s3]'" if package == "s3fs" else f"fsspec {package}"
         raise DdpkitError(
-            f"{remote.url}: storing a run at {remote.scheme}:// needs fsspec and {package}: "
-            f"pip install {'ddpkit[s3]' if package == 's3fs' else 'fsspec ' + extra}"
+            f"{remote.url}: a run at {remote.scheme}:// needs fsspec and {package}, not installed: pip install {install}"
         ) from None
     if package != "s3fs":
         return fsspec.filesystem(remote.scheme, skip_instance_cache=True)
