@@ -87,7 +87,8 @@ def filesystem(remote: Remote) -> Any:
     except ImportError:
         install = "'ddpkit[s3]'" if package == "s3fs" else f"fsspec {package}"
         raise DdpkitError(
-            f"{remote.url}: a run at {remote.scheme}:// needs fsspec and {package}, not installed: pip install {install}"
+            f"{remote.url}: a run at {remote.scheme}:// needs fsspec and {package}, not installed: "
+            f"pip install {install}"
         ) from None
     if package != "s3fs":
         return fsspec.filesystem(remote.scheme, skip_instance_cache=True)
