@@ -38,7 +38,7 @@ from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_di
 from ..errors import DdpkitError
 from ..runtime import Runtime
 from . import file as ckpt_io
-from .dcp_io import ChecksumWriter, folder_metadata, load_into
+from .dcp_io import ChecksumWriter, check_items, folder_metadata, load_into
 from .integrity import DamagedCheckpoint, verify_files
 from .schema import Header
 from .state import unwrap
@@ -156,7 +156,8 @@ def read_complete(path: Path) -> dict[str, Any]:
 def check_files(path: Path, meta: dict[str, Any]) -> None:
     """Every file of the folder as written: against the size and CRC-32 its header lists (before
     anything unpickles .metadata), and, for a folder written before ddpkit kept them, each shard
-    at least as long as the items DCP's metadata places in it."""
+    at least as long as the items DCP's metadata places in it; then every non-tensor item as plain
+    data (a checksum an attacker rewrote proves nothing about what the item builds)."""
     if isinstance(meta.get(FILES), dict):
         verify_files(path, meta[FILES])
     metadata = folder_metadata(path)
@@ -170,6 +171,7 @@ def check_files(path: Path, meta: dict[str, Any]) -> None:
             raise DamagedCheckpoint(f"{path}: incomplete sharded checkpoint, missing {name}") from None
         if size < end:
             raise DamagedCheckpoint(f"{path / name}: truncated: {size:,} bytes, its items need {end:,}")
+    check_items(path, metadata)
 
 
 def load_dcp(path: Path, model: nn.Module, optimizer: torch.optim.Optimizer) -> None:

@@ -156,3 +156,34 @@ def test_src_unpickles_nothing_without_an_allow_list():
     assert found == []
     grep = ["git", "grep", "-n", "-I", "-E", pattern.pattern, "--", "src/*"]
     assert subprocess.run(grep, cwd=SRC.parent, capture_output=True, text=True).stdout == ""
+
+
+def test_pretrained_weights_crafted_to_run_code_are_refused_without_torchs_advice(tmp_path):
+    from ddpkit.checkpoint.pretrained import open_pretrained
+
+    path = tmp_path / "weights.pt"
+    torch.save({"w": RunsCode(tmp_path / "ran")}, path)
+    with pytest.raises(DdpkitError, match="weights.pt: .*not plain data") as e:
+        open_pretrained(str(path), [])
+    assert "system" in str(e.value) and "weights_only" not in str(e.value) and "safe_globals" not in str(e.value)
+    assert not (tmp_path / "ran").exists()
+
+
+@pytest.mark.parametrize(
+    "text",
+    [  # torch's wordings across versions: the refusal, then advice to load the file unrestricted or allow-list it
+        "Weights only load failed. This file can still be loaded, to do so you have two options, do those steps "
+        "only if you trust the source of the checkpoint.\n\t(1) In PyTorch 2.6, we changed the default value of "
+        "`weights_only`. Re-running `torch.load` with `weights_only` set to `False` will likely succeed.\n\t(2) "
+        "Alternatively, to load with `weights_only=True` please check the recommended steps in the following "
+        "error message.\n\tWeightsUnpickler error: Unsupported global: GLOBAL posix.system was not an allowed "
+        "global by default. Please use `torch.serialization.add_safe_globals([system])` to allowlist it.",
+        "Weights only load failed. Re-running `torch.load` with `weights_only` set to `False` will likely "
+        "succeed.\n\nTrying to load unsupported GLOBAL posix.system whose module posix is blocked.\n\nCheck the "
+        "documentation of torch.load to learn more about types accepted by default with weights_only",
+    ],
+)
+def test_what_torch_refused_is_kept_and_its_advice_to_load_anyway_is_not(text):
+    said = ck.not_plain_data(pickle.UnpicklingError(text))
+    assert "posix.system" in said and "not plain data" in said
+    assert not any(w in said for w in ("weights_only", "Re-running", "safe_globals", "allowlist", "trust"))
