@@ -181,6 +181,7 @@ class Run:
             scheduler=scheduler,
             scaler=self.strategy.grad_scaler(),
             timed_save=self.checkpointer.clock_due,
+            finite_checkpoint=lambda: self.checkpointer.finite_checkpoint,
             after_step=ParamTrace(self.run_dir, self.strategy, self.model) if cfg.trace_steps else None,
             mark=self.mark,
         )
