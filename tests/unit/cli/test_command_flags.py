@@ -80,7 +80,7 @@ def test_the_slurm_bench_and_plot_flags_parse_to_their_types():
         ]
     )
     assert (ns.nodes, ns.gpus_per_node, ns.wait_timeout, ns.signal, ns.submit) == (2, 8, 1.5, "", True)
-    assert ns.train_args == ["--", "wine", "--epochs", "3"]
+    assert ns.train_args == ["wine", "--epochs", "3"]
     ns = build_parser().parse_args(["bench", "digits", "--nproc", "1,4", "--iters", "7", "--json", "out.json"])
     assert (ns.task, ns.nproc, ns.iters, ns.steps, ns.json, ns.batch_size) == ("digits", "1,4", 7, 20, "out.json", 32)
     ns = build_parser().parse_args(["plot", "a", "b", "-o", "c.png", "--label", "one", "--label", "two"])
