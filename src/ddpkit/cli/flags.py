@@ -15,6 +15,7 @@ from typing import Any, Callable, Iterable
 from ..config import RunConfig
 from ..config.settings import flag_spellings
 from ..environments.registry import launcher_defaults
+from .help import HELP_ALL, HelpAll, compact_help, group_rank, help_group
 
 _FIELDS = {f.name: f for f in dataclasses.fields(RunConfig)}
 
@@ -27,9 +28,18 @@ class OneLineParser(argparse.ArgumentParser):
     (ns.train_args); a task or a flag of `ddpkit train` before the -- is refused in one line that
     shows the command in that order, never read with a second meaning."""
 
-    def __init__(self, *args: Any, engine: bool = False, **kwargs: Any) -> None:
-        self.engine = engine
+    def __init__(self, *args: Any, engine: bool = False, compact: bool = False, **kwargs: Any) -> None:
+        self.engine, self.compact = engine, compact
         super().__init__(*args, **kwargs)
+        if compact:  # --help: one line per flag (cli/help.py); --help-all: argparse's full text
+            self.add_argument(HELP_ALL, action=HelpAll, help="every flag with its long text and default")
+
+    def format_help(self) -> str:
+        return compact_help(self) if self.compact else super().format_help()
+
+    def print_help_all(self) -> None:
+        """argparse's help: every flag with its long text and default."""
+        self._print_message(super().format_help(), sys.stdout)
 
     def error(self, message: str) -> Any:
         self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
@@ -118,24 +128,25 @@ def add_flags(
     defaults: dict[str, Any] | None = None,
     opposites: bool = True,
 ) -> None:
-    """One argparse argument per field: positionals first-class, the others under their group's
-    title (a field without a group goes to the command's own "options"). With `opposites`
+    """One argparse argument per field, under its group of --help (cli/help.py: its section's; a
+    field without one goes to the command's own "options"), the groups in --help's order. With `opposites`
     every boolean flag comes with its opposite (--csv and --no-csv), so that a config file's
     setting can be switched off on the command line."""
     titles: dict[str, Any] = {}
-    for f in fields:
+    for f in sorted(fields, key=lambda f: group_rank(help_group(f.metadata))):  # --help's order of the groups
         meta = f.metadata
         if not meta.get("cli", True):
             continue
         default = (defaults or {}).get(f.name, None if meta.get("append") else f.default)
-        if meta.get("positional"):
-            parser.add_argument(f.name, **_positional_kwargs(meta, default))
-            continue
         target: Any = parser
-        if meta["group"]:
-            if meta["group"] not in titles:
-                titles[meta["group"]] = parser.add_argument_group(meta["group"])
-            target = titles[meta["group"]]
+        group = help_group(meta)
+        if group:
+            if group not in titles:
+                titles[group] = parser.add_argument_group(group)
+            target = titles[group]
+        if meta.get("positional"):
+            target.add_argument(f.name, **_positional_kwargs(meta, default))
+            continue
         names, kwargs = names_of(f), _argparse_kwargs(f, default)
         if opposites and isinstance(f.default, bool):
             names, kwargs["action"], kwargs["on"] = (*names, opposite(names[0])), _Switch, not f.default

@@ -47,6 +47,7 @@ COMMAND = Command(
     ("task",),
     options=TrainOptions,
     quick_exit=True,
+    compact=True,
 )
 
 
