@@ -25,7 +25,7 @@ from ..data import ShardedLoader, StreamLoader
 from ..data.loaders import rank_loader
 from ..data.placement import ON_DEVICE, place_on_device, tensors_of
 from ..data.streams import is_stream
-from ..planning.memory import (
+from ..planning.process import (
     device_budget,
     local_state_bytes,
     peak_memory_bytes,
