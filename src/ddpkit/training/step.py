@@ -104,6 +104,7 @@ class StepRunner:
     timed_save: Callable[[], bool] | None = None  # rank 0's clock says a checkpoint is due (--save-every-minutes)
     wait_s: float = 0.0  # seconds this rank waited for the gradient sync (the others) after its backward, in all
     after_step: Callable[[], None] | None = None  # called after every optimizer step (ddpkit verify's trace)
+    finite_checkpoint: Callable[[], str | None] | None = None  # the newest checkpoint seen to hold finite weights
     mark: Any = None  # checkpoint/world_mark.py: does this world still own the run directory (rank 0's stat)
     activation_bytes: int | None = None  # what the first forward kept for backward (the summary's)
     _output_checked: bool = False
@@ -196,10 +197,15 @@ class StepRunner:
         if bad:
             self.optimizer.zero_grad(set_to_none=True)  # drop the non-finite gradients, on every rank
             if self.on_nan == "stop":
+                held = self.finite_checkpoint() if self.finite_checkpoint is not None else None
+                kept = (
+                    f"{held} holds finite weights (checked when it was written or resumed from)"
+                    if held
+                    else "no checkpoint was written"
+                )
                 raise DdpkitError(
                     f"the training loss is not finite in {where} (on {bad} of {world} rank(s)); stopped before the "
-                    "optimizer step, so the last checkpoint holds finite weights "
-                    "(lower --lr, check the data, or --on-nan skip)"
+                    f"optimizer step; {kept} (lower --lr, check the data, or --on-nan skip)"
                 )
 
     def settle(self) -> int:

@@ -187,3 +187,39 @@ def test_what_torch_refused_is_kept_and_its_advice_to_load_anyway_is_not(text):
     said = ck.not_plain_data(pickle.UnpicklingError(text))
     assert "posix.system" in said and "not plain data" in said
     assert not any(w in said for w in ("weights_only", "Re-running", "safe_globals", "allowlist", "trust"))
+
+
+def _sharded_save(tmp_path):
+    """A sharded folder as ddpkit writes it (one process): DCP's files and ddpkit.pt's header."""
+    from torch import nn
+
+    from ddpkit.checkpoint.sharded import save_state_dir
+    from ddpkit.environments import DistEnv
+    from ddpkit.runtime import Runtime
+
+    torch.manual_seed(0)
+    with Runtime(DistEnv(), device="cpu", threads=1) as rt:
+        save_state_dir(tmp_path / "d", nn.Linear(4, 2), None, {"note": "x"}, rt)
+    return tmp_path / "d", torch.load(tmp_path / "d" / "ddpkit.pt", weights_only=True)
+
+
+def test_a_sharded_header_claiming_checksums_is_never_trusted_by_size_alone(tmp_path, capsys):
+    from ddpkit.checkpoint.sharded import FILES, check_files
+
+    folder, meta = _sharded_save(tmp_path)
+    shards = {p.name for p in folder.iterdir()} - {"ddpkit.pt"}
+    assert set(meta[FILES]) == shards and meta["layout"] == 2  # every file listed, and the header says so
+    shard = next(name for name in shards if name.endswith(".distcp"))
+    _flip(folder / shard, meta[FILES][shard][0] - 8)  # a bit of a tensor: the size stays
+    for stripped in ({k: v for k, v in meta.items() if k != FILES}, {**meta, FILES: {}}, {**meta, FILES: None}):
+        with pytest.raises(DamagedCheckpoint, match="lists no size and CRC-32 for"):
+            check_files(folder, stripped)
+    partial = {**meta, FILES: {k: v for k, v in meta[FILES].items() if k != shard}}
+    with pytest.raises(DamagedCheckpoint, match=f"lists no size and CRC-32 for {shard}"):
+        check_files(folder, partial)
+    # written before ddpkit kept checksums (no layout, no list): read, checked by size, with one warning
+    old = {k: v for k, v in meta.items() if k not in (FILES, "layout")}
+    capsys.readouterr()
+    check_files(folder, old)
+    err = capsys.readouterr().err
+    assert err.count("warning") == 1 and "checked by size only" in err and str(folder) in err
