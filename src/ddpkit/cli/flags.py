@@ -59,9 +59,9 @@ class OneLineParser(argparse.ArgumentParser):
         return ns, []
 
 
-ENGINE_RULE = (
-    "The engine's flags first, then --, then the task and the flags of `ddpkit train`, exactly as they "
-    "would follow `ddpkit train`."
+ENGINE_RULE = (  # in the engines' help, as their descriptions are written: lines of at most 96
+    "The engine's flags first, then --, then the task and the flags of `ddpkit train`, exactly as\n"
+    "they would follow `ddpkit train`."
 )
 
 
