@@ -58,7 +58,8 @@ def test_a_slow_optimizer_names_the_fused_kernel_unless_it_ran_or_cannot():
 def test_an_exposed_gradient_sync_names_accumulation_on_several_ranks_only():
     m = _split(sync=0.25, world_size=4, accumulate=2)
     assert advise(m) == [
-        "gradient sync 25% of the step (exposed): --accumulate 4 (half the syncs; a 2x batch, which changes the results)"
+        "gradient sync 25% of the step (exposed): --accumulate 4 "
+        "(half the syncs; a 2x batch, which changes the results)"
     ]
     with_batch = advise(_split(sync=0.25, world_size=4, accumulate=2, batch_size=32))
     assert with_batch[0].endswith("a 2x batch, which changes the results; --global-batch-size 256 with it keeps them)")
