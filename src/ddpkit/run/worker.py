@@ -202,12 +202,14 @@ def _train(cfg: RunConfig, env: DistEnv, held: contextlib.ExitStack, given: Task
     release = release_freed_memory(cfg.cpu_allocator, sized) if resolve_device_type(cfg.device) == "cpu" else True
     # --deterministic: before CUDA starts (cuBLAS reads its workspace setting then) and the model is built
     with deterministic(cfg.deterministic), Runtime(env, cfg.device, cfg.backend, cfg.timeout, cfg.threads) as rt:
+        ledger.mark("process_group")
         watchdog = start_watchdog(cfg, rt, run_dir / "hang")  # every rank reports where it is when the job hangs
         task = _build_task(cfg, rt, run_dir, given, watchdog)
         load_what_every_worker_loads()  # by its first step anyway: counted in its fixed cost
         sharded = sharding_import_cost() if cfg.strategy == "auto" else 0  # auto weighs FSDP's modules too
         process = measure_process(task.model, rt.device.type, release, sharded)
         cfg, chosen = resolve_auto(cfg, rt, task, process)  # --strategy auto: strategy, checkpointing, micro-batch
+        ledger.mark("task")
         if restart_count() > 0:
             cfg = cfg.replace(auto_resume=True)  # restarted after a failure: continue, don't redo
         start = prepare_run_dir(cfg, run_dir, rt.is_main, env.world_size, env.nnodes, task.model, held)

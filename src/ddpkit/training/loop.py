@@ -45,7 +45,7 @@ from .cadence import Cadence, Moment, StepPlan
 from .epoch import EpochRun, RunTotals
 from .evaluate import evaluate
 from .flops import throughput_of
-from .ledger import PARTS, Ledger
+from .ledger import PARTS, STARTUP_PARTS, Ledger
 from .oom import OomAdvice
 from .profile import LabelledSteps, StepProfile
 from .schedule import make_scheduler, replan
@@ -344,7 +344,8 @@ class Run:
         self.ledger.steps(self.clock.run)
         mine = self.ledger.close()
         busy = mine["gpu_busy"]
-        values = [mine["seconds"][p] for p in PARTS] + [busy or 0.0, 1.0 if busy is not None else 0.0]
+        values = [mine["seconds"][p] for p in PARTS] + [mine["startup"][p] for p in STARTUP_PARTS]
+        values += [busy or 0.0, 1.0 if busy is not None else 0.0]
         t = torch.tensor(values, dtype=torch.float64, device=self.rt.device)
         if self.rt.distributed:
             self.rt.collectives.all_reduce_(t)
@@ -352,6 +353,7 @@ class Run:
         world = self.rt.world_size
         return {
             "time_parts": {p: total[i] / world for i, p in enumerate(PARTS)},
+            "startup_parts": {p: total[len(PARTS) + i] / world for i, p in enumerate(STARTUP_PARTS)},
             "launched": self.ledger.launched,
             "gpu_busy": total[-2] / total[-1] if total[-1] else None,
         }
