@@ -24,7 +24,7 @@ from ..environments import DistEnv
 from ..environments.registry import request_requeue
 from ..errors import DdpkitError, RunDirTaken
 from ..parallel.spec import mesh_dims
-from ..planning.memory import load_what_every_worker_loads, measure_process, sharding_import_cost
+from ..planning.process import load_what_every_worker_loads, measure_process, sharding_import_cost
 from ..reporting.rank_output import rank_stdout
 from ..reporting.run_state import record_failure
 from ..reporting.summary import add_phases, add_time, run_summary, write_summary

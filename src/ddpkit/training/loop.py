@@ -26,7 +26,7 @@ from ..data import ShardedLoader, StreamLoader
 from ..data.loaders import rank_loader
 from ..data.placement import ON_DEVICE, place_on_device, tensors_of
 from ..data.streams import is_stream
-from ..planning.memory import (
+from ..planning.process import (
     device_budget,
     local_state_bytes,
     peak_memory_bytes,
@@ -182,6 +182,7 @@ class Run:
             scheduler=scheduler,
             scaler=self.strategy.grad_scaler(),
             timed_save=self.checkpointer.clock_due,
+            finite_checkpoint=lambda: self.checkpointer.finite_checkpoint,
             after_step=ParamTrace(self.run_dir, self.strategy, self.model) if cfg.trace_steps else None,
             mark=self.mark,
         )
