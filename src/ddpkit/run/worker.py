@@ -23,6 +23,7 @@ from ..config import RunConfig
 from ..environments import DistEnv
 from ..environments.registry import request_requeue
 from ..errors import DdpkitError, RunDirTaken
+from ..parallel.spec import mesh_dims
 from ..planning.process import load_what_every_worker_loads, measure_process, sharding_import_cost
 from ..reporting.rank_output import rank_stdout
 from ..reporting.run_state import record_failure
@@ -209,6 +210,8 @@ def _train(cfg: RunConfig, env: DistEnv, held: contextlib.ExitStack, given: Task
         sharded = sharding_import_cost() if cfg.strategy == "auto" else 0  # auto weighs FSDP's modules too
         process = measure_process(task.model, rt.device.type, release, sharded)
         cfg, chosen = resolve_auto(cfg, rt, task, process)  # --strategy auto: strategy, checkpointing, micro-batch
+        # the job's mesh, which every part asks (the sampler, the loss, the strategy): parallel/dims.py
+        rt.dims = mesh_dims(cfg.strategy_config(), env.world_size, env.nnodes, env.local_world_size, env.rank)
         ledger.mark("task")
         if restart_count() > 0:
             cfg = cfg.replace(auto_resume=True)  # restarted after a failure: continue, don't redo

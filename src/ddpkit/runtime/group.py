@@ -16,6 +16,7 @@ import torch.distributed as dist
 
 from ..config.processes import DEFAULT_TIMEOUT_S
 from ..environments import DistEnv
+from ..parallel.dims import ParallelDims
 from .collectives import Collectives
 from .debug import apply_debug_level
 from .devices import choose_devices, cuda_device_count, default_threads, resolve_device_type, select_gpu
@@ -121,6 +122,8 @@ class Runtime(RankView):
     ) -> None:
         """`store`: the workers' store when the caller made it already (make_store), else made here."""
         self.env = env
+        # the job's mesh (parallel/dims.py): every rank data-parallel until the run lays out its own
+        self.dims = ParallelDims(dp_replicate=max(1, env.world_size), rank=env.rank)
         torch.set_num_threads(threads or default_threads(env.local_world_size))
         device_type = resolve_device_type(device)
         # DDPKIT_SHARE_GPU=1 with more local ranks than GPUs: they share them, over gloo (devices.py)

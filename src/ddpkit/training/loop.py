@@ -8,6 +8,7 @@ cadence says. A step is step.py, a pass epoch.py, checkpoints the checkpointer's
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import sys
 import time
@@ -406,10 +407,19 @@ class StreamPosition:
         self.loader, self.rt = loader, rt
 
     def state(self) -> list[dict[str, Any]]:
-        return self.rt.all_gather_object(self.loader.state())
+        """One state per data-parallel rank, in its order: the ranks of a tp group (and the stages of
+        a pipeline) read the same shards, so the first of each group answers for it."""
+        states = self.rt.all_gather_object(self.loader.state())
+        dims = self.rt.dims
+        return [s for r, s in enumerate(states) if _first_of_group(dims, r)]
 
     def load(self, states: list[dict[str, Any]]) -> None:
         self.loader.load(states)
+
+
+def _first_of_group(dims: Any, rank: int) -> bool:
+    placed = dataclasses.replace(dims, rank=rank)
+    return placed.tp_rank == 0 and placed.pp_rank == 0
 
 
 def make_loader(dataset: Any, cfg: RunConfig, rt: Runtime, plan: BatchPlan) -> ShardedLoader | StreamLoader:
