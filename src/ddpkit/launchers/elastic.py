@@ -108,7 +108,7 @@ def run_elastic(
         errors = scratch / "errors"
         errors.mkdir()
         environ = {**_launch_environ(plan, env, errors), **private}
-        scope.enter_context(scoped_environ(environ, also=(*AGENT_SETS, SNAPSHOT_DIR_VAR)))
+        scope.enter_context(scoped_environ(environ, also=(*AGENT_SETS, SNAPSHOT_DIR_VAR, AGENT_START_VAR)))
         scope.enter_context(_agent_logs(verbose))
         scope.enter_context(whole_line_tail())
         scope.enter_context(signal_handlers_kept())

@@ -22,6 +22,7 @@ from ..config.processes import DEFAULT_TIMEOUT_S
 from ..data import ShardedLoader, StreamLoader, rank_loader
 from ..environments import DistEnv
 from ..errors import DdpkitError
+from ..parallel.dims import ParallelDims
 from ..runtime import Collectives, Runtime
 from ..runtime.group import RankView
 from ..strategies import Strategy, StrategyConfig, check, strategy_for
@@ -186,6 +187,7 @@ class Session(RankView):
     backend: str = _held("backend")
     timeout: float = _held("timeout")
     collectives: Collectives = _held("collectives")
+    dims: ParallelDims = _held("dims")  # the job's mesh: every rank data-parallel in an own loop
 
     def close(self) -> None:
         """Tear the process group down (let go of wrapped models and optimizers first)."""
