@@ -15,7 +15,7 @@ from typing import Any, Callable, Iterable
 from ..config import RunConfig
 from ..config.settings import flag_spellings
 from ..environments.registry import launcher_defaults
-from .help import HELP_ALL, HelpAll, compact_help, group_rank, help_group
+from .help import HELP_ALL, HelpAll, compact_help, help_group
 
 _FIELDS = {f.name: f for f in dataclasses.fields(RunConfig)}
 
@@ -59,9 +59,9 @@ class OneLineParser(argparse.ArgumentParser):
         return ns, []
 
 
-ENGINE_RULE = (
-    "The engine's flags first, then --, then the task and the flags of `ddpkit train`, exactly as they "
-    "would follow `ddpkit train`."
+ENGINE_RULE = (  # in the engines' help, as their descriptions are written: lines of at most 96
+    "The engine's flags first, then --, then the task and the flags of `ddpkit train`, exactly as\n"
+    "they would follow `ddpkit train`."
 )
 
 
@@ -128,29 +128,29 @@ def add_flags(
     defaults: dict[str, Any] | None = None,
     opposites: bool = True,
 ) -> None:
-    """One argparse argument per field, under its group of --help (cli/help.py: its section's; a
-    field without one goes to the command's own "options"), the groups in --help's order. With `opposites`
+    """One argparse argument per field: positionals first-class, the others under their group's
+    title (a field without a group goes to the command's own "options"); each action knows its
+    group of the one-line --help (cli/help.py: its section's, or its `help_group`). With `opposites`
     every boolean flag comes with its opposite (--csv and --no-csv), so that a config file's
     setting can be switched off on the command line."""
     titles: dict[str, Any] = {}
-    for f in sorted(fields, key=lambda f: group_rank(help_group(f.metadata))):  # --help's order of the groups
+    for f in fields:
         meta = f.metadata
         if not meta.get("cli", True):
             continue
         default = (defaults or {}).get(f.name, None if meta.get("append") else f.default)
-        target: Any = parser
-        group = help_group(meta)
-        if group:
-            if group not in titles:
-                titles[group] = parser.add_argument_group(group)
-            target = titles[group]
         if meta.get("positional"):
-            target.add_argument(f.name, **_positional_kwargs(meta, default))
+            parser.add_argument(f.name, **_positional_kwargs(meta, default)).help_group = help_group(meta)
             continue
+        target: Any = parser
+        if meta["group"]:
+            if meta["group"] not in titles:
+                titles[meta["group"]] = parser.add_argument_group(meta["group"])
+            target = titles[meta["group"]]
         names, kwargs = names_of(f), _argparse_kwargs(f, default)
         if opposites and isinstance(f.default, bool):
             names, kwargs["action"], kwargs["on"] = (*names, opposite(names[0])), _Switch, not f.default
-        target.add_argument(*names, **kwargs)
+        target.add_argument(*names, **kwargs).help_group = help_group(meta)
 
 
 def flag_names(name: str) -> tuple[str, ...]:

@@ -27,6 +27,7 @@ HELP_GROUPS = {
 }
 _OF_SECTION = {section: title for title, sections in HELP_GROUPS.items() for section in sections}
 ORDER = tuple(HELP_GROUPS)
+OWN = ("positional arguments", "options")  # argparse's groups of a command's own arguments
 NAME_WIDTH = 34  # the column the short help starts at
 HELP_ALL = "--help-all"
 
@@ -58,23 +59,32 @@ def compact_help(parser: argparse.ArgumentParser, width: int | None = None) -> s
     width = width or max(80, min(shutil.get_terminal_size().columns, 120))
     prog, formatter = parser.prog, parser._get_formatter()
     positionals = [a for a in parser._actions if not a.option_strings and a.help != argparse.SUPPRESS]
-    shapes = [f"[{_name(a)}]" if a.nargs in ("?", "*") else _name(a) for a in positionals]
+    shapes = [f"[{_name(a)}]" if a.nargs in ("?", "*", argparse.REMAINDER) else _name(a) for a in positionals]
     every = f"ddpkit help {prog.split()[-1]}" if prog.startswith("ddpkit ") else ""
     lines = [
-        " ".join(["usage:", prog, "[flags]", *shapes]),
+        "usage: " + (parser.usage or " ".join([prog, "[flags]", *shapes])),
         f"every flag with its long text and default: {prog} {HELP_ALL}" + (f" (or {every})" if every else ""),
         "",
     ]
     if parser.description:
         lines += [formatter._format_text(parser.description).rstrip("\n"), ""]
-    for group in parser._action_groups:
-        actions = [a for a in group._group_actions if a.help != argparse.SUPPRESS]
-        if not actions:
-            continue
-        lines.append(f"{group.title}:")
+    for title, actions in _help_groups(parser).items():
+        lines.append(f"{title}:")
         lines += [_one_line(a, formatter, width) for a in actions]
         lines.append("")
     return "\n".join(lines)
+
+
+def _help_groups(parser: argparse.ArgumentParser) -> dict[str, list[argparse.Action]]:
+    """The parser's actions by their group of --help (a setting's, cli/flags.py; a command's own
+    option: its argparse group): the command's own first, then the table's, then any other."""
+    out: dict[str, list[argparse.Action]] = {}
+    for group in parser._action_groups:
+        for a in group._group_actions:
+            if a.help != argparse.SUPPRESS:
+                out.setdefault(getattr(a, "help_group", "") or group.title or "options", []).append(a)
+    ranked = sorted(out, key=lambda t: (t not in OWN, group_rank(t)))
+    return {t: out[t] for t in ranked}
 
 
 def _one_line(action: argparse.Action, formatter: argparse.HelpFormatter, width: int) -> str:

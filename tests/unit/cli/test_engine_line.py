@@ -4,10 +4,15 @@ train`; a task or a flag of `ddpkit train` before the -- is refused in one line 
 shows the same command in the one order that is read, and that line itself runs."""
 
 import shlex
+from pathlib import Path
 
 import pytest
 
 from ddpkit.cli import build_parser, main
+from ddpkit.cli.flags import ENGINE_RULE
+
+DOCS = Path(__file__).resolve().parents[3] / "docs"
+PAGES = {"slurm": "slurm.md", "k8s": "kubernetes.md", "sky": "skypilot.md", "ray": "ray.md"}
 
 ENGINES = ("slurm", "k8s", "sky", "ray")
 
@@ -20,6 +25,12 @@ def test_the_arguments_after_dashes_are_the_train_arguments_unchanged(engine):
     assert build_parser().parse_args([engine, "--dry-run"]).train_args == []  # the default task
     sub = next(a for a in build_parser()._actions if a.dest == "command")
     assert sub.choices[engine].format_usage() == f"usage: ddpkit {engine} [{engine} flags] -- TASK [train flags]\n"
+    # the same words in the command's help and on its page
+    said = " ".join(ENGINE_RULE.split())
+    assert said in " ".join(sub.choices[engine].format_help().split())
+    page = " ".join((DOCS / PAGES[engine]).read_text().split())
+    rule = said[0].lower() + said[1:].replace("then --,", "then `--`,")
+    assert f"`ddpkit {engine} [{engine} flags] -- TASK [train flags]`: " + rule in page
 
 
 OLD_FORMS = [
