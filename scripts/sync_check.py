@@ -1,4 +1,4 @@
-"""gpu_check.sh step 10: training steps without a host synchronisation.
+"""scripts/gpu_check.py step 10: training steps without a host synchronisation.
 
 Runs ddpkit's optimizer step (training/step.py) on an MLP, with the batches handed over by
 training/prefetch.py as `ddpkit train` does, and the optimizer `ddpkit train` builds by default
