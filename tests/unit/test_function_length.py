@@ -77,3 +77,30 @@ def test_the_walk_finds_a_long_method_and_reads_its_reason():
     assert found == [("f", 3, 6, "Long: one table.")]
     sizes = {rel: len(source.splitlines()) for rel, source in modules()}
     assert "planning/memory.py" in sizes and max(sizes.values()) > 100  # the module walk reads real files
+
+
+ROOT = SRC.parents[1]
+TOOLS = ("scripts", "benchmarks", "examples")  # the project's programs beside the package
+MAX_BASH_LINES = 150  # past that, a script is a program: write it in Python
+
+
+def test_the_scripts_and_benchmarks_keep_the_hard_limits_too():
+    over = []
+    for folder in TOOLS:
+        for path in sorted((ROOT / folder).rglob("*.py")):
+            source, rel = path.read_text(), path.relative_to(ROOT).as_posix()
+            if (n := len(source.splitlines())) > MAX_MODULE_LINES:
+                over.append(f"{rel} ({n} lines)")
+            over += [f"{rel}:{line} {name} ({length} lines)" for name, line, length, _ in long_functions(source, 80)]
+    assert not over, "split these by concern:\n  " + "\n  ".join(over)
+    assert len(list((ROOT / "scripts").glob("*.py"))) > 3 and len(list((ROOT / "benchmarks").glob("*.py"))) > 3
+
+
+def test_no_bash_script_is_a_program():
+    long = [
+        f"{p.relative_to(ROOT)} ({n} lines)"
+        for p in sorted(ROOT.glob("**/*.sh"))
+        if not any(part.startswith(".venv") for part in p.parts)
+        and (n := len(p.read_text().splitlines())) > MAX_BASH_LINES
+    ]
+    assert not long, f"bash scripts over {MAX_BASH_LINES} lines: write them in Python:\n  " + "\n  ".join(long)
