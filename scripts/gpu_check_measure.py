@@ -14,7 +14,7 @@ import gpu_check_runs as runs
 from gpu_check_steps import found, holds
 
 if TYPE_CHECKING:
-    from gpu_check import GpuCheck
+    from gpu_check_core import GpuCheck
 
 
 def script(c: GpuCheck, label: str, argv: list[str], seconds: int, env: dict[str, str] | None = None) -> int:

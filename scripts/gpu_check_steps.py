@@ -54,7 +54,7 @@ from typing import TYPE_CHECKING, Callable
 import gpu_check_runs as runs
 
 if TYPE_CHECKING:
-    from gpu_check import GpuCheck
+    from gpu_check_core import GpuCheck
 
 COMPILE_TROUBLE = re.compile(
     r"Python\.h|stddef\.h|C compiler|[Tt]riton (installation )?not found|No module named 'triton'|BackendCompilerFailed"
