@@ -97,6 +97,9 @@ class Checkpointer:
         self.writer = ckpt_file.BackgroundWriter() if faults.async_save else None
         self.last_save = time.monotonic()
         self.memory = self._memory(faults.snapshot_every_steps)
+        # The newest checkpoint whose weights this run saw finite (at its save, or once resumed
+        # from): what the NaN guard may name; None until then.
+        self.finite_checkpoint: str | None = None
 
     def _memory(self, every: int | None) -> MemorySnapshots | None:
         """Snapshots in each node's memory under a restarting agent: DDP's local rank 0 keeps its
@@ -221,6 +224,7 @@ class Checkpointer:
         elif self.rt.is_main:
             self._write_file(header, path, metric)
         self.last_save = time.monotonic()
+        self.finite_checkpoint = str(path if self.strategy.checkpoint_kind != "sharded" else path.with_suffix(""))
 
     def _write_file(self, header: Header, path: Path, metric: tuple[str, float] | None) -> None:
         """Rank 0: one file, atomically; in a thread with --async-save (on CPU copies)."""
@@ -308,6 +312,7 @@ class Checkpointer:
             if name in header.parts:
                 part.load(header.parts[name])
         set_rng_state(header.rng[self.rt.rank] if len(header.rng) == self.rt.world_size else header.rng[0])
+        self._check_finite(path)
         self.prune()  # a crash between a save and its pruning left one too many
         pos = header.position
         if not quiet:
@@ -316,6 +321,19 @@ class Checkpointer:
             )
             self.rt.print(f"ddpkit: resuming from {bucket.shown(path, self.run_dir)} ({where})")
         return pos
+
+    def _check_finite(self, path: str | None) -> None:
+        """Collective: the weights just loaded are finite on every rank. A save refuses NaN/inf
+        weights, so a checkpoint holding them was changed after it was written (its checksums
+        rewritten too: they guard against accidents only); one-file checkpoints are skipped for it
+        before loading (file.validate_checkpoint), this catches every other kind."""
+        finite, _ = weights_finite(self.model, self.rt.collectives, self.rt.device)
+        if not finite:
+            raise DdpkitError(
+                f"--resume: {path}: its weights hold NaN/inf, which ddpkit never saves: it was changed after it was "
+                "written; move it out of the checkpoints folder and --resume takes the previous one"
+            )
+        self.finite_checkpoint = path
 
     def _on_disk(self, required: bool) -> tuple[str, Any, str | None]:
         """Rank 0: the newest disk checkpoint that is complete and fits, as (kind, payload, path)."""

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from ..errors import DdpkitError
+from ..parallel.dims import check_degrees
 from ..parallel.spec import FSDP_NEEDS_TWO, STRATEGIES, StrategyConfig, check, strategy_help  # noqa: F401
 from .faults import ON_NAN_MODES, Faults  # noqa: F401
 from .nodes import RDZV_BACKENDS, Nodes  # noqa: F401
@@ -98,6 +99,10 @@ class RunConfig(Performance, Strategy, Output, Nodes, Faults, Processes, Trainin
             fused_optimizer=self.fused_optimizer,
             compile=self.compile,
             replicate=self.replicate,
+            tp=self.tp,
+            pp=self.pp,
+            pp_schedule=self.pp_schedule,
+            pp_microbatches=self.pp_microbatches,
         )
 
     # -- checks -------------------------------------------------------------------------------
@@ -123,8 +128,11 @@ class RunConfig(Performance, Strategy, Output, Nodes, Faults, Processes, Trainin
         return 2 * self.timeout if self.hang_timeout is None else float(self.hang_timeout)
 
     def batch_plan(self, world_size: int) -> BatchPlan:
-        """The global batch and accumulation at `world_size` (refused when G < world_size)."""
-        return BatchPlan(self.batch_size, self.accumulate, self.global_batch_size, world_size)
+        """The global batch and accumulation at `world_size` processes, cut among the data-parallel
+        ones (world / (tp x pp): a tp group and a pipeline train one share together; refused when
+        G is smaller than them)."""
+        check_degrees(world_size, self.tp, self.pp)
+        return BatchPlan(self.batch_size, self.accumulate, self.global_batch_size, world_size // (self.tp * self.pp))
 
     def replace(self, **changes: Any) -> RunConfig:
         return dataclasses.replace(self, **changes)
@@ -167,7 +175,11 @@ def _output_across(cfg: RunConfig) -> None:
 def _strategy_across(cfg: RunConfig) -> None:
     """The strategies' one check (strategy_config.py, which the Python API and the own-loop
     Session call too), with this node's processes when they are known."""
-    check(cfg.strategy_config(), None if cfg.nproc is None or cfg.multi_node else cfg.nproc)
+    check(
+        cfg.strategy_config(),
+        None if cfg.nproc is None or cfg.multi_node else cfg.nproc,
+        local_world_size=cfg.nproc if isinstance(cfg.nproc, int) else None,
+    )
 
 
 def _group_check(section: type[Section], across: Callable[[RunConfig], None] | None = None) -> Callable[[Any], None]:

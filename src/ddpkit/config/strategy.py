@@ -8,6 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..errors import DdpkitError
+from ..parallel.dims import PP_SCHEDULES
 from ..parallel.spec import STRATEGIES, strategy_help
 from .settings import STRATEGY, Section, choice, setting
 
@@ -34,6 +35,39 @@ class Strategy(Section):
         type=int,
         metavar="R",
         default_help="fsdp: 1; hsdp: one per node",
+    )
+    tp: int = setting(
+        1,
+        "tensor parallel over N processes of a node: each of the model's Linear layers split across them "
+        "(the task's tp_plan, or a Hugging Face model's own); --strategy says what the data-parallel rest does "
+        "(world = data-parallel x pp x tp)",
+        group=STRATEGY,
+        type=int,
+        metavar="N",
+    )
+    pp: int = setting(
+        1,
+        "pipeline parallel over N stages: the model's blocks cut into N consecutive parts, each on its own "
+        "processes (world = data-parallel x pp x tp)",
+        group=STRATEGY,
+        type=int,
+        metavar="N",
+    )
+    pp_schedule: str = setting(
+        "1f1b",
+        "--pp's schedule of micro-batches through the stages: gpipe (all forwards, then all backwards), 1f1b "
+        "(one forward, one backward: fewer activations held), interleaved-1f1b (several stages per process)",
+        group=STRATEGY,
+        choices=PP_SCHEDULES,
+    )
+    pp_microbatches: int | None = setting(
+        None,
+        "--pp: micro-batches each step's share is cut into on its way through the pipeline (more: a smaller "
+        "bubble, smaller matmuls)",
+        group=STRATEGY,
+        type=int,
+        metavar="M",
+        default_help="the number of stages",
     )
     precision: str = setting(
         "fp32",

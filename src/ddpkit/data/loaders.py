@@ -15,17 +15,19 @@ def rank_loader(
 ) -> ShardedLoader | StreamLoader:
     """This rank's batches of `dataset` in ddpkit's global order. A stream's ranks agree where
     a pass ends through the job's collectives, on the device the backend moves (the GPU
-    under NCCL, else the CPU). `options`: the loader's own (num_workers; drop_last for a map-style set)."""
+    under NCCL, else the CPU). The rank and world are the data-parallel ones (rt.dims): the ranks of
+    one tensor-parallel group, and the stages of one pipeline, get the same samples. `options`: the
+    loader's own (num_workers; drop_last for a map-style set)."""
     if is_stream(dataset):
         return StreamLoader(
             dataset,
             batch_size,
-            rt.rank,
-            rt.world_size,
+            rt.dims.dp_rank,
+            rt.dims.dp,
             seed=seed,
             shuffle=shuffle,
             agree=rt.collectives.all_reduce_,
             device=rt.collective_device,
             **options,
         )
-    return ShardedLoader(dataset, batch_size, rt.rank, rt.world_size, seed=seed, shuffle=shuffle, **options)
+    return ShardedLoader(dataset, batch_size, rt.dims.dp_rank, rt.dims.dp, seed=seed, shuffle=shuffle, **options)

@@ -6,7 +6,7 @@ number of processes is known), the workers' make_strategy (the real world size, 
 so `ddpkit --help` and the config stay instant; the strategies themselves live in strategies/.
 
 Every strategy is a StrategySpec in one registry (`register`): its name, whether it shards,
-its own rules, its memory model (what a rank holds, strategy_memory.py), its help line, its
+its own rules, its memory model (what a rank holds, parallel/footprints.py), its help line, its
 (replicate, shard) layout and where its Strategy is built (an import path, so FSDP's imports
 stay lazy). `--strategy`'s choices and help, check(), strategy_for, `--strategy auto` and the
 memory plan all read it. HSDP is FSDP with replicas: `--strategy fsdp --replicate R` lays it
@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator
 
 from ..errors import DdpkitError
+from .dims import PP_SCHEDULES, ParallelDims, check_degrees
 from .footprints import MemoryModel, sharded_state, whole_replica
 
 FSDP_NEEDS_TWO = (
@@ -49,7 +50,16 @@ class StrategyConfig:
     fused_optimizer: str = "auto"  # on a GPU where the task chose neither fused nor foreach (ddp_knobs.py)
     compile: bool = False  # every strategy: the whole DDP model, else each block's forward (compiling.py)
     ddp_options: dict[str, Any] = field(default_factory=dict)  # DistributedDataParallel keywords (rt.wrap's)
-    replicate: int | None = None  # hsdp's replicas (None: one per node); the shards are world_size / replicate
+    replicate: int | None = None  # hsdp's replicas (None: one per node); the shards are dp / replicate
+    # the mesh's other dims (parallel/dims.py): world = dp x pp x tp, tp within a node
+    tp: int = 1
+    pp: int = 1
+    pp_schedule: str = "1f1b"  # gpipe | 1f1b | interleaved-1f1b
+    pp_microbatches: int | None = None  # micro-batches per step through the pipeline (None: the schedule's default)
+
+    def dp_world(self, world_size: int) -> int:
+        """The data-parallel ranks among `world_size`: those that train different samples."""
+        return max(1, world_size // (self.tp * self.pp))
 
 
 def check(
@@ -58,14 +68,18 @@ def check(
     *,
     mesh_shape: tuple[int, int] | None = None,
     own_loop: bool = False,
+    local_world_size: int | None = None,
 ) -> None:
     """Refuse what `config` cannot do with `world_size` processes (None: not known yet): the
     rules every strategy shares, then its own (StrategySpec.rules).
 
     `mesh_shape`: FSDP's (replicate, shard) device mesh, whose product must be the world size.
-    `own_loop`: spell the messages as rt.wrap's keywords instead of the CLI's flags."""
+    `own_loop`: spell the messages as rt.wrap's keywords instead of the CLI's flags.
+    `local_world_size`: one node's processes (a tp group stays within a node)."""
     spec = _named(config.name, own_loop)
-    _check_replicate(config, spec, world_size)
+    check_degrees(world_size, config.tp, config.pp, local_world_size)
+    _check_pipeline(config)
+    _check_replicate(config, spec, None if world_size is None else config.dp_world(world_size))
     if not spec.ddp_knobs:
         ddp_only = _ddp_only(config, own_loop)
         if ddp_only and own_loop:
@@ -87,7 +101,34 @@ def check(
     for rule in spec.rules:
         rule(config, world_size, own_loop)
     if mesh_shape is not None:
-        _check_mesh(mesh_shape, world_size)
+        _check_mesh(mesh_shape, None if world_size is None else config.dp_world(world_size))
+
+
+def _check_pipeline(config: StrategyConfig) -> None:
+    """--pp-schedule and --pp-microbatches: a known schedule, a positive count."""
+    if config.pp_schedule not in PP_SCHEDULES:
+        raise DdpkitError(f"--pp-schedule must be one of {', '.join(PP_SCHEDULES)}, got {config.pp_schedule!r}")
+    m = config.pp_microbatches
+    if m is not None and (not isinstance(m, int) or isinstance(m, bool) or m < 1):
+        raise DdpkitError(f"--pp-microbatches must be a positive number of micro-batches, got {m!r}")
+
+
+def mesh_dims(
+    config: StrategyConfig, world_size: int, nnodes: int = 1, local_world_size: int | None = None, rank: int = 0
+) -> ParallelDims:
+    """The job's mesh (parallel/dims.py) as `config` lays it out over `world_size` ranks on
+    `nnodes` nodes: tp and pp from the config, the data-parallel rest replicated (DDP) or laid
+    out by the strategy's (replicate, shard) layout over the data-parallel ranks (FSDP, HSDP)."""
+    check_degrees(world_size, config.tp, config.pp, local_world_size)
+    spec = _REGISTRY.get(config.name)
+    dp = config.dp_world(world_size)
+    if spec is None or spec.layout is None:
+        shards = spec is not None and spec.shards
+        return ParallelDims.of(world_size, tp=config.tp, pp=config.pp, shards=shards, rank=rank)
+    # a node's data-parallel ranks: its processes over tp (the pipeline's stages may span nodes)
+    local = local_world_size // config.tp if local_world_size is not None and config.pp == 1 else None
+    replicate, _ = spec.layout(config, dp, max(1, nnodes // config.pp), local)
+    return ParallelDims.of(world_size, tp=config.tp, pp=config.pp, replicate=replicate, shards=True, rank=rank)
 
 
 def _named(name: str, own_loop: bool) -> StrategySpec:
@@ -167,9 +208,14 @@ def _check_replicate(config: StrategyConfig, spec: StrategySpec, world_size: int
         raise DdpkitError(f"--replicate must be a positive number of replicas, got {r!r}")
     if world_size is not None and world_size % r:
         raise DdpkitError(
-            f"--replicate {r} does not divide the {world_size} processes into equal replicas: choose a divisor "
-            f"of {world_size} (each replica holds world size / replicate shards)"
+            f"--replicate {r} does not divide the {world_size}{_dp_word(config)} processes into equal replicas: "
+            f"choose a divisor of {world_size} (each replica holds world size / replicate shards)"
         )
+
+
+def _dp_word(config: StrategyConfig) -> str:
+    """How messages name the ranks --replicate divides: every process, or the data-parallel ones."""
+    return " data-parallel" if config.tp * config.pp > 1 else ""
 
 
 def fsdp_mesh(
@@ -238,7 +284,7 @@ class StrategySpec:
     built (None: `auto`, which the workers resolve to another). `layout`: the (replicate,
     shard) mesh over the world size (None: one replica per rank, or one shard per rank when
     it `shards`; such a strategy is built without a mesh). `rules`: its own part of check(),
-    after the shared rules. `memory`: what a rank holds (strategy_memory.py); None: no column
+    after the shared rules. `memory`: what a rank holds (parallel/footprints.py); None: no column
     in the memory plan. `planned`: a column of every plan, else only when asked for."""
 
     name: str

@@ -68,7 +68,7 @@ def train(
     if dry_run:
         _print_dry_run(cfg, plan, backend, nproc, device_type)
         return {"plan": plan}
-    _check_strategy(cfg, device_type, nproc * plan.max_nodes)
+    _check_strategy(cfg, device_type, nproc * plan.max_nodes, nproc)
     _check_task_exists(cfg)  # before the run directory is made: a task that cannot load leaves none
     cfg = cfg if cfg.run_dir else cfg.replace(run_dir=str(default_run_dir(cfg)))
     with staged(cfg) as cfg:  # a bucket's run: checked now, before any worker starts
@@ -231,9 +231,10 @@ def default_run_dir(cfg: RunConfig) -> Path:
     return Path("runs") / f"{_task_slug(cfg.task)}-{time.strftime('%Y%m%d-%H%M%S')}"
 
 
-def _check_strategy(cfg: RunConfig, device_type: str, nproc: int) -> None:
-    """Refuse before any worker starts what the workers would refuse (`nproc`: the largest world)."""
-    check(cfg.strategy_config(), nproc)
+def _check_strategy(cfg: RunConfig, device_type: str, nproc: int, local: int | None = None) -> None:
+    """Refuse before any worker starts what the workers would refuse (`nproc`: the largest world,
+    `local`: one node's processes)."""
+    check(cfg.strategy_config(), nproc, local_world_size=local)
     cfg.batch_plan(nproc)
     if device_type == "cpu":  # (asking a GPU here would initialise CUDA in the launcher)
         from ..strategies.precision import check_precision

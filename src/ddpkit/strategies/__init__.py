@@ -13,6 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..config import RunConfig
+from ..errors import DdpkitError
 from ..parallel.spec import StrategyConfig, check, strategy_spec
 from ..runtime import Runtime
 from ..task import Task
@@ -41,7 +42,8 @@ def make_strategy(cfg: RunConfig, rt: Runtime, task: Task) -> Strategy:
     training/auto.py). Checked again here: the real world size, and what auto chose (an
     explicit one was checked before launch)."""
     config = cfg.strategy_config()
-    check(config, rt.world_size)
+    check(config, rt.world_size, local_world_size=rt.env.local_world_size)
+    _not_built_yet(config)
     strategy = strategy_for(config, rt, blocks=task.fsdp_blocks, checkpoint_blocks=task.checkpoint_blocks)
     init_from = cfg.init_from or task.init_from
     strategy.init = ModelInit(task.init_weights, str(init_from) if init_from else None, cfg.seed)
@@ -53,6 +55,13 @@ def make_strategy(cfg: RunConfig, rt: Runtime, task: Task) -> Strategy:
     if choice is not None and not cfg.quiet:
         rt.print(f"ddpkit: --compile with the {choice.backend} backend: {choice.why}")
     return strategy
+
+
+def _not_built_yet(config: StrategyConfig) -> None:
+    """The mesh's dims whose strategy this build lacks: refused, never silently trained without."""
+    for flag, n in (("--tp", config.tp), ("--pp", config.pp)):
+        if n > 1:
+            raise DdpkitError(f"{flag} {n}: this ddpkit cannot split the model that way yet; drop {flag}")
 
 
 def strategy_for(config: StrategyConfig, rt: Runtime, *, blocks: Any = None, checkpoint_blocks: Any = None) -> Strategy:

@@ -150,9 +150,8 @@ class Strategy:
     def eval_batches(self, dataset: Any, batch_size: int, num_workers: int = 0) -> Iterator[Any]:
         """Contiguous unpadded slices: every sample counted once; with `eval_lockstep`,
         empty batches pad the ranks that have fewer, so every rank runs as many forwards."""
-        return eval_batches(
-            dataset, batch_size, self.rt.rank, self.rt.world_size, num_workers, lockstep=self.eval_lockstep
-        )
+        dims = self.rt.dims  # the data-parallel rank and world: a tp group evaluates one slice together
+        return eval_batches(dataset, batch_size, dims.dp_rank, dims.dp, num_workers, lockstep=self.eval_lockstep)
 
     # -- checkpoints (the checkpointer, checkpoint/checkpointer.py, owns them) ---------
     def load_full(self, model: nn.Module, optimizer: torch.optim.Optimizer, ckpt: dict[str, Any]) -> None:

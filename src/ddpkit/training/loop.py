@@ -8,6 +8,7 @@ cadence says. A step is step.py, a pass epoch.py, checkpoints the checkpointer's
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import sys
 import time
@@ -25,7 +26,7 @@ from ..data import ShardedLoader, StreamLoader
 from ..data.loaders import rank_loader
 from ..data.placement import ON_DEVICE, place_on_device, tensors_of
 from ..data.streams import is_stream
-from ..planning.memory import (
+from ..planning.process import (
     device_budget,
     local_state_bytes,
     peak_memory_bytes,
@@ -45,7 +46,7 @@ from .cadence import Cadence, Moment, StepPlan
 from .epoch import EpochRun, RunTotals
 from .evaluate import evaluate
 from .flops import throughput_of
-from .ledger import PARTS, Ledger
+from .ledger import PARTS, STARTUP_PARTS, Ledger
 from .oom import OomAdvice
 from .profile import LabelledSteps, StepProfile
 from .schedule import make_scheduler, replan
@@ -181,6 +182,7 @@ class Run:
             scheduler=scheduler,
             scaler=self.strategy.grad_scaler(),
             timed_save=self.checkpointer.clock_due,
+            finite_checkpoint=lambda: self.checkpointer.finite_checkpoint,
             after_step=ParamTrace(self.run_dir, self.strategy, self.model) if cfg.trace_steps else None,
             mark=self.mark,
         )
@@ -343,7 +345,8 @@ class Run:
         self.ledger.steps(self.clock.run)
         mine = self.ledger.close()
         busy = mine["gpu_busy"]
-        values = [mine["seconds"][p] for p in PARTS] + [busy or 0.0, 1.0 if busy is not None else 0.0]
+        values = [mine["seconds"][p] for p in PARTS] + [mine["startup"][p] for p in STARTUP_PARTS]
+        values += [busy or 0.0, 1.0 if busy is not None else 0.0]
         t = torch.tensor(values, dtype=torch.float64, device=self.rt.device)
         if self.rt.distributed:
             self.rt.collectives.all_reduce_(t)
@@ -351,6 +354,7 @@ class Run:
         world = self.rt.world_size
         return {
             "time_parts": {p: total[i] / world for i, p in enumerate(PARTS)},
+            "startup_parts": {p: total[len(PARTS) + i] / world for i, p in enumerate(STARTUP_PARTS)},
             "launched": self.ledger.launched,
             "gpu_busy": total[-2] / total[-1] if total[-1] else None,
         }
@@ -403,10 +407,19 @@ class StreamPosition:
         self.loader, self.rt = loader, rt
 
     def state(self) -> list[dict[str, Any]]:
-        return self.rt.all_gather_object(self.loader.state())
+        """One state per data-parallel rank, in its order: the ranks of a tp group (and the stages of
+        a pipeline) read the same shards, so the first of each group answers for it."""
+        states = self.rt.all_gather_object(self.loader.state())
+        dims = self.rt.dims
+        return [s for r, s in enumerate(states) if _first_of_group(dims, r)]
 
     def load(self, states: list[dict[str, Any]]) -> None:
         self.loader.load(states)
+
+
+def _first_of_group(dims: Any, rank: int) -> bool:
+    placed = dataclasses.replace(dims, rank=rank)
+    return placed.tp_rank == 0 and placed.pp_rank == 0
 
 
 def make_loader(dataset: Any, cfg: RunConfig, rt: Runtime, plan: BatchPlan) -> ShardedLoader | StreamLoader:
