@@ -142,4 +142,3 @@ def test_an_unusable_bucket_is_one_line_before_any_worker_starts(where, says, s3
     assert proc.returncode == 2 and time.monotonic() - start < 90, out
     assert says in out and "Traceback" not in out and len(out.splitlines()) <= 3, out
     assert not (tmp_path / "s3:").exists() and not list(tmp_path.glob("ddpkit-stage-*"))
-
