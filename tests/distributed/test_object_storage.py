@@ -35,8 +35,18 @@ def test_fsdp_run_in_a_bucket_resumes_from_the_newest_committed_checkpoint_and_e
 ):
     s3, bucket = s3_server, s3_server.bucket("runs")
     url = f"s3://{bucket}/wine/fsdp"
-    run_ddpkit("train", *FSDP, "--epochs", "4", "--run-dir", url, env=_env(s3, tmp_path))
+    puts: list[str] = []
+    s3.on_request = lambda method, path: method == "PUT" and puts.append(path.split("/checkpoints/")[-1]) and False
+    try:
+        run_ddpkit("train", *FSDP, "--epochs", "4", "--run-dir", url, env=_env(s3, tmp_path))
+    finally:
+        s3.on_request = None
+    # each rank's shards, rank 1's report of them, then (last of that checkpoint) rank 0's manifest
+    mine = [p for p in puts if p.startswith("epoch-000004")]
+    assert mine[-1] == f"epoch-000004{MANIFEST}" and "epoch-000004.reports/1.json" in mine, mine
+    assert {"epoch-000004/__0_0.distcp", "epoch-000004/__1_0.distcp", "epoch-000004/.metadata"} <= set(mine), mine
     keys = s3.keys(bucket, "wine/fsdp/")
+    assert not [k for k in keys if ".reports/" in k], "a committed checkpoint's reports stayed"
     for name in ("epoch-000002", "epoch-000004"):
         assert f"wine/fsdp/checkpoints/{name}{MANIFEST}" in keys
         assert f"wine/fsdp/checkpoints/{name}/__1_0.distcp" in keys  # every rank's shards
@@ -100,23 +110,27 @@ def _until_killed(s3, args: tuple[str, ...], env: dict[str, str], path_part: str
 
 
 @pytest.mark.parametrize(
-    "moment",
+    "args, moment",
     [
-        "checkpoints/epoch-000004.pt",  # in the middle of the second checkpoint's upload
-        f"checkpoints/epoch-000004.pt{MANIFEST}",  # every object up, the manifest not yet
+        (COMMON, "checkpoints/epoch-000004.pt"),  # in the middle of the second checkpoint's upload
+        (COMMON, f"checkpoints/epoch-000004.pt{MANIFEST}"),  # every object up, the manifest not yet
+        (FSDP, "checkpoints/epoch-000004.reports/1.json"),  # rank 1's shards up and reported, no manifest
     ],
+    ids=["ddp-object", "ddp-manifest", "fsdp-report"],
 )
 def test_kill_9_during_an_upload_resumes_from_the_newest_committed_checkpoint_exactly(
-    moment, s3_server, reference_run, tmp_path
+    args, moment, s3_server, reference_run, tmp_path
 ):
     s3 = s3_server
     bucket = s3.bucket(f"kill-{abs(hash(moment)) % 10**8}")
     url = f"s3://{bucket}/run"
-    _until_killed(s3, (*COMMON, "--epochs", "6", "--run-dir", url), _env(s3, tmp_path), moment)
-    assert f"run/checkpoints/epoch-000004.pt{MANIFEST}" not in s3.keys(bucket)
-    proc = run_ddpkit("train", *COMMON[:-1], "--epochs", "6", "--resume", "--run-dir", url, env=_env(s3, tmp_path))
-    assert f"resuming from {url}/checkpoints/epoch-000002.pt (epoch 2 done)" in proc.stdout, proc.stdout
-    reference = torch.load(reference_run(*COMMON, "--epochs", "6") / "model.pt", weights_only=True)
+    _until_killed(s3, (*args, "--epochs", "6", "--run-dir", url), _env(s3, tmp_path), moment)
+    assert not [k for k in s3.keys(bucket) if k.startswith(f"run/checkpoints/epoch-000004{MANIFEST}")]
+    assert not [k for k in s3.keys(bucket) if k.startswith(f"run/checkpoints/epoch-000004.pt{MANIFEST}")]
+    proc = run_ddpkit("train", *args[:-1], "--epochs", "6", "--resume", "--run-dir", url, env=_env(s3, tmp_path))
+    newest = "epoch-000002.pt" if args is COMMON else "epoch-000002"
+    assert f"resuming from {url}/checkpoints/{newest} (epoch 2 done)" in proc.stdout, proc.stdout
+    reference = torch.load(reference_run(*args, "--epochs", "6") / "model.pt", weights_only=True)
     assert max_abs_diff(_model(s3, bucket, "run"), reference) <= 1e-6
 
 

@@ -215,12 +215,13 @@ class Checkpointer:
         if self.strategy.checkpoint_kind == "sharded":
             from .sharded import save_dcp  # torch.distributed.checkpoint: ~0.5 s to import
 
-            if self.writer is not None and self.rt.is_main:
+            if self.writer is not None:
                 self.writer.wait()  # the previous upload reads its folder: pruning waits for it
+            if self.rt.is_main:
+                bucket.uncommit(path.with_suffix("").name)
             final = save_dcp(self.run_dir, header, self.model, self.optimizer, self.rt)
             self.prune(metric)
-            if self.rt.is_main:
-                self._publish(final)
+            self._publish(final)
         elif self.rt.is_main:
             self._write_file(header, path, metric)
         self.last_save = time.monotonic()
@@ -248,11 +249,12 @@ class Checkpointer:
             write()
 
     def _publish(self, final: Path) -> None:
-        """Rank 0, a sharded checkpoint complete in the run folder: to the bucket, if the run is
-        stored in one (in the background with --async-save)."""
+        """Every rank, a sharded checkpoint complete in the run folder: its shards to the bucket,
+        if the run is stored in one; rank 0 commits (in the background with --async-save)."""
         if bucket.current() is None:
             return
-        job = lambda: bucket.publish(self.run_dir, final, self.faults)  # noqa: E731
+        rank, world = self.rt.rank, self.rt.world_size
+        job = lambda: bucket.publish_shards(self.run_dir, final, self.faults, rank, world)  # noqa: E731
         if self.writer is not None:
             self.writer.submit(job)
         else:

@@ -1,8 +1,9 @@
 """A run's copy in an object store: checkpoints committed by a manifest written last.
 
-The commit rule: every object of a checkpoint is uploaded first, its manifest
-(`checkpoints/NAME.manifest.json`: the size and CRC-32 of each object) last; a checkpoint
-whose manifest is missing does not exist, whatever objects are there. Re-saving a name
+The commit rule: every object of a checkpoint is uploaded first (a sharded one's by the rank
+that wrote it, each rank then reporting its objects' sums), its manifest
+(`checkpoints/NAME.manifest.json`: the size and CRC-32 of each object) last, by rank 0 once
+every rank reported; a checkpoint whose manifest is missing does not exist, whatever objects are there. Re-saving a name
 deletes its manifest before any object is overwritten, retention deletes a manifest before
 its objects, so a reader never trusts a mix. Downloads are checked against the manifest
 before anything loads them (and loading is weights-only, as for local files).
@@ -14,6 +15,7 @@ import json
 import os
 import re
 import shutil
+import time
 import uuid
 import zlib
 from pathlib import Path, PurePosixPath
@@ -24,6 +26,7 @@ from .location import Remote, filesystem
 
 CKPT = "checkpoints"
 MANIFEST_SUFFIX = ".manifest.json"
+REPORTS_SUFFIX = ".reports"  # checkpoints/NAME.reports/RANK.json: a rank's shards are up (sharded saves)
 FORMAT = "ddpkit-remote-checkpoint"
 _CHUNK = 8 << 20
 
@@ -52,6 +55,20 @@ def _safe_relative(name: Any) -> str:
     if name.startswith("/") or any(p in ("..", ".", "") for p in parts) or "\\" in name:
         raise ValueError(f"an object name outside its checkpoint ({name[:80]!r})")
     return name
+
+
+def _checked_objects(objects: Any, what: str) -> dict[str, list[int]]:
+    """A manifest's or a rank's report's objects: relative names, each with [size, CRC-32]."""
+    try:
+        if not isinstance(objects, dict):
+            raise ValueError("no objects listed")
+        for rel, sums in objects.items():
+            _safe_relative(rel)
+            if not (isinstance(sums, list) and len(sums) == 2 and all(isinstance(v, int) for v in sums)):
+                raise ValueError(f"a malformed entry for {rel[:80]!r}")
+    except ValueError as e:
+        raise StoreError(f"{what} is unreadable: {e}") from None
+    return objects
 
 
 class RemoteRun:
@@ -96,6 +113,62 @@ class RemoteRun:
         found = [n.removesuffix(MANIFEST_SUFFIX) for n in names if n.endswith(MANIFEST_SUFFIX)]
         return sorted(found, key=order, reverse=True)
 
+    def _report_key(self, name: str, rank: int) -> str:
+        return self.key(CKPT, name + REPORTS_SUFFIX, f"{rank}.json")
+
+    def uncommit(self, name: str) -> None:
+        """Before `name` is saved again: its manifest and the ranks' reports go first, so no reader
+        trusts a mix of the old and the new objects."""
+        with explained(self.remote, f"preparing {name}"):
+            for key in (self.key(CKPT, name + MANIFEST_SUFFIX), self.key(CKPT, name + REPORTS_SUFFIX)):
+                if self.fs.exists(key):
+                    self.fs.rm(key, recursive=True)
+
+    def upload_shards(self, folder: Path, files: Iterable[Path], rank: int) -> dict[str, list[int]]:
+        """One rank's own files of the sharded checkpoint `folder`, straight to the bucket, then
+        its report (each object's size and CRC-32): what rank 0's manifest waits for."""
+        name, sums = folder.name, {}
+        with explained(self.remote, f"uploading {name}"):
+            for path in files:
+                self.fs.put_file(str(path), self.key(CKPT, name, path.name))
+                sums[path.name] = list(crc32_of(path))
+            if rank != 0:
+                self.fs.pipe(self._report_key(name, rank), json.dumps(sums).encode())
+        return sums
+
+    def commit_shards(self, folder: Path, own: Iterable[Path], world_size: int, timeout_s: float) -> str:
+        """Rank 0: its own files, then every other rank's report (bounded wait), then the manifest
+        listing every object: the checkpoint exists from that write on. Returns its URL."""
+        name = folder.name
+        objects = self.upload_shards(folder, own, 0)
+        waiting, deadline, pause = set(range(1, world_size)), time.monotonic() + timeout_s, 0.02
+        while waiting:
+            for rank in sorted(waiting):
+                with explained(self.remote, f"reading rank {rank}'s report of {name}"):
+                    try:
+                        report = json.loads(self.fs.cat_file(self._report_key(name, rank)))
+                    except FileNotFoundError:
+                        continue
+                objects.update(_checked_objects(report, f"rank {rank}'s report of {name}"))
+                waiting.discard(rank)
+            if waiting and time.monotonic() > deadline:
+                raise StoreError(
+                    f"{self.remote.url_of(self.key(CKPT, name))}: ranks {sorted(waiting)} did not report their "
+                    f"upload within {timeout_s:.0f} s; the checkpoint is not committed (the previous one stands)"
+                )
+            if waiting:
+                time.sleep(pause)
+                pause = min(pause * 2, 0.5)
+        self._write_manifest(name, True, objects)
+        with explained(self.remote, f"tidying {name}"):
+            self.fs.rm(self.key(CKPT, name + REPORTS_SUFFIX), recursive=True)
+        return self.remote.url_of(self.key(CKPT, name))
+
+    def _write_manifest(self, name: str, folder: bool, objects: dict[str, list[int]]) -> None:
+        body = {"format": FORMAT, "name": name, "folder": folder, "objects": objects}
+        with explained(self.remote, f"committing {name}"):
+            self.fs.pipe(self.key(CKPT, name + MANIFEST_SUFFIX), json.dumps(body, indent=1).encode())
+
     def commit(self, local: Path, side: Iterable[tuple[Path, str]] = ()) -> str:
         """Upload the checkpoint `local` (a file, or a folder of shards) object by object, its
         manifest last; then the `side` files (local path, key in the run). Returns the URL."""
@@ -110,8 +183,7 @@ class RemoteRun:
                 rel = path.relative_to(local).as_posix() if local.is_dir() else ""
                 self.fs.put_file(str(path), self.key(CKPT, name, rel) if rel else self.key(CKPT, name))
                 objects[rel or name] = list(crc32_of(path))
-            body = {"format": FORMAT, "name": name, "folder": local.is_dir(), "objects": objects}
-            self.fs.pipe(manifest, json.dumps(body, indent=1).encode())
+        self._write_manifest(name, local.is_dir(), objects)
         self.put_files(side)
         return self.remote.url_of(self.key(CKPT, name))
 
@@ -153,14 +225,11 @@ class RemoteRun:
             raw = self.fs.cat_file(self.key(CKPT, name + MANIFEST_SUFFIX))
         try:
             body = json.loads(raw)
-            if not isinstance(body, dict) or body.get("format") != FORMAT or not isinstance(body["objects"], dict):
+            if not isinstance(body, dict) or body.get("format") != FORMAT:
                 raise ValueError("not a ddpkit manifest")
-            for rel, sums in body["objects"].items():
-                _safe_relative(rel)
-                if not (isinstance(sums, list) and len(sums) == 2 and all(isinstance(v, int) for v in sums)):
-                    raise ValueError(f"a malformed entry for {rel[:80]!r}")
-        except (ValueError, KeyError, TypeError) as e:
+        except (ValueError, TypeError) as e:
             raise StoreError(f"{self.remote.url_of(self.key(CKPT, name))}: its manifest is unreadable: {e}") from None
+        _checked_objects(body.get("objects"), f"the manifest of {self.remote.url_of(self.key(CKPT, name))}")
         return body
 
     def fetch(self, name: str, folder: Path) -> Path:
