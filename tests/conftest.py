@@ -124,7 +124,8 @@ def own_loop_launched(tmp_path_factory):
 class S3Server:
     """moto's S3 server on loopback, in this process; `on_request(method, path)`, when set, sees
     every request before the server serves it, and a true answer drops it unstored (a test kills
-    a client in the middle of its upload: what it was sending never arrives whole)."""
+    a client in the middle of its upload: what it was sending never arrives whole), or answers it
+    with an S3 error, ("403 Forbidden", "AccessDenied"), as a real store refuses."""
 
     def __init__(self) -> None:
         import logging
@@ -139,9 +140,12 @@ class S3Server:
         served = wsgi.app
 
         def hooked(environ, start_response):
-            if self.on_request is not None and self.on_request(environ["REQUEST_METHOD"], environ.get("PATH_INFO", "")):
-                start_response("503 Service Unavailable", [("Content-Length", "0")])  # dropped: never stored
-                return [b""]
+            answer = self.on_request and self.on_request(environ["REQUEST_METHOD"], environ.get("PATH_INFO", ""))
+            if answer:  # dropped unstored: True as a bare 503, or (status, S3 error code) as the store says it
+                status, code = answer if isinstance(answer, tuple) else ("503 Service Unavailable", "")
+                body = f"<Error><Code>{code}</Code><Message>{code}</Message></Error>".encode() if code else b""
+                start_response(status, [("Content-Type", "application/xml"), ("Content-Length", str(len(body)))])
+                return [body]
             return served(environ, start_response)
 
         wsgi.app = hooked

@@ -92,11 +92,11 @@ def filesystem(remote: Remote) -> Any:
         ) from None
     if package != "s3fs":
         return fsspec.filesystem(remote.scheme, skip_instance_cache=True)
-    config = {
-        "connect_timeout": CONNECT_TIMEOUT_S,
-        "read_timeout": READ_TIMEOUT_S,
-        "retries": {"max_attempts": ATTEMPTS, "mode": "standard"},
+    retries = {  # botocore's own variables, when set, say how often (theirs is the convention)
+        "max_attempts": int(os.environ.get("AWS_MAX_ATTEMPTS") or ATTEMPTS),
+        "mode": os.environ.get("AWS_RETRY_MODE") or "standard",
     }
+    config = {"connect_timeout": CONNECT_TIMEOUT_S, "read_timeout": READ_TIMEOUT_S, "retries": retries}
     fs = fsspec.filesystem("s3", skip_instance_cache=True, config_kwargs=config)
     fs.retries = 2  # s3fs's own loop over timeouts, on top of botocore's
     return fs
