@@ -75,6 +75,20 @@ def test_fsdp_run_in_a_bucket_resumes_from_the_newest_committed_checkpoint_and_e
     lines = json.loads(s3.get(bucket, "wine/fsdp/summary.json"))
     assert lines["run_dir"] == url
 
+    # the commands that read a run take the URL: export and plot download it, --init-from its model.pt
+    run_ddpkit("export", url, "--out", str(tmp_path / "exported"), env=_env(s3, tmp_path))
+    from safetensors.torch import load_file
+
+    assert max_abs_diff(load_file(str(tmp_path / "exported" / "model.safetensors")), reference) <= 1e-6
+    run_ddpkit("plot", url, "--out", str(tmp_path / "curves.png"), env=_env(s3, tmp_path))
+    assert (tmp_path / "curves.png").stat().st_size > 1000
+    init = run_ddpkit(
+        "train", "--nproc", "1", "--epochs", "1", "--lr", "1e-12", "--init-from", f"{url}/model.pt",
+        "--run-dir", str(tmp_path / "from-bucket"), env=_env(s3, tmp_path),
+    )  # fmt: skip
+    assert max_abs_diff(torch.load(tmp_path / "from-bucket" / "model.pt", weights_only=True), reference) <= 1e-6, init
+    assert not list(tmp_path.glob("ddpkit-*")), "a download outlived its command"
+
     secret = s3.env["AWS_SECRET_ACCESS_KEY"].encode()  # ddpkit stores and prints no credential
     assert all(secret not in s3.get(bucket, key) for key in s3.keys(bucket))
     assert secret.decode() not in out

@@ -20,7 +20,7 @@ from typing import Iterator
 
 from ..config import RunConfig
 from ..errors import DdpkitError
-from ..storage.errors import StoreError
+from ..storage.errors import StoreError, explained
 from ..storage.location import Remote, parse
 from ..storage.remote import CKPT, RemoteRun
 from ..util.envvars import RUN_URL_VAR
@@ -56,6 +56,27 @@ def staged(cfg: RunConfig) -> Iterator[RunConfig]:
             _upload_rest(remote, stage, ok)
     finally:
         shutil.rmtree(stage, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def init_from_fetched(cfg: RunConfig) -> Iterator[RunConfig]:
+    """`cfg` as it is, or with --init-from URL downloaded into a temporary folder (a file, or an
+    HF folder) for the workers to read as a local path (weights-only, as any --init-from)."""
+    where = parse(cfg.init_from) if cfg.init_from else None
+    if not isinstance(where, Remote):
+        yield cfg
+        return
+    fs = RemoteRun(where).fs
+    tmp = Path(tempfile.mkdtemp(prefix="ddpkit-init-"))
+    try:
+        dest = tmp / where.path.rsplit("/", 1)[-1]
+        with explained(where, "downloading --init-from"):
+            if not fs.exists(where.path):
+                raise StoreError(f"--init-from {where.url}: no such object or folder")
+            fs.get(where.path, str(dest), recursive=fs.isdir(where.path))
+        yield cfg.replace(init_from=str(dest))
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def fetch_for_start(cfg: RunConfig, remote: RemoteRun, stage: Path) -> None:

@@ -26,7 +26,7 @@ from ..runtime import default_threads, resolve_device_type
 from ..runtime.devices import workers_backend
 from ..storage.location import is_url
 from ..util.envvars import LAUNCH_ID_VAR, LAUNCH_TIME_VAR
-from .staging import staged
+from .staging import init_from_fetched, staged
 
 _LAUNCH_TIMES_SET: set[str] = set()  # the launch times this process's own train() calls set
 
@@ -71,7 +71,7 @@ def train(
     _check_strategy(cfg, device_type, nproc * plan.max_nodes, nproc)
     _check_task_exists(cfg)  # before the run directory is made: a task that cannot load leaves none
     cfg = cfg if cfg.run_dir else cfg.replace(run_dir=str(default_run_dir(cfg)))
-    with staged(cfg) as cfg:  # a bucket's run: checked now, before any worker starts
+    with staged(cfg) as cfg, init_from_fetched(cfg) as cfg:  # a bucket: checked now, before any worker starts
         new = _missing_folders(cfg.run_dir)
         cfg = prepare_local_run(cfg)
         in_process = nproc == 1 and not cfg.multi_node and not cfg.rdzv_endpoint and cfg.max_restarts == 0
