@@ -37,3 +37,19 @@ def test_a_url_that_cannot_be_used_is_one_line_and_no_local_folder(url, says, tm
     assert list(tmp_path.iterdir()) == [] or all(p.name.startswith(".") for p in tmp_path.iterdir()), list(
         tmp_path.iterdir()
     )
+
+
+@pytest.mark.parametrize("command", [("k8s", "--image", "img"), ("sky",), ("ray", "--dry-run", "--")])
+def test_the_engines_refuse_a_bucket_run_folder_rather_than_turn_it_into_a_path(command, tmp_path):
+    proc = subprocess.run(
+        [sys.executable, "-m", "ddpkit", *command, "--run-dir", "s3://ckpt/x"],
+        cwd=tmp_path,
+        env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(REPO / "src"), "HOME": str(tmp_path)},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    out = (proc.stdout + proc.stderr).strip()
+    assert proc.returncode == 2 and len(out.splitlines()) == 1, out
+    assert "--run-dir s3://ckpt/x: the jobs ddpkit writes do not take a bucket run folder yet" in out, out
+    assert not (tmp_path / "s3:").exists()
