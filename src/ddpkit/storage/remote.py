@@ -57,6 +57,12 @@ def _safe_relative(name: Any) -> str:
     return name
 
 
+def _checkpoint_object(rel: str) -> bool:
+    """Under checkpoints/ and committed by a manifest, not one of the run's files: all but
+    checkpoints/metrics.json (the scores --keep-best keeps by, which a resume needs back)."""
+    return rel.startswith(CKPT + "/") and rel != f"{CKPT}/metrics.json"
+
+
 def _checked_objects(objects: Any, what: str) -> dict[str, list[int]]:
     """A manifest's or a rank's report's objects: relative names, each with [size, CRC-32]."""
     try:
@@ -120,6 +126,7 @@ class RemoteRun:
         """Before `name` is saved again: its manifest and the ranks' reports go first, so no reader
         trusts a mix of the old and the new objects."""
         with explained(self.remote, f"preparing {name}"):
+            self.fs.invalidate_cache()  # a listing cached earlier in this process may predate that manifest
             for key in (self.key(CKPT, name + MANIFEST_SUFFIX), self.key(CKPT, name + REPORTS_SUFFIX)):
                 if self.fs.exists(key):
                     self.fs.rm(key, recursive=True)
@@ -283,7 +290,7 @@ class RemoteRun:
             base = self.key()
             for key in self.fs.find(base):
                 rel = key[len(base) :].lstrip("/")
-                if not rel or rel.split("/")[0] == CKPT or rel.startswith(".ddpkit-write-test-"):
+                if not rel or _checkpoint_object(rel) or rel.startswith(".ddpkit-write-test-"):
                     continue
                 dest = local / _safe_relative(rel)
                 dest.parent.mkdir(parents=True, exist_ok=True)
@@ -296,7 +303,7 @@ class RemoteRun:
         sent = []
         for path in sorted(p for p in local.rglob("*") if p.is_file()):
             rel = path.relative_to(local).as_posix()
-            if (rel.startswith(CKPT + "/") and rel != f"{CKPT}/metrics.json") or skip(rel):
+            if _checkpoint_object(rel) or skip(rel):
                 continue
             with explained(self.remote, f"uploading {rel}"):
                 self.fs.put_file(str(path), self.key(rel))

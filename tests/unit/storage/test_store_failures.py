@@ -70,3 +70,17 @@ def test_throttling_is_retried_with_backoff_then_one_line(s3_env, monkeypatch):
     assert time.monotonic() - start < 30 and 2 <= len(seen) <= 6, seen
     line = str(e.value)
     assert "s3://slow/run" in line and "throttling" in line and "\n" not in line, line
+
+
+def test_a_runs_files_go_up_and_come_back_with_the_scores_keep_best_needs(s3_env, tmp_path):
+    s3_env.bucket("files")
+    local = tmp_path / "run"
+    (local / "checkpoints" / "epoch-000001").mkdir(parents=True)
+    (local / "config.json").write_text("{}")
+    (local / "checkpoints" / "metrics.json").write_text('{"epoch-000001": 0.5}')
+    (local / "checkpoints" / "epoch-000001" / "__0_0.distcp").write_bytes(b"shard")
+    run = RemoteRun(Remote("s3", "files/run"))
+    assert run.put_run_files(local) == ["checkpoints/metrics.json", "config.json"]
+    back = tmp_path / "back"
+    assert sorted(run.get_run_files(back)) == ["checkpoints/metrics.json", "config.json"]
+    assert (back / "checkpoints" / "metrics.json").read_text() == '{"epoch-000001": 0.5}'
