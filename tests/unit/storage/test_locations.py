@@ -59,3 +59,14 @@ def test_failures_are_one_line_naming_the_url_and_what_to_check():
     assert "throttling" in slow and "attempts with backoff" in slow
     for line in (denied, full, slow):
         assert "\n" not in line
+
+
+def test_a_trackers_params_name_the_bucket_not_the_staging_folder(monkeypatch):
+    from ddpkit.config import RunConfig
+    from ddpkit.reporting.sinks.base import SinkSettings
+    from ddpkit.util.envvars import RUN_URL_VAR
+
+    monkeypatch.setenv(RUN_URL_VAR, "s3://ckpt/run")
+    params = SinkSettings.of(RunConfig(run_dir="/tmp/ddpkit-stage-x"), 2).params
+    assert params["run_dir"] == "s3://ckpt/run" and params["world_size"] == 2
+    assert not any("AWS" in str(k) or "secret" in str(v).lower() for k, v in params.items())
