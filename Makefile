@@ -20,7 +20,7 @@ CORE_STAMP = $(VENV)/.ddpkit-core
 TEST_STAMP = $(VENV)/.ddpkit-test
 # the extras of each step (pyproject.toml): a new extra the tests need is one more name here
 CORE_EXTRAS = progress
-TEST_EXTRAS = test,progress,plot,tensorboard,datasets,hf,docs,k8s,pytorchjob,ray
+TEST_EXTRAS = test,progress,plot,tensorboard,datasets,hf,docs,k8s,pytorchjob,ray,s3
 # SkyPilot (the `sky` extra) in a venv of its own: its click<8.2 pin conflicts with the test
 # extras' wandb (>=0.27 needs click>=8.2). The tests run its task loader there on what
 # `ddpkit sky` writes (tests/unit/engines/test_skypilot.py); ~30 s to make

@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-import time
 from pathlib import Path
 
 BENCH = Path(__file__).resolve().parent
@@ -102,8 +101,7 @@ def main() -> None:
         [
             "# Activation checkpointing: peak memory and speed",
             "",
-            f"Measured {time.strftime('%Y-%m-%d %H:%M')} on {os.cpu_count()} cores (shared), load average "
-            f"{load_before[0]:.1f} before and {load_after[0]:.1f} after; {ns.rounds} interleaved rounds; "
+            f"{harness.measured(load_before, load_after)}; {ns.rounds} interleaved rounds; "
             f"examples/gpt.py with {sizes}, --batch-size {BATCH} per process, 2 processes, 1 epoch.",
             f"Peak memory: {results[0]['kind']} (the whole process: torch itself, the model, the data, "
             "the activations). Cells: median (min-max).",

@@ -27,7 +27,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import statistics
 import sys
 import time
@@ -133,17 +132,7 @@ def rows(results: list[dict], vs: list[dict], flops: float, peaks: dict, tokens:
     return out
 
 
-def device_line(device: str) -> str:
-    import torch
-
-    if device == "cuda":
-        p = torch.cuda.get_device_properties(0)
-        return f"{p.name} ({round(p.total_memory / 2**30)} GiB), CUDA {torch.version.cuda}"
-    return f"CPU, {len(os.sched_getaffinity(0))} usable cores"
-
-
 def report(args, vs, table_rows, flops, peaks, elapsed) -> str:
-    import torch
 
     from ddpkit.reporting.throughput import format_flops
 
@@ -154,8 +143,7 @@ def report(args, vs, table_rows, flops, peaks, elapsed) -> str:
     )
     md = [
         "# GPT-2 small: ddpkit against a hand-written loop, with MFU\n",
-        f"{time.strftime('%Y-%m-%d %H:%M:%S')}; {device_line(args.device)}; python {platform.python_version()}, "
-        f"torch {torch.__version__}; {args.threads} CPU threads; {args.rounds} round(s), interleaved; "
+        f"{harness.machine(args.device)}; {args.threads} CPU threads; {args.rounds} round(s), interleaved; "
         f"took {elapsed:.0f}s.\n",
         f"Workload: benchmarks/tasks/gpt_synth.py ({shape}), synthetic tokens, AdamW, clip 1.0, batch "
         f"{args.batch_size}, 2 passes of {args.steps} steps, the second timed. FLOPs a sample (ddpkit's count): "

@@ -32,7 +32,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import sys
 import time
 from pathlib import Path
@@ -125,28 +124,15 @@ def variants(device: str, batch: int, steps: int, threads: int) -> list[dict]:
     return out
 
 
-def device_name(device: str) -> str:
-    import torch
-
-    if device == "cuda":
-        p = torch.cuda.get_device_properties(0)
-        return f"{p.name} ({round(p.total_memory / 2**30)} GiB, compute capability {p.major}.{p.minor})"
-    return f"CPU, {len(os.sched_getaffinity(0))} usable cores"
-
-
 def report(args: argparse.Namespace, vs: list[dict], tab: str, threads: int, elapsed: float) -> str:
     """gpu.md: the machine and workload, the table, the exact commands."""
     import torch
 
-    cuda = (
-        f", CUDA {torch.version.cuda}, NCCL {'.'.join(map(str, torch.cuda.nccl.version()))}"
-        if args.device == "cuda"
-        else ""
-    )
+    nccl = f", NCCL {'.'.join(map(str, torch.cuda.nccl.version()))}" if args.device == "cuda" else ""
     md = [
         f"# MLP on one {'GPU' if args.device == 'cuda' else 'CPU (dry run of benchmarks/gpu.py)'}\n",
-        f"{time.strftime('%Y-%m-%d %H:%M:%S')}; {device_name(args.device)}; python {platform.python_version()}, "
-        f"torch {torch.__version__}{cuda}; {threads} CPU threads per process; {args.rounds} round(s), interleaved; "
+        f"{harness.machine(args.device)}{nccl}; {threads} CPU threads per process; "
+        f"{args.rounds} round(s), interleaved; "
         f"suite took {elapsed:.0f}s.\n",
         f"Workload: benchmarks/tasks/mlp.py (512-2048-2048-2048-10, 9.46M parameters, SGD lr 0.01), batch "
         f"{args.batch_size}, 2 passes of {args.steps} steps ({args.batch_size * args.steps} samples each); "

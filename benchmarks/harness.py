@@ -371,11 +371,48 @@ def table(
     return "\n".join(lines)
 
 
-def plot(results: list[dict], path: str, metrics: dict | None = None, title: str | None = None) -> str:
+def device_name(device: str) -> str:
+    """The device a benchmark ran on, for its report's header."""
+    import torch
+
+    if device == "cuda":
+        p = torch.cuda.get_device_properties(0)
+        return f"{p.name} ({round(p.total_memory / 2**30)} GiB, compute capability {p.major}.{p.minor})"
+    return f"CPU, {len(os.sched_getaffinity(0))} usable cores"
+
+
+def machine(device: str) -> str:
+    """When, on what device, with which python and torch (and CUDA) a report was measured."""
+    import platform
+
+    import torch
+
+    cuda = f", CUDA {torch.version.cuda}" if device == "cuda" else ""
+    return (
+        f"{time.strftime('%Y-%m-%d %H:%M:%S')}; {device_name(device)}; python {platform.python_version()}, "
+        f"torch {torch.__version__}{cuda}"
+    )
+
+
+def measured(load_before: Sequence[float], load_after: Sequence[float]) -> str:
+    """When and on what a report's figures were measured, and how busy the machine was."""
+    return (
+        f"Measured {time.strftime('%Y-%m-%d %H:%M')} on {os.cpu_count()} cores (shared), load average "
+        f"{load_before[0]:.1f} before and {load_after[0]:.1f} after"
+    )
+
+
+def plot(results: list[dict], path: str, metrics: dict | None = None, title: str | None = None) -> str | None:
     """PNG bar chart, one panel per workload (result["workload"], else one panel).
     metrics: {workload: "wall_s" | "samples_per_s" | ...}; default wall_s. For wall_s the
     bar is split into training (median train_s) and everything else; whiskers are min-max.
-    Drawn by ddpkit.reporting.plot.plot_bars, the code behind `ddpkit plot`."""
+    Drawn by ddpkit.reporting.plot.plot_bars, the code behind `ddpkit plot`. Without
+    matplotlib: one line saying the plot is skipped, and None (the results stand without it)."""
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        print(f"plot skipped: matplotlib is not installed (pip install matplotlib to draw {path})", flush=True)
+        return None
     try:
         from ddpkit.reporting.plot import plot_bars
     except ImportError:  # run from a checkout without ddpkit installed

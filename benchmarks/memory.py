@@ -20,7 +20,6 @@ import json
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 BENCH = Path(__file__).resolve().parent
@@ -148,8 +147,7 @@ def main() -> None:
         [
             "# Memory: the plan against the measured peak",
             "",
-            f"Measured {time.strftime('%Y-%m-%d %H:%M')} on {os.cpu_count()} cores (shared), load average "
-            f"{load_before[0]:.1f} before and {load_after[0]:.1f} after. examples/gpt.py ({sizes}; "
+            f"{harness.measured(load_before, load_after)}. examples/gpt.py ({sizes}; "
             f"{', '.join(f'{k}={v}' for k, v in COMMON.items())}), --batch-size {BATCH} per process, "
             f"{ns.steps} optimizer steps; DDP and FSDP on 2 processes, HSDP 2x2 on 4 (one machine).",
             "Plan: `ddpkit plan --json` in its own process, the peak per rank of the strategy run "

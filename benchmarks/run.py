@@ -37,422 +37,19 @@ import sys
 import time
 from pathlib import Path
 
-BENCH = Path(__file__).resolve().parent
-ROOT = BENCH.parent
-sys.path.insert(0, str(BENCH))
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # harness.py and variants.py beside this script
 import harness  # noqa: E402
-
-PY = "{python}"
-TORCHRUN = [PY, "-m", "torch.distributed.run", "--standalone"]  # == `torchrun --standalone`
-# The invocation that really runs 2 CPU processes (see baselines/accelerate_wine.py):
-ACCEL_LAUNCH = [
-    PY,
-    "-m",
-    "accelerate.commands.launch",
-    "--multi_gpu",
-    "--num_processes",
-    "2",
-    "--num_machines",
-    "1",
-    "--mixed_precision",
-    "no",
-    "--dynamo_backend",
-    "no",
-    "--main_process_port",
-    "{port}",
-]  # "0" (auto) works only from accelerate 1.7 on
-BL = "benchmarks/baselines"
-# ddpkit from THIS checkout (not whatever `ddpkit` console script is installed)
-DDPKIT_ENV = {"DDPKIT_BENCH_RESULT": "1", "PYTHONPATH": str(ROOT / "src")}
-DDPKIT = [PY, "-m", "ddpkit", "train"]
-DDPKIT_MLP = DDPKIT + [
-    "benchmarks/tasks/mlp.py:build",
-    "--epochs",
-    "1",
-    "--save-every",
-    "0",
-    "--run-dir",
-    "{tmp}/run",
-    "--quiet",
-    "--batch-size",
-    "256",
-]
-DDPKIT_MLP_ENV = {**DDPKIT_ENV, "BENCH_MLP_SAMPLES": "{samples}"}  # read by benchmarks/tasks/mlp.py
-# The GPT workload: examples/gpt.py at 4 blocks of width 128 over 128 characters (0.8M
-# parameters), batch 16 per process, one pass over {gpt_samples} windows, clipping at 1.0,
-# the example's warm-up + cosine; baselines/handwritten_gpt.py takes the same sizes.
-GPT_SIZES = {"n_layer": 4, "n_head": 4, "n_embd": 128, "block_size": 128}
-DDPKIT_GPT = DDPKIT + [
-    "examples/gpt.py:build",
-    "--epochs",
-    "1",
-    "--save-every",
-    "0",
-    "--clip-grad-norm",
-    "1.0",
-    "--run-dir",
-    "{tmp}/run",
-    "--quiet",
-    "--batch-size",
-    "16",
-    "--task-arg",
-    "max_samples={gpt_samples}",
-]
-DDPKIT_GPT += [a for k, v in GPT_SIZES.items() for a in ("--task-arg", f"{k}={v}")]
-HW_GPT = [f"{BL}/handwritten_gpt.py", "--samples", "{gpt_samples}", "--batch-size", "16"]
-HW_GPT += [a for k, v in GPT_SIZES.items() for a in (f"--{k.replace('_', '-')}", str(v))]
-
-# =====================================================================================
-# VARIANTS -- the one list to edit. Each entry: workload, name (short, unique), argv
-# (placeholders: {python}, {tmp} = fresh per-run temp dir, {port} = a free TCP port,
-# {samples} = MLP data set size, {gpt_samples} = GPT training windows),
-# world_size (expected; checked against RESULT), optional env, about (legend text),
-# optional requires = module that must be importable (else: skipped with a notice).
-# Commands run from the repository root. ddpkit prints `RESULT {json}` when
-# DDPKIT_BENCH_RESULT=1.
-# =====================================================================================
-VARIANTS: list[dict] = [
-    # ---------------- Wine: the guide's workload (100 epochs, 142 samples, batch 32)
-    dict(
-        workload="wine",
-        name="guide-single",
-        world_size=1,
-        argv=[PY, f"{BL}/guide_single.py", "--save-dir", "{tmp}/ckpt"],
-        about="the guide's single-process script (+ test eval), default threads",
-    ),
-    dict(
-        workload="wine",
-        name="guide-ddp",
-        world_size=2,
-        argv=[PY, f"{BL}/guide_ddp.py", "100", "50", "--save-dir", "{tmp}/ckpt"],
-        about="the guide's DDP script as written: mp.spawn 2 procs, gloo, 2 threads each",
-    ),
-    dict(
-        workload="wine",
-        name="hw-ddp",
-        world_size=2,
-        argv=TORCHRUN + ["--nproc-per-node", "2", f"{BL}/handwritten_ddp.py", "--workload", "wine"],
-        about="hand-written DDP loop, torchrun 2x1 thread, DataLoader + DistributedSampler",
-    ),
-    dict(
-        workload="wine",
-        name="hw-ddp-index",
-        world_size=2,
-        argv=TORCHRUN
-        + ["--nproc-per-node", "2", f"{BL}/handwritten_ddp.py", "--workload", "wine", "--loader", "index"],
-        about="same, batches sliced from in-memory tensors by sampler index",
-    ),
-    dict(
-        workload="wine",
-        name="accel-fork",
-        world_size=2,
-        argv=[PY, f"{BL}/accelerate_wine.py", "--workload", "wine", "--nproc", "2", "--launcher", "notebook"],
-        about="Accelerate notebook_launcher (forks 2 workers), 1 thread each",
-    ),
-    dict(
-        workload="wine",
-        name="accel-launch",
-        world_size=2,
-        argv=ACCEL_LAUNCH
-        + [f"{BL}/accelerate_wine.py", "--workload", "wine", "--nproc", "2", "--launcher", "external"],
-        about="`accelerate launch --multi_gpu --num_processes 2` + Accelerator(cpu=True)",
-    ),
-    dict(
-        workload="wine",
-        name="fabric",
-        world_size=2,
-        argv=[PY, f"{BL}/fabric_wine.py", "--workload", "wine", "--nproc", "2"],
-        about="Lightning Fabric strategy=ddp, CPU, 2 procs, 1 thread each",
-    ),
-    # ddpkit as the CLI runs it by default (it evaluates every epoch: --eval-every 1; the
-    # baselines evaluate once, at the end -- add "--eval-every", "100" for identical work)
-    dict(
-        workload="wine",
-        name="ddpkit-1",
-        world_size=1,
-        env=DDPKIT_ENV,
-        argv=DDPKIT + ["--nproc", "1", "--run-dir", "{tmp}/run", "--quiet"],
-        about="ddpkit, 1 process",
-    ),
-    dict(
-        workload="wine",
-        name="ddpkit-2",
-        world_size=2,
-        env=DDPKIT_ENV,
-        argv=DDPKIT + ["--nproc", "2", "--run-dir", "{tmp}/run", "--quiet"],
-        about="ddpkit, 2 processes, as the CLI runs by default (evaluates every epoch: 100 evaluations)",
-    ),
-    dict(
-        workload="wine",
-        name="ddpkit-2-eval-end",
-        world_size=2,
-        env=DDPKIT_ENV,
-        argv=DDPKIT + ["--nproc", "2", "--eval-every", "100", "--run-dir", "{tmp}/run", "--quiet"],
-        about="ddpkit, 2 processes, evaluating once at the end like the baselines (identical work)",
-    ),
-    # ---------------- MLP: 9.46M params, batch 256 per process, {samples} samples (one epoch)
-    dict(
-        workload="mlp",
-        name="hw-1x1",
-        world_size=1,
-        argv=TORCHRUN
-        + [
-            "--nproc-per-node",
-            "1",
-            f"{BL}/handwritten_ddp.py",
-            "--workload",
-            "mlp",
-            "--samples",
-            "{samples}",
-            "--threads",
-            "1",
-        ],
-        about="hand-written loop, 1 process x 1 thread (half the machine)",
-    ),
-    dict(
-        workload="mlp",
-        name="hw-1x2",
-        world_size=1,
-        argv=TORCHRUN
-        + [
-            "--nproc-per-node",
-            "1",
-            f"{BL}/handwritten_ddp.py",
-            "--workload",
-            "mlp",
-            "--samples",
-            "{samples}",
-            "--threads",
-            "2",
-        ],
-        about="hand-written loop, 1 process x 2 threads (the whole machine, no DDP)",
-    ),
-    dict(
-        workload="mlp",
-        name="hw-2x1",
-        world_size=2,
-        argv=TORCHRUN
-        + ["--nproc-per-node", "2", f"{BL}/handwritten_ddp.py", "--workload", "mlp", "--samples", "{samples}"],
-        about="hand-written DDP, torchrun 2 x 1 thread",
-    ),
-    dict(
-        workload="mlp",
-        name="hw-2x1-nosync",
-        world_size=2,
-        argv=TORCHRUN
-        + [
-            "--nproc-per-node",
-            "2",
-            f"{BL}/handwritten_ddp.py",
-            "--workload",
-            "mlp",
-            "--samples",
-            "{samples}",
-            "--no-sync",
-        ],
-        about="same, every step in model.no_sync(): no all-reduce (the compute bound)",
-    ),
-    dict(
-        workload="mlp",
-        name="hw-2x1-view",
-        world_size=2,
-        argv=TORCHRUN
-        + [
-            "--nproc-per-node",
-            "2",
-            f"{BL}/handwritten_ddp.py",
-            "--workload",
-            "mlp",
-            "--samples",
-            "{samples}",
-            "--bucket-view",
-        ],
-        about="hand-written DDP with gradient_as_bucket_view=True: ddpkit-2-gloo's exact DDP settings",
-    ),
-    dict(
-        workload="mlp",
-        name="accel-fork",
-        world_size=2,
-        argv=[
-            PY,
-            f"{BL}/accelerate_wine.py",
-            "--workload",
-            "mlp",
-            "--nproc",
-            "2",
-            "--launcher",
-            "notebook",
-            "--samples",
-            "{samples}",
-        ],
-        about="Accelerate notebook_launcher, 2 x 1 thread",
-    ),
-    dict(
-        workload="mlp",
-        name="fabric",
-        world_size=2,
-        argv=[PY, f"{BL}/fabric_wine.py", "--workload", "mlp", "--nproc", "2", "--samples", "{samples}"],
-        about="Lightning Fabric ddp, 2 x 1 thread",
-    ),
-    dict(
-        workload="mlp",
-        name="ddpkit-1",
-        world_size=1,
-        env=DDPKIT_MLP_ENV,
-        argv=DDPKIT_MLP + ["--nproc", "1"],
-        about="ddpkit, 1 process (its own thread choice: 2 threads)",
-    ),
-    dict(
-        workload="mlp",
-        name="ddpkit-2",
-        world_size=2,
-        env=DDPKIT_MLP_ENV,
-        argv=DDPKIT_MLP + ["--nproc", "2"],
-        about="ddpkit, 2 processes (batch 256 per process), defaults (gradients summed in shared memory)",
-    ),
-    dict(
-        workload="mlp",
-        name="ddpkit-2-gloo",
-        world_size=2,
-        env=DDPKIT_MLP_ENV,
-        argv=DDPKIT_MLP + ["--nproc", "2", "--grad-sync", "backend"],
-        about=(
-            "+ --grad-sync backend: gloo's all-reduce, the hand-written loop's settings "
-            "(framework overhead vs hw-2x1-view)"
-        ),
-    ),
-    # one row per lever, each on top of ddpkit-2's defaults
-    dict(
-        workload="mlp",
-        name="ddpkit-2-bf16",
-        world_size=2,
-        env=DDPKIT_MLP_ENV,
-        argv=DDPKIT_MLP + ["--nproc", "2", "--grad-compression", "bf16"],
-        about="+ --grad-compression bf16 (all-reduce in 16 bits, through gloo)",
-    ),
-    dict(
-        workload="mlp",
-        name="ddpkit-2-fp16",
-        world_size=2,
-        env=DDPKIT_MLP_ENV,
-        argv=DDPKIT_MLP + ["--nproc", "2", "--grad-compression", "fp16"],
-        about="+ --grad-compression fp16",
-    ),
-    dict(
-        workload="mlp",
-        name="ddpkit-2-powersgd",
-        world_size=2,
-        env=DDPKIT_MLP_ENV,
-        argv=DDPKIT_MLP + ["--nproc", "2", "--grad-compression", "powersgd"],
-        about="+ --grad-compression powersgd (rank 4, from step 2)",
-    ),
-    dict(
-        workload="mlp",
-        name="ddpkit-2-accum2",
-        world_size=2,
-        env=DDPKIT_MLP_ENV,
-        argv=DDPKIT_MLP[:-2] + ["--batch-size", "128", "--nproc", "2", "--accumulate", "2"],
-        about="+ --batch-size 128 --accumulate 2 (same 256 per process per step, one all-reduce per 2 micro-batches)",
-    ),
-    dict(
-        workload="mlp",
-        name="ddpkit-2-bucket100-static",
-        world_size=2,
-        env=DDPKIT_MLP_ENV,
-        argv=DDPKIT_MLP + ["--nproc", "2", "--bucket-mb", "100", "--static-graph"],
-        about="+ --bucket-mb 100 --static-graph (one bucket: no overlap)",
-    ),
-    dict(
-        workload="mlp",
-        name="ddpkit-2-bucket5",
-        world_size=2,
-        env=DDPKIT_MLP_ENV,
-        argv=DDPKIT_MLP + ["--nproc", "2", "--bucket-mb", "5"],
-        about="+ --bucket-mb 5 (more, smaller buckets: earlier overlap)",
-    ),
-    dict(
-        workload="mlp",
-        name="ddpkit-2-fused",
-        world_size=2,
-        env=DDPKIT_MLP_ENV,
-        argv=DDPKIT_MLP + ["--nproc", "2", "--fused-optimizer", "on"],
-        about="+ --fused-optimizer on (fused SGD)",
-    ),
-    dict(
-        workload="mlp",
-        name="ddpkit-2-compile",
-        world_size=2,
-        env=DDPKIT_MLP_ENV,
-        full_only=True,
-        argv=DDPKIT_MLP + ["--nproc", "2", "--compile"],
-        about="+ --compile (compile time counts in the epoch; full suite only)",
-    ),
-    # ---------------- GPT: examples/gpt.py (0.8M params), batch 16/process, {gpt_samples} windows of 128
-    dict(
-        workload="gpt",
-        name="hw-1x2",
-        world_size=1,
-        argv=TORCHRUN + ["--nproc-per-node", "1", *HW_GPT, "--threads", "2"],
-        about="hand-written loop, 1 process x 2 threads (the whole machine, no DDP)",
-    ),
-    dict(
-        workload="gpt",
-        name="hw-2x1",
-        world_size=2,
-        argv=TORCHRUN + ["--nproc-per-node", "2", *HW_GPT],
-        about="hand-written DDP loop, torchrun 2 x 1 thread, DataLoader + DistributedSampler over the dict items",
-    ),
-    dict(
-        workload="gpt",
-        name="hw-2x1-nosync",
-        world_size=2,
-        argv=TORCHRUN + ["--nproc-per-node", "2", *HW_GPT, "--no-sync"],
-        about="same, every step in model.no_sync(): no all-reduce (the GPT's compute bound; ranks' models drift apart)",
-    ),
-    dict(
-        workload="gpt",
-        name="ddpkit-1",
-        world_size=1,
-        env=DDPKIT_ENV,
-        argv=DDPKIT_GPT + ["--nproc", "1"],
-        about="ddpkit, 1 process (its own thread choice: 2 threads)",
-    ),
-    dict(
-        workload="gpt",
-        name="ddpkit-2",
-        world_size=2,
-        env=DDPKIT_ENV,
-        argv=DDPKIT_GPT + ["--nproc", "2"],
-        about="ddpkit, 2 processes, defaults (gradients summed in shared memory)",
-    ),
-    dict(
-        workload="gpt",
-        name="ddpkit-2-gloo",
-        world_size=2,
-        env=DDPKIT_ENV,
-        argv=DDPKIT_GPT + ["--nproc", "2", "--grad-sync", "backend"],
-        about="+ --grad-sync backend: gloo's all-reduce, as the hand-written loop",
-    ),
-    dict(
-        workload="gpt",
-        name="ddpkit-2-fsdp",
-        world_size=2,
-        env=DDPKIT_ENV,
-        argv=DDPKIT_GPT + ["--nproc", "2", "--strategy", "fsdp"],
-        about="+ --strategy fsdp (one unit per block; to fit, not to be fast)",
-    ),
-]
-
-# how each workload is judged: (metric, baselines for the ratio columns)
-JUDGE = {
-    "wine": ("wall_s", ["guide-single", "accel-fork", "accel-launch", "hw-ddp"]),
-    "mlp": ("samples_per_s", ["hw-2x1", "hw-2x1-nosync", "hw-2x1-view", "ddpkit-2"]),
-    "gpt": ("samples_per_s", ["hw-2x1", "hw-2x1-nosync", "ddpkit-2"]),
-}
-BASELINE = "@baseline"  # suffix of the --baseline-src twin of a ddpkit variant
-MLP_SAMPLES = {"full": 30 * 2 * 256, "quick": 12 * 2 * 256}  # 30 / 12 steps at 2 processes
-GPT_SAMPLES = {"full": 30 * 2 * 16, "quick": 12 * 2 * 16}  # 30 / 12 steps at 2 processes of 16
-WORKLOADS = ("wine", "mlp", "gpt")
+from variants import (  # noqa: E402
+    BASELINE,
+    BENCH,
+    DDPKIT_ENV,
+    GPT_SAMPLES,
+    JUDGE,
+    MLP_SAMPLES,
+    ROOT,
+    VARIANTS,
+    WORKLOADS,
+)
 
 
 def _available(mod: str) -> str | None:
@@ -682,14 +279,15 @@ def main() -> int:
     }
     report = _report(args, run, chosen, skipped, results)
     (out / "results.md").write_text(report)
-    _write_data(out, args, run, skipped, results)
-    wrote = ", ".join(str(out / f) for f in ("results.md", "results.json", "results.png"))
+    drawn = _write_data(out, args, run, skipped, results)
+    wrote = ", ".join(str(out / f) for f in ("results.md", "results.json", *(["results.png"] if drawn else [])))
     print(f"\n{report}\nwrote {wrote} ({run['elapsed_s']:.0f}s)")
     return 0 if all(r.get("ok") for r in results) else 1
 
 
-def _write_data(out: Path, args: argparse.Namespace, run: dict, skipped: list, results: list[dict]) -> None:
-    """results.json (every run) and results.png (the chart)."""
+def _write_data(out: Path, args: argparse.Namespace, run: dict, skipped: list, results: list[dict]) -> bool:
+    """results.json (every run) and results.png (the chart); whether the chart was drawn (not
+    without matplotlib: harness.plot says so in one line)."""
     (out / "results.json").write_text(
         json.dumps(
             {
@@ -707,13 +305,15 @@ def _write_data(out: Path, args: argparse.Namespace, run: dict, skipped: list, r
             default=str,
         )
     )
-    if results:
-        harness.plot(
-            results,
-            str(out / "results.png"),
-            metrics={wl: m for wl, (m, _) in JUDGE.items()},
-            title=f"ddpkit benchmark ({os.cpu_count()} cores, {args.repeats} round(s))",
-        )
+    if not results:
+        return False
+    drawn = harness.plot(
+        results,
+        str(out / "results.png"),
+        metrics={wl: m for wl, (m, _) in JUDGE.items()},
+        title=f"ddpkit benchmark ({os.cpu_count()} cores, {args.repeats} round(s))",
+    )
+    return drawn is not None
 
 
 if __name__ == "__main__":

@@ -119,3 +119,75 @@ def own_loop_launched(tmp_path_factory):
 
     home = _once(tmp_path_factory, "own_loop", (OWN_LOOP_EPOCHS,), launch)
     return (home / "stdout.txt").read_text(), torch.load(home / "out" / "final.pt", weights_only=True)
+
+
+class S3Server:
+    """moto's S3 server on loopback, in this process; `on_request(method, path)`, when set, sees
+    every request before the server serves it, and a true answer drops it unstored (a test kills
+    a client in the middle of its upload: what it was sending never arrives whole), or answers it
+    with an S3 error, ("403 Forbidden", "AccessDenied"), as a real store refuses."""
+
+    def __init__(self) -> None:
+        import logging
+
+        from moto.server import ThreadedMotoServer
+
+        logging.getLogger("werkzeug").setLevel(logging.ERROR)  # not a line per request in the test's output
+        self.on_request = None
+        self.server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+        self.server.start()
+        wsgi = self.server._server  # werkzeug's server: each request goes through its .app
+        served = wsgi.app
+
+        def hooked(environ, start_response):
+            answer = self.on_request and self.on_request(environ["REQUEST_METHOD"], environ.get("PATH_INFO", ""))
+            if answer:  # dropped unstored: True as a bare 503, or (status, S3 error code) as the store says it
+                status, code = answer if isinstance(answer, tuple) else ("503 Service Unavailable", "")
+                body = f"<Error><Code>{code}</Code><Message>{code}</Message></Error>".encode() if code else b""
+                start_response(status, [("Content-Type", "application/xml"), ("Content-Length", str(len(body)))])
+                return [body]
+            return served(environ, start_response)
+
+        wsgi.app = hooked
+        host, port = self.server.get_host_and_port()
+        self.env = {
+            "AWS_ENDPOINT_URL": f"http://{host}:{port}",
+            "AWS_ACCESS_KEY_ID": "test-key-id",
+            "AWS_SECRET_ACCESS_KEY": "secret-that-must-never-be-stored",
+            "AWS_DEFAULT_REGION": "us-east-1",
+        }
+        import boto3
+
+        self.client = boto3.client(
+            "s3",
+            endpoint_url=self.env["AWS_ENDPOINT_URL"],
+            aws_access_key_id="test-key-id",
+            aws_secret_access_key="x",
+            region_name="us-east-1",
+        )
+
+    def bucket(self, name: str) -> str:
+        self.client.create_bucket(Bucket=name)
+        return name
+
+    def keys(self, bucket: str, prefix: str = "") -> list[str]:
+        pages = self.client.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix)
+        return sorted(o["Key"] for page in pages for o in page.get("Contents", []))
+
+    def get(self, bucket: str, key: str) -> bytes:
+        return self.client.get_object(Bucket=bucket, Key=key)["Body"].read()
+
+    def put(self, bucket: str, key: str, data: bytes) -> None:
+        self.client.put_object(Bucket=bucket, Key=key, Body=data)
+
+
+@pytest.fixture(scope="module")
+def s3_server():
+    """A real S3-compatible server (moto's) on loopback for this module's tests: `.env` is what a
+    run needs to find it by the backend's own conventions (AWS_ENDPOINT_URL, any key). In memory:
+    every module starts with an empty server."""
+    server = S3Server()
+    try:
+        yield server
+    finally:
+        server.server.stop()

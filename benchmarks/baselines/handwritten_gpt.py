@@ -38,7 +38,7 @@ import common  # noqa: E402
 import gpt  # noqa: E402  (examples/gpt.py)
 
 
-def main():
+def _args() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--threads", type=int, default=1, help="intra-op threads per process (default 1)")
     p.add_argument("--batch-size", type=int, default=16, help="windows per process per step (16)")
@@ -51,8 +51,11 @@ def main():
     p.add_argument("--warmup-steps", type=int, default=10, help="the schedule's warm-up (the example's default)")
     p.add_argument("--warmup", type=int, default=common.WARMUP_STEPS, help="untimed steps for steady_samples_per_s")
     p.add_argument("--no-sync", action="store_true", help="every step under model.no_sync() (the compute bound)")
-    args = p.parse_args()
+    return p.parse_args()
 
+
+def main():
+    args = _args()
     torch.set_num_threads(args.threads)  # before the first op creates the pool
     if "RANK" not in os.environ:
         raise SystemExit("launch with torchrun --standalone --nproc-per-node N ...")

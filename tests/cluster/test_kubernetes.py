@@ -38,8 +38,8 @@ def _pod_command(run_dir, *train_args):
     on the shared volume), with this machine's Python for the image's."""
     volume = run_dir.parent
     proc = run_ddpkit(
-        "k8s", TASK, "--nodes", "2", "--image", "ddpkit:test", "--volume", f"shared:{volume}",
-        "--run-dir", str(run_dir), "--job-name", "wine", "--dry-run", "--", *train_args,
+        "k8s", "--nodes", "2", "--image", "ddpkit:test", "--volume", f"shared:{volume}",
+        "--run-dir", str(run_dir), "--job-name", "wine", "--dry-run", "--", TASK, *train_args,
     )  # fmt: skip
     runtime, job = yaml.safe_load_all(proc.stdout)
     command = job["spec"]["trainer"]["command"]

@@ -4,6 +4,7 @@ nothing since the last checkpoint."""
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -257,6 +258,25 @@ def test_corrupt_newest_checkpoint_is_reported_and_the_newest_valid_one_used(tmp
     assert_state_equal(load_model(run), load_model(reference))
 
 
+def test_a_checkpoint_altered_to_hold_nan_weights_is_skipped_though_its_checksums_match(tmp_path, reference):
+    """CRC-32 is accident protection: whoever rewrites a checkpoint rewrites its checksums too.
+    NaN weights are never saved (the save checks), so a checkpoint holding them was altered."""
+    from ddpkit.checkpoint import file as ck
+
+    ckpts = tmp_path / "run" / "checkpoints"
+    ckpts.mkdir(parents=True)
+    for name in ("epoch-000030.pt", "epoch-000035.pt"):
+        shutil.copy(reference / "checkpoints" / name, ckpts / name)
+    altered = torch.load(ckpts / "epoch-000035.pt", weights_only=True)
+    next(iter(altered["model"].values())).view(-1)[0] = float("nan")
+    ck.atomic_save(altered, ckpts / "epoch-000035.pt")  # its CRC-32s recomputed
+    proc = run_ddpkit("train", "--nproc", "2", "--run-dir", str(tmp_path / "run"), *WINE, "--resume")
+    skips = [line for line in proc.stdout.splitlines() if "skipping checkpoint" in line]
+    assert len(skips) == 1 and "epoch-000035.pt" in skips[0] and "NaN/inf" in skips[0], proc.stdout
+    assert f"resuming from {ckpts / 'epoch-000030.pt'}" in proc.stdout
+    assert_state_equal(load_model(tmp_path / "run"), load_model(reference))
+
+
 # fused: Adam's fused kernel takes found_inf, so the device skips the step and the host reads the
 # agreement a step later (training/step.py); not fused: the host decides at once
 FUSED = pytest.mark.parametrize("fused", [[], ["--fused-optimizer", "on"]], ids=["host decides", "device decides"])
@@ -270,7 +290,8 @@ def test_nan_loss_stops_with_epoch_and_step_and_no_nan_checkpoint(tmp_path):
             "train", f"{TASKS}:nan_sample", "--nproc", "2", "--run-dir", str(run), *WINE, *fused, check=False
         )  # fmt: skip
         assert proc.returncode == 2
-        assert "not finite in epoch 1, step" in proc.stderr
+        assert "not finite in epoch 1, step" in proc.stderr and "no checkpoint was written" in proc.stderr
+        assert "holds finite weights" not in proc.stderr  # there is none to hold them
         assert not (run / "checkpoints").exists() or not any((run / "checkpoints").iterdir())
         errors.append([line for line in proc.stderr.splitlines() if "not finite" in line])
     assert errors[0] == errors[1] and len(errors[0]) == 1, errors  # the device's decision names the same step

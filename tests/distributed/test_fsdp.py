@@ -323,3 +323,60 @@ def test_a_2x2_device_mesh_shards_over_2_keeps_2_replicas_and_trains_to_ddps_par
     assert out["hsdp_norms"] == pytest.approx(out["ddp_norms"], rel=1e-6)
     assert_state_close(out["hsdp"], out["ddp"], rtol=1e-6, atol=0)
     assert all((out["hsdp"][k] - out["init"][k]).abs().max() > 1e-3 for k in out["init"])  # it trained
+
+
+class _RunsCode:
+    """Unpickling this would run a command: what a crafted shard item holds."""
+
+    def __init__(self, marker):
+        self.marker = str(marker)
+
+    def __reduce__(self):
+        return (os.system, (f"touch {self.marker}",))
+
+
+def _craft_a_shard_item(folder, marker):
+    """What an attacker who can write the folder makes of a good checkpoint: one non-tensor item of
+    a shard (an optimizer setting) replaced by a pickle that runs code, the metadata pointed
+    at it and every checksum of the header recomputed: only the item itself tells it apart."""
+    import io
+    import pickle
+
+    from torch.distributed.checkpoint.metadata import BytesStorageMetadata
+
+    from ddpkit.checkpoint import file as ck
+    from ddpkit.checkpoint.dcp_io import load_metadata
+    from ddpkit.checkpoint.integrity import crc32_of
+
+    metadata = load_metadata(folder / ".metadata")
+    index, info = next(
+        (i, s)
+        for i, s in metadata.storage_data.items()
+        if isinstance(metadata.state_dict_metadata[i.fqn], BytesStorageMetadata)
+    )
+    payload = io.BytesIO()
+    torch.save(_RunsCode(marker), payload)
+    shard = folder / info.relative_path
+    offset = shard.stat().st_size
+    with open(shard, "ab") as f:
+        f.write(payload.getvalue())
+    metadata.storage_data[index] = type(info)(info.relative_path, offset, len(payload.getvalue()))
+    (folder / ".metadata").write_bytes(pickle.dumps(metadata))
+    header = torch.load(folder / "ddpkit.pt", weights_only=True)
+    header["files"] = {name: crc32_of(folder / name) for name in header["files"]}
+    ck.atomic_save(header, folder / "ddpkit.pt")
+    return index.fqn
+
+
+def test_a_shard_item_crafted_to_run_code_is_skipped_at_resume_for_the_previous_checkpoint(wine_runs, tmp_path):
+    run = tmp_path / "run"
+    (run / "checkpoints").mkdir(parents=True)
+    for name in ("epoch-000002", "epoch-000004"):
+        shutil.copytree(wine_runs["fsdp"] / "checkpoints" / name, run / "checkpoints" / name)
+    fqn = _craft_a_shard_item(run / "checkpoints" / "epoch-000004", tmp_path / "ran")
+    proc = run_ddpkit("train", "--strategy", "fsdp", "--nproc", "2", "--resume", "--run-dir", str(run), *WINE[:-1])
+    skips = [line for line in proc.stdout.splitlines() if "skipping checkpoint" in line]
+    assert len(skips) == 1 and "epoch-000004" in skips[0] and fqn in skips[0] and "not plain data" in skips[0]
+    assert f"resuming from {run / 'checkpoints' / 'epoch-000002'} (epoch 2 done)" in proc.stdout
+    assert "weights_only" not in proc.stdout + proc.stderr and not (tmp_path / "ran").exists()
+    assert_state_equal(load_model(run), load_model(wine_runs["fsdp"]))

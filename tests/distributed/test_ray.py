@@ -141,7 +141,7 @@ def test_a_killed_worker_is_restarted_by_ray_and_the_run_resumes_to_the_same_mod
     address, env = ray_cluster
     run, marker = tmp_path / "run", tmp_path / "killed"
     kill = ["--task-arg", "kill_at=20", "--task-arg", f"marker={marker}"]  # rank 1, in epoch 5, once
-    args = ["ray", *SGD, *RAY, "--address", address, "--max-restarts", "1", "--run-dir", str(run), *kill]
+    args = ["ray", *RAY, "--address", address, "--", *SGD, "--max-restarts", "1", "--run-dir", str(run), *kill]
     proc = run_ddpkit(*args, env=env, cwd=tmp_path, timeout=500)
     assert marker.is_file()  # rank 1's process was killed
     assert "ddpkit: Ray restarted the workers after a failure (restart 1 of 1" in proc.stdout
@@ -151,7 +151,7 @@ def test_a_killed_worker_is_restarted_by_ray_and_the_run_resumes_to_the_same_mod
 
 def test_a_task_error_is_ddpkit_s_one_line_not_a_ray_traceback(ray_cluster, tmp_path):
     address, env = ray_cluster
-    args = ["ray", f"{TASKS}:raises", *RAY, "--address", address, "--run-dir", str(tmp_path / "run")]
+    args = ["ray", *RAY, "--address", address, "--", f"{TASKS}:raises", "--run-dir", str(tmp_path / "run")]
     proc = run_ddpkit(*args, env=env, cwd=tmp_path, check=False, timeout=400)
     assert proc.returncode == 1, proc.stderr[-4000:]
     last = proc.stderr.strip().splitlines()[-1]  # both ranks raise it: the first Ray saw is named

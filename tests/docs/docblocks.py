@@ -47,6 +47,7 @@ KINDS = ("needs", "expect", "file", "diff", "output", "figure", "parse", "dry-ru
 MARKER = re.compile(rf"\s*<!-- ({'|'.join(KINDS)})(?:: (.*?))? -->\s*$")
 FENCE = re.compile(r"(\s*)```([\w-]*)\s*$")
 DRY_RUN_COMMANDS = ("train", "launch", "slurm")
+ENGINE_COMMANDS = ("slurm", "k8s", "sky", "ray")
 # shell words a `parse` block may use around the commands it checks
 SHELL_WORDS = {"cat", "cd", "cmp", "echo", "grep", "ls", "mkdir", "printf", "sed", "head", "tail"}
 
@@ -163,9 +164,8 @@ def ddpkit_problems(argv: list[str], root: Path) -> list[str]:
             return []
         return [f"`ddpkit {shlex.join(argv)}`: {err.getvalue().strip().splitlines()[-1]}"]
     problems = []
-    if ns.command == "slurm":
-        args = list(ns.train_args)
-        problems += ddpkit_problems(["train", *(args[1:] if args[:1] == ["--"] else args)], root)
+    if ns.command in ENGINE_COMMANDS:  # the arguments after -- are `ddpkit train`'s
+        problems += ddpkit_problems(["train", *ns.train_args], root)
     if ns.command == "launch" and not ns.module and ns.script.endswith(".py"):
         problems += script_problems(ns.script, list(ns.args), root)
     task = getattr(ns, "task", None)
@@ -451,13 +451,13 @@ def span_problems(span: str, root: Path) -> list[str]:
         found = [p for cmd in commands(one) for p in command_problems(cmd, root, True)]
         return [p for p in found if not re.fullmatch(r"no file [^/]+", p)]  # torchrun ... script.py: any script
     if words[0] == "ddpkit" and len(words) > 1 and not words[1].startswith("-") and not words[1].isupper():
-        command = words[1]
+        command = words[1].split("|")[0]  # ddpkit slurm|k8s: the first of the alternatives
         if command not in cli():
             return [f"no command ddpkit {command}"]
         known = options(command)
         problems = []
         for i, w in enumerate(words[2:], 2):
-            if w == "--" and command == "slurm":
+            if w == "--" and command in ENGINE_COMMANDS:
                 command, known = "train", options("train")
             elif w.startswith("--") and len(w) > 2:
                 flag = w.split("=")[0]

@@ -1,7 +1,11 @@
-"""scripts/gpu_check.sh (the one-shot check of the GPU path): valid bash; without a GPU and
-without --cpu it refuses at once, saying why and what to do, and starts nothing. The script
-itself (`bash scripts/gpu_check.sh --cpu`, a few minutes) is run by hand, not here."""
+"""scripts/gpu_check.py (the one-shot check of the GPU path) and its thin entry point
+scripts/gpu_check.sh: without a GPU and without --cpu it refuses at once, saying why and what to
+do, and starts nothing; with --cpu its steps run their CPU stand-ins, every check passing, and
+gpu_check.json records every step. The whole check (`bash scripts/gpu_check.sh --cpu`, a few
+minutes) is run by hand, not here."""
 
+import inspect
+import json
 import os
 import subprocess
 import sys
@@ -9,18 +13,36 @@ from pathlib import Path
 
 import pytest
 
-SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "gpu_check.sh"
+SCRIPTS = Path(__file__).resolve().parents[2] / "scripts"
+SCRIPT = SCRIPTS / "gpu_check.py"
+ENTRY = SCRIPTS / "gpu_check.sh"
 
 
-def test_gpu_check_is_valid_bash():
-    subprocess.run(["bash", "-n", str(SCRIPT)], check=True, timeout=30)
+@pytest.fixture(scope="module")
+def gpu_check():
+    """The program as a module (scripts/ on the path, as when it runs), for what it would run."""
+    sys.path.insert(0, str(SCRIPTS))
+    try:
+        import gpu_check
+        import gpu_check_measure
+        import gpu_check_steps
+
+        yield gpu_check, gpu_check_steps, gpu_check_measure
+    finally:
+        sys.path.remove(str(SCRIPTS))
 
 
-def _run(tmp_path, *args):
+def test_the_entry_point_is_thin_valid_bash_and_every_script_under_150_lines_of_bash():
+    subprocess.run(["bash", "-n", str(ENTRY)], check=True, timeout=30)
+    assert "scripts/gpu_check.py" in ENTRY.read_text()
+    for sh in SCRIPTS.glob("*.sh"):
+        assert len(sh.read_text().splitlines()) <= 150, sh
+
+
+def _run(tmp_path, *args, entry=False):
     env = {**os.environ, "PYTHON": sys.executable, "OUT": str(tmp_path / "out"), "TMPDIR": str(tmp_path)}
-    return subprocess.run(
-        ["bash", str(SCRIPT), *args], env=env, capture_output=True, text=True, timeout=120, cwd=tmp_path
-    )
+    argv = ["bash", str(ENTRY)] if entry else [sys.executable, str(SCRIPT)]
+    return subprocess.run([*argv, *args], env=env, capture_output=True, text=True, timeout=300, cwd=tmp_path)
 
 
 def test_gpu_check_refuses_without_a_gpu_and_names_the_dry_run(tmp_path):
@@ -28,9 +50,10 @@ def test_gpu_check_refuses_without_a_gpu_and_names_the_dry_run(tmp_path):
 
     if torch.cuda.is_available():
         pytest.skip("a GPU is visible here: the script would run its checks")
-    proc = _run(tmp_path)
+    proc = _run(tmp_path, entry=True)  # through the bash entry point, with $PYTHON
     assert proc.returncode == 2, proc.stdout + proc.stderr
     assert "no CUDA GPU is visible" in proc.stdout and f"torch {torch.__version__}" in proc.stdout
+    assert f"visible to {sys.executable} " in proc.stdout  # the interpreter $PYTHON named
     assert "pass --cpu" in proc.stdout
     assert (
         "no CUDA GPU is visible" in (tmp_path / "out" / "gpu_check.log").read_text()
@@ -43,20 +66,21 @@ def test_gpu_check_refuses_an_unknown_argument(tmp_path):
     assert proc.returncode == 2 and "unknown argument '--gpus'" in proc.stderr
 
 
-def test_gpu_check_runs_the_steps_under_sync_debug_mode_and_the_check_trains_on_a_cpu():
-    text = SCRIPT.read_text()
-    assert "step 10 syncdebug step_syncdebug" in text and "10" in _default_steps(text)  # registered and run by default
-    assert "scripts/sync_check.py --device" in text
-    check = SCRIPT.parent / "sync_check.py"
+def test_gpu_check_runs_the_steps_under_sync_debug_mode_and_the_check_trains_on_a_cpu(gpu_check):
+    program, _, measure = gpu_check
+    assert ("10", "syncdebug", measure.step_syncdebug) in program.STEPS and "10" in program.DEFAULT_STEPS.split(",")
+    text = inspect.getsource(measure.step_syncdebug)
+    assert '"scripts/sync_check.py", "--device", c.mode.dev, "--steps", "20", "--accumulate", "2"' in text
+    assert '[*argv, "--data-on-device"]' in text
+    check = SCRIPTS / "sync_check.py"
     assert 'set_sync_debug_mode("error")' in check.read_text()
-    env = {**os.environ, "PYTHONPATH": str(SCRIPT.parents[1] / "src")}
+    env = {**os.environ, "PYTHONPATH": str(SCRIPTS.parent / "src")}
     proc = subprocess.run(
         [sys.executable, str(check), "--device", "cpu", "--steps", "2", "--warmup", "1"],
         env=env, capture_output=True, text=True, timeout=120,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert proc.stdout.startswith("sync_check: 2 steps (--accumulate 2) on cpu") and "mean loss" in proc.stdout
-    assert 'scripts/sync_check.py --device "$DEV" --steps 20 --accumulate 2 --data-on-device' in text
     proc = subprocess.run(
         [sys.executable, str(check), "--device", "cpu", "--steps", "9", "--warmup", "1", "--data-on-device"],
         env=env,
@@ -68,51 +92,67 @@ def test_gpu_check_runs_the_steps_under_sync_debug_mode_and_the_check_trains_on_
     assert proc.stdout.startswith("sync_check: 9 steps (--accumulate 2, data on the device) on cpu")
 
 
-def _default_steps(text):
-    """The steps the script runs without --steps (its ONLY=... line)."""
-    return text.split('ONLY="', 1)[1].split('"', 1)[0].split(",")
+def test_the_cnn_resume_runs_deterministic_and_the_fused_step_checks_the_default(gpu_check):
+    _, steps, _ = gpu_check
+    cnn = inspect.getsource(steps.step_resume_cnn)
+    assert '"--deterministic"]' in cnn and "*common" in cnn  # every run of the step: full, half, resumed, control
+    assert 'c.runs_check("--deterministic recorded in the summary", "summary", split, "deterministic=true")' in cnn
+    fused = inspect.getsource(steps.step_fused)
+    assert 'f"fused_optimizer={fused}"' in fused and '"--fused-optimizer", "off"' in fused
 
 
-def _function(text, name):
-    start = text.index(f"{name}() {{")
-    return text[start : text.index("\n}\n", start)]
-
-
-def test_the_cnn_resume_runs_deterministic_and_the_fused_step_checks_the_default():
-    text = SCRIPT.read_text()
-    cnn = _function(text, "step_resume_cnn")
-    assert "--deterministic)" in cnn.splitlines()[1]  # every run of the step: full, half, resumed, control
-    assert 'pycheck summary "$W/cnn-split" deterministic=true' in cnn
-    fused = _function(text, "step_fused")
-    assert "fused_optimizer=$fused" in fused and "--fused-optimizer off" in fused
-
-
-def test_the_shared_gpu_step_runs_its_cpu_stand_in(tmp_path):
+def test_the_shared_gpu_step_runs_its_cpu_stand_in_and_the_record_holds_every_check(tmp_path, gpu_check):
     """Step 11 (DDPKIT_SHARE_GPU=1: 2 ranks on one GPU over gloo) with --cpu: the same DDP, FSDP,
     sharded-checkpoint and world-1 resume runs on CPU ranks (~12 s), every check passing."""
-    text = SCRIPT.read_text()
-    step = _function(text, "step_sharegpu")
-    assert "step 11 sharegpu step_sharegpu" in text and "11" in _default_steps(text)  # registered and run by default
-    assert step.count("DDPKIT_SHARE_GPU=1 trained") == 2 and '"cuda" in r' in step  # the CUDA RNG state, on a GPU
+    program, steps, _ = gpu_check
+    step = inspect.getsource(steps.step_sharegpu)
+    assert ("11", "sharegpu", steps.step_sharegpu) in program.STEPS and "11" in program.DEFAULT_STEPS.split(",")
+    assert step.count("env=share") == 2 and '{"DDPKIT_SHARE_GPU": "1"}' in step
+    assert '"cuda" in r' in inspect.getsource(steps.runs.cmd_shards)  # the CUDA RNG state, on a GPU
     proc = _run(tmp_path, "--cpu", "--steps", "11")
     assert proc.returncode == 0, proc.stdout + proc.stderr
     table = (tmp_path / "out" / "gpu_check_table.txt").read_text()
     assert "11   sharegpu    PASS" in table and "NCCL, P2P and multi-GPU bandwidth not exercised" in table
     assert "resumed at world 1 from the 2-rank sharded checkpoint" in proc.stdout
+    record = json.loads((tmp_path / "out" / "gpu_check.json").read_text())
+    assert record["exit"] == 0 and record["mode"] == "cpu" and [s["id"] for s in record["steps"]] == ["11"]
+    (share,) = record["steps"]
+    assert share["status"] == "PASS" and len(share["checks"]) >= 8 and all(ch["ok"] for ch in share["checks"])
+    assert [cmd["exit"] for cmd in share["commands"]] == [0, 0, 0, 0]  # 1 rank, DDP, FSDP, the resume
+    assert not list(tmp_path.glob("ddpkit-gpu-check.*"))  # every step passed: the work folder is gone
 
 
-def test_the_sync_step_allows_no_host_sync_and_the_whole_check_fits_8_minutes_on_a_gpu():
-    text = SCRIPT.read_text()
-    sync = _function(text, "step_syncdebug")
-    assert '"fused AdamW: the device decides, 0 host syncs a step"' in sync  # scripts/sync_check.py's line on a GPU
-    assert "fused AdamW: the device decides, 0 host syncs a step" in (SCRIPT.parent / "sync_check.py").read_text()
-    gpu = text[text.index("if [[ $MODE == gpu ]]; then\n  DEV=cuda") :]
-    hard = int(gpu[gpu.index("GPU_CHECK_HARD_S:-") :].split("-", 1)[1].split("}", 1)[0])
-    assert hard <= 8 * 60  # every command ends by then (limit), the table follows at once
-    gpt = _function(text, "step_gpt")
-    assert "HARD_S - (SECONDS - START)" in gpt and "--no-compile" in gpt  # sized to the time left
-    assert text.rstrip().splitlines()[-1] != "step 8b gpt step_gpt"  # the table follows it
-    assert text.index("step 8b gpt step_gpt") > text.index("step 10 syncdebug step_syncdebug")  # run last
+def test_a_failed_check_fails_its_step_and_the_exit_and_keeps_the_work_folder(tmp_path):
+    # --steps 7 with no time for any command: the step fails, the table says FAIL, the exit is 1
+    # and the work folder stays for a look
+    env_extra = {"GPU_CHECK_CMD_TIMEOUT": "1"}  # under 5 s: no ddpkit command has time to run
+    env = {**os.environ, "OUT": str(tmp_path / "out"), "TMPDIR": str(tmp_path), **env_extra}
+    proc = subprocess.run(
+        [sys.executable, str(SCRIPT), "--cpu", "--steps", "7"], env=env, capture_output=True, text=True, timeout=120
+    )
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "7    resume      FAIL" in (tmp_path / "out" / "gpu_check_table.txt").read_text()
+    assert "wine-half: stopped after its time limit (1 s)" in proc.stdout
+    record = json.loads((tmp_path / "out" / "gpu_check.json").read_text())
+    assert record["exit"] == 1 and record["steps"][0]["status"] == "FAIL"
+    assert all(cmd["exit"] == 124 for cmd in record["steps"][0]["commands"])
+    assert "no time left" in proc.stdout and list(tmp_path.glob("ddpkit-gpu-check.*"))
+
+
+def test_the_sync_step_allows_no_host_sync_and_the_whole_check_fits_8_minutes_on_a_gpu(gpu_check, monkeypatch):
+    program, _, measure = gpu_check
+    sync = inspect.getsource(measure.step_syncdebug)
+    assert '"fused AdamW: the device decides .*, 0 host syncs a step"' in sync  # sync_check.py's line on a GPU
+    line = (SCRIPTS / "sync_check.py").read_text()  # what it prints: "fused AdamW: the device decides by ..., 0 ..."
+    assert '("fused " if is_fused(opt) else "plain ") + "AdamW"' in line
+    assert 'how = f"{kind}: the device decides {paths[runner._how]}, 0 host syncs a step"' in line
+    for name in ("GPU_CHECK_HARD_S", "GPU_CHECK_BUDGET_S"):
+        monkeypatch.delenv(name, raising=False)
+    gpu = program.Mode.of("gpu", 1)
+    assert gpu.hard_s <= 8 * 60 and gpu.budget_s < gpu.hard_s  # every command ends by then, the table follows
+    gpt = inspect.getsource(measure.step_gpt)
+    assert "m.hard_s - c.elapsed() - 15" in gpt and "--no-compile" in inspect.getsource(measure.gpt_variants)
+    assert [s[0] for s in program.STEPS][-1] == "8b"  # run last, after step 10; the table follows it
 
 
 @pytest.mark.slow

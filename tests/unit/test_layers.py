@@ -11,6 +11,7 @@ SRC = Path(__file__).resolve().parents[2] / "src" / "ddpkit"
 LAYERS = [
     ["errors", "util"],  # util: the variables both sides read, the walk over nested batches and states,
     # small text files written whole or not at all
+    ["storage"],  # where a run lives: a local folder or a bucket (fsspec), the commit by manifest
     ["parallel"],  # how a run is parallelised, without torch: the strategies' settings, rules, registry, footprints
     ["config"],  # RunConfig and its sections (one module each), flag values, --config FILE
     ["environments"],

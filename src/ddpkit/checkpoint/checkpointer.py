@@ -26,6 +26,7 @@ from torch import nn
 
 from ..config.faults import Faults
 from ..errors import DdpkitError
+from . import bucket
 from . import file as ckpt_file
 from .memory import MemorySnapshots, shard_plan, wanted
 from .retention import prune, record_metric
@@ -96,6 +97,9 @@ class Checkpointer:
         self.writer = ckpt_file.BackgroundWriter() if faults.async_save else None
         self.last_save = time.monotonic()
         self.memory = self._memory(faults.snapshot_every_steps)
+        # The newest checkpoint whose weights this run saw finite (at its save, or once resumed
+        # from): what the NaN guard may name; None until then.
+        self.finite_checkpoint: str | None = None
 
     def _memory(self, every: int | None) -> MemorySnapshots | None:
         """Snapshots in each node's memory under a restarting agent: DDP's local rank 0 keeps its
@@ -211,11 +215,17 @@ class Checkpointer:
         if self.strategy.checkpoint_kind == "sharded":
             from .sharded import save_dcp  # torch.distributed.checkpoint: ~0.5 s to import
 
-            save_dcp(self.run_dir, header, self.model, self.optimizer, self.rt)
+            if self.writer is not None:
+                self.writer.wait()  # the previous upload reads its folder: pruning waits for it
+            if self.rt.is_main:
+                bucket.uncommit(path.with_suffix("").name)
+            final = save_dcp(self.run_dir, header, self.model, self.optimizer, self.rt)
             self.prune(metric)
+            self._publish(final)
         elif self.rt.is_main:
             self._write_file(header, path, metric)
         self.last_save = time.monotonic()
+        self.finite_checkpoint = str(path if self.strategy.checkpoint_kind != "sharded" else path.with_suffix(""))
 
     def _write_file(self, header: Header, path: Path, metric: tuple[str, float] | None) -> None:
         """Rank 0: one file, atomically; in a thread with --async-save (on CPU copies)."""
@@ -231,11 +241,24 @@ class Checkpointer:
         def write() -> None:
             ckpt_file.save_or_explain(state, path)
             self.prune(metric)
+            bucket.publish(self.run_dir, path, self.faults)
 
         if background:
             self.writer.submit(write)
         else:
             write()
+
+    def _publish(self, final: Path) -> None:
+        """Every rank, a sharded checkpoint complete in the run folder: its shards to the bucket,
+        if the run is stored in one; rank 0 commits (in the background with --async-save)."""
+        if bucket.current() is None:
+            return
+        rank, world = self.rt.rank, self.rt.world_size
+        job = lambda: bucket.publish_shards(self.run_dir, final, self.faults, rank, world)  # noqa: E731
+        if self.writer is not None:
+            self.writer.submit(job)
+        else:
+            job()
 
     def prune(self, metric: tuple[str, float] | None = None) -> None:
         """--keep-last/--keep-best: rank 0 records the new checkpoint's metric, then deletes what
@@ -291,14 +314,28 @@ class Checkpointer:
             if name in header.parts:
                 part.load(header.parts[name])
         set_rng_state(header.rng[self.rt.rank] if len(header.rng) == self.rt.world_size else header.rng[0])
+        self._check_finite(path)
         self.prune()  # a crash between a save and its pruning left one too many
         pos = header.position
         if not quiet:
             where = f"epoch {pos.epoch} done" + (
                 f", {pos.samples} samples into epoch {pos.epoch + 1}" if pos.mid_epoch else ""
             )
-            self.rt.print(f"ddpkit: resuming from {path} ({where})")
+            self.rt.print(f"ddpkit: resuming from {bucket.shown(path, self.run_dir)} ({where})")
         return pos
+
+    def _check_finite(self, path: str | None) -> None:
+        """Collective: the weights just loaded are finite on every rank. A save refuses NaN/inf
+        weights, so a checkpoint holding them was changed after it was written (its checksums
+        rewritten too: they guard against accidents only); one-file checkpoints are skipped for it
+        before loading (file.validate_checkpoint), this catches every other kind."""
+        finite, _ = weights_finite(self.model, self.rt.collectives, self.rt.device)
+        if not finite:
+            raise DdpkitError(
+                f"--resume: {path}: its weights hold NaN/inf, which ddpkit never saves: it was changed after it was "
+                "written; move it out of the checkpoints folder and --resume takes the previous one"
+            )
+        self.finite_checkpoint = path
 
     def _on_disk(self, required: bool) -> tuple[str, Any, str | None]:
         """Rank 0: the newest disk checkpoint that is complete and fits, as (kind, payload, path)."""

@@ -24,10 +24,11 @@ import torch
 from torch.distributed.checkpoint import CheckpointException, DefaultLoadPlanner, FileSystemReader, FileSystemWriter
 from torch.distributed.checkpoint._traverse import set_element
 from torch.distributed.checkpoint.filesystem import FileSystem, _StorageInfo
-from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
+from torch.distributed.checkpoint.metadata import BytesStorageMetadata, Metadata, StorageMeta
 
 from ..errors import DdpkitError
-from .integrity import WriteThrough
+from .file import not_plain_data
+from .integrity import DamagedCheckpoint, WriteThrough
 
 METADATA = ".metadata"
 
@@ -91,6 +92,31 @@ def folder_metadata(folder: str | os.PathLike) -> Metadata:
     return load_metadata(Path(folder) / METADATA)
 
 
+def check_items(folder: str | os.PathLike, metadata: Metadata) -> None:
+    """Every non-tensor item of the folder's shards (an optimizer's lr, betas, ...) loads as plain
+    data. Checked where a resume chooses its checkpoint (rank 0, before any rank loads), so that a
+    crafted item makes that checkpoint one to skip, as a damaged one is, not a failed load on every
+    rank. The items are a few hundred bytes each; tensors are not read here."""
+    folder = Path(folder)
+    for index, info in sorted((metadata.storage_data or {}).items(), key=lambda kv: kv[1].offset):
+        if not isinstance(metadata.state_dict_metadata.get(index.fqn), BytesStorageMetadata):
+            continue
+        where = folder / info.relative_path
+        if info.transform_descriptors:  # ddpkit's writer adds none (no compression)
+            raise DdpkitError(f"{where}: refused {index.fqn}: written with transforms ddpkit does not use")
+        with open(where, "rb") as f:
+            f.seek(info.offset)
+            data = f.read(info.length)
+        if len(data) != info.length:
+            raise DamagedCheckpoint(f"{where}: truncated: {index.fqn} ends past the end of the file")
+        try:
+            torch.load(io.BytesIO(data), weights_only=True)
+        except pickle.UnpicklingError as e:
+            raise DdpkitError(f"{where}: refused to load {index.fqn}: {not_plain_data(e)}") from None
+        except Exception as e:  # garbage makes the unpickler fail in many ways
+            raise DamagedCheckpoint(f"{where}: {index.fqn} is unreadable ({type(e).__name__})") from None
+
+
 class SafeReader(FileSystemReader):
     """DCP's reader of a folder, whose metadata comes through the allow-list."""
 
@@ -109,7 +135,7 @@ class SafePlanner(DefaultLoadPlanner):
         try:
             obj = torch.load(value, weights_only=True)
         except pickle.UnpicklingError as e:
-            raise DdpkitError(f"refused to load {read_item.dest_index.fqn}: it is not plain data ({e})") from None
+            raise DdpkitError(f"refused to load {read_item.dest_index.fqn}: {not_plain_data(e)}") from None
         if self.flatten_state_dict:
             set_element(self.original_state_dict, self.mappings[read_item.dest_index.fqn], obj)
         else:
@@ -125,9 +151,13 @@ def load_into(state: dict[str, Any], folder: str | os.PathLike, no_dist: bool) -
     try:
         dcp.load(state, storage_reader=SafeReader(str(folder)), planner=SafePlanner(), no_dist=no_dist)
     except CheckpointException as e:
-        refused = [exc for exc, _ in e.failures.values() if isinstance(exc, DdpkitError)]
+        failures = [exc for exc, _ in e.failures.values()]
+        refused = [exc for exc in failures if isinstance(exc, DdpkitError)]
         if refused:
             raise DdpkitError(str(refused[0])) from None
+        crafted = [exc for exc in failures if isinstance(exc, pickle.UnpicklingError)]  # a tensor item, read by DCP
+        if crafted:
+            raise DdpkitError(f"{folder}: refused to load a shard's tensor: {not_plain_data(crafted[0])}") from None
         raise
 
 

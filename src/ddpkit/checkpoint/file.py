@@ -227,10 +227,13 @@ def check_file(path: str | os.PathLike) -> None:
 
 
 def not_plain_data(e: BaseException) -> str:
-    """What torch's weights_only unpickler refused, without its advice to load the file
-    unrestricted (which is how a crafted file runs its code)."""
+    """What torch's weights_only unpickler refused (the global it names), without its advice to
+    load the file unrestricted or to allow-list that global: either is how a crafted file runs its
+    code. The one wording of that refusal for every file ddpkit loads as plain data."""
     lines = [line.strip() for line in str(e).splitlines() if line.strip()]
-    why = [line for line in lines if not line.startswith(("Weights only load failed", "Check the documentation"))]
+    advice = ("weights_only", "Re-running", "Weights only load failed", "Check the documentation", "(1)", "(2)")
+    why = [line for line in lines if not any(word in line for word in advice)]
+    why = [line.split(" Please use ")[0].split(" was not an allowed global")[0] for line in why]
     detail = f" ({why[0][:200]})" if why else ""
     return f"it is not plain data{detail}: a file crafted to run code, or one saved with objects"
 
@@ -280,6 +283,10 @@ def validate_checkpoint(ckpt: Any, path: Path, model: nn.Module, optimizer: torc
             f"{path}: checkpoint version {ckpt.get('version')} is not supported (this ddpkit writes {VERSION})"
         )
     check_signature(path, model_signature(model.state_dict()), ckpt["model"] and model_signature(ckpt["model"]))
+    if not all(torch.isfinite(t).all() for t in ckpt["model"].values() if t.is_floating_point()):
+        raise DdpkitError(  # a save refuses NaN/inf weights: the file was changed, its CRC-32s rewritten with it
+            f"{path}: its weights hold NaN/inf, which ddpkit never saves: changed after it was written"
+        )
     if optimizer is not None:
         saved_groups = ckpt["optimizer"].get("param_groups", [])
         if [len(g["params"]) for g in saved_groups] != [len(g["params"]) for g in optimizer.param_groups]:

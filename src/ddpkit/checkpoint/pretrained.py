@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import os
+import pickle
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -23,6 +24,7 @@ import torch
 from torch import nn
 
 from ..errors import DdpkitError
+from .file import not_plain_data
 
 
 @dataclass
@@ -190,6 +192,8 @@ def _safe_open(file: str, path: str | None = None) -> Any:
 def _open_torch(path: str, file: Path) -> Pretrained:
     try:
         state = torch.load(file, map_location="cpu", mmap=True, weights_only=True)
+    except pickle.UnpicklingError as e:
+        raise DdpkitError(f"pretrained weights {path}: refused to load {file}: {not_plain_data(e)}") from None
     except Exception as e:
         raise DdpkitError(
             f"pretrained weights {path}: not a readable torch state dict or safetensors file "

@@ -48,14 +48,10 @@ def prune(
     found = all_checkpoints(run_dir)
     if not found:
         return []
-    kept = {path for _, path in found[: keep if keep else 1]}
-    if keep_best:
-        scores = _metrics(run_dir)
-        scored = [p for _, p in found if _stem(p) in scores]
-        scored.sort(key=lambda p: scores[_stem(p)], reverse=maximize)
-        kept |= set(scored[:keep_best])
-    elif not keep:
+    names = kept_names([_stem(p) for _, p in found], keep, keep_best, _metrics(run_dir), maximize)
+    if names is None:
         return []
+    kept = {path for _, path in found if _stem(path) in names}
     gone = [path for _, path in found if path not in kept]
     for path in gone:
         if path.is_dir():
@@ -63,6 +59,25 @@ def prune(
         else:
             path.unlink(missing_ok=True)
     return gone
+
+
+def kept_names(
+    newest_first: list[str], keep: int | None, keep_best: int | None, scores: dict[str, float], maximize: bool
+) -> set[str] | None:
+    """The checkpoints (names without .pt, newest first) that --keep-last/--keep-best keep; None:
+    no rule asks to delete any. The one rule for the local folder and the bucket (checkpoint/bucket.py)."""
+    kept = set(newest_first[: keep if keep else 1])
+    if keep_best:
+        scored = [n for n in newest_first if n in scores]
+        scored.sort(key=lambda n: scores[n], reverse=maximize)
+        kept |= set(scored[:keep_best])
+    elif not keep:
+        return None
+    return kept
+
+
+def metrics_of(run_dir: str | os.PathLike) -> dict[str, float]:
+    return _metrics(run_dir)
 
 
 def _stem(path: Path) -> str:

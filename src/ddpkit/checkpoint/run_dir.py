@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,6 +20,7 @@ from torch import nn
 
 from ..errors import DdpkitError
 from ..runtime.watchdog import fresh_hang_dir
+from ..util.envvars import RUN_URL_VAR
 from . import hf_config
 from .file import remove_stale_temporaries
 from .world_mark import WorldMark
@@ -75,7 +77,10 @@ def begin_run_dir(cfg: RunConfig, run_dir: Path, mark: WorldMark, hf: Path | Non
         remove_stale_temporaries(run_dir)  # what a killed save left: it may be what filled the disk
         mark.claim()  # before this world writes there: a world still training there stops at its next step
         fresh_hang_dir(run_dir / "hang")
-        (run_dir / "config.json").write_text(json.dumps(cfg.as_dict(), indent=2) + "\n")
+        record = cfg.as_dict()
+        if os.environ.get(RUN_URL_VAR):  # the folder is the bucket's staging copy: the run is at the URL
+            record["run_dir"] = os.environ[RUN_URL_VAR]
+        (run_dir / "config.json").write_text(json.dumps(record, indent=2) + "\n")
         if hf is not None:
             hf_config.put(hf, run_dir)  # for export --format hf
     except OSError as e:

@@ -24,6 +24,7 @@ import contextlib
 import os
 import re
 import shutil
+import sys
 import warnings
 from pathlib import Path
 from typing import Any, Iterator
@@ -37,8 +38,9 @@ from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_di
 
 from ..errors import DdpkitError
 from ..runtime import Runtime
+from . import dcp_io
 from . import file as ckpt_io
-from .dcp_io import ChecksumWriter, folder_metadata, load_into
+from .dcp_io import ChecksumWriter, check_items, folder_metadata, load_into
 from .integrity import DamagedCheckpoint, verify_files
 from .schema import Header
 from .state import unwrap
@@ -47,6 +49,8 @@ FORMAT = "ddpkit-sharded-checkpoint"
 STATE_VERSION = 1  # rt.save(..., sharded=True) folders (training checkpoints carry checkpoint.file.VERSION)
 META = "ddpkit.pt"
 FILES = "files"  # in ddpkit.pt: {file name: (size, CRC-32)} of every other file of the folder
+LAYOUT = "layout"  # in ddpkit.pt: 2, every file of the folder is in FILES; absent in folders written before
+LAYOUT_VERSION = 2
 _NAME = re.compile(r"^epoch-(\d+)(?:-step-(\d+))?$")
 
 
@@ -107,7 +111,10 @@ def write_shards(
         everyone = rt.gather_object(writer.sums)  # dcp.save returned: every rank's files are written
         if rt.is_main:  # and .metadata: DCP writes it on rank 0 once every shard is on disk
             files = {name: sums for rank_sums in everyone or [] for name, sums in rank_sums.items()}
-            ckpt_io.atomic_save({**meta(), FILES: files}, tmp / META)
+            unlisted = sorted({p.name for p in tmp.iterdir()} - set(files))
+            if unlisted or dcp_io.METADATA not in files:  # a header that lists less would be trusted by size
+                raise RuntimeError(f"no checksum was recorded while writing {unlisted or dcp_io.METADATA}")
+            ckpt_io.atomic_save({**meta(), LAYOUT: LAYOUT_VERSION, FILES: files}, tmp / META)
             ckpt_io.replace_folder(tmp, final)
     except (OSError, CheckpointException) as e:
         if rt.is_main:  # every rank is past its writes: DCP gathers their outcome before it raises
@@ -155,14 +162,36 @@ def read_complete(path: Path) -> dict[str, Any]:
 
 def check_files(path: Path, meta: dict[str, Any]) -> None:
     """Every file of the folder as written: against the size and CRC-32 its header lists (before
-    anything unpickles .metadata), and, for a folder written before ddpkit kept them, each shard
-    at least as long as the items DCP's metadata places in it."""
-    if isinstance(meta.get(FILES), dict):
-        verify_files(path, meta[FILES])
+    anything unpickles .metadata); every shard at least as long as the items DCP's metadata places
+    in it; then every non-tensor item as plain data (a checksum an attacker rewrote proves nothing
+    about what the item builds). A header of this layout lists every file; one that lists less is
+    refused, never trusted by size: only a folder written before ddpkit kept checksums (no layout
+    in its header) is read on its sizes, with a warning."""
+    listed = meta.get(FILES) if isinstance(meta.get(FILES), dict) else None
+    layout = meta.get(LAYOUT)
+    if layout is not None and layout != LAYOUT_VERSION:
+        raise DdpkitError(
+            f"{path}: sharded checkpoint layout {layout!r} is not one this ddpkit reads ({LAYOUT_VERSION})"
+        )
+    if layout is not None and (not listed or dcp_io.METADATA not in listed):
+        raise DamagedCheckpoint(
+            f"{path}: its header lists no size and CRC-32 for {dcp_io.METADATA}: altered or damaged"
+        )
+    if listed is not None:
+        verify_files(path, listed)
     metadata = folder_metadata(path)
     ends: dict[str, int] = {}
     for info in (metadata.storage_data or {}).values():
         ends[info.relative_path] = max(ends.get(info.relative_path, 0), info.offset + info.length)
+    if layout is not None and (missing := sorted(set(ends) - set(listed or {}))):
+        raise DamagedCheckpoint(f"{path}: its header lists no size and CRC-32 for {missing[0]}: altered or damaged")
+    if layout is None and listed is None:
+        print(
+            f"ddpkit: warning: {path} was written before ddpkit kept each file's CRC-32: its files are checked by "
+            "size only (a changed byte goes unseen); its next save keeps them",
+            file=sys.stderr,
+            flush=True,
+        )
     for name, end in sorted(ends.items()):
         try:
             size = (path / name).stat().st_size
@@ -170,6 +199,7 @@ def check_files(path: Path, meta: dict[str, Any]) -> None:
             raise DamagedCheckpoint(f"{path}: incomplete sharded checkpoint, missing {name}") from None
         if size < end:
             raise DamagedCheckpoint(f"{path / name}: truncated: {size:,} bytes, its items need {end:,}")
+    check_items(path, metadata)
 
 
 def load_dcp(path: Path, model: nn.Module, optimizer: torch.optim.Optimizer) -> None:

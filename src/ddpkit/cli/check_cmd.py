@@ -41,4 +41,5 @@ COMMAND = Command(
     ("task",),
     options=CheckOptions,
     quick_exit=True,
+    compact=True,
 )

@@ -20,6 +20,7 @@ from . import (
     check_cmd,
     env_cmd,
     export_cmd,
+    help_cmd,
     k8s_cmd,
     launch_cmd,
     plan_cmd,
@@ -49,6 +50,7 @@ COMMANDS = {
     "export": export_cmd.COMMAND,
     "runs": runs_cmd.COMMAND,
     "bench": bench_cmd.COMMAND,
+    "help": help_cmd.COMMAND,
 }
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 from dataclasses import dataclass
 
+from ..errors import DdpkitError
 from .options import option
 from .parser import Command
 
@@ -40,10 +41,16 @@ class ExportOptions:
 
 def cmd_export(ns: argparse.Namespace) -> int:
     from ..checkpoint.export import export_run
+    from ..storage.copy import local_run
+    from ..storage.location import is_url
 
-    export_run(
-        ns.run_dir, ns.format, ns.out, ns.checkpoint, ns.max_shard_size, say=lambda line: print(line, flush=True)
-    )
+    if is_url(ns.run_dir) and ns.out is None:
+        raise DdpkitError(f"export {ns.run_dir}: a run in a bucket is exported to a local folder: give --out DIR")
+    wanted = ns.checkpoint if ns.checkpoint and ns.checkpoint != "model.pt" else not ns.checkpoint
+    with local_run(ns.run_dir, wanted) as run_dir:
+        export_run(
+            run_dir, ns.format, ns.out, ns.checkpoint, ns.max_shard_size, say=lambda line: print(line, flush=True)
+        )
     return 0
 
 

@@ -6,22 +6,97 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import os
+import shlex
+import sys
 from typing import Any, Callable, Iterable
 
 from ..config import RunConfig
 from ..config.settings import flag_spellings
 from ..environments.registry import launcher_defaults
+from .help import HELP_ALL, HelpAll, compact_help, help_group
 
 _FIELDS = {f.name: f for f in dataclasses.fields(RunConfig)}
 
 
 class OneLineParser(argparse.ArgumentParser):
     """argparse, but a bad flag or value is one line (what was wrong, where the flags are
-    listed) and exit 2, not the command's whole usage above it."""
+    listed) and exit 2, not the command's whole usage above it. With `engine`, the parser of an
+    engine's command (`ddpkit slurm|k8s|sky|ray`): its own flags come first, then --, then the
+    task and the flags of `ddpkit train` exactly as they would follow `ddpkit train`
+    (ns.train_args); a task or a flag of `ddpkit train` before the -- is refused in one line that
+    shows the command in that order, never read with a second meaning."""
+
+    def __init__(self, *args: Any, engine: bool = False, compact: bool = False, **kwargs: Any) -> None:
+        self.engine, self.compact = engine, compact
+        super().__init__(*args, **kwargs)
+        if compact:  # --help: one line per flag (cli/help.py); --help-all: argparse's full text
+            self.add_argument(HELP_ALL, action=HelpAll, help="every flag with its long text and default")
+
+    def format_help(self) -> str:
+        return compact_help(self) if self.compact else super().format_help()
+
+    def print_help_all(self) -> None:
+        """argparse's help: every flag with its long text and default."""
+        self._print_message(super().format_help(), sys.stdout)
 
     def error(self, message: str) -> Any:
         self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+    def parse_known_args(self, args: Any = None, namespace: Any = None) -> Any:
+        if not self.engine:
+            return super().parse_known_args(args, namespace)
+        args = list(sys.argv[1:] if args is None else args)
+        cut = args.index("--") if "--" in args else len(args)
+        ns, extras = super().parse_known_args(args[:cut], namespace)
+        if extras:
+            unknown = [a for a in extras if _is_flag(a) and a.partition("=")[0] not in train_flags()]
+            if unknown:
+                self.error(f"unrecognized arguments: {' '.join(unknown)}")
+            self.exit(2, f"{self.prog}: error: {misplaced(self.prog, args[:cut], extras, args[cut + 1 :])}\n")
+        ns.train_args = args[cut + 1 :]
+        return ns, []
+
+
+ENGINE_RULE = (  # in the engines' help, as their descriptions are written: lines of at most 96
+    "The engine's flags first, then --, then the task and the flags of `ddpkit train`, exactly as\n"
+    "they would follow `ddpkit train`."
+)
+
+
+def engine_usage(prog: str) -> str:
+    """The one rule of every engine's command line, in the words of its usage and docs."""
+    return f"{prog} [{prog.split()[-1]} flags] -- TASK [train flags]"
+
+
+def misplaced(prog: str, own: list[str], extras: list[str], after: list[str]) -> str:
+    """The refusal of a task or `ddpkit train` flags (`extras`) among an engine command's own
+    flags (`own`, before any --), with the command written the one way it is read."""
+    kept, pending = [], list(extras)
+    for a in own:  # `own` less `extras`, in order
+        if pending and a == pending[0]:
+            pending.pop(0)
+        else:
+            kept.append(a)
+    line = shlex.join([*prog.split(), *kept, "--", *extras, *after])
+    return f"the task and the flags of `ddpkit train` go after -- ({engine_usage(prog)}): {line}"
+
+
+def _is_flag(arg: str) -> bool:
+    return arg.startswith("--") or (arg[:1] == "-" and arg[1:2].isalpha())
+
+
+@functools.lru_cache(maxsize=1)
+def train_flags() -> frozenset[str]:
+    """Every spelling of the flags `ddpkit train` takes (its settings, their opposites, its options)."""
+    out = {"--config", "--dry-run"}
+    for f in dataclasses.fields(RunConfig):
+        if f.metadata.get("cli", True):
+            out.update(names_of(f))
+            if isinstance(f.default, bool):
+                out.add(opposite(names_of(f)[0]))
+    return frozenset(out)
 
 
 def add_config_flags(
@@ -54,7 +129,8 @@ def add_flags(
     opposites: bool = True,
 ) -> None:
     """One argparse argument per field: positionals first-class, the others under their group's
-    title (a field without a group goes to the command's own "options"). With `opposites`
+    title (a field without a group goes to the command's own "options"); each action knows its
+    group of the one-line --help (cli/help.py: its section's, or its `help_group`). With `opposites`
     every boolean flag comes with its opposite (--csv and --no-csv), so that a config file's
     setting can be switched off on the command line."""
     titles: dict[str, Any] = {}
@@ -64,7 +140,7 @@ def add_flags(
             continue
         default = (defaults or {}).get(f.name, None if meta.get("append") else f.default)
         if meta.get("positional"):
-            parser.add_argument(f.name, **_positional_kwargs(meta, default))
+            parser.add_argument(f.name, **_positional_kwargs(meta, default)).help_group = help_group(meta)
             continue
         target: Any = parser
         if meta["group"]:
@@ -74,7 +150,7 @@ def add_flags(
         names, kwargs = names_of(f), _argparse_kwargs(f, default)
         if opposites and isinstance(f.default, bool):
             names, kwargs["action"], kwargs["on"] = (*names, opposite(names[0])), _Switch, not f.default
-        target.add_argument(*names, **kwargs)
+        target.add_argument(*names, **kwargs).help_group = help_group(meta)
 
 
 def flag_names(name: str) -> tuple[str, ...]:

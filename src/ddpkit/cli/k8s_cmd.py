@@ -5,29 +5,27 @@ engines/trainjob.py's; here the flags and the help."""
 from __future__ import annotations
 
 import argparse
-import dataclasses
 from dataclasses import dataclass
 
-from .flags import OneLineParser, add_option_flags
+from .flags import ENGINE_RULE
 from .options import option
 from .parser import Command
 from .train_cmd import engine_command
 
-K8S_HELP = """Write the Kubernetes job that runs `ddpkit train` on N nodes: a Kubeflow Trainer v2
+K8S_HELP = f"""Write the Kubernetes job that runs `ddpkit train` on N nodes: a Kubeflow Trainer v2
 TrainJob (with the TrainingRuntime it runs on), or a v1 PyTorchJob with --pytorchjob, built and
 checked with Kubeflow's own API models. One pod per node, one worker per GPU; the run directory on a
 shared volume. An evicted pod (SIGTERM) makes every rank save at the next step; every pod exits 143,
 the job is started again and continues from that checkpoint. Example:
 
-  ddpkit k8s wine --nodes 2 --gpus-per-node 8 --image registry/ddpkit:1 --volume runs --dry-run
+  ddpkit k8s --nodes 2 --gpus-per-node 8 --image registry/ddpkit:1 --volume runs --dry-run -- wine
 
-The flags of `ddpkit k8s` may follow the task; the task's own flags go after -- (or anywhere
-else on the line when they are not flags of `ddpkit k8s`).
+{ENGINE_RULE}
 """
 
 
 @dataclass(frozen=True)
-class K8sFlags:
+class K8sOptions:
     nodes: int | None = option(help="nodes (pods) of the job", type=int, default_help="[launch] nodes, or 1")
     gpus_per_node: int | None = option(
         help="GPUs per node; one worker per GPU", type=int, default_help="[launch] gpus_per_node, or 0: CPU nodes"
@@ -85,36 +83,10 @@ class K8sFlags:
     )
 
 
-@dataclass(frozen=True)
-class K8sOptions(K8sFlags):
-    train_args: list[str] | None = option(
-        help="the task and the arguments of `ddpkit train` (after --, or after the task)",
-        positional=True,
-        nargs=argparse.REMAINDER,
-    )
-
-
-def own_flags_after_task(ns: argparse.Namespace) -> argparse.Namespace:
-    """`ddpkit k8s TASK --nodes 2 ...`: argparse hands everything after the task to ddpkit train;
-    the flags of `ddpkit k8s` among them (before any --) are taken back."""
-    args = list(ns.train_args or ())
-    if not args or args[0] == "--":
-        return ns
-    cut = args.index("--") if "--" in args else len(args)
-    parser = OneLineParser(prog="ddpkit k8s", add_help=False, allow_abbrev=False)
-    add_option_flags(parser, K8sFlags)
-    found, rest = parser.parse_known_args(args[:cut])
-    for f in dataclasses.fields(K8sFlags):
-        if getattr(found, f.name) != f.default:
-            setattr(ns, f.name, getattr(found, f.name))
-    ns.train_args = rest + args[cut + 1 :]
-    return ns
-
-
 def cmd_k8s(ns: argparse.Namespace) -> int:
     from ..engines.trainjob import k8s_command
 
-    return engine_command(k8s_command, own_flags_after_task(ns))
+    return engine_command(k8s_command, ns)
 
 
 COMMAND = Command(
@@ -123,4 +95,5 @@ COMMAND = Command(
     K8S_HELP,
     options=K8sOptions,
     formatter=argparse.RawDescriptionHelpFormatter,
+    engine=True,
 )

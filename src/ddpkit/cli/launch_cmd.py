@@ -114,4 +114,5 @@ COMMAND = Command(
     (config.PROCESSES, config.NODES),
     ("hang_timeout",),
     options=LaunchOptions,
+    compact=True,
 )

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Sequence
 
 from .. import config
-from .flags import OneLineParser, add_config_flags, add_option_flags, flag_defaults
+from .flags import OneLineParser, add_config_flags, add_option_flags, engine_usage, flag_defaults
 
 # The RunConfig groups of `ddpkit train` (and of check and verify, which take its flags)
 ALL_GROUPS = (
@@ -27,7 +27,10 @@ ALL_GROUPS = (
 class Command:
     """A command of the CLI: what it does, the RunConfig settings it takes (whole groups or
     single fields, `defaults` for its own defaults of them) and its own options; `quick_exit`:
-    the real command line ends its process at once when it is done (see commands.quick_exit)."""
+    the real command line ends its process at once when it is done (see commands.quick_exit);
+    `engine`: an engine's command, `ddpkit NAME [NAME flags] -- TASK [train flags]` (the
+    arguments after -- in ns.train_args, parsed by the engine as `ddpkit train`'s); `compact`: a
+    long list of flags, one line each in --help, every flag's long text in --help-all (cli/help.py)."""
 
     run: Callable[[argparse.Namespace], int]
     help: str
@@ -38,6 +41,8 @@ class Command:
     options: type | None = None
     formatter: type[argparse.HelpFormatter] | None = None
     quick_exit: bool = False
+    engine: bool = False
+    compact: bool = False
 
 
 def build_parser(
@@ -51,6 +56,7 @@ def build_parser(
         description="Run a PyTorch training task on one process, every GPU of a node, or many nodes, with DDP, FSDP "
         "or HSDP.",
     )
+    parser.set_defaults(cli_parser=parser)  # `ddpkit help COMMAND` prints a command's help from it
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name, command in commands.items():
         p = sub.add_parser(
@@ -59,6 +65,9 @@ def build_parser(
             description=command.description,
             formatter_class=command.formatter or argparse.HelpFormatter,
             allow_abbrev=False,  # `--bucket` is not --bucket-mb: a flag of another command, or a typo, is refused
+            engine=command.engine,
+            compact=command.compact,
+            usage=engine_usage(f"ddpkit {name}") if command.engine else None,
         )
         if command.groups or command.names:
             defaults = {**command.defaults, **flag_defaults(file_settings or {})}

@@ -59,4 +59,5 @@ COMMAND = Command(
     ),
     defaults={"strategy": "auto"},
     options=PlanOptions,
+    compact=True,
 )

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 from dataclasses import dataclass
 
 from .options import option
@@ -33,8 +34,16 @@ class PlotOptions:
 
 def cmd_plot(ns: argparse.Namespace) -> int:
     from ..reporting.plot import plot_runs
+    from ..storage.copy import local_run
+    from ..storage.location import is_url
 
-    print(f"wrote {plot_runs(ns.run_dirs, ns.out, ns.label, ns.title)}")
+    if not any(is_url(d) for d in ns.run_dirs):
+        print(f"wrote {plot_runs(ns.run_dirs, ns.out, ns.label, ns.title)}")
+        return 0
+    with contextlib.ExitStack() as stack:  # a run in a bucket: its files downloaded, the picture written here
+        runs = [str(stack.enter_context(local_run(d, checkpoint=False))) for d in ns.run_dirs]
+        labels = ns.label or [str(d).rstrip("/").rsplit("/", 1)[-1] for d in ns.run_dirs]
+        print(f"wrote {plot_runs(runs, ns.out or 'curves.png', labels, ns.title)}")
     return 0
 
 

@@ -6,19 +6,21 @@ from __future__ import annotations
 import argparse
 from dataclasses import dataclass
 
-from .. import config
-from .flags import config_from
-from .options import PLAN_ONLY, config_option, option
-from .parser import ALL_GROUPS, Command
+from .flags import ENGINE_RULE
+from .options import PLAN_ONLY, option
+from .parser import Command
+from .train_cmd import engine_command
 
-RAY_HELP = """Train a task in the workers of Ray Train (a TorchTrainer) on a Ray cluster: Ray places the
+RAY_HELP = f"""Train a task in the workers of Ray Train (a TorchTrainer) on a Ray cluster: Ray places the
 workers and makes their process group, each runs ddpkit's worker, so the model, the checkpoints
 in --run-dir and the data position are those of `ddpkit train` at the same global batch. The run
 directory must be on storage every node sees. A worker that fails or dies makes Ray restart the
 group (--max-restarts times, Ray's FailureConfig); it resumes from the run directory's newest
-checkpoint. Takes the flags of `ddpkit train` except where the workers run (Ray's). Example:
+checkpoint. After -- the flags of `ddpkit train`, except where the workers run (Ray's). Example:
 
-  ddpkit ray wine --workers 4 --address 10.0.0.1:6379 --run-dir /shared/runs/wine --max-restarts 3
+  ddpkit ray --workers 4 --address 10.0.0.1:6379 -- wine --run-dir /shared/runs/wine --max-restarts 3
+
+{ENGINE_RULE}
 """
 
 
@@ -56,34 +58,26 @@ class RayOptions:
         "a file system ddpkit does not know): do not refuse a multi-node job for it",
     )
     dry_run: bool = option(False, PLAN_ONLY)
-    config: str | None = config_option()
+    config: str | None = option(
+        help="the training settings from a TOML, YAML or JSON file, read as `ddpkit train --config` reads it "
+        "(the arguments after -- win over it); its [launch] table describes the job (the flags of "
+        "`ddpkit ray` win over it)",
+        metavar="FILE",
+    )
 
 
 def cmd_ray(ns: argparse.Namespace) -> int:
-    from ..engines.job import job_description
-    from ..engines.ray import run_ray_job
+    from ..engines.ray import ray_command
 
-    table = job_description(
-        ns.config,
-        nodes=ns.nodes,
-        workers_per_node=ns.workers_per_node,
-        gpus_per_node=ns.gpus_per_node,
-        cpus_per_worker=ns.cpus_per_worker,
-        address=ns.address,
-        job_name=ns.job_name,
-        shared_run_dir=ns.shared_run_dir or None,
-    )
-    run_ray_job(config_from(ns), table, ns.workers, ns.dry_run)
-    return 0
+    return engine_command(ray_command, ns)
 
 
 COMMAND = Command(
     cmd_ray,
     "train a task in Ray Train's workers on a Ray cluster",
     RAY_HELP,
-    tuple(g for g in ALL_GROUPS if g != config.NODES),  # where the workers run is Ray's
-    ("task",),
     options=RayOptions,
     formatter=argparse.RawDescriptionHelpFormatter,
     quick_exit=True,
+    engine=True,
 )

@@ -6,11 +6,12 @@ from __future__ import annotations
 import argparse
 from dataclasses import dataclass
 
+from .flags import ENGINE_RULE
 from .options import option
 from .parser import Command
 from .train_cmd import engine_command
 
-SKY_HELP = """Write a SkyPilot task YAML that runs `ddpkit train` on every node of a cluster. SkyPilot
+SKY_HELP = f"""Write a SkyPilot task YAML that runs `ddpkit train` on every node of a cluster. SkyPilot
 runs the task's `run` line once per node; ddpkit reads SkyPilot's variables (SKYPILOT_NODE_RANK,
 SKYPILOT_NODE_IPS, SKYPILOT_NUM_NODES, SKYPILOT_NUM_GPUS_PER_NODE) as its node flags and starts
 one worker per GPU. By default the task is a managed job (`sky jobs launch`): SkyPilot recovers
@@ -18,6 +19,8 @@ it after a preemption or a failure and ddpkit resumes from the newest checkpoint
 directory on a bucket (--bucket) or a shared volume (--volume) that outlives the nodes. Example:
 
   ddpkit sky --nodes 2 --gpus-per-node 8 --accelerator H100 --bucket my-runs -- wine --epochs 100
+
+{ENGINE_RULE}
 """
 
 
@@ -81,9 +84,6 @@ class SkyOptions:
         "(the flags of `ddpkit sky` win over it)",
         metavar="FILE",
     )
-    train_args: list[str] | None = option(
-        help="-- then the arguments of `ddpkit train` (task and flags)", positional=True, nargs=argparse.REMAINDER
-    )
 
 
 def cmd_sky(ns: argparse.Namespace) -> int:
@@ -98,4 +98,5 @@ COMMAND = Command(
     SKY_HELP,
     options=SkyOptions,
     formatter=argparse.RawDescriptionHelpFormatter,
+    engine=True,
 )

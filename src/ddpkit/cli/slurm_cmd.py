@@ -6,17 +6,20 @@ from __future__ import annotations
 import argparse
 from dataclasses import dataclass
 
+from .flags import ENGINE_RULE
 from .options import option
 from .parser import Command
 from .train_cmd import engine_command
 
-SLURM_HELP = """Write an sbatch script that runs `ddpkit train` on every node of a SLURM allocation:
+SLURM_HELP = f"""Write an sbatch script that runs `ddpkit train` on every node of a SLURM allocation:
 one srun task per GPU (per worker on CPU nodes), each task one ddpkit worker that reads its
 rank from SLURM, started through `srun --kill-on-bad-exit=1`. The job asks for a warning
 signal before its time limit; ddpkit then checkpoints at the next step, requeues the job,
 and the requeued job resumes. Example:
 
   ddpkit slurm --nodes 2 --gpus-per-node 8 --time 04:00:00 --submit -- wine --epochs 100
+
+{ENGINE_RULE}
 """
 
 
@@ -74,9 +77,6 @@ class SlurmOptions:
         "(the flags of `ddpkit slurm` win over it)",
         metavar="FILE",
     )
-    train_args: list[str] | None = option(
-        help="-- then the arguments of `ddpkit train` (task and flags)", positional=True, nargs=argparse.REMAINDER
-    )
 
 
 def cmd_slurm(ns: argparse.Namespace) -> int:
@@ -91,4 +91,5 @@ COMMAND = Command(
     SLURM_HELP,
     options=SlurmOptions,
     formatter=argparse.RawDescriptionHelpFormatter,
+    engine=True,
 )

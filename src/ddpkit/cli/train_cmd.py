@@ -47,11 +47,12 @@ COMMAND = Command(
     ("task",),
     options=TrainOptions,
     quick_exit=True,
+    compact=True,
 )
 
 
 def engine_command(run: Callable[..., int], opts: Any) -> int:
-    """An engine's command (`ddpkit slurm`, `k8s`, `sky`: engines/) run with its options `opts`:
+    """An engine's command (`ddpkit slurm`, `k8s`, `sky`, `ray`: engines/) run with its options `opts`:
     handed the command line that heads the job it writes, and how the `ddpkit train` arguments
     after -- are parsed and checked (this command's parser, its RunConfig)."""
     return run(

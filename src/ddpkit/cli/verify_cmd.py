@@ -41,4 +41,5 @@ COMMAND = Command(
     ("task",),
     options=VerifyOptions,
     quick_exit=True,
+    compact=True,
 )

@@ -7,7 +7,7 @@ import re
 from dataclasses import dataclass
 
 from ..errors import DdpkitError
-from .settings import FAULTS, Section, choice, positive, setting
+from .settings import FAULT_HANDLING, FAULTS, Section, choice, positive, setting
 
 ON_NAN_MODES = ("stop", "skip")
 
@@ -26,6 +26,7 @@ class Faults(Section):
         "the working directory, or in --log-dir), the report names the rank that hung, and the "
         "job stops; 0 = off (the dumps on a --timeout stay)",
         group=FAULTS,
+        help_group=FAULT_HANDLING,
         type=float,
         default_help="2 x --timeout (launch: x the script's own timeout); 0.9 x on NCCL, which aborts at it",
     )
@@ -88,6 +89,7 @@ class Faults(Section):
         "",
         "on one of these signals (e.g. USR1,TERM) save a checkpoint at the next step boundary and stop",
         group=FAULTS,
+        help_group=FAULT_HANDLING,
         metavar="SIGNALS",
     )
     requeue: bool = setting(
@@ -95,11 +97,13 @@ class Faults(Section):
         "under SLURM: after a --save-on-signal stop, requeue the job (it resumes with --auto-resume); "
         "not after TERM/INT, which end or requeue the job already",
         group=FAULTS,
+        help_group=FAULT_HANDLING,
     )
     on_nan: str = setting(
         "stop",
         "a NaN/inf loss stops the run before the weights are touched, or skips that step on every rank",
         group=FAULTS,
+        help_group=FAULT_HANDLING,
         choices=ON_NAN_MODES,
     )
 

@@ -28,7 +28,7 @@ _TYPES = {"int": int, "float": float, "str": str, "bool": bool}
 
 
 def table_name(group: str) -> str:
-    """A group's table in a file: the first word of its --help title (`[faults]` for "faults and signals")."""
+    """A group's table in a file: the first word of its --help-all title (`[faults]` for "faults and signals")."""
     return "nodes" if group == NODES else group.split()[0].lower()
 
 

@@ -7,7 +7,7 @@ import re
 from dataclasses import dataclass
 
 from ..errors import DdpkitError
-from .settings import PROCESSES, Section, choice, positive, setting
+from .settings import FAULT_HANDLING, PROCESSES, Section, choice, positive, setting
 from .values import parse_nproc
 
 START_METHODS = ("auto", "fork", "spawn", "forkserver")
@@ -35,6 +35,7 @@ class Processes(Section):
         "checkpoint; launch: the script starts again from its beginning, continuing only from a "
         "checkpoint it loads itself); a line says so at each restart",
         group=PROCESSES,
+        help_group=FAULT_HANDLING,
         aliases=("--max_restarts",),
     )
     threads: int | None = setting(

@@ -21,6 +21,10 @@ OUTPUT = "output"
 STRATEGY = "strategy and precision"
 PERFORMANCE = "performance (see docs/performance.md)"
 
+# What a fault or a signal does: the group of `ddpkit train --help` of the few settings of a section
+# shown apart from the rest of it (`help_group`; the others are shown by their section: cli/help.py)
+FAULT_HANDLING = "faults"
+
 
 def setting(
     default: Any = None,
@@ -38,13 +42,15 @@ def setting(
     cli: bool = True,
     factory: Any = None,
     append: bool = False,
+    help_group: str | None = None,
 ) -> Any:
     """A field with what the CLI needs to offer it as a flag: the help text, the choices and
     the default are written here once; cli/flags.py makes the flag from them (for RunConfig
     and for each command's own options, cli/NAME_cmd.py). `default_help` describes a default
     that is not a plain value ("one per GPU"); `append`: the flag may be repeated, its values
     collected in a list (RunConfig makes --task-arg's (key, value) pairs a dict); `nargs`: how
-    many values a positional takes, as argparse counts them (None: exactly one)."""
+    many values a positional takes, as argparse counts them (None: exactly one); `help_group`:
+    the group of --help it is listed in, where not its section's (cli/help.py)."""
     meta = {
         "help": help,
         "group": group,
@@ -58,6 +64,7 @@ def setting(
         "nargs": nargs,
         "cli": cli,
         "append": append,
+        "help_group": help_group,
     }
     if factory is not None:
         return field(default_factory=factory, metadata=meta)

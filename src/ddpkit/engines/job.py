@@ -14,6 +14,7 @@ from typing import Any, Callable
 from ..config.file import read_launch_table
 from ..config.launch import KEYS, LaunchTable
 from ..errors import DdpkitError
+from ..storage.location import is_url
 
 # File systems that one machine's disk is: a run directory on them is not seen by another node
 LOCAL_FILE_SYSTEMS = frozenset(
@@ -91,6 +92,11 @@ def run_dir_of(job: LaunchTable, train_run_dir: str | None, local: bool = True) 
             f"{train_run_dir} (the training's run_dir): keep one"
         )
     chosen = job.run_dir or train_run_dir
+    if is_url(chosen):  # Path() would make s3://b/x a folder 's3:' in the job
+        raise DdpkitError(
+            f"--run-dir {chosen}: the jobs ddpkit writes do not take a bucket run folder yet; run `ddpkit train "
+            "--run-dir URL` in one pod or VM (docs/object-storage.md's recipes), or give a shared volume"
+        )
     return os.fspath(Path(chosen).resolve()) if chosen and local else chosen
 
 

@@ -220,8 +220,6 @@ def pod_train_arguments(
     """The arguments of `ddpkit train` every pod runs, what `parse_train` made of them (checked here,
     with the config file read from this machine), and that file (the pods read the ConfigMap's copy)."""
     args = list(train_args or ())
-    if args[:1] == ["--"]:
-        args = args[1:]
     given = config_of(args)
     if config and given:
         raise DdpkitError("--config given both before and after --: keep one")

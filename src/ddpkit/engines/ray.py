@@ -19,14 +19,16 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
+from ..config import NODES
 from ..config.file import FIELDS
 from ..config.launch import LaunchTable
+from ..config.settings import flag_spellings
 from ..errors import DdpkitError, Interrupted, RunDirTaken, WorkerFailed
 from ..util.envvars import LAUNCH_TIME_VAR
 from .job import check_run_dir_shared, job_description, run_dir_of
-from .slurm import SLURM_PLACES
+from .slurm import SLURM_PLACES, config_of, with_config_file
 
 RAY_DIR = "ray"  # RUN_DIR/ray: Ray Train's own files of the run (its RunConfig's storage_path/name)
 REFUSED_FILE = "refused.txt"  # RUN_DIR/ray/refused.txt: a worker's refusal, which no restart can change
@@ -121,12 +123,46 @@ def ray_job(launch: LaunchTable, workers: int | None, max_failures: int = 0, bac
     )
 
 
+def ray_command(
+    opts: Any, command_line: str, parse_train: Callable[[list[str]], Any], train_config: Callable[[Any], Any]
+) -> int:
+    """`ddpkit ray` with its options `opts` (cli/ray_cmd.py's RayOptions): the arguments after -- are
+    `ddpkit train`'s (`parse_train` parses them, `train_config` makes their RunConfig), the job is
+    the config file's [launch] table under the command's flags. Ray writes no file a command line
+    could head, so `command_line` goes unused."""
+    del command_line
+    args = with_config_file(list(opts.train_args or ()), opts.config)
+    try:
+        train = parse_train(args)
+    except SystemExit:
+        raise DdpkitError(
+            "the arguments after -- are not valid `ddpkit train` arguments (see the message above)"
+        ) from None
+    refuse_placement(train)  # before the values' own checks: --nnodes 2 is Ray's, not a question of --master-addr
+    table = job_description(
+        config_of(args),
+        nodes=opts.nodes,
+        workers_per_node=opts.workers_per_node,
+        gpus_per_node=opts.gpus_per_node,
+        cpus_per_worker=opts.cpus_per_worker,
+        address=opts.address,
+        job_name=opts.job_name,
+        shared_run_dir=opts.shared_run_dir or None,
+    )
+    run_ray_job(train_config(train), table, opts.workers, opts.dry_run or train.dry_run)
+    return 0
+
+
+# Where the workers run: Ray's. Every setting of the node group, not only those SLURM refuses
+RAY_PLACES = (*SLURM_PLACES, *(n for n, f in FIELDS.items() if f.metadata["group"] == NODES and n not in SLURM_PLACES))
+
+
 def refuse_placement(cfg: Any) -> None:
     """Ray places the workers: a training setting that says where they run (--nproc, --nnodes,
     --master-addr, ...; flag or config file) is refused in one line, not silently ignored."""
-    for name in SLURM_PLACES:
-        if getattr(cfg, name) != FIELDS[name].default:
-            flag = "--" + name.replace("_", "-")
+    for name in RAY_PLACES:
+        if getattr(cfg, name, FIELDS[name].default) != FIELDS[name].default:
+            flag = flag_spellings(FIELDS[name])[0]
             raise DdpkitError(
                 f"{flag} does not belong in a Ray job: Ray places the workers (use --workers, "
                 "--nodes and --workers-per-node of `ddpkit ray`, or the [launch] table)"

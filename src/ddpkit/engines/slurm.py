@@ -152,8 +152,6 @@ def train_arguments(
     path) and what `parse_train` made of them: checked now, not in the job an hour later. No
     placement flag: `engine` starts the workers (`use`: the engine command's flags that say it)."""
     args = list(train_args or ())
-    if args[:1] == ["--"]:
-        args = args[1:]
     args = with_config_file(args, config)
     try:
         train = parse_train(args)

@@ -28,7 +28,7 @@ from typing import Any, Callable, Iterator
 from ..config.processes import DEFAULT_TIMEOUT_S
 from ..errors import DdpkitError, Interrupted
 from ..training.signals import stopped_note
-from ..util.envvars import AGENT_PID_VAR, ERROR_DIR_VAR, SNAPSHOT_DIR_VAR, STORE_FILE_VAR
+from ..util.envvars import AGENT_PID_VAR, AGENT_START_VAR, ERROR_DIR_VAR, SNAPSHOT_DIR_VAR, STORE_FILE_VAR
 from .joined import NEVER_JOINED, JoinWatch
 from .report import FROM_START, RestartLine, job_failure, rendezvous_message, restarts_announced
 from .scope import scoped_environ, signal_handlers_kept, whole_line_tail
@@ -108,7 +108,7 @@ def run_elastic(
         errors = scratch / "errors"
         errors.mkdir()
         environ = {**_launch_environ(plan, env, errors), **private}
-        scope.enter_context(scoped_environ(environ, also=(*AGENT_SETS, SNAPSHOT_DIR_VAR)))
+        scope.enter_context(scoped_environ(environ, also=(*AGENT_SETS, SNAPSHOT_DIR_VAR, AGENT_START_VAR)))
         scope.enter_context(_agent_logs(verbose))
         scope.enter_context(whole_line_tail())
         scope.enter_context(signal_handlers_kept())
@@ -185,6 +185,7 @@ def _launch(
     # a script's workers (ddpkit train's join before any task code runs): did any join a process group?
     watch = JoinWatch().start() if isinstance(entrypoint, str) and plan.nproc_per_node * plan.max_nodes > 1 else None
     stacks = StackCollector(hang_dir, errors, started).start() if hang_dir is not None else None
+    os.environ[AGENT_START_VAR] = repr(time.time())  # the workers' ledger splits their start-up at it
     try:
         results = elastic_launch(config, entrypoint)(*args)
         if watch is not None:

@@ -22,26 +22,26 @@ from ..config.processes import DEFAULT_TIMEOUT_S
 from ..data import ShardedLoader, StreamLoader, rank_loader
 from ..environments import DistEnv
 from ..errors import DdpkitError
+from ..parallel.dims import ParallelDims
 from ..runtime import Collectives, Runtime
+from ..runtime.group import RankView
 from ..strategies import Strategy, StrategyConfig, check, strategy_for
 from ..util.envvars import TIMEOUT_VAR
 
 
-class Session:
-    """The job's Runtime (`rt.runtime`: rank, device, process group) with the own-loop helpers,
-    each the code `ddpkit train` runs. Use it as a context manager: the process group is
-    torn down on every exit path."""
+def _held(name: str) -> Any:
+    """The Session's Runtime's attribute `name`, read through the Session."""
+    return property(lambda self: getattr(self.runtime, name), doc=f"The Runtime's {name}.")
 
-    def __init__(
-        self,
-        env: DistEnv,
-        device: str = "auto",
-        backend: str = "auto",
-        timeout: float = DEFAULT_TIMEOUT_S,
-        threads: int | None = None,
-        store: Any = None,
-    ) -> None:
-        self.runtime = Runtime(env, device=device, backend=backend, timeout=timeout, threads=threads, store=store)
+
+class Session(RankView):
+    """The job's Runtime (`rt.runtime`: rank, device, process group) with the own-loop helpers,
+    each the code `ddpkit train` runs; its rank, print and collectives are the Runtime's own
+    (RankView). Use it as a context manager: the process group is torn down on every exit path."""
+
+    def __init__(self, env: DistEnv, **runtime: Any) -> None:
+        """`runtime`: the Runtime's settings (device, backend, timeout, threads, store)."""
+        self.runtime = Runtime(env, **runtime)
         self.strategy: Strategy | None = None
         self._marks: dict[Path, WorldMark] = {}  # the folders this world saved into: it owns them until another does
         self.scaler: Any = None  # fp16's torch.amp.GradScaler after rt.wrap(..., precision="fp16"); None otherwise
@@ -181,72 +181,18 @@ class Session:
             return load_state_dir(path, model, optimizer)
         return whole.load_whole(path, model, optimizer)
 
-    # -- the Runtime's face ----------------------------------------------------------
-    @property
-    def env(self) -> DistEnv:
-        return self.runtime.env
-
-    @property
-    def device(self) -> torch.device:
-        return self.runtime.device
-
-    @property
-    def backend(self) -> str:
-        return self.runtime.backend
-
-    @property
-    def timeout(self) -> float:
-        return self.runtime.timeout
-
-    @property
-    def collectives(self) -> Collectives:
-        return self.runtime.collectives
-
-    @property
-    def rank(self) -> int:
-        return self.runtime.rank
-
-    @property
-    def world_size(self) -> int:
-        return self.runtime.world_size
-
-    @property
-    def is_main(self) -> bool:
-        return self.runtime.is_main
-
-    @property
-    def distributed(self) -> bool:
-        return self.runtime.distributed
-
-    def print(self, *args: Any, **kwargs: Any) -> None:
-        """print() on rank 0 only."""
-        self.runtime.print(*args, **kwargs)
-
-    def all_sum(self, value: torch.Tensor) -> torch.Tensor:
-        """The sum of `value` over all ranks (a new tensor), by the job's fastest path."""
-        return self.runtime.all_sum(value)
-
-    def all_gather_object(self, obj: Any) -> list[Any]:
-        """Every rank's `obj`, in rank order."""
-        return self.runtime.all_gather_object(obj)
-
-    def broadcast_object(self, obj: Any) -> Any:
-        """Rank 0's `obj` on every rank."""
-        return self.runtime.broadcast_object(obj)
-
-    def barrier(self) -> None:
-        self.runtime.barrier()
+    # -- what the Runtime holds (RankView reads them) ---------------------------------
+    env: DistEnv = _held("env")
+    device: torch.device = _held("device")
+    backend: str = _held("backend")
+    timeout: float = _held("timeout")
+    collectives: Collectives = _held("collectives")
+    dims: ParallelDims = _held("dims")  # the job's mesh: every rank data-parallel in an own loop
 
     def close(self) -> None:
         """Tear the process group down (let go of wrapped models and optimizers first)."""
         self.strategy = None
         self.runtime.close()
-
-    def __enter__(self) -> Session:
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self.close()
 
 
 def _plain_strategy(rt: Runtime, model: nn.Module) -> Strategy:

@@ -4,7 +4,7 @@ A memory model maps the model's sizes (ModelSizes: each parameter's shape, the o
 bytes per element, FSDP's blocks) and a (replicate, shard) layout to a Footprint, the bytes
 of parameters, gradients, optimizer state and what is in flight per rank. Each registered
 strategy names its model (strategy_config.StrategySpec.memory); the memory plan
-(strategies/memory.py, `ddpkit plan`) measures the sizes with torch and asks every model.
+(planning/memory.py, `ddpkit plan`) measures the sizes with torch and asks every model.
 No torch here: the registry that names these sits below config/.
 """
 

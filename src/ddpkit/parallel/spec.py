@@ -6,7 +6,7 @@ number of processes is known), the workers' make_strategy (the real world size, 
 so `ddpkit --help` and the config stay instant; the strategies themselves live in strategies/.
 
 Every strategy is a StrategySpec in one registry (`register`): its name, whether it shards,
-its own rules, its memory model (what a rank holds, strategy_memory.py), its help line, its
+its own rules, its memory model (what a rank holds, parallel/footprints.py), its help line, its
 (replicate, shard) layout and where its Strategy is built (an import path, so FSDP's imports
 stay lazy). `--strategy`'s choices and help, check(), strategy_for, `--strategy auto` and the
 memory plan all read it. HSDP is FSDP with replicas: `--strategy fsdp --replicate R` lays it
@@ -284,7 +284,7 @@ class StrategySpec:
     built (None: `auto`, which the workers resolve to another). `layout`: the (replicate,
     shard) mesh over the world size (None: one replica per rank, or one shard per rank when
     it `shards`; such a strategy is built without a mesh). `rules`: its own part of check(),
-    after the shared rules. `memory`: what a rank holds (strategy_memory.py); None: no column
+    after the shared rules. `memory`: what a rank holds (parallel/footprints.py); None: no column
     in the memory plan. `planned`: a column of every plan, else only when asked for."""
 
     name: str

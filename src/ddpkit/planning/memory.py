@@ -1,9 +1,10 @@
-"""Memory: the plan before a run (which strategy fits) and the measurement after it.
+"""The memory plan: what each rank holds under each strategy before a run, which fits, and
+the table `ddpkit plan` prints.
 
 The guide's rule: if model, optimizer and batch fit on one device, use DDP (fastest); if
 not, FSDP, which shards parameters, gradients and optimizer state over the N ranks at the
-price of more communication. The plan measures the model once (strategy_memory.ModelSizes)
-and asks each registered strategy's memory model (strategy_config.StrategySpec.memory) over
+price of more communication. The plan measures the model once (parallel/footprints.py: ModelSizes)
+and asks each registered strategy's memory model (parallel/spec.py: StrategySpec.memory) over
 its (replicate, shard) layout; a column per strategy: DDP and FSDP always, and the one asked
 for (hsdp, a plugin's). The built-in models count, per rank:
 
@@ -16,10 +17,9 @@ for (hsdp, a plugin's). The built-in models count, per rank:
 - Setting up: an eager build holds the whole model on every rank before it is sharded; a
   build on the meta device only this rank's shards and, for a moment, one block full-size.
 
-The optimizer's state per parameter element is measured by stepping the task's optimizer
-once on a small probe tensor (Adam: 8 bytes, SGD with momentum: 4, plain SGD: 0).
-Activations and the batch are not in the total: a strategy "fits" when the plan's total is
-at most FIT_FRACTION of the device's memory, leaving the rest for them.
+The optimizer's state per parameter element and a worker's fixed cost are measured
+(process.py). Activations and the batch are not in the total: a strategy "fits" when the
+plan's total is at most FIT_FRACTION of the device's memory, leaving the rest for them.
 
 HSDP over a (replicate R, shard S) mesh holds FSDP's state sharded over S instead of N. On
 several nodes the plan also counts what each rank sends per optimizer step in collectives
@@ -29,162 +29,24 @@ of the 1/S gradient shards between replicas (its gathers and reduce-scatters sta
 node when each node holds whole shard groups).
 
 The activations are shown beside the state when ddpkit plan (or --dry-run) could measure
-them (ActivationEstimate: what one forward of the task's first samples keeps for backward,
-training/probe.py), with and without --activation-checkpointing, and the plan warns when
-they need more than the rest.
+them (peak.py: ActivationEstimate), with and without --activation-checkpointing, and the plan
+warns when they need more than the rest.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import math
-import os
-import resource
-import sys
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable
 
-import torch
 from torch import nn
 
-from ..config.values import format_bytes, parse_memory
+from ..config.values import format_bytes
 from ..parallel.footprints import Footprint, ModelSizes, cross_node_bytes
 from ..parallel.spec import StrategyConfig, StrategySpec, strategy_spec, strategy_specs
 from ..strategies.choice import FIT_FRACTION, Choice, choose
-
-ASSUMED_OPTIMIZER_BYTES = 8.0  # Adam's two fp32 moments, when the optimizer cannot be probed
-
-
-def detect_device_memory(device_type: str, local_procs: int) -> tuple[int, str]:
-    """This rank's memory budget: the GPU's, or the machine's RAM shared by the local processes."""
-    if device_type == "cuda":
-        props = torch.cuda.get_device_properties(torch.cuda.current_device())
-        return int(props.total_memory), f"{props.name}"
-    total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    try:  # a container's limit, when it has one
-        limit = open("/sys/fs/cgroup/memory.max").read().strip()
-        if limit.isdigit():
-            total = min(total, int(limit))
-    except OSError:
-        pass
-    procs = max(1, local_procs)
-    return total // procs, f"CPU RAM {format_bytes(total)}" + (f" / {procs} processes" if procs > 1 else "")
-
-
-def device_budget(given: int | str | None, device_type: str, sharing: int) -> tuple[int, str]:
-    """The memory per rank a plan assumes, and where it comes from: the size given
-    (--device-memory), else what this machine's device has (a CPU's RAM over the `sharing`
-    ranks on it)."""
-    budget = parse_memory(given)
-    return (budget, "given") if budget is not None else detect_device_memory(device_type, sharing)
-
-
-def optimizer_state_per_param(spec: Any) -> tuple[str, float, bool]:
-    """(name, bytes of optimizer state per parameter element, measured?) of the task's optimizer."""
-    name = type(spec).__name__ if isinstance(spec, torch.optim.Optimizer) else "optimizer"
-    probe = nn.Parameter(torch.zeros(64))
-    try:
-        opt = type(spec)([probe], **spec.defaults) if isinstance(spec, torch.optim.Optimizer) else spec([probe])
-        name = type(opt).__name__
-        probe.grad = torch.full_like(probe, 1e-3)
-        opt.step()
-        size = sum(
-            t.numel() * t.element_size()
-            for s in opt.state.values()
-            for t in s.values()
-            if torch.is_tensor(t) and t.numel() == probe.numel()
-        )
-        return name, size / probe.numel(), True
-    except Exception:
-        return name, ASSUMED_OPTIMIZER_BYTES, False
-
-
-@dataclass(frozen=True)
-class ActivationEstimate:
-    """Bytes one rank keeps for backward at `batch_size` samples per micro-batch (the same
-    under DDP and FSDP: sharding splits the model, not the batch). `per_sample`: what each
-    sample adds to (kept, kept_checkpointed, recomputed), so that `at(b)` gives another
-    micro-batch's figures (activations are linear in the batch, as a transformer's are)."""
-
-    batch_size: int
-    kept: int  # everything autograd saves
-    kept_checkpointed: int | None  # with checkpointing: what lies outside the blocks, and their inputs
-    recomputed: int  # and, during backward, one block's recomputed activations at a time
-    precision: str = "fp32"  # what the probe's forward ran in (bf16 and fp16: under autocast)
-    per_sample: tuple[int, int, int] = (0, 0, 0)
-    # bf16 and fp16 under FSDP, whose mixed precision runs each unit in half precision (no autocast)
-    sharded: ActivationEstimate | None = None
-    on_meta: bool = False  # probed on the meta device (a large model built there): bf16 as the model cast
-
-    def need(self, checkpointing: bool) -> int:
-        """The most a step holds: what is kept, and during backward the gradients of one block's
-        activations on their way through it (and, checkpointed, that block's recomputed ones)."""
-        if checkpointing and self.kept_checkpointed is not None:
-            return self.kept_checkpointed + 2 * self.recomputed
-        return self.kept + self.recomputed
-
-    def at(self, batch_size: int) -> ActivationEstimate:
-        """The same estimate at another micro-batch."""
-        more = batch_size - self.batch_size
-        grow = lambda value, per: max(0, value + more * per)  # noqa: E731
-        ckpt = None if self.kept_checkpointed is None else grow(self.kept_checkpointed, self.per_sample[1])
-        return dataclasses.replace(
-            self,
-            batch_size=batch_size,
-            kept=grow(self.kept, self.per_sample[0]),
-            kept_checkpointed=ckpt,
-            recomputed=grow(self.recomputed, self.per_sample[2]),
-            sharded=self.sharded.at(batch_size) if self.sharded is not None else None,
-        )
-
-    def of(self, sharded: bool) -> ActivationEstimate:
-        """The figures under a sharded strategy (FSDP's mixed precision) or a whole replica."""
-        return self.sharded if sharded and self.sharded is not None else self
-
-
-@dataclass(frozen=True)
-class ProcessCost:
-    """What a worker holds besides the model's state and the activations (measured, not assumed).
-
-    fixed: its resident memory before the model: the interpreter, torch and the modules a
-    worker imports, the task's data, the process group (on a GPU: the CUDA context and what
-    else the device already holds). sharded_imports: what FSDP's modules add to it (only a
-    sharded run imports them). release: on a CPU, the workers hand freed blocks back to the
-    system (--cpu-allocator release, runtime/allocator.py), so their peak is what is live;
-    otherwise glibc keeps them and a peak 1.1-1.5x the plan's is usual."""
-
-    fixed: int = 0
-    sharded_imports: int = 0
-    source: str = "not measured"
-    release: bool = True
-
-    def of(self, sharded: bool) -> int:
-        return self.fixed + (self.sharded_imports if sharded else 0)
-
-
-@dataclass(frozen=True)
-class Peak:
-    """What one rank's peak is made of under one strategy: in training, the fixed cost, the
-    model state, what is in flight and the activations of a micro-batch (or, when larger, the
-    gradients FSDP makes again in each backward as they go); after the last step,
-    rank 0 writes model.pt beside the state it still holds (`end_of_run`:
-    that state and, under FSDP, the one tensor it has gathered at a time). The peak is the larger
-    of the two."""
-
-    fixed: int
-    state: int
-    transient: int
-    activations: int | None  # None: not estimated (no --batch-size given to the plan)
-    end_of_run: int
-    grads_made: int = 0  # gradients made during backward while the activations go (FSDP's shards)
-
-    @property
-    def training(self) -> int:
-        return self.fixed + self.state + self.transient + max(self.activations or 0, self.grads_made)
-
-    @property
-    def total(self) -> int:
-        return max(self.training, self.fixed + self.end_of_run)
+from .peak import ActivationEstimate, Peak
+from .process import ProcessCost, optimizer_state_per_param
 
 
 @dataclass(frozen=True)
@@ -336,26 +198,36 @@ class MemoryPlan:
         return [(s, self.footprints[s.name], (11, 15)[i] if i < 2 else 13) for i, s in enumerate(specs)]
 
     def format(self, title: str, strategy: str = "auto") -> str:
-        """The plan as `ddpkit plan` prints it.
-        Long: one table, row by row, each a line of its own; split, the rows' shared widths
-        and columns would be handed from one helper to the next."""
+        """The plan as `ddpkit plan` prints it: the model, a column per strategy of what a rank
+        holds, what building the model holds, and whether each strategy fits."""
         n = self.world_size
         opt = f"{self.optimizer}, {self.optimizer_bytes_per_param:g} bytes of state per parameter" + (
             "" if self.optimizer_measured else " (assumed: it could not be probed)"
         )
         cols = self._columns()
         row = lambda cells: "  ".join(f"{c:>{w}}" for c, (_, _, w) in zip(cells, cols, strict=True))  # noqa: E731
-        value = lambda attr: [format_bytes(getattr(f, attr)) for _, f, _ in cols]  # noqa: E731
-        peaks = [self.peak(s.name) for s, _, _ in cols]
-        of_peak = lambda attr: [format_bytes(getattr(p, attr)) for p in peaks]  # noqa: E731
-        first, second = cols[0][0].title, cols[1][0].title
         lines = [
             f"memory plan: {title}, {n} process{'es' if n != 1 else ''}, {self.precision}",
             f"  model            {self.n_params:,} parameters, "
             f"{self.units} FSDP units (largest block {self.largest_block:,}){self.built_how}",
             f"  optimizer        {opt}",
             "  per rank         " + row([s.column(self.meshes[s.name]) for s, _, _ in cols]),
+            *self._state_rows(row, cols),
+            *self._setup_rows(row, cols),
+            *self._fit_rows(cols),
+            f"  --strategy {strategy:<5} {self.verdict(strategy)}",
         ]
+        return "\n".join(lines)
+
+    def _state_rows(
+        self, row: Callable[[list[str]], str], cols: list[tuple[StrategySpec, Footprint, int]]
+    ) -> list[str]:
+        """What a rank holds in training, a row per part of its peak, and the peak."""
+        value = lambda attr: [format_bytes(getattr(f, attr)) for _, f, _ in cols]  # noqa: E731
+        peaks = [self.peak(s.name) for s, _, _ in cols]
+        of_peak = lambda attr: [format_bytes(getattr(p, attr)) for p in peaks]  # noqa: E731
+        first, second = cols[0][0].title, cols[1][0].title
+        lines = []
         for label, attr in (
             ("parameters", "params"),
             ("gradients", "grads"),
@@ -377,15 +249,20 @@ class MemoryPlan:
             + "   (rank 0 writing model.pt: its state; FSDP + one gathered tensor at a time)"
         )
         lines.append(f"  {'peak':<16} " + row(of_peak("total")))
+        return lines
+
+    def _setup_rows(
+        self, row: Callable[[list[str]], str], cols: list[tuple[StrategySpec, Footprint, int]]
+    ) -> list[str]:
+        """What building the model holds, eagerly and on the meta device (which this task does
+        marked), and on several nodes what a rank sends between them per step."""
         mark = lambda meta: "   <- this task" if meta == self.built_on_meta else ""  # noqa: E731
         eager, meta = format_bytes(self.setup_eager), format_bytes(self.setup_meta)
-        lines.append(
-            f"  {'setup, eager':<16} {eager:>11}  {eager:>15}   (every rank builds the whole model){mark(False)}"
-        )
-        lines.append(
+        lines = [
+            f"  {'setup, eager':<16} {eager:>11}  {eager:>15}   (every rank builds the whole model){mark(False)}",
             f"  {'setup, meta':<16} {eager:>11}  {meta:>15}   (built on the meta device: the shards "
-            f"+ the largest block){mark(True)}"
-        )
+            f"+ the largest block){mark(True)}",
+        ]
         if self.nnodes > 1 and self.cross_node:
             lines.append(
                 f"  {'across nodes':<16} "
@@ -393,19 +270,22 @@ class MemoryPlan:
                 + f"   (sent per rank per step between the {self.nnodes} nodes; HSDP: only its all-reduce of "
                 "gradient shards)"
             )
+        return lines
+
+    def _fit_rows(self, cols: list[tuple[StrategySpec, Footprint, int]]) -> list[str]:
+        """The device's memory per rank and which strategy's peak fits in FIT_FRACTION of it."""
         fits = ", ".join(f"{s.title} {'yes' if self.fits(s.name) else 'no'}" for s, _, _ in cols)
-        lines.append(f"  device           {format_bytes(self.device_memory)} per rank ({self.device})")
-        lines.append(
+        lines = [
+            f"  device           {format_bytes(self.device_memory)} per rank ({self.device})",
             f"  fits in {FIT_FRACTION:.0%}      {fits} (the peak, within {FIT_FRACTION:.0%}: the rest is a margin "
-            "for what is not counted, the batch itself and fragmentation)"
-        )
+            "for what is not counted, the batch itself and fragmentation)",
+        ]
         if not self.process.release:
             lines.append(
                 "  allocator        glibc keeps what the workers free (not counted: expect a peak up to 1.5x the "
                 "plan's); --cpu-allocator release, or a run sized with --device-memory, returns it"
             )
-        lines.append(f"  --strategy {strategy:<5} {self.verdict(strategy)}")
-        return "\n".join(lines)
+        return lines
 
     def _activation_rows(self, row: Callable[[list[str]], str], peaks: list[Peak]) -> list[str]:
         """The activations' row (the same in every column) and how it was measured, or why not."""
@@ -459,37 +339,22 @@ def make_plan(
     each by its memory model over its layout. `blocks` names FSDP's units
     (ddpkit.fsdp.default_blocks, or the task's hook); None: the root only. `nnodes`: how many
     nodes the ranks span (the world size split evenly), for the traffic between them.
-    `activations`: measured apart (training/probe.py), shown beside the state.
-    Long: the model's sizes, then one call naming each of MemoryPlan's figures; split, the same
-    dozen values would only be handed from one function to the next."""
-    params = list(model.parameters())
-    n_params = sum(p.numel() for p in params)
+    `activations`: measured apart (training/probe.py), shown beside the state."""
     name, per_param, measured = optimizer_state_per_param(optimizer)
-    block_list = list(blocks(model)) if blocks else []
-    block_sizes = [sum(p.numel() for p in b.parameters()) for b in block_list]
-    block_bytes = max((sum(p.numel() * p.element_size() for p in b.parameters()) for b in block_list), default=0)
-    largest = max(block_sizes, default=0)
-    sizes = ModelSizes(
-        tuple((tuple(p.shape), p.element_size()) for p in params),
-        per_param,
-        precision,
-        root=n_params - sum(block_sizes),
-        largest_block=largest,
-        blocks=len(block_sizes),
-    )
+    sizes, block_bytes = model_sizes(model, per_param, precision, blocks)
     specs = [s for s in strategy_specs() if s.memory is not None and (s.planned or s.name == strategy)]
     config = lambda s: StrategyConfig(name=s.name, replicate=replicate if s.name == strategy else None)  # noqa: E731
     meshes = {s.name: s.mesh(config(s), world_size, nnodes) for s in specs}
     full, setup_shard = sizes.nbytes(), sizes.nbytes(world_size)  # setup: the FSDP column's shards
     return MemoryPlan(
-        n_params,
+        sizes.numel(),
         world_size,
         precision,
         name,
         per_param,
         measured,
-        len(block_sizes) + 1,
-        largest,
+        sizes.blocks + 1,
+        sizes.largest_block,
         {s.name: s.memory(sizes, meshes[s.name]) for s in specs},  # type: ignore[misc]
         meshes,
         device_memory,
@@ -499,7 +364,7 @@ def make_plan(
         cross_node={s.name: cross_node_bytes(sizes, meshes[s.name], nnodes) for s in specs} if nnodes > 1 else {},
         setup_eager=full,
         setup_meta=setup_shard + (block_bytes or full - setup_shard),
-        built_on_meta=any(p.is_meta for p in params) if built_on_meta is None else built_on_meta,
+        built_on_meta=any(p.is_meta for p in model.parameters()) if built_on_meta is None else built_on_meta,
         activations=activations,
         checkpointing=checkpointing,
         process=process or ProcessCost(),
@@ -510,84 +375,21 @@ def make_plan(
     )
 
 
-def load_what_every_worker_loads() -> None:
-    """Import what every worker has loaded by its first optimizer step (DDP's constructor and
-    the optimizer's first step import torch._dynamo: ~70 MB of sympy and fx), so that it is
-    measured as part of the fixed cost, in a worker and in the plan alike."""
-    import torch._dynamo  # noqa: F401
-
-
-def sharding_import_cost() -> int:
-    """What importing FSDP's modules adds to this process's resident set (0 once imported)."""
-    from ..runtime.allocator import resident_bytes
-
-    if "ddpkit.strategies.fsdp" in sys.modules:
-        return 0
-    before = resident_bytes()
-    from ..strategies import fsdp  # noqa: F401
-
-    return max(0, resident_bytes() - before)
-
-
-def measure_process(
-    model: nn.Module, device_type: str, release: bool, sharded: int = 0, beside: int = 0
-) -> ProcessCost:
-    """This process's fixed cost now, with `model` built: on a CPU its resident set less the
-    model's own tensors (what remains is torch, the modules, the task's data, the process
-    group), less `sharded` (what FSDP's modules added: sharding_import_cost, counted for a
-    sharded run only) and `beside` (what this process holds that a worker would not: the plan's
-    meta build); on a GPU what the device already holds (the CUDA context, other processes).
-    `release`: whether freed memory goes back to the system (runtime/allocator.py)."""
-    if device_type == "cuda":
-        free, total = torch.cuda.mem_get_info()
-        return ProcessCost(total - free, 0, "measured: the CUDA context and what the device already holds", True)
-    from ..runtime.allocator import resident_bytes
-
-    tensors = {id(t): t for t in [*model.parameters(), *model.buffers()] if not t.is_meta}
-    own = sum(t.numel() * t.element_size() for t in tensors.values())
-    fixed = max(0, resident_bytes() - own - beside - sharded)
-    return ProcessCost(fixed, sharded, "measured: torch, the modules, the task's data; + FSDP's modules", release)
-
-
-def local_state_bytes(model: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, int]:
-    """What this rank really holds of the model's state (its shards under FSDP). Gradients
-    have the parameters' shapes, so they count as much as the parameters."""
-    params = sum(_local(p).numel() * p.element_size() for p in model.parameters())
-    optim = sum(
-        _local(t).numel() * t.element_size()
-        for s in optimizer.state.values()
-        for t in s.values()
-        if torch.is_tensor(t) and t.dim() > 0
+def model_sizes(
+    model: nn.Module, per_param: float, precision: str, blocks: Callable[[nn.Module], Iterable[nn.Module]] | None
+) -> tuple[ModelSizes, int]:
+    """The model as the memory models see it (each parameter's shape, FSDP's units), and the
+    bytes of its largest block (what a build on the meta device holds full-size for a moment)."""
+    params = list(model.parameters())
+    block_list = list(blocks(model)) if blocks else []
+    block_sizes = [sum(p.numel() for p in b.parameters()) for b in block_list]
+    block_bytes = max((sum(p.numel() * p.element_size() for p in b.parameters()) for b in block_list), default=0)
+    sizes = ModelSizes(
+        tuple((tuple(p.shape), p.element_size()) for p in params),
+        per_param,
+        precision,
+        root=sum(p.numel() for p in params) - sum(block_sizes),
+        largest_block=max(block_sizes, default=0),
+        blocks=len(block_sizes),
     )
-    return {"params": params, "grads": params, "optimizer": optim, "total": 2 * params + optim}
-
-
-def state_bytes_at_start(model: nn.Module, optimizer: torch.optim.Optimizer, spec: Any) -> dict[str, int]:
-    """local_state_bytes before the first optimizer step: an optimizer that makes its state at its
-    first step (Adam) holds none yet, so its state is counted per parameter element as the plan
-    does (optimizer_state_per_param on the task's optimizer `spec`)."""
-    state = local_state_bytes(model, optimizer)
-    if state["optimizer"] == 0:
-        per_element = optimizer_state_per_param(spec)[1]
-        elements = sum(_local(p).numel() for p in model.parameters() if p.requires_grad)
-        state["optimizer"] = int(per_element * elements)
-        state["total"] = 2 * state["params"] + state["optimizer"]
-    return state
-
-
-def _local(t: torch.Tensor) -> torch.Tensor:
-    return t.to_local() if hasattr(t, "to_local") else t
-
-
-def reset_peak_memory(device: torch.device) -> None:
-    """Count this run's peak only (a second run in one process must not report the first's)."""
-    if device.type == "cuda":
-        torch.cuda.reset_peak_memory_stats(device)
-
-
-def peak_memory_bytes(device: torch.device) -> tuple[int, str]:
-    """This process's peak: CUDA max allocated on a GPU, the resident set's peak on a CPU."""
-    if device.type == "cuda":
-        return int(torch.cuda.max_memory_allocated(device)), "cuda max allocated"
-    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    return int(rss if sys.platform == "darwin" else rss * 1024), "peak resident set"
+    return sizes, block_bytes

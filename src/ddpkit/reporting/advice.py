@@ -5,13 +5,15 @@ A pure function of what was measured (Measured: the step's split from the time l
 benchmark, the GPU-busy share, the peak memory against the device's, the activations per sample,
 the settings that ran). A rule fires only when its measurement is there and past its threshold
 (the constants below), and never names a setting that was already on: on a CPU, where no GPU-busy
-share or device memory is measured, those rules stay silent.
+share or device memory is measured, those rules stay silent. Advice that would change what the
+run computes (a larger batch, accumulation that grows it) says so. A job whose training holds a
+small part of its wall (TRAINING_SHARE) gets no advice on its steps, only what holds the wall.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from ..config.values import format_bytes
@@ -25,6 +27,7 @@ MEMORY_USED = 0.50  # a peak below this share of the device leaves room for a la
 FIT_FRACTION = 0.9  # of the device, the most a suggested batch may reach (strategies/choice.py's margin)
 MIN_MEASURED_S = 1.0  # a run's steps must hold this many seconds for their split to count
 MAX_WORKERS = 8  # the most loader workers suggested per process
+TRAINING_SHARE = 0.25  # the steps below this share of the wall: what holds the rest is the advice
 FUSABLE = ("Adam", "AdamW", "SGD")  # torch optimizers --fused-optimizer rebuilds
 
 
@@ -48,6 +51,10 @@ class Measured:
     optimizer: str | None = None  # the optimizer's class name
     num_workers: int | None = None  # None: the loader's workers do not apply (tensors, bench)
     cores_per_process: int | None = None
+    global_batch_fixed: bool = False  # --global-batch-size: --accumulate keeps the batch
+    wall_s: float | None = None  # the run's wall, from the launch
+    training_s: float | None = None  # the steps' seconds (their parts' sum), however few
+    outside_s: dict[str, float] = field(default_factory=dict)  # the wall's other parts (startup, eval, other...)
 
     def step_s(self) -> float | None:
         parts = [self.data_s, self.compute_s, self.grad_sync_s, self.optimizer_s]
@@ -61,6 +68,9 @@ class Measured:
 
 def advise(m: Measured) -> list[str]:
     """At most MAX_ADVICE lines, the largest measured loss first; each names its number."""
+    dominated = _training_small(m)
+    if dominated is not None:
+        return [dominated]
     found = [rule(m) for rule in (_host_bound, _data_wait, _optimizer, _grad_sync)]
     lines = [line for _, line in sorted((f for f in found if f is not None), key=lambda f: -f[0])]
     memory = _memory(m)
@@ -71,6 +81,21 @@ def advise(m: Measured) -> list[str]:
 
 def _pct(share: float) -> str:
     return f"{100 * share:.0f}%"
+
+
+def _training_small(m: Measured) -> str | None:
+    """The steps hold a small share of the wall: nothing about them would change it much."""
+    if m.wall_s is None or m.training_s is None or not m.outside_s or m.wall_s <= 0:
+        return None
+    share = m.training_s / m.wall_s
+    if share >= TRAINING_SHARE:
+        return None
+    part, seconds = max(m.outside_s.items(), key=lambda kv: kv[1])
+    what = {"startup": "start-up (imports, workers, process group, the task's build)"}.get(part, part.replace("_", " "))
+    return (
+        f"training {_pct(share)} of the wall ({m.training_s:.2f} s of {m.wall_s:.2f} s): {what} holds "
+        f"{_pct(seconds / m.wall_s)} ({seconds:.2f} s); no setting of the steps would change the wall much"
+    )
 
 
 def _host_bound(m: Measured) -> tuple[float, str] | None:
@@ -105,7 +130,14 @@ def _grad_sync(m: Measured) -> tuple[float, str] | None:
     if share is None or share < SYNC_SHARE or m.world_size < 2:
         return None
     k = 2 * m.accumulate
-    return share, f"gradient sync {_pct(share)} of the step (exposed): --accumulate {k} (half the syncs; a 2x batch)"
+    if m.global_batch_fixed:
+        keeps = "the global batch stays, each micro-batch halves"
+    elif m.batch_size is not None:
+        g = m.batch_size * m.world_size * m.accumulate
+        keeps = f"a 2x batch, which changes the results; --global-batch-size {g} with it keeps them"
+    else:
+        keeps = "a 2x batch, which changes the results"
+    return share, f"gradient sync {_pct(share)} of the step (exposed): --accumulate {k} (half the syncs; {keeps})"
 
 
 def _memory(m: Measured) -> str | None:
@@ -123,13 +155,17 @@ def _memory(m: Measured) -> str | None:
     bigger = batch * 2**doublings
     return (
         f"{format_bytes(peak)} of {format_bytes(device)} used: --batch-size {bigger} fits "
-        f"(activations {format_bytes(per_sample)} per sample, measured; now {batch})"
+        f"(activations {format_bytes(per_sample)} per sample, measured; now {batch}; a larger batch changes "
+        "the results: retune --lr)"
     )
 
 
 def measured_of_summary(s: dict[str, Any]) -> Measured:
     """The doctor's figures from a run's summary (summary.json's keys)."""
     seconds = (s.get("time") or {}).get("seconds") or {}
+    training = sum(seconds.get(p) or 0.0 for p in ("data", "compute", "grad_sync", "optimizer"))
+    outside = {p: v for p, v in seconds.items() if p not in ("data", "compute", "grad_sync", "optimizer") and v}
+    wall = (s.get("time") or {}).get("wall_s")
     if sum(seconds.get(p) or 0.0 for p in ("data", "compute", "grad_sync", "optimizer")) < MIN_MEASURED_S:
         seconds = {}  # too few steps timed for their shares to say anything
     act, batch = s.get("activation_bytes_per_rank"), s.get("batch_size")
@@ -149,4 +185,8 @@ def measured_of_summary(s: dict[str, Any]) -> Measured:
         optimizer=s.get("optimizer"),
         num_workers=s.get("num_workers") if s.get("workers_apply") else None,
         cores_per_process=s.get("cores_per_process"),
+        global_batch_fixed=fixed,
+        wall_s=wall,
+        training_s=training if seconds or outside else None,
+        outside_s=outside,
     )

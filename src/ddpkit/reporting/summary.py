@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..config.values import format_bytes
-from ..util.envvars import BENCH_RESULT_VAR, LAUNCH_TIME_VAR
+from ..util.envvars import BENCH_RESULT_VAR, LAUNCH_TIME_VAR, RUN_URL_VAR
 from .advice import advise, measured_of_summary
 from .throughput import compute_line
 
@@ -39,7 +39,7 @@ def run_summary(
         "eval_every_steps": cfg.eval_every_steps,
         "save_every_steps": cfg.save_every_steps,
         **stats,
-        "run_dir": str(run_dir),
+        "run_dir": os.environ.get(RUN_URL_VAR) or str(run_dir),  # a bucket's run: its URL, not the staging copy
     }
 
 
@@ -61,10 +61,12 @@ def add_time(summary: dict[str, Any], now: float | None = None) -> None:
     of the ranks; training/ledger.py), "other" for the rest, in seconds and percent of the wall, the
     GPU-busy share where it was sampled; then the doctor's "advice" (advice.py)."""
     parts, launched = summary.pop("time_parts", None), summary.pop("launched", None)
-    busy = summary.pop("gpu_busy", None)
+    busy, startup = summary.pop("gpu_busy", None), summary.pop("startup_parts", None)
     if parts is None or launched is None:
         return
     summary["time"] = time_block(parts, (time.time() if now is None else now) - launched, busy)
+    if startup and any(startup.values()):  # a first launch's (a restart's start-up is in "restart")
+        summary["time"]["startup_parts"] = {p: round(v, 4) for p, v in startup.items()}
     summary["advice"] = advise(measured_of_summary(summary))
 
 
@@ -89,6 +91,10 @@ def time_lines(t: dict[str, Any]) -> list[str]:
     busy = f"; GPU busy {100 * t['gpu_busy']:.0f}% while training" if t.get("gpu_busy") is not None else ""
     lines = [f"  time         wall {t['wall_s']:.2f} s{busy}"]
     lines += ["               " + ", ".join(cells[i : i + 4]) for i in range(0, len(cells), 4)]
+    startup = t.get("startup_parts")
+    if startup:
+        cells = [f"{p.replace('_', ' ')} {v:.2f}" for p, v in startup.items()]
+        lines.append("               startup: " + ", ".join(cells) + " s")
     return lines
 
 

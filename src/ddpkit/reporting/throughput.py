@@ -84,7 +84,7 @@ class Throughput:
     devices: int = 1
     peak_tflops: float | None = None
     peak_source: str = ""  # "H100 SXM, bf16 dense", "--peak-tflops", or why there is no peak
-    note: str = ""  # why the FLOPs were not counted
+    note: str = ""  # why the FLOPs were not counted (or were estimated from a config)
 
     def rates(self, samples_per_s: float | None) -> dict[str, Any]:
         """The figures beside a samples/s (global, all ranks): tokens/s, TFLOP/s per device, MFU
@@ -139,4 +139,6 @@ def compute_line(t: dict[str, Any]) -> str | None:
     )
     if t.get("mfu") is not None:
         line += f", MFU {t['mfu']:.1%} of {t['peak_tflops']:g} TFLOP/s ({t['peak_source']})"
+    if str(t.get("flops_note", "")).startswith("estimated"):
+        line += "; FLOPs estimated from the model's config"
     return line

@@ -35,29 +35,29 @@ def memory_plan(
     global_batch_size: int | None = None,
     start_method: str = "spawn",
 ) -> Any:
-    """The memory plan (strategies/memory.py: MemoryPlan) of `task` at `nproc` ranks: each
+    """The memory plan (planning/memory.py: MemoryPlan) of `task` at `nproc` ranks: each
     strategy's state, each rank's peak (fixed cost, activations, rank 0's end of run) and auto's
     choice (.format(title, strategy) prints it, .choice() holds it). Builds the task here, on
     the meta device where it can; trains nothing. `local_nproc`: the ranks sharing one machine's
     RAM (default: all); `nnodes`: the nodes they span; `batch_size` (per process): the
     activations too (training/probe.py); `start_method` fork: measured in a fork, as the CLI's
     CPU workers start. The rest as `ddpkit train` takes it."""
-    from ..planning.memory import device_budget, make_plan
+    from ..planning import memory, process
     from ..runtime.allocator import release_freed_memory, sized_to_memory
 
     device_type = resolve_device_type(device)
     n = resolve_nproc(nproc, device_type) if device_type == "cpu" or nproc is None else nproc
     cfg = _plan_request(task, n, strategy, precision, device_type, task_args, replicate)
-    budget, where = device_budget(device_memory, device_type, local_nproc or n)
+    budget, where = process.device_budget(device_memory, device_type, local_nproc or n)
     # as the run will decide (runtime/allocator.py): released when sized to its memory
     release = device_type != "cpu" or release_freed_memory(cpu_allocator, sized_to_memory(strategy, device_memory))
     built, how, sharded, planning = _build_for_plan(cfg, seed)
-    from ..strategies.fsdp import default_blocks
+    from ..strategies.fsdp import default_blocks  # after _build_for_plan has measured what it costs
 
     blocks = built.fsdp_blocks or default_blocks
     fixed = _fixed_cost(built, blocks, precision, device_type, start_method == "fork", (release, sharded, planning))
     activations = _probe(built, batch_size, built.checkpoint_blocks or blocks, precision)  # beside a fork's
-    return make_plan(
+    return memory.make_plan(
         built.model,
         built.optimizer,
         n,
@@ -119,11 +119,11 @@ def run_memory_plan(cfg: RunConfig, nproc: int, nnodes: int, local_nproc: int, s
 def _fixed_cost(
     built: Any, blocks: Any, precision: str, device_type: str, forked: bool, how: tuple
 ) -> Callable[[], Any]:
-    """A worker's fixed cost (strategies/memory.py: measure_process, `how`: its release, sharded
+    """A worker's fixed cost (planning/process.py: measure_process, `how`: its release, sharded
     and beside), measured as the workers will start: for forked ones on a CPU in a fork of this
     process, which holds this process's heap but only the code it runs itself. Returns what
     waits for it: the fork measures while this process goes on."""
-    from ..planning.memory import ProcessCost, measure_process
+    from ..planning.process import ProcessCost, measure_process
 
     measure = lambda: measure_process(built.model, device_type, *how)  # noqa: E731
     if not forked or device_type != "cpu":
@@ -145,7 +145,7 @@ def _as_a_worker(built: Any, blocks: Any, precision: str) -> None:
     import torch
     import torch.distributed as dist
 
-    from ..planning.memory import optimizer_state_per_param
+    from ..planning.process import optimizer_state_per_param
 
     _probe(built, 1, blocks, precision)
     optimizer_state_per_param(built.optimizer)
@@ -216,7 +216,7 @@ def _build_for_plan(cfg: RunConfig, seed: int) -> tuple[Any, str, int, int]:
     import torch
     from torch import nn
 
-    from ..planning.memory import load_what_every_worker_loads, sharding_import_cost
+    from ..planning.process import load_what_every_worker_loads, sharding_import_cost
     from ..runtime.allocator import resident_bytes
     from ..strategies.materialize import parameters_on_meta
     from ..task import build_task

@@ -24,7 +24,9 @@ from ..reporting.sinks import end_abandoned_trackers
 from ..reporting.sinks.base import FAILED, STOPPED
 from ..runtime import default_threads, resolve_device_type
 from ..runtime.devices import workers_backend
+from ..storage.location import is_url
 from ..util.envvars import LAUNCH_ID_VAR, LAUNCH_TIME_VAR
+from .staging import init_from_fetched, staged
 
 _LAUNCH_TIMES_SET: set[str] = set()  # the launch times this process's own train() calls set
 
@@ -69,19 +71,20 @@ def train(
     _check_strategy(cfg, device_type, nproc * plan.max_nodes, nproc)
     _check_task_exists(cfg)  # before the run directory is made: a task that cannot load leaves none
     cfg = cfg if cfg.run_dir else cfg.replace(run_dir=str(default_run_dir(cfg)))
-    new = _missing_folders(cfg.run_dir)
-    cfg = prepare_local_run(cfg)
-    in_process = nproc == 1 and not cfg.multi_node and not cfg.rdzv_endpoint and cfg.max_restarts == 0
-    with failure_recorded(cfg.run_dir, made=new):
-        if in_process:
-            return train_worker(cfg.as_dict())
-        hang_dir = Path(cfg.run_dir) / "hang"
-        try:
-            results = run_elastic(
-                plan, train_worker, [cfg.as_dict()], verbose=cfg.verbose, hang_dir=hang_dir, restarted=RESUME_TRAIN
-            )
-        except Interrupted as e:
-            raise Interrupted(e.signum, f"{e}{_after_signal(cfg, e.signum, e.saved_step)}", e.saved_step) from None
+    with staged(cfg) as cfg, init_from_fetched(cfg) as cfg:  # a bucket: checked now, before any worker starts
+        new = _missing_folders(cfg.run_dir)
+        cfg = prepare_local_run(cfg)
+        in_process = nproc == 1 and not cfg.multi_node and not cfg.rdzv_endpoint and cfg.max_restarts == 0
+        with failure_recorded(cfg.run_dir, made=new):
+            if in_process:
+                return train_worker(cfg.as_dict())
+            hang_dir = Path(cfg.run_dir) / "hang"
+            try:
+                results = run_elastic(
+                    plan, train_worker, [cfg.as_dict()], verbose=cfg.verbose, hang_dir=hang_dir, restarted=RESUME_TRAIN
+                )
+            except Interrupted as e:
+                raise Interrupted(e.signum, f"{e}{_after_signal(cfg, e.signum, e.saved_step)}", e.saved_step) from None
     return results.get(0, {}) if isinstance(results, dict) else results[0]
 
 
@@ -91,6 +94,12 @@ def _train_as_worker(cfg: RunConfig, env: DistEnv, dry_run: bool) -> dict[str, A
     from .worker import train_worker
 
     check_request_matches_launcher(cfg, env)
+    if is_url(cfg.run_dir):
+        raise DdpkitError(
+            f"--run-dir {cfg.run_dir}: a run stored in a bucket is started by `ddpkit train` itself (it checks "
+            f"the bucket, stages the run and commits each checkpoint); under {env.environment.starter} give a "
+            "local or shared folder"
+        )
     if dry_run:
         print(describe_worker(env, cfg))
         return {"plan": env.as_dict()}

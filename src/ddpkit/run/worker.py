@@ -24,7 +24,7 @@ from ..environments import DistEnv
 from ..environments.registry import request_requeue
 from ..errors import DdpkitError, RunDirTaken
 from ..parallel.spec import mesh_dims
-from ..planning.memory import load_what_every_worker_loads, measure_process, sharding_import_cost
+from ..planning.process import load_what_every_worker_loads, measure_process, sharding_import_cost
 from ..reporting.rank_output import rank_stdout
 from ..reporting.run_state import record_failure
 from ..reporting.summary import add_phases, add_time, run_summary, write_summary
@@ -203,6 +203,7 @@ def _train(cfg: RunConfig, env: DistEnv, held: contextlib.ExitStack, given: Task
     release = release_freed_memory(cfg.cpu_allocator, sized) if resolve_device_type(cfg.device) == "cpu" else True
     # --deterministic: before CUDA starts (cuBLAS reads its workspace setting then) and the model is built
     with deterministic(cfg.deterministic), Runtime(env, cfg.device, cfg.backend, cfg.timeout, cfg.threads) as rt:
+        ledger.mark("process_group")
         watchdog = start_watchdog(cfg, rt, run_dir / "hang")  # every rank reports where it is when the job hangs
         task = _build_task(cfg, rt, run_dir, given, watchdog)
         load_what_every_worker_loads()  # by its first step anyway: counted in its fixed cost
@@ -211,6 +212,7 @@ def _train(cfg: RunConfig, env: DistEnv, held: contextlib.ExitStack, given: Task
         cfg, chosen = resolve_auto(cfg, rt, task, process)  # --strategy auto: strategy, checkpointing, micro-batch
         # the job's mesh, which every part asks (the sampler, the loss, the strategy): parallel/dims.py
         rt.dims = mesh_dims(cfg.strategy_config(), env.world_size, env.nnodes, env.local_world_size, env.rank)
+        ledger.mark("task")
         if restart_count() > 0:
             cfg = cfg.replace(auto_resume=True)  # restarted after a failure: continue, don't redo
         start = prepare_run_dir(cfg, run_dir, rt.is_main, env.world_size, env.nnodes, task.model, held)

@@ -1,14 +1,15 @@
 """The process group up and down: device, backend, threads, timeout.
 
 Everything a worker needs between "I know my rank" (environments) and "train" (training).
-What a user's own loop gets on top of it (wrap, loader, save, load) is in session.py.
+What a user's own loop gets on top of it (wrap, loader, save, load) is ownloop/session.py's
+Session, which holds a Runtime and shows the same face (RankView).
 """
 
 from __future__ import annotations
 
 import gc
 from datetime import timedelta
-from typing import Any, Callable
+from typing import Any, Callable, TypeVar
 
 import torch
 import torch.distributed as dist
@@ -22,8 +23,83 @@ from .devices import choose_devices, cuda_device_count, default_threads, resolve
 from .record import CollectiveRecord
 from .store import make_store
 
+_View = TypeVar("_View", bound="RankView")
 
-class Runtime:
+
+class RankView:
+    """The job as one rank sees it: its rank and the world's size, print on rank 0, the sum and
+    the object collectives, a barrier, and a context manager that closes it. Runtime is one;
+    the own loop's Session holds a Runtime and shows the same face, written once here."""
+
+    env: DistEnv
+    device: torch.device
+    backend: str
+    collectives: Collectives
+
+    @property
+    def rank(self) -> int:
+        return self.env.rank
+
+    @property
+    def world_size(self) -> int:
+        return self.env.world_size
+
+    @property
+    def is_main(self) -> bool:
+        return self.env.rank == 0
+
+    @property
+    def distributed(self) -> bool:
+        return dist.is_initialized() and self.world_size > 1
+
+    @property
+    def collective_device(self) -> torch.device:
+        """Where a small tensor for a collective goes: this rank's GPU under NCCL (it moves
+        CUDA tensors only), the CPU under gloo."""
+        return self.device if self.backend == "nccl" else torch.device("cpu")
+
+    def print(self, *args: Any, **kwargs: Any) -> None:
+        """print() on rank 0 only."""
+        if self.is_main:
+            kwargs.setdefault("flush", True)
+            print(*args, **kwargs)
+
+    def all_sum(self, value: torch.Tensor) -> torch.Tensor:
+        """The sum of `value` over all ranks (a new tensor), by the job's fastest path."""
+        return self.collectives.all_sum(value)
+
+    def all_gather_object(self, obj: Any) -> list[Any]:
+        """Every rank's `obj`, in rank order (just [obj] alone)."""
+        if not self.distributed:
+            return [obj]
+        gathered: list[Any] = [None] * self.world_size
+        dist.all_gather_object(gathered, obj)
+        return gathered
+
+    def broadcast_object(self, obj: Any, src: int = 0) -> Any:
+        """Rank `src`'s `obj` on every rank."""
+        if not self.distributed:
+            return obj
+        box = [obj]
+        dist.broadcast_object_list(box, src=src)
+        return box[0]
+
+    def barrier(self) -> None:
+        if dist.is_initialized():
+            dist.barrier()
+
+    def close(self) -> None:
+        """Tear the process group down (each kind of view knows what it holds)."""
+        raise NotImplementedError
+
+    def __enter__(self: _View) -> _View:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+
+class Runtime(RankView):
     """This process's share of the job: env, device, backend, the process group, the job's
     collectives (`rt.collectives`: shared memory or the backend) and the record of every
     collective this rank issued (`rt.record`, what a hang report shows).
@@ -90,46 +166,6 @@ class Runtime:
         """The Runtime this process opened last and has not closed (None: none is open)."""
         return cls._active
 
-    @property
-    def rank(self) -> int:
-        return self.env.rank
-
-    @property
-    def world_size(self) -> int:
-        return self.env.world_size
-
-    @property
-    def is_main(self) -> bool:
-        return self.env.rank == 0
-
-    @property
-    def distributed(self) -> bool:
-        return dist.is_initialized() and self.world_size > 1
-
-    @property
-    def collective_device(self) -> torch.device:
-        """Where a small tensor for a collective goes: this rank's GPU under NCCL (it moves
-        CUDA tensors only), the CPU under gloo."""
-        return self.device if self.backend == "nccl" else torch.device("cpu")
-
-    def print(self, *args: Any, **kwargs: Any) -> None:
-        """print() on rank 0 only."""
-        if self.is_main:
-            kwargs.setdefault("flush", True)
-            print(*args, **kwargs)
-
-    def all_sum(self, value: torch.Tensor) -> torch.Tensor:
-        """The sum of `value` over all ranks (a new tensor), by the job's fastest path."""
-        return self.collectives.all_sum(value)
-
-    def all_gather_object(self, obj: Any) -> list[Any]:
-        """Every rank's `obj`, in rank order (just [obj] alone)."""
-        if not self.distributed:
-            return [obj]
-        gathered: list[Any] = [None] * self.world_size
-        dist.all_gather_object(gathered, obj)
-        return gathered
-
     def gather_object(self, obj: Any) -> list[Any] | None:
         """Every rank's `obj` on rank 0, in rank order; None elsewhere. What only rank 0 writes
         needs no all-gather: that would hand every rank all of them (world^2 in all)."""
@@ -138,14 +174,6 @@ class Runtime:
         gathered: list[Any] | None = [None] * self.world_size if self.is_main else None
         dist.gather_object(obj, gathered, dst=0)
         return gathered
-
-    def broadcast_object(self, obj: Any, src: int = 0) -> Any:
-        """Rank `src`'s `obj` on every rank."""
-        if not self.distributed:
-            return obj
-        box = [obj]
-        dist.broadcast_object_list(box, src=src)
-        return box[0]
 
     def pass_objects(self, moves: list[tuple[int, int]], send: Callable[[int], Any]) -> Any:
         """Point to point, every rank walking the same `moves` ((source, destination) ranks) in
@@ -162,10 +190,6 @@ class Runtime:
                 got = box[0]
         return got
 
-    def barrier(self) -> None:
-        if dist.is_initialized():
-            dist.barrier()
-
     def close(self) -> None:
         """Tear the process group down. Objects that hold it (the DDP model, optimizer)
         must be gone first: torch 2.13 aborts at exit in ~9% of runs otherwise."""
@@ -176,12 +200,6 @@ class Runtime:
             gc.collect()
             dist.destroy_process_group()
         self._owns_group = False
-
-    def __enter__(self) -> Runtime:
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self.close()
 
 
 def all_sum(value: torch.Tensor) -> torch.Tensor:

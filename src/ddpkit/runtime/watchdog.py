@@ -157,7 +157,8 @@ class HangWatchdog:
         text = str(error).splitlines()[0] if str(error) else ""
         if text.startswith("[") and "] " in text:  # gloo's "[/path/to/source.cc:78] Timed out ..."
             text = text.split("] ", 1)[1]
-        self._report(f"rank {self.rank}: {type(error).__name__}: {text[:300]}", error=error)
+        if not self._report(f"rank {self.rank}: {type(error).__name__}: {text[:300]}", error=error):
+            self._wait_for_summary()  # the watchdog thread is reporting: the job is torn down only after it
 
     # -- the watchdog thread ----------------------------------------------------------------
     def _run(self) -> None:
@@ -175,9 +176,9 @@ class HangWatchdog:
                     reason = request.read_text().strip()
                 except OSError:
                     reason = "another rank asked"
-                self._report(reason, responding=True)
-                self._end_job(reason)  # this node's launcher names the hang, not a lost peer
-                return
+                if self._report(reason, responding=True):
+                    self._end_job(reason)  # this node's launcher names the hang, not a lost peer
+                return  # else the main thread is reporting (a timeout, its own request): it ends the rank
             if self.hang_timeout and self.last_beat:
                 idle = time.time() - max(self.last_beat, self.record.last_done)
                 if idle > self.hang_timeout:
@@ -185,8 +186,8 @@ class HangWatchdog:
                         f"rank {self.rank} made no progress for {idle:.0f} s (--hang-timeout {self.hang_timeout:g})"
                         + self._where_now()
                     )
-                    self._report(reason)
-                    self._end_job(reason)
+                    if self._report(reason):
+                        self._end_job(reason)
                     return
 
     def _where_now(self) -> str:
@@ -200,10 +201,13 @@ class HangWatchdog:
         stack = traceback.extract_stack(frame) if frame is not None else []
         return f", outside any collective at {innermost_user_frame(_frames(stack))}" if stack else ""
 
-    def _report(self, reason: str, error: BaseException | None = None, responding: bool = False) -> None:
+    def _report(self, reason: str, error: BaseException | None = None, responding: bool = False) -> bool:
+        """Write this rank's report (and, on rank 0, the summary once every rank's is in); False
+        when another thread of this rank reports already: that one waits for the summary and ends
+        the rank, never this caller (ending it now would cut rank 0's wait for this rank short)."""
         with self._lock:
             if self.reported:
-                return
+                return False
             self.reported = True
         if not responding and 0 < _mtime(self.dir / "request") < self._started - 1:
             # an earlier attempt's report, still there when this one hangs before its start; never a
@@ -232,9 +236,14 @@ class HangWatchdog:
             if not self.launcher_prints:
                 print(text, file=sys.stderr, flush=True)
         else:  # stay alive (reachable) until rank 0 has read every report
-            deadline = time.time() + REPORT_WAIT_S + 5
-            while time.time() < deadline and not (self.dir / "summary.txt").exists():
-                time.sleep(0.1)
+            self._wait_for_summary()
+        return True
+
+    def _wait_for_summary(self) -> None:
+        """Until rank 0 has written the summary (every report read), or it cannot have any more."""
+        deadline = time.time() + REPORT_WAIT_S + 5
+        while time.time() < deadline and not (self.dir / "summary.txt").exists():
+            time.sleep(0.1)
 
     def _end_job(self, reason: str) -> None:
         line = f"{reason}; every rank's stacks and collectives are in {self.dir}"

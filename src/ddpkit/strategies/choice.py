@@ -5,7 +5,7 @@ world (DDP; HSDP when the ranks span nodes; FSDP), each without and with activat
 checkpointing, at the asked micro-batch and at smaller ones that divide it, with the
 accumulation that keeps the global batch (the same samples per optimizer step: the same
 result). They are tried in the order of their expected speed, and the first whose peak
-(strategies/memory.py: Peak, the fixed cost, the state, what is in flight, the activations and
+(planning/peak.py: Peak, the fixed cost, the state, what is in flight, the activations and
 rank 0's end of run) is within FIT_FRACTION of the device wins:
 
 1. the asked micro-batch before a smaller one (a smaller one does the same work in more,
@@ -29,7 +29,7 @@ from ..errors import DdpkitError
 from ..parallel.spec import StrategyConfig, check, strategy_spec, strategy_specs
 
 FIT_FRACTION = 0.9  # of the device: the rest is a margin for what the plan does not count
-MemoryPlan = Any  # strategies/memory.py's, which imports this module (its plan's choice())
+MemoryPlan = Any  # planning/memory.py's, which imports this module (its plan's choice())
 
 
 @dataclass(frozen=True)
@@ -38,7 +38,7 @@ class Choice:
     checkpointing: bool
     batch_size: int | None  # the micro-batch (None: the plan was given none)
     accumulate: int | None  # micro-batches per step that keep the global batch (None: as --global-batch-size says)
-    peak: Any  # strategies/memory.py: Peak
+    peak: Any  # planning/peak.py: Peak
     fits: bool
     line: str  # why, in one line
 

@@ -1,6 +1,6 @@
 """`--strategy auto` in the workers: measured once, chosen once, the same on every rank.
 
-Before the batches are planned, every worker measures its fixed cost (strategies/memory.py:
+Before the batches are planned, every worker measures its fixed cost (planning/process.py:
 measure_process) and its device's memory; the largest cost and the smallest device decide.
 Rank 0 then probes the activations of one micro-batch (training/probe.py, at the run's
 precision), makes the memory plan and picks the fastest candidate that fits
@@ -17,7 +17,8 @@ from typing import Any
 import torch
 
 from ..config import RunConfig
-from ..planning.memory import ProcessCost, device_budget, make_plan
+from ..planning.memory import make_plan
+from ..planning.process import ProcessCost, device_budget
 from ..runtime.group import Runtime
 from ..task import Task
 from .probe import estimate_activations

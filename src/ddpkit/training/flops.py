@@ -16,6 +16,12 @@ the counter counts in full (the causal half included, as the usual 6N + 12 L T d
 does). What activation checkpointing recomputes is not counted either: MFU counts the
 model's FLOPs, not the hardware's. A model that cannot run on the meta device (data-dependent
 shapes, a kernel without a meta implementation) is not counted: the reason is kept instead.
+
+A Hugging Face model that the meta device cannot run (its mask code reads the mask's values)
+is estimated from its config instead, as the usual decoder estimate (Kaplan et al.; PaLM's
+appendix) does: 6 N + 12 L T d FLOPs a token, forward and backward, for N parameters (the
+embeddings only looked up left out; a tied output head kept: it is a product), L layers of
+width d and T tokens a sample; `flops_note` says it was estimated.
 """
 
 from __future__ import annotations
@@ -149,6 +155,32 @@ def count_flops(task: Task, batch_size: int, sample: Any) -> tuple[float | None,
     return total / batch_size, ""
 
 
+def _config_int(config: Any, *names: str) -> int | None:
+    for name in names:
+        value = getattr(config, name, None)
+        if isinstance(value, int) and value > 0:
+            return value
+    return None
+
+
+def config_flops(model: nn.Module, tokens: int | None) -> float | None:
+    """A Hugging Face model's FLOPs a sample from its config (see the module's docstring), or None
+    (not a transformers model, no layer count or width in its config, no token dimension)."""
+    config = getattr(model, "config", None)
+    if not tokens or config is None or not type(model).__module__.startswith("transformers"):
+        return None
+    layers = _config_int(config, "num_hidden_layers", "n_layer", "num_layers")
+    width = _config_int(config, "hidden_size", "n_embd", "d_model")
+    if layers is None or width is None:
+        return None
+    products = {id(m.weight) for m in model.modules() if isinstance(m, nn.Linear)}
+    looked_up = {
+        id(p) for m in model.modules() if isinstance(m, nn.Embedding) for p in m.parameters() if id(p) not in products
+    }
+    n = sum(p.numel() for p in model.parameters() if id(p) not in looked_up)
+    return float((6 * n + 12 * layers * tokens * width) * tokens)
+
+
 def throughput_of(task: Task, cfg: Any, rt: Any, precision: str) -> Throughput:
     """What this run's rates are made of (reporting/throughput.py): the FLOPs of one sample
     at the run's micro-batch, the tokens it holds (the task's tokens_per_sample first), the
@@ -161,8 +193,11 @@ def throughput_of(task: Task, cfg: Any, rt: Any, precision: str) -> Throughput:
     else:
         note = "the training set is empty" if sample is None else ""
     flops = None
+    tokens = task.tokens_per_sample if task.tokens_per_sample is not None else tokens_in(sample)
     if sample is not None:
         flops, note = count_flops(task, cfg.batch_size, sample)
-    tokens = task.tokens_per_sample if task.tokens_per_sample is not None else tokens_in(sample)
+        estimate = config_flops(task.model, tokens) if flops is None else None
+        if estimate is not None:
+            flops, note = estimate, f"estimated from the model's config (6N + 12LTd a token): {note}"
     peak, source = device_peak(rt.device, precision, cfg.peak_tflops)
     return Throughput(flops, tokens or None, rt.world_size, peak, source, note)

@@ -14,6 +14,16 @@ The parts (PARTS), in seconds of this rank's wall clock since the launcher start
   idle_end    waiting at the end for the slowest rank
 The rest of the wall time is "other" (metrics, progress lines, the run's end, the summary).
 
+Start-up in its parts (STARTUP_PARTS, a first launch only; a restart's is in "restart"):
+  launcher       the command's start to torch's agent: the launcher's imports, the plan
+  spawn          the agent to this worker's process start (/proc): rendezvous, fork or spawn
+  imports        the process start to the worker's entry: a spawned worker's imports (a
+                 forked one inherits the launcher's)
+  process_group  the store and the process group
+  task           the task built (its module imported, the model, the data), the process measured
+  setup          the run folder, the model and optimizer set up, the loader: up to the first pass
+A part whose clock is missing (no agent: a launcher of its own; no /proc) goes to the next one.
+
 A restarted worker (torch's agent, --max-restarts) carries the parts up to the checkpoint it
 resumes from (a checkpoint part: the seconds when it was written); the launcher leaves the
 failure's time in the new attempt's error folder (RESTARTED_FILE).
@@ -33,7 +43,14 @@ from typing import Any, Iterator
 
 import torch
 
-from ..util.envvars import ERROR_DIR_VAR, LAUNCH_TIME_VAR, RESTARTED_FILE, attempt_errors, restart_count
+from ..util.envvars import (
+    AGENT_START_VAR,
+    ERROR_DIR_VAR,
+    LAUNCH_TIME_VAR,
+    RESTARTED_FILE,
+    attempt_errors,
+    restart_count,
+)
 
 PARTS = (
     "startup",
@@ -47,6 +64,7 @@ PARTS = (
     "lost_work",
     "idle_end",
 )
+STARTUP_PARTS = ("launcher", "spawn", "imports", "process_group", "task", "setup")
 STEP_PARTS = ("data", "compute", "grad_sync", "optimizer")
 PENDING_EVENTS = 256  # CUDA event pairs kept before those done are read (query: no synchronisation)
 BUSY_INTERVAL_S = 1.0  # between GPU-busy samples (NVML's own sample period is 1/6 s to 1 s)
@@ -72,6 +90,31 @@ def failure_time() -> float | None:
         return None
 
 
+def process_start() -> float | None:
+    """When this process started, on the wall clock (Linux: /proc, in ticks of 10 ms); None elsewhere."""
+    try:
+        with open("/proc/self/stat") as f:
+            ticks = int(f.read().rsplit(")", 1)[1].split()[19])  # field 22: starttime, since boot
+        with open("/proc/uptime") as f:
+            uptime = float(f.read().split()[0])
+        return time.time() - (uptime - ticks / os.sysconf("SC_CLK_TCK"))
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def startup_parts(launched: float, marks: dict[str, float | None], first_pass: float) -> dict[str, float]:
+    """STARTUP_PARTS' seconds from the clocks at their ends (`marks`, by part; None: missing, its
+    time goes to the next part); they sum to the start-up (first pass - launch)."""
+    out, before = {}, launched
+    for part in STARTUP_PARTS:
+        end = first_pass if part == STARTUP_PARTS[-1] else marks.get(part)
+        if end is None or end < before:
+            out[part] = 0.0
+            continue
+        out[part], before = min(end, first_pass) - before, min(end, first_pass)
+    return out
+
+
 class Ledger:
     """This rank's seconds per part. `launched`: the launcher's start (else this ledger's)."""
 
@@ -87,6 +130,17 @@ class Ledger:
         self.busy: GpuBusy | None = None
         self.inside = 0  # in a timed phase (an evaluation, a checkpoint): the busy sampler drops its sample
         self.snapshot_source: Any = None  # the straggler clock: its run sums so far (set by the loop)
+        agent = os.environ.get(AGENT_START_VAR)
+        self.marks: dict[str, float | None] = {
+            "launcher": float(agent) if agent else None,
+            "spawn": process_start(),
+            "imports": self.created,  # the worker's entry makes its ledger first
+        }
+        self.startup = dict.fromkeys(STARTUP_PARTS, 0.0)
+
+    def mark(self, part: str) -> None:
+        """A start-up part (STARTUP_PARTS) ends now."""
+        self.marks[part] = time.time()
 
     # -- the phases ------------------------------------------------------------------
     @contextlib.contextmanager
@@ -111,6 +165,7 @@ class Ledger:
         self.first_pass_at = now = time.time()
         if not self.restarted:
             self.seconds["startup"] = now - self.launched
+            self.startup = startup_parts(self.launched, self.marks, now)
             return
         carried = self.carried or {}
         self.seconds.update({p: float(s) for p, s in carried.get("seconds", {}).items() if p in self.seconds})
@@ -137,7 +192,8 @@ class Ledger:
         """This rank's figures for the summary (the optimizer's events read: once, at the end)."""
         if self.busy is not None:
             self.busy.stop()
-        return {"seconds": dict(self.seconds), "gpu_busy": self.busy.share() if self.busy is not None else None}
+        busy = self.busy.share() if self.busy is not None else None
+        return {"seconds": dict(self.seconds), "gpu_busy": busy, "startup": dict(self.startup)}
 
     # -- a checkpoint part ---------------------------------------------------------------
     def state(self) -> dict[str, Any]:

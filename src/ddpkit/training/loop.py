@@ -26,7 +26,7 @@ from ..data import ShardedLoader, StreamLoader
 from ..data.loaders import rank_loader
 from ..data.placement import ON_DEVICE, place_on_device, tensors_of
 from ..data.streams import is_stream
-from ..planning.memory import (
+from ..planning.process import (
     device_budget,
     local_state_bytes,
     peak_memory_bytes,
@@ -46,7 +46,7 @@ from .cadence import Cadence, Moment, StepPlan
 from .epoch import EpochRun, RunTotals
 from .evaluate import evaluate
 from .flops import throughput_of
-from .ledger import PARTS, Ledger
+from .ledger import PARTS, STARTUP_PARTS, Ledger
 from .oom import OomAdvice
 from .profile import LabelledSteps, StepProfile
 from .schedule import make_scheduler, replan
@@ -182,6 +182,7 @@ class Run:
             scheduler=scheduler,
             scaler=self.strategy.grad_scaler(),
             timed_save=self.checkpointer.clock_due,
+            finite_checkpoint=lambda: self.checkpointer.finite_checkpoint,
             after_step=ParamTrace(self.run_dir, self.strategy, self.model) if cfg.trace_steps else None,
             mark=self.mark,
         )
@@ -344,7 +345,8 @@ class Run:
         self.ledger.steps(self.clock.run)
         mine = self.ledger.close()
         busy = mine["gpu_busy"]
-        values = [mine["seconds"][p] for p in PARTS] + [busy or 0.0, 1.0 if busy is not None else 0.0]
+        values = [mine["seconds"][p] for p in PARTS] + [mine["startup"][p] for p in STARTUP_PARTS]
+        values += [busy or 0.0, 1.0 if busy is not None else 0.0]
         t = torch.tensor(values, dtype=torch.float64, device=self.rt.device)
         if self.rt.distributed:
             self.rt.collectives.all_reduce_(t)
@@ -352,6 +354,7 @@ class Run:
         world = self.rt.world_size
         return {
             "time_parts": {p: total[i] / world for i, p in enumerate(PARTS)},
+            "startup_parts": {p: total[len(PARTS) + i] / world for i, p in enumerate(STARTUP_PARTS)},
             "launched": self.ledger.launched,
             "gpu_busy": total[-2] / total[-1] if total[-1] else None,
         }

@@ -21,7 +21,7 @@ import torch
 from torch import nn
 from torch.utils.data import IterableDataset, default_collate
 
-from ..planning.memory import ActivationEstimate
+from ..planning.peak import ActivationEstimate
 from ..strategies.activation import SavedBytes
 from ..strategies.precision import autocast
 from ..task import Task

@@ -25,9 +25,10 @@ Who decides, and when (no host synchronisation in a step):
     tensor (torch's fused Adam/AdamW/SGD/Adagrad: what --fused-optimizer auto builds on a GPU)
     skips its update, its state and step count included, when the agreed flags say a loss
     was not finite (or the run directory is taken, or an earlier step stopped the run): the
-    weights never take a non-finite step, and nothing is read on the host. The count of a
-    summed loss divides the gradients on the device too; a skipped step adds nothing to the
-    pass's loss sums.
+    weights never take a non-finite step, and nothing is read on the host. Another optimizer
+    of torch.optim, fp16's gradient scaler and FSDP's shards skip it by a snapshot put back on
+    the device (training/skipping.py). The count of a summed loss divides the gradients on
+    the device too; a skipped step adds nothing to the pass's loss sums.
   * On the host, one step later (training/deferred.py): the flags' copy is read at the end of
     the next step, or at the pass's end or a moment (checkpoint, evaluation) before it, which
     synchronise anyway (settle). Then --on-nan stop raises naming the step that was not
@@ -38,9 +39,11 @@ Who decides, and when (no host synchronisation in a step):
     advances the LR schedule (as under torch's GradScaler); a stop by signal or a timed save
     lands one step later.
   * The host decides at once, reading the flags after the backward (the one host
-    synchronisation a step then has), where the device cannot: the run's first step (the
-    optimizer's state is created then), an optimizer without found_inf (not fused, or not
-    torch's), fp16's gradient scaler, FSDP's sharded parameters.
+    synchronisation a step then has), where the device cannot or need not: the run's first
+    step (the optimizer's state is created then), an optimizer outside torch.optim without
+    found_inf, state a snapshot cannot hold (not a tensor, or not on the step's device), and on
+    a CPU an optimizer without found_inf (a read there waits for nothing; a snapshot would cost
+    copies: `device_decides` asks for it anyway).
 """
 
 from __future__ import annotations
@@ -61,6 +64,14 @@ from .batches import compute_loss, sample_count, split, to_device, zero_loss
 from .deferred import HostFlags
 from .prefetch import expected_sync
 from .signals import StopRequest
+from .skipping import (
+    Snapshot,
+    keep_step_counts_on_device,
+    params_of,
+    scaled_skipping_step,
+    skipping_step,
+    state_is_tensors,
+)
 
 FLAGS = 5  # the step's agreement: not finite, stop, count, timed save, run directory taken
 
@@ -93,11 +104,14 @@ class StepRunner:
     timed_save: Callable[[], bool] | None = None  # rank 0's clock says a checkpoint is due (--save-every-minutes)
     wait_s: float = 0.0  # seconds this rank waited for the gradient sync (the others) after its backward, in all
     after_step: Callable[[], None] | None = None  # called after every optimizer step (ddpkit verify's trace)
+    finite_checkpoint: Callable[[], str | None] | None = None  # the newest checkpoint seen to hold finite weights
     mark: Any = None  # checkpoint/world_mark.py: does this world still own the run directory (rank 0's stat)
     activation_bytes: int | None = None  # what the first forward kept for backward (the summary's)
     _output_checked: bool = False
     _stepped: bool = False  # an optimizer step has run: its state exists (the device may decide from now on)
-    _device_capable: bool | None = None  # the optimizer takes found_inf (see _on_device)
+    device_decides: bool | None = None  # without found_inf, decide on the device by a snapshot (None: not on a CPU)
+    _how: str | None = None  # "found_inf", "snapshot" or "host" (see _on_device)
+    _snapshot: Snapshot | None = None
     _halt: torch.Tensor | None = None  # on the device: an agreed stop (NaN under --on-nan stop, taken): no update
     _host: HostFlags = field(default_factory=HostFlags)  # the step before's flags, read a step later
 
@@ -185,10 +199,15 @@ class StepRunner:
         if bad:
             self.optimizer.zero_grad(set_to_none=True)  # drop the non-finite gradients, on every rank
             if self.on_nan == "stop":
+                held = self.finite_checkpoint() if self.finite_checkpoint is not None else None
+                kept = (
+                    f"{held} holds finite weights (checked when it was written or resumed from)"
+                    if held
+                    else "no checkpoint was written"
+                )
                 raise DdpkitError(
                     f"the training loss is not finite in {where} (on {bad} of {world} rank(s)); stopped before the "
-                    "optimizer step, so the last checkpoint holds finite weights "
-                    "(lower --lr, check the data, or --on-nan skip)"
+                    f"optimizer step; {kept} (lower --lr, check the data, or --on-nan skip)"
                 )
 
     def settle(self) -> int:
@@ -199,16 +218,30 @@ class StepRunner:
 
     def _on_device(self) -> bool:
         """Can the device decide this step (the module's docstring says when it cannot)?"""
-        if self._device_capable is None:
-            from torch.distributed.tensor import DTensor
+        if not self._stepped:
+            return False
+        if self._how is None:
+            self._how = self._choose()
+            if self._how == "snapshot":
+                self._snapshot = Snapshot(self.optimizer)
+        return self._how != "host"
 
-            params = [p for g in self.optimizer.param_groups for p in g["params"]]
-            self._device_capable = (
-                self.scaler is None
-                and bool(getattr(self.optimizer, "_step_supports_amp_scaling", False))
-                and not any(isinstance(p, DTensor) for p in params)
-            )
-        return self._device_capable and self._stepped
+    def _choose(self) -> str:
+        """How a step is skipped on the device: "found_inf", "snapshot", or "host" (it is not)."""
+        from torch.distributed.tensor import DTensor
+
+        params = params_of(self.optimizer)
+        sharded = any(isinstance(p, DTensor) for p in params)
+        if bool(getattr(self.optimizer, "_step_supports_amp_scaling", False)) and not sharded:
+            return "found_inf"
+        wanted = self.device_decides if self.device_decides is not None else self.rt.device.type != "cpu"
+        if not wanted or not state_is_tensors(self.optimizer):
+            return "host"
+        if not sharded:
+            keep_step_counts_on_device(self.optimizer, self.rt.device)
+        state = [v for s in self.optimizer.state.values() for v in s.values()]
+        on_device = all(t.device.type == self.rt.device.type for t in params + state)
+        return "snapshot" if on_device else "host"
 
     def _guard(self, agreed: torch.Tensor) -> torch.Tensor:
         """On the device: skip this step's update? (a loss not finite on some rank, or the run
@@ -292,15 +325,15 @@ class StepRunner:
             if found_inf is not None and isinstance(self.last_grad_norm, torch.Tensor):
                 norm = torch.where(found_inf, self.last_grad_norm, norm)  # a skipped step's norm is not kept
             self.last_grad_norm = norm  # read on the host at the pass's end (figures)
-        if self.scaler is not None:
+        if found_inf is not None and self.scaler is not None:
+            scaled_skipping_step(
+                self.scaler, self.optimizer, found_inf, self._snapshot, self.clip_grad_norm is not None
+            )
+        elif self.scaler is not None:
             self.scaler.step(self.optimizer)
             self.scaler.update()
         elif found_inf is not None:
-            self.optimizer.found_inf = found_inf.to(torch.float32)  # type: ignore[attr-defined]
-            try:
-                self.optimizer.step()
-            finally:
-                del self.optimizer.found_inf  # type: ignore[attr-defined]
+            skipping_step(self.optimizer, found_inf, self._snapshot)
         else:
             self.optimizer.step()
         self._stepped = True

@@ -13,9 +13,11 @@ SHARE_GPU_VAR = "DDPKIT_SHARE_GPU"
 # the launcher -> its workers
 ERROR_DIR_VAR = "DDPKIT_ERROR_DIR"  # where a worker writes a user error for the launcher to print
 LAUNCH_TIME_VAR = "DDPKIT_LAUNCH_TIME"  # when the command started (the summary's wall time)
+AGENT_START_VAR = "DDPKIT_AGENT_START_TIME"  # when the launcher handed over to torch's agent (the start-up's parts)
 LAUNCH_ID_VAR = "DDPKIT_LAUNCH_ID"  # one `ddpkit train` (a token): the run directory's mark names it once started
 SNAPSHOT_DIR_VAR = "DDPKIT_SNAPSHOT_DIR"  # this node's private folder for memory snapshots (checkpoint/snapshot.py)
 STORE_FILE_VAR = "DDPKIT_STORE_FILE"  # one node: the workers' FileStore, this path + attempt (runtime/store.py)
+RUN_URL_VAR = "DDPKIT_RUN_URL"  # the bucket a run is stored in; the run directory is then its staging folder
 AGENT_PID_VAR = "DDPKIT_AGENT_PID"  # the launcher's process: a stop by a signal another node received is sent there
 # `ddpkit slurm`'s batch script -> rank 0: after a warning signal's checkpoint write this file; the script requeues
 REQUEUE_FILE_VAR = "DDPKIT_REQUEUE_FILE"

@@ -156,3 +156,70 @@ def test_src_unpickles_nothing_without_an_allow_list():
     assert found == []
     grep = ["git", "grep", "-n", "-I", "-E", pattern.pattern, "--", "src/*"]
     assert subprocess.run(grep, cwd=SRC.parent, capture_output=True, text=True).stdout == ""
+
+
+def test_pretrained_weights_crafted_to_run_code_are_refused_without_torchs_advice(tmp_path):
+    from ddpkit.checkpoint.pretrained import open_pretrained
+
+    path = tmp_path / "weights.pt"
+    torch.save({"w": RunsCode(tmp_path / "ran")}, path)
+    with pytest.raises(DdpkitError, match="weights.pt: .*not plain data") as e:
+        open_pretrained(str(path), [])
+    assert "system" in str(e.value) and "weights_only" not in str(e.value) and "safe_globals" not in str(e.value)
+    assert not (tmp_path / "ran").exists()
+
+
+@pytest.mark.parametrize(
+    "text",
+    [  # torch's wordings across versions: the refusal, then advice to load the file unrestricted or allow-list it
+        "Weights only load failed. This file can still be loaded, to do so you have two options, do those steps "
+        "only if you trust the source of the checkpoint.\n\t(1) In PyTorch 2.6, we changed the default value of "
+        "`weights_only`. Re-running `torch.load` with `weights_only` set to `False` will likely succeed.\n\t(2) "
+        "Alternatively, to load with `weights_only=True` please check the recommended steps in the following "
+        "error message.\n\tWeightsUnpickler error: Unsupported global: GLOBAL posix.system was not an allowed "
+        "global by default. Please use `torch.serialization.add_safe_globals([system])` to allowlist it.",
+        "Weights only load failed. Re-running `torch.load` with `weights_only` set to `False` will likely "
+        "succeed.\n\nTrying to load unsupported GLOBAL posix.system whose module posix is blocked.\n\nCheck the "
+        "documentation of torch.load to learn more about types accepted by default with weights_only",
+    ],
+)
+def test_what_torch_refused_is_kept_and_its_advice_to_load_anyway_is_not(text):
+    said = ck.not_plain_data(pickle.UnpicklingError(text))
+    assert "posix.system" in said and "not plain data" in said
+    assert not any(w in said for w in ("weights_only", "Re-running", "safe_globals", "allowlist", "trust"))
+
+
+def _sharded_save(tmp_path):
+    """A sharded folder as ddpkit writes it (one process): DCP's files and ddpkit.pt's header."""
+    from torch import nn
+
+    from ddpkit.checkpoint.sharded import save_state_dir
+    from ddpkit.environments import DistEnv
+    from ddpkit.runtime import Runtime
+
+    torch.manual_seed(0)
+    with Runtime(DistEnv(), device="cpu", threads=1) as rt:
+        save_state_dir(tmp_path / "d", nn.Linear(4, 2), None, {"note": "x"}, rt)
+    return tmp_path / "d", torch.load(tmp_path / "d" / "ddpkit.pt", weights_only=True)
+
+
+def test_a_sharded_header_claiming_checksums_is_never_trusted_by_size_alone(tmp_path, capsys):
+    from ddpkit.checkpoint.sharded import FILES, check_files
+
+    folder, meta = _sharded_save(tmp_path)
+    shards = {p.name for p in folder.iterdir()} - {"ddpkit.pt"}
+    assert set(meta[FILES]) == shards and meta["layout"] == 2  # every file listed, and the header says so
+    shard = next(name for name in shards if name.endswith(".distcp"))
+    _flip(folder / shard, meta[FILES][shard][0] - 8)  # a bit of a tensor: the size stays
+    for stripped in ({k: v for k, v in meta.items() if k != FILES}, {**meta, FILES: {}}, {**meta, FILES: None}):
+        with pytest.raises(DamagedCheckpoint, match="lists no size and CRC-32 for"):
+            check_files(folder, stripped)
+    partial = {**meta, FILES: {k: v for k, v in meta[FILES].items() if k != shard}}
+    with pytest.raises(DamagedCheckpoint, match=f"lists no size and CRC-32 for {shard}"):
+        check_files(folder, partial)
+    # written before ddpkit kept checksums (no layout, no list): read, checked by size, with one warning
+    old = {k: v for k, v in meta.items() if k not in (FILES, "layout")}
+    capsys.readouterr()
+    check_files(folder, old)
+    err = capsys.readouterr().err
+    assert err.count("warning") == 1 and "checked by size only" in err and str(folder) in err

@@ -10,6 +10,7 @@ import pytest
 from ddpkit import RunConfig
 from ddpkit.cli.commands import COMMANDS, build_parser
 from ddpkit.cli.flags import flag_names, names_of, opposite
+from ddpkit.cli.help import HelpAll
 from ddpkit.cli.launch_cmd import LaunchOptions, agent_options
 
 # the least each command needs to parse
@@ -36,7 +37,7 @@ def _declared(command):
 def test_each_flag_is_a_declared_setting_with_its_spellings_and_help(name):
     config_fields, own = _declared(COMMANDS[name])
     assert not set(config_fields) & set(own), "an option of the command shadows a RunConfig setting"
-    actions = [a for a in _subparsers()[name]._actions if not isinstance(a, argparse._HelpAction)]
+    actions = [a for a in _subparsers()[name]._actions if not isinstance(a, (argparse._HelpAction, HelpAll))]
     assert {a.dest for a in actions} == set(config_fields) | set(own)  # nothing undeclared, nothing left out
     for action in actions:
         f = config_fields.get(action.dest) or own[action.dest]
@@ -80,7 +81,7 @@ def test_the_slurm_bench_and_plot_flags_parse_to_their_types():
         ]
     )
     assert (ns.nodes, ns.gpus_per_node, ns.wait_timeout, ns.signal, ns.submit) == (2, 8, 1.5, "", True)
-    assert ns.train_args == ["--", "wine", "--epochs", "3"]
+    assert ns.train_args == ["wine", "--epochs", "3"]
     ns = build_parser().parse_args(["bench", "digits", "--nproc", "1,4", "--iters", "7", "--json", "out.json"])
     assert (ns.task, ns.nproc, ns.iters, ns.steps, ns.json, ns.batch_size) == ("digits", "1,4", 7, 20, "out.json", 32)
     ns = build_parser().parse_args(["plot", "a", "b", "-o", "c.png", "--label", "one", "--label", "two"])

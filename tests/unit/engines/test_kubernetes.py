@@ -32,8 +32,8 @@ def _pod(runtime):
 
 
 def test_a_trainjob_on_two_gpu_nodes_reads_back_field_by_field(capsys):
-    docs, text = _yaml(capsys, "wine", *GPU_JOB, "--job-name", "wine-1", "--namespace", "ml", "--dry-run",
-                       "--", "--epochs", "3")  # fmt: skip
+    docs, text = _yaml(capsys, *GPU_JOB, "--job-name", "wine-1", "--namespace", "ml", "--dry-run",
+                       "--", "wine", "--epochs", "3")  # fmt: skip
     assert text.startswith("# written by ddpkit ")
     runtime, job = docs
     assert [d["kind"] for d in docs] == ["TrainingRuntime", "TrainJob"]
@@ -105,10 +105,10 @@ def test_the_launch_table_describes_the_job_and_the_flags_win(tmp_path, capsys):
     ]  # fmt: skip
 
 
-def test_the_flags_of_k8s_may_follow_the_task_and_the_yaml_is_written_to_a_file(tmp_path, capsys, monkeypatch):
+def test_the_task_and_its_flags_after_dashes_and_the_yaml_is_written_to_a_file(tmp_path, capsys, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    argv = ["k8s", "wine", "--nodes", "2", "--image", "img:2", "--volume", "pvc", "--grace-period", "900"]
-    assert main([*argv, "--job-name", "w2", "--epochs", "4", "--max-restarts", "9", "--accelerator", "a=b"]) == 0
+    argv = ["k8s", "--nodes", "2", "--image", "img:2", "--volume", "pvc", "--grace-period", "900", "--job-name", "w2"]
+    assert main([*argv, "--max-restarts", "9", "--accelerator", "a=b", "--", "wine", "--epochs", "4"]) == 0
     said = capsys.readouterr().out
     assert said.strip().endswith("start it with: kubectl apply -f w2.yaml"), said
     runtime, job = yaml.safe_load_all((tmp_path / "w2.yaml").read_text())
@@ -121,7 +121,7 @@ def test_the_flags_of_k8s_may_follow_the_task_and_the_yaml_is_written_to_a_file(
 
 def test_a_pytorchjob_with_a_master_and_workers(capsys):
     pytest.importorskip("kubeflow.training")
-    (job,), _ = _yaml(capsys, "wine", *GPU_JOB, "--nodes", "3", "--job-name", "pj", "--pytorchjob", "--dry-run")
+    (job,), _ = _yaml(capsys, *GPU_JOB, "--nodes", "3", "--job-name", "pj", "--pytorchjob", "--dry-run", "--", "wine")
     assert (job["apiVersion"], job["kind"], job["metadata"]) == ("kubeflow.org/v1", "PyTorchJob", {"name": "pj"})
     spec = job["spec"]
     assert spec["nprocPerNode"] == "8" and spec["runPolicy"] == {"backoffLimit": 5}
@@ -147,13 +147,13 @@ def test_a_pytorchjob_with_a_master_and_workers(capsys):
         (["--image", "i", "--volume", "v", "--gpus-per-node", "2", "--workers-per-node", "4"],
          "--workers-per-node 4 is more than --gpus-per-node 2"),
         (["--image", "i", "--volume", "v", "--grace-period", "0"], "--grace-period must be at least 1, got 0"),
-        (["--image", "i", "--volume", "v", "--", "--nnodes", "2"], "--nnodes: Kubeflow places the workers"),
+        (["--image", "i", "--volume", "v", "--", "wine", "--nnodes", "2"], "--nnodes: Kubeflow places the workers"),
         (["--image", "i", "--volume", "v", "--time", "soon"], "time 'soon' is not a time limit"),
     ],
 )  # fmt: skip
 def test_refusals_are_one_line_and_write_nothing(tmp_path, capsys, monkeypatch, argv, message):
     monkeypatch.chdir(tmp_path)
-    assert message in _refused(capsys, "wine", *argv)
+    assert message in _refused(capsys, *argv if "--" in argv else [*argv, "--", "wine"])
     assert list(tmp_path.iterdir()) == []
 
 
@@ -165,7 +165,7 @@ def test_a_placement_setting_in_the_config_file_is_refused(tmp_path, capsys):
 
 
 def test_one_node_without_a_volume_is_written_with_a_warning(capsys):
-    assert main(["k8s", "wine", "--image", "i", "--run-dir", "/tmp/run", "--dry-run"]) == 0
+    assert main(["k8s", "--image", "i", "--run-dir", "/tmp/run", "--dry-run", "--", "wine"]) == 0
     captured = capsys.readouterr()
     assert "ddpkit: warning: the run directory /tmp/run is on the pod's own disk" in captured.err
     runtime, job = yaml.safe_load_all(captured.out)

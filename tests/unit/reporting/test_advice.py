@@ -57,7 +57,14 @@ def test_a_slow_optimizer_names_the_fused_kernel_unless_it_ran_or_cannot():
 
 def test_an_exposed_gradient_sync_names_accumulation_on_several_ranks_only():
     m = _split(sync=0.25, world_size=4, accumulate=2)
-    assert advise(m) == ["gradient sync 25% of the step (exposed): --accumulate 4 (half the syncs; a 2x batch)"]
+    assert advise(m) == [
+        "gradient sync 25% of the step (exposed): --accumulate 4 "
+        "(half the syncs; a 2x batch, which changes the results)"
+    ]
+    with_batch = advise(_split(sync=0.25, world_size=4, accumulate=2, batch_size=32))
+    assert with_batch[0].endswith("a 2x batch, which changes the results; --global-batch-size 256 with it keeps them)")
+    fixed = advise(_split(sync=0.25, world_size=4, accumulate=2, global_batch_fixed=True))
+    assert fixed[0].endswith("(half the syncs; the global batch stays, each micro-batch halves)")  # no result changes
     assert advise(_split(sync=0.25, world_size=1)) == []
     assert advise(_split(sync=SYNC_SHARE * 0.9, world_size=4)) == []
 
@@ -66,7 +73,8 @@ def test_an_empty_device_names_the_batch_that_fits_from_the_activations_per_samp
     m = Measured(peak_bytes=4 * GIB, device_bytes=141 * GIB, activation_bytes_per_sample=1 * GIB, batch_size=16)
     # (0.9 x 141 - 4) GiB / 1 GiB a sample = 122.9 more: 16 -> 128 (three doublings) fits, 256 would not
     assert advise(m) == [
-        "4.0 GiB of 141.0 GiB used: --batch-size 128 fits (activations 1.0 GiB per sample, measured; now 16)"
+        "4.0 GiB of 141.0 GiB used: --batch-size 128 fits (activations 1.0 GiB per sample, measured; now 16; "
+        "a larger batch changes the results: retune --lr)"
     ]
     half = Measured(peak_bytes=71 * GIB, device_bytes=141 * GIB, activation_bytes_per_sample=GIB, batch_size=16)
     assert advise(half) == []  # past half the device
@@ -110,3 +118,36 @@ def test_a_summary_with_too_few_timed_steps_gives_no_split():
     assert advise(measured_of_summary(summary)) == ["data wait 75% of the step: --num-workers 2 (it ran with 0)"]
     summary["workers_apply"] = False
     assert advise(measured_of_summary(summary)) == []
+
+
+def _wine_like(startup=5.3, steps=(0.2, 0.6, 0.2, 0.1), other=0.4):
+    """A run's summary: the default Wine job's shape (measured: 5.3 s of start-up of a 6.2 s wall)."""
+    seconds = dict(zip(("data", "compute", "grad_sync", "optimizer"), steps, strict=True))
+    seconds.update(startup=startup, eval=0.0, other=other)
+    return {
+        "time": {"wall_s": startup + sum(steps) + other, "seconds": seconds},
+        "world_size": 2,
+        "batch_size": 32,
+        "num_workers": 0,
+        "workers_apply": True,
+        "cores_per_process": 4,
+    }
+
+
+def test_a_job_whose_training_is_a_small_part_of_its_wall_gets_what_holds_the_wall_instead():
+    summary = _wine_like()  # grad sync 18% of its 1.1 s step, data 18%: the step rules alone would speak
+    assert advise(measured_of_summary(summary)) == [
+        "training 16% of the wall (1.10 s of 6.80 s): start-up (imports, workers, process group, the task's build) "
+        "holds 78% (5.30 s); no setting of the steps would change the wall much"
+    ]
+    evals = _wine_like(startup=0.5, other=0.2)
+    evals["time"]["seconds"]["eval"] = 6.0
+    evals["time"]["wall_s"] += 6.0
+    assert advise(measured_of_summary(evals))[0].startswith(
+        "training 14% of the wall (1.10 s of 7.80 s): eval holds 77%"
+    )
+
+
+def test_a_job_mostly_training_gets_its_step_advice():
+    summary = _wine_like(startup=1.0, steps=(3.0, 4.0, 0.5, 0.5), other=0.5)  # training 84% of the wall
+    assert advise(measured_of_summary(summary)) == ["data wait 38% of the step: --num-workers 2 (it ran with 0)"]

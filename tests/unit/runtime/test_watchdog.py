@@ -176,3 +176,29 @@ def test_an_earlier_attempts_report_moves_aside_when_this_one_hangs_before_its_s
     moved = [p for p in tmp_path.iterdir() if p.name.startswith("hang-")]
     assert len(moved) == 1 and (moved[0] / "rank-1.json").exists(), list(tmp_path.iterdir())
     assert (hang / "request").read_text() == "rank 0 made no progress for 3 s\n"
+
+
+def test_the_watchdog_thread_never_ends_a_rank_whose_main_thread_is_reporting(tmp_path, monkeypatch):
+    """A rank whose collective timed out reports from its main thread (on_error) and stays alive
+    until rank 0 has every report. Its own watchdog thread, between its poll's check of `reported`
+    and its look for a request, can find the request that main thread has just written: it must
+    leave the report to the main thread, not end the process before rank 0 has answered."""
+    from ddpkit.runtime.record import CollectiveRecord
+    from ddpkit.runtime.watchdog import HangWatchdog
+
+    hang = tmp_path / "hang"
+    ended = []
+    monkeypatch.setattr(HangWatchdog, "_end_job", lambda self, reason: ended.append(reason))
+
+    def main_thread_reports_now():  # the main thread's on_error, at this point of the thread's poll
+        with wd._lock:
+            wd.reported = True
+        hang.mkdir()
+        (hang / "request").write_text("rank 1: RuntimeError: Timed out waiting 5000ms\n")
+        return "progress"
+
+    wd = HangWatchdog(
+        hang, 1, 2, None, launcher_prints=True, record=CollectiveRecord(), progress=main_thread_reports_now
+    )
+    wd._run()  # one poll: it finds the request
+    assert ended == [] and not (hang / "rank-1.json").exists()  # rank 1's report and exit are its main thread's

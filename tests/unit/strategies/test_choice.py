@@ -7,7 +7,9 @@ import torch
 from torch import nn
 
 from ddpkit.parallel.spec import StrategyConfig
-from ddpkit.planning.memory import ActivationEstimate, ProcessCost, make_plan
+from ddpkit.planning.memory import make_plan
+from ddpkit.planning.peak import ActivationEstimate
+from ddpkit.planning.process import ProcessCost
 from ddpkit.strategies.choice import FIT_FRACTION, micro_batches
 from ddpkit.strategies.fsdp import default_blocks
 

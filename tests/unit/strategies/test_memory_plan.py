@@ -12,7 +12,8 @@ from ddpkit import DdpkitError
 from ddpkit.checkpoint.sharded import list_sharded, validate_sharded
 from ddpkit.config import RunConfig, parse_memory
 from ddpkit.data import eval_batches
-from ddpkit.planning.memory import make_plan, optimizer_state_per_param
+from ddpkit.planning.memory import make_plan
+from ddpkit.planning.process import optimizer_state_per_param
 from ddpkit.strategies.fsdp import default_blocks
 from ddpkit.strategies.precision import check_precision
 

@@ -51,6 +51,9 @@ def test_hsdp_is_fsdp_with_replicas_and_the_builtins_keep_their_order():
 def test_a_registered_strategy_is_offered_by_the_cli_and_the_config(toy, capsys):
     with pytest.raises(SystemExit):
         main(["train", "--help"])
+    assert "--strategy ddp|fsdp|hsdp|auto|toy " in capsys.readouterr().out
+    with pytest.raises(SystemExit):
+        main(["train", "--help-all"])
     assert "--strategy {ddp,fsdp,hsdp,auto,toy}" in capsys.readouterr().out
     assert RunConfig(strategy="toy").strategy_config().name == "toy"
     with pytest.raises(DdpkitError, match="--strategy must be one of ddp, fsdp, hsdp, auto, toy, got 'nope'"):
@@ -63,7 +66,7 @@ def test_a_strategy_registered_before_the_cli_is_built_has_its_help_line():
         f"import sys; sys.path.insert(0, {str(here)!r}); import toy_strategy; "
         "from ddpkit.parallel.spec import register; register(toy_strategy.TOY); "
         "assert 'ddpkit.config' not in sys.modules and 'torch' not in sys.modules; "
-        "from ddpkit.cli import main; main(['train', '--help'])"
+        "from ddpkit.cli import main; main(['train', '--help-all'])"
     )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr

@@ -186,3 +186,23 @@ def test_the_count_never_calls_the_tasks_loss_function_and_counts_the_same():
 
     task = ddpkit.Task(model=task.model, train_set=task.train_set, optimizer=task.optimizer, loss_fn=counted)
     assert count_flops(task, 8, first_sample(task.train_set)) == (4480.0, "") and calls == []
+
+
+def test_a_hugging_face_gpt2_is_estimated_from_its_config_as_6n_plus_12ltd():
+    pytest.importorskip("transformers", reason="the hf extra (transformers) is not installed")
+    import hf_transformers as hf  # examples/: a GPT-2 from a config, nothing downloaded
+
+    from ddpkit.training.flops import config_flops
+
+    model = hf.gpt2_model(100, 32, n_layer=3, n_head=2, n_embd=16)
+    sample = {"input_ids": torch.ones(32, dtype=torch.long), "labels": torch.ones(32, dtype=torch.long)}
+    task = ddpkit.Task(model=model, optimizer=lambda p: torch.optim.SGD(p, lr=0.1), train_set=[sample])
+    assert count_flops(task, 2, sample)[0] is None  # its mask code reads values: the meta device cannot run it
+    n = sum(p.numel() for p in model.parameters()) - model.transformer.wpe.weight.numel()  # the tied head kept
+    assert config_flops(model, 32) == (6 * n + 12 * 3 * 32 * 16) * 32
+    cfg = RunConfig(peak_tflops=0.5)
+    with Runtime(DistEnv(), device="cpu", threads=1) as rt:
+        t = throughput_of(task, cfg, rt, "fp32")
+    assert t.flops_per_sample == config_flops(model, 32) and t.note.startswith("estimated from the model's config")
+    assert t.rates(100.0)["mfu"] > 0
+    assert config_flops(nn.Linear(2, 2), 32) is None  # not a transformers model: not estimated

@@ -53,6 +53,9 @@ def test_a_nan_loss_stops_before_the_weights_change_naming_the_step(rt):
     with pytest.raises(DdpkitError, match="not finite in epoch 2, step 5 .*--on-nan skip"):
         runner.run((x, y), 7, 7, "epoch 2, step 5")
     assert all(torch.equal(a, b) for a, b in zip(before, runner.model.parameters(), strict=True))
+    runner.finite_checkpoint = lambda: "run/checkpoints/epoch-000001.pt"  # what the checkpointer saw finite
+    with pytest.raises(DdpkitError, match=r"epoch-000001\.pt holds finite weights \(checked when it was written"):
+        runner.run((x, y), 7, 7, "epoch 2, step 5")
 
 
 def test_on_nan_skip_drops_the_step_and_its_gradients(rt):

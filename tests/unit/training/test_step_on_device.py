@@ -3,7 +3,10 @@ takes found_inf (torch's fused kernels, what --fused-optimizer auto builds on a 
 decides whether the weights move and the host reads the agreement one step later; without one
 the host reads it at once. Counted on a CPU: every read of a tensor on the host during a step
 (aten._local_scalar_dense, what .item()/float()/bool() run, and .tolist()/.cpu()/.numpy()) but
-the pinned copy of the step before's flags, which on a GPU is host memory already."""
+the pinned copy of the step before's flags, which on a GPU is host memory already. The other
+paths (an optimizer without found_inf, fp16's gradient scaler, FSDP's shards: training/skipping.py)
+are decided on the device of a GPU; on a CPU, where a read waits for nothing, only when asked
+(device_decides), which these tests do to count them."""
 
 import pytest
 import torch
@@ -31,9 +34,14 @@ class HostReads(TorchDispatchMode):
         self.runner, self.reads, self._saved = runner, [], {}
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        if func is torch.ops.aten._local_scalar_dense.default:
+        if func is torch.ops.aten._local_scalar_dense.default and not self._step_count(args[0]):
             self.reads.append(str(func))
         return func(*args, **(kwargs or {}))
+
+    def _step_count(self, t):
+        """torch's non-fused Adam reads its step count (`_get_value`): on a GPU a host tensor (no
+        wait), or on the device under capturable (which skipping.py sets there, and a CPU refuses)."""
+        return any(t is s.get("step") for s in self.runner.optimizer.state.values())
 
     def _wrap(self, name):
         original = self._saved[name] = getattr(torch.Tensor, name)
@@ -178,10 +186,112 @@ def _summed(model, batch):
 def test_the_device_path_trains_bit_identically_to_the_host_path(rt, step_fn):
     device = _runner(rt, True, opt="sgd", accumulate=2, clip_grad_norm=0.3, step_fn=step_fn)
     host = _runner(rt, True, opt="sgd", accumulate=2, clip_grad_norm=0.3, step_fn=step_fn)
-    host._device_capable = False  # the same fused optimizer, decided on the host
+    host._how = "host"  # the same fused optimizer, decided on the host
     for i, (batch, n, g) in enumerate(_batches(5, size=7), start=1):
         a = device.run(batch, n, g, f"epoch 1, step {i}")
         b = host.run(batch, n, g, f"epoch 1, step {i}")
         assert torch.equal(a.loss_sum, b.loss_sum)
     assert _same(_weights(device), _weights(host))
     assert device.figures() == host.figures()
+
+
+def _scaler():
+    return torch.amp.GradScaler("cpu", init_scale=2.0**10, growth_interval=2)  # grows within the test's steps
+
+
+# the paths that skip by a snapshot or the scaler's found_inf (training/skipping.py), counted on a CPU
+@pytest.mark.parametrize(
+    "fused, opt, scaled",
+    [(False, "adamw", False), (False, "sgd", False), (True, "adamw", True), (False, "adamw", True)],
+)
+def test_the_other_paths_read_nothing_on_the_host_when_the_device_decides(rt, fused, opt, scaled):
+    kw = {"scaler": _scaler()} if scaled else {}
+    runner = _runner(rt, fused, opt=opt, accumulate=2, clip_grad_norm=0.5, device_decides=True, **kw)
+    counts = []
+    for i, (batch, n, g) in enumerate(_batches(6), start=1):
+        with HostReads(runner) as mode:
+            runner.run(batch, n, g, f"epoch 1, step {i}")
+        counts.append(len(mode.reads))
+    assert counts == [counts[0]] + [0] * 5 and counts[0] >= 1, counts
+    assert runner._how == ("found_inf" if fused else "snapshot")
+    if scaled:
+        assert runner.scaler.get_scale() == 2.0**13  # three growths in six updates: the scaler ran on the device
+
+
+@pytest.mark.parametrize("opt", ["adamw", "sgd"])
+@pytest.mark.parametrize("scaled", [False, True], ids=["plain", "fp16 scaler"])
+def test_a_snapshot_or_scaled_step_is_bit_identical_to_the_host_and_skips_a_nan_as_it(rt, opt, scaled):
+    runs = []
+    for device_decides in (True, False):
+        kw = {"scaler": _scaler()} if scaled else {}
+        runner = _runner(rt, False, on_nan="skip", opt=opt, clip_grad_norm=0.3, device_decides=device_decides, **kw)
+        weights, skipped = [], []
+        for i, (batch, n, g) in enumerate(_batches(6, nan_at=3), start=1):
+            weights.append(_weights(runner))
+            skipped.append(runner.run(batch, n, g, f"epoch 1, step {i}").skipped)
+        skipped[-1] += runner.settle()
+        runs.append((runner, weights, skipped))
+    (device, w_dev, s_dev), (host, w_host, _) = runs
+    assert device._how == "snapshot" and host._how == "host"
+    assert _same(w_dev[3], w_dev[2]) and not _same(w_dev[4], w_dev[3])  # the NaN step left the weights as they were
+    assert s_dev == [0, 0, 0, 1, 0, 0]  # known a step later, as the fused path
+    assert _same(_weights(device), _weights(host)) and _same(w_dev[4], w_host[4])
+    if opt == "adamw":  # the skipped step's count was put back too
+        assert all(s["step"].item() == 5 for s in device.optimizer.state.values())
+    if scaled:  # the NaN step's overflow did not back the scale off (the host path does not update it)
+        assert device.scaler.get_scale() == host.scaler.get_scale() == 2.0**12
+
+
+def test_a_nan_stops_the_snapshot_path_naming_its_step_with_the_weights_before_it(rt):
+    runner = _runner(rt, False, on_nan="stop", device_decides=True)
+    batches = _batches(5, nan_at=3)
+    for i, (batch, n, g) in enumerate(batches[:2], start=1):
+        runner.run(batch, n, g, f"epoch 1, step {i}")
+    before = _weights(runner)
+    runner.run(*batches[2], "epoch 1, step 3")  # decided on the device: raised a step later
+    assert _same(_weights(runner), before)
+    with pytest.raises(DdpkitError, match=r"not finite in epoch 1, step 3"):
+        runner.run(*batches[3], "epoch 1, step 4")
+    assert _same(_weights(runner), before)  # step 4's update skipped too: the run had stopped
+
+
+@pytest.fixture
+def fsdp_rt():
+    """FSDP's sharded parameters (DTensors) in a world of one process over gloo."""
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        with Runtime(DistEnv(), device="cpu", threads=1) as r:
+            yield r
+    finally:
+        dist.destroy_process_group()
+
+
+def test_fsdp_shards_are_decided_on_the_device_reading_nothing_and_a_nan_leaves_them(fsdp_rt):
+    from ddpkit.config import StrategyConfig
+    from ddpkit.strategies.fsdp import FsdpStrategy
+
+    strategy = FsdpStrategy(fsdp_rt, StrategyConfig(name="fsdp"))
+    torch.manual_seed(0)
+    model = strategy.setup_module(nn.Sequential(nn.Linear(3, 8), nn.ReLU(), nn.Linear(8, 2)))
+    optimizer = strategy.setup_optimizer(lambda params: torch.optim.AdamW(params, lr=0.05), model)
+    runner = StepRunner(
+        fsdp_rt,
+        strategy,
+        model,
+        optimizer,
+        nn.CrossEntropyLoss(),
+        on_nan="skip",
+        clip_grad_norm=0.5,
+        device_decides=True,
+    )
+    counts, weights, skipped = [], [], []
+    for i, (batch, n, g) in enumerate(_batches(6, nan_at=4), start=1):
+        weights.append([p.full_tensor().clone() for p in model.parameters()])
+        with HostReads(runner) as mode:
+            skipped.append(runner.run(batch, n, g, f"epoch 1, step {i}").skipped)
+        counts.append(len(mode.reads))
+    assert runner._how == "snapshot" and counts[1:] == [0] * 5, counts
+    assert _same(weights[4], weights[3]) and not _same(weights[5], weights[4])
+    assert skipped == [0, 0, 0, 0, 1, 0] and runner.settle() == 0

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any, ClassVar, Mapping
 
 from ...config.output import Output
+from ...util.envvars import RUN_URL_VAR
 
 JSONL_NAME = "metrics.jsonl"
 
@@ -51,7 +52,10 @@ class SinkSettings:
     @classmethod
     def of(cls, cfg: Any, world_size: int | None = None) -> SinkSettings:
         """A RunConfig's, for a run at `world_size` processes."""
-        return cls(cfg.output, bool(cfg.resume or cfg.auto_resume), cfg.as_dict(), world_size)
+        config = cfg.as_dict()
+        if os.environ.get(RUN_URL_VAR):  # the run folder is a bucket's staging copy: the run is at the URL
+            config["run_dir"] = os.environ[RUN_URL_VAR]
+        return cls(cfg.output, bool(cfg.resume or cfg.auto_resume), config, world_size)
 
     @property
     def params(self) -> dict[str, Any]:

@@ -1,0 +1,172 @@
+"""Run folders in a bucket, against a real S3-compatible server on loopback (moto's): train,
+commit (every object, the manifest last), resume, equal to the same run on a local disk; the
+commit rule under a crash; the store's failures in one line, before any worker starts."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+
+from conftest import REPO, max_abs_diff, run_ddpkit
+
+COMMON = ("--nproc", "2", "--seed", "5", "--save-every", "2", "--quiet")
+FSDP = ("--strategy", "fsdp", *COMMON)  # test_integrity's FSDP reference run, shared
+MANIFEST = ".manifest.json"
+
+
+def _model(s3, bucket: str, prefix: str) -> dict[str, torch.Tensor]:
+    return torch.load(io.BytesIO(s3.get(bucket, f"{prefix}/model.pt")), weights_only=True)
+
+
+def _env(s3, tmp_path) -> dict[str, str]:
+    return {**s3.env, "TMPDIR": str(tmp_path)}  # the staging folder, where the test can see it
+
+
+def test_fsdp_run_in_a_bucket_resumes_from_the_newest_committed_checkpoint_and_equals_a_local_run(
+    s3_server, reference_run, tmp_path
+):
+    s3, bucket = s3_server, s3_server.bucket("runs")
+    url = f"s3://{bucket}/wine/fsdp"
+    puts: list[str] = []
+    s3.on_request = lambda method, path: method == "PUT" and puts.append(path.split("/checkpoints/")[-1]) and False
+    try:
+        run_ddpkit("train", *FSDP, "--epochs", "4", "--run-dir", url, env=_env(s3, tmp_path))
+    finally:
+        s3.on_request = None
+    # each rank's shards, rank 1's report of them, then (last of that checkpoint) rank 0's manifest
+    mine = [p for p in puts if p.startswith("epoch-000004")]
+    assert mine[-1] == f"epoch-000004{MANIFEST}" and "epoch-000004.reports/1.json" in mine, mine
+    assert {"epoch-000004/__0_0.distcp", "epoch-000004/__1_0.distcp", "epoch-000004/.metadata"} <= set(mine), mine
+    keys = s3.keys(bucket, "wine/fsdp/")
+    assert not [k for k in keys if ".reports/" in k], "a committed checkpoint's reports stayed"
+    for name in ("epoch-000002", "epoch-000004"):
+        assert f"wine/fsdp/checkpoints/{name}{MANIFEST}" in keys
+        assert f"wine/fsdp/checkpoints/{name}/__1_0.distcp" in keys  # every rank's shards
+    assert {"wine/fsdp/model.pt", "wine/fsdp/summary.json", "wine/fsdp/metrics.jsonl"} <= set(keys)
+    assert json.loads(s3.get(bucket, "wine/fsdp/config.json"))["run_dir"] == url
+    assert not list(tmp_path.glob("ddpkit-stage-*")), "the staging folder outlived the run"
+
+    # a crash's leftovers: objects of a newer checkpoint whose manifest never came (not committed:
+    # never resumed from), and a committed one damaged afterwards (skipped in one line)
+    ckpt = "wine/fsdp/checkpoints"
+    for key in s3.keys(bucket, f"{ckpt}/epoch-000004/"):
+        data = s3.get(bucket, key)
+        s3.put(bucket, key.replace("epoch-000004/", "epoch-000005-step-000001/"), data)
+        damaged = data[:-8] + bytes(b ^ 0xFF for b in data[-8:]) if key.endswith("__0_0.distcp") else data
+        s3.put(bucket, key.replace("epoch-000004/", "epoch-000005/"), damaged)
+    s3.put(bucket, f"{ckpt}/epoch-000005{MANIFEST}", s3.get(bucket, f"{ckpt}/epoch-000004{MANIFEST}"))
+
+    proc = run_ddpkit("train", *FSDP[:-1], "--epochs", "6", "--resume", "--run-dir", url, env=_env(s3, tmp_path))
+    out = proc.stdout + proc.stderr
+    skipped = [line for line in out.splitlines() if "skipping checkpoint" in line]
+    assert len(skipped) == 1 and "epoch-000005: object __0_0.distcp fails its CRC-32 check" in skipped[0], out
+    assert f"resuming from {url}/checkpoints/epoch-000004 (epoch 4 done)" in out, out
+    assert not s3.keys(bucket, f"{ckpt}/epoch-000005-step-000001"), "an uncommitted checkpoint's objects stayed"
+    reference = torch.load(reference_run(*FSDP, "--epochs", "6") / "model.pt", weights_only=True)
+    assert max_abs_diff(_model(s3, bucket, "wine/fsdp"), reference) <= 1e-6
+    lines = json.loads(s3.get(bucket, "wine/fsdp/summary.json"))
+    assert lines["run_dir"] == url
+
+    # the commands that read a run take the URL: export and plot download it, --init-from its model.pt
+    run_ddpkit("export", url, "--out", str(tmp_path / "exported"), env=_env(s3, tmp_path))
+    from safetensors.torch import load_file
+
+    assert max_abs_diff(load_file(str(tmp_path / "exported" / "model.safetensors")), reference) <= 1e-6
+    run_ddpkit("plot", url, "--out", str(tmp_path / "curves.png"), env=_env(s3, tmp_path))
+    assert (tmp_path / "curves.png").stat().st_size > 1000
+    init = run_ddpkit(
+        "train", "--nproc", "1", "--epochs", "1", "--lr", "1e-12", "--init-from", f"{url}/model.pt",
+        "--run-dir", str(tmp_path / "from-bucket"), env=_env(s3, tmp_path),
+    )  # fmt: skip
+    assert max_abs_diff(torch.load(tmp_path / "from-bucket" / "model.pt", weights_only=True), reference) <= 1e-6, init
+    assert not list(tmp_path.glob("ddpkit-*")), "a download outlived its command"
+
+    secret = s3.env["AWS_SECRET_ACCESS_KEY"].encode()  # ddpkit stores and prints no credential
+    assert all(secret not in s3.get(bucket, key) for key in s3.keys(bucket))
+    assert secret.decode() not in out
+
+
+def _until_killed(s3, args: tuple[str, ...], env: dict[str, str], path_part: str, timeout: float = 120) -> None:
+    """`ddpkit train ARGS`, killed with SIGKILL (the launcher and its workers: a pod that dies)
+    when the server receives the first PUT whose path holds `path_part`, before serving it."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "ddpkit", "train", *args],
+        env={**os.environ, "PYTHONPATH": str(REPO / "src"), **env},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    hit = []
+
+    def kill(method: str, path: str) -> bool:
+        if method == "PUT" and path_part in path and not hit:
+            hit.append(path)
+            os.killpg(proc.pid, signal.SIGKILL)
+            return True  # the object being sent when the launcher died never arrives
+        return False
+
+    s3.on_request = kill
+    try:
+        proc.wait(timeout=timeout)
+    finally:
+        s3.on_request = None
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert hit, f"the run ended (exit {proc.returncode}) before uploading {path_part}"
+
+
+@pytest.mark.parametrize(
+    "args, moment",
+    [
+        (COMMON, "checkpoints/epoch-000004.pt"),  # in the middle of the second checkpoint's upload
+        (COMMON, f"checkpoints/epoch-000004.pt{MANIFEST}"),  # every object up, the manifest not yet
+        (FSDP, "checkpoints/epoch-000004.reports/1.json"),  # rank 1's shards up and reported, no manifest
+    ],
+    ids=["ddp-object", "ddp-manifest", "fsdp-report"],
+)
+def test_kill_9_during_an_upload_resumes_from_the_newest_committed_checkpoint_exactly(
+    args, moment, s3_server, reference_run, tmp_path
+):
+    s3 = s3_server
+    bucket = s3.bucket(f"kill-{abs(hash(moment)) % 10**8}")
+    url = f"s3://{bucket}/run"
+    _until_killed(s3, (*args, "--epochs", "6", "--run-dir", url), _env(s3, tmp_path), moment)
+    assert not [k for k in s3.keys(bucket) if k.startswith(f"run/checkpoints/epoch-000004{MANIFEST}")]
+    assert not [k for k in s3.keys(bucket) if k.startswith(f"run/checkpoints/epoch-000004.pt{MANIFEST}")]
+    proc = run_ddpkit("train", *args[:-1], "--epochs", "6", "--resume", "--run-dir", url, env=_env(s3, tmp_path))
+    newest = "epoch-000002.pt" if args is COMMON else "epoch-000002"
+    assert f"resuming from {url}/checkpoints/{newest} (epoch 2 done)" in proc.stdout, proc.stdout
+    reference = torch.load(reference_run(*args, "--epochs", "6") / "model.pt", weights_only=True)
+    assert max_abs_diff(_model(s3, bucket, "run"), reference) <= 1e-6
+
+
+@pytest.mark.parametrize(
+    "where, says",
+    [
+        ("down", "cannot reach the object store for s3://runs/x"),
+        ("no-bucket", "s3://no-such-bucket/x: no such bucket 'no-such-bucket'"),
+    ],
+)
+def test_an_unusable_bucket_is_one_line_before_any_worker_starts(where, says, s3_server, tmp_path):
+    env = _env(s3_server, tmp_path)
+    url = "s3://no-such-bucket/x" if where == "no-bucket" else "s3://runs/x"
+    if where == "down":
+        import socket
+
+        with socket.socket() as s:  # a port nothing listens on
+            s.bind(("127.0.0.1", 0))
+            env["AWS_ENDPOINT_URL"] = f"http://127.0.0.1:{s.getsockname()[1]}"
+    start = time.monotonic()
+    proc = run_ddpkit("train", *COMMON, "--epochs", "2", "--run-dir", url, env=env, check=False, timeout=90)
+    out = (proc.stdout + proc.stderr).strip()
+    assert proc.returncode == 2 and time.monotonic() - start < 90, out
+    assert says in out and "Traceback" not in out and len(out.splitlines()) <= 3, out
+    assert not (tmp_path / "s3:").exists() and not list(tmp_path.glob("ddpkit-stage-*"))

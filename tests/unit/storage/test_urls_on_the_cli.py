@@ -1,0 +1,55 @@
+"""A URL given as the run folder is never silently a local folder named 's3:': a scheme whose
+backend is not installed, one ddpkit cannot store at, or a URL with its slashes collapsed is
+one line on the command line, exit 2, and nothing written where the command ran."""
+
+import subprocess
+import sys
+
+import pytest
+
+from conftest import REPO
+
+# s3fs blocked in the process (a machine without the extra); gcsfs is not a test dependency at all
+_BLOCKED = "import sys; sys.modules['s3fs'] = None; from ddpkit.cli import main; raise SystemExit(main())"
+
+
+@pytest.mark.parametrize(
+    "url, says",
+    [
+        ("s3://ckpt/x", "s3://ckpt/x: a run at s3:// needs fsspec and s3fs, not installed: pip install 'ddpkit[s3]'"),
+        ("gs://ckpt/x", "gs://ckpt/x: a run at gs:// needs fsspec and gcsfs, not installed: pip install fsspec gcsfs"),
+        ("s3:/ckpt/x", "write s3://ckpt/x"),
+        ("ftp://host/x", "cannot store a run at ftp:// URLs"),
+    ],
+)
+def test_a_url_that_cannot_be_used_is_one_line_and_no_local_folder(url, says, tmp_path):
+    proc = subprocess.run(
+        [sys.executable, "-c", _BLOCKED, "train", "--epochs", "1", "--quiet", "--run-dir", url],
+        cwd=tmp_path,
+        env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(REPO / "src"), "HOME": str(tmp_path)},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    out = (proc.stdout + proc.stderr).strip()
+    assert proc.returncode == 2 and "Traceback" not in out, out
+    assert says in out and len(out.splitlines()) == 1, out
+    assert list(tmp_path.iterdir()) == [] or all(p.name.startswith(".") for p in tmp_path.iterdir()), list(
+        tmp_path.iterdir()
+    )
+
+
+@pytest.mark.parametrize("command", [("k8s", "--image", "img"), ("sky",), ("ray", "--dry-run", "--")])
+def test_the_engines_refuse_a_bucket_run_folder_rather_than_turn_it_into_a_path(command, tmp_path):
+    proc = subprocess.run(
+        [sys.executable, "-m", "ddpkit", *command, "--run-dir", "s3://ckpt/x"],
+        cwd=tmp_path,
+        env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(REPO / "src"), "HOME": str(tmp_path)},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    out = (proc.stdout + proc.stderr).strip()
+    assert proc.returncode == 2 and len(out.splitlines()) == 1, out
+    assert "--run-dir s3://ckpt/x: the jobs ddpkit writes do not take a bucket run folder yet" in out, out
+    assert not (tmp_path / "s3:").exists()
