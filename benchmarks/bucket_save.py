@@ -109,7 +109,7 @@ def main() -> None:
             "",
             *harness.md_table(["variant", "step's wait for saves, s (median, range)", "wall s", "committed"], rows),
             "",
-            f"the step's wait, async / blocking: {ratio:.2f}x (the ledger's checkpoint part: what saves "
+            f"the step's wait, async / blocking: {ratio:.3f}x (the ledger's checkpoint part: what saves "
             "stalled training, model.pt at the end included).",
             "",
         ]
