@@ -39,7 +39,7 @@ def test_a_url_that_cannot_be_used_is_one_line_and_no_local_folder(url, says, tm
     )
 
 
-@pytest.mark.parametrize("command", [("sky",), ("ray", "--dry-run", "--")])
+@pytest.mark.parametrize("command", [("sky", "--nodes", "2"), ("ray", "--dry-run", "--")])
 def test_the_engines_refuse_a_bucket_run_folder_rather_than_turn_it_into_a_path(command, tmp_path):
     proc = subprocess.run(
         [sys.executable, "-m", "ddpkit", *command, "--run-dir", "s3://ckpt/x"],
@@ -51,7 +51,7 @@ def test_the_engines_refuse_a_bucket_run_folder_rather_than_turn_it_into_a_path(
     )
     out = (proc.stdout + proc.stderr).strip()
     assert proc.returncode == 2 and len(out.splitlines()) == 1, out
-    assert "--run-dir s3://ckpt/x: the jobs ddpkit writes do not take a bucket run folder yet" in out, out
+    assert "--run-dir s3://ckpt/x: " in out and ("not take a bucket run folder yet" in out or "one-node" in out), out
     assert not (tmp_path / "s3:").exists()
 
 
@@ -94,3 +94,15 @@ def _walk(node, key):
     elif isinstance(node, list):
         for v in node:
             yield from _walk(v, key)
+
+
+def test_a_one_node_skypilot_task_runs_train_on_the_bucket_url(tmp_path):
+    env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(REPO / "src"), "HOME": str(tmp_path)}
+    env["AWS_SECRET_ACCESS_KEY"] = "in-the-environment-never-in-the-yaml"
+    proc = subprocess.run(
+        [sys.executable, "-m", "ddpkit", "sky", "--run-dir", "s3://ckpt/x", "--dry-run"],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert proc.returncode == 0 and "warning" not in proc.stderr, proc.stderr
+    assert "ddpkit train --run-dir s3://ckpt/x --auto-resume" in proc.stdout, proc.stdout
+    assert "in-the-environment-never-in-the-yaml" not in proc.stdout and "AWS_" not in proc.stdout
