@@ -100,7 +100,8 @@ def test_a_model_without_any_plan_is_refused():
 
 
 def test_a_transformers_llama_brings_its_own_plan():
-    transformers = pytest.importorskip("transformers")
+    import transformers  # the hf extra is among the test extras (Makefile TEST_EXTRAS): never skipped
+
     config = transformers.LlamaConfig(
         vocab_size=64,
         hidden_size=32,
