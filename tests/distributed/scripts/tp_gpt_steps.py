@@ -4,6 +4,7 @@ rank 0 writes the whole weights (full_tensor) to argv[1]. At one process: no spl
 
 from __future__ import annotations
 
+import gc
 import os
 import sys
 from pathlib import Path
@@ -17,15 +18,16 @@ from test_tensor_parallel_plan import PLAN, Gpt  # noqa: E402
 from ddpkit.strategies.tensor_parallel import apply_plan, check_plan, resolve_plan  # noqa: E402
 
 
-def main(out: str) -> None:
+def train(world: int) -> tuple[dict, torch.Tensor]:
+    """The whole weights and the last loss after the steps. Returning lets the split model, its
+    mesh and the optimizer go before the process group is torn down (torch 2.13 aborts at exit
+    now and then when a group is destroyed under objects still holding it: runtime/group.py)."""
     torch.manual_seed(0)
     torch.set_default_dtype(torch.float64)
     model = Gpt()
-    world = int(os.environ.get("WORLD_SIZE", "1"))
     if world > 1:
         from torch.distributed.device_mesh import init_device_mesh
 
-        dist.init_process_group("gloo")
         resolved = resolve_plan(model, PLAN)
         check_plan(model, resolved, world)
         apply_plan(model, resolved, init_device_mesh("cpu", (world,), mesh_dim_names=("tp",)))
@@ -37,9 +39,19 @@ def main(out: str) -> None:
         loss.backward()
         optimizer.step()
     whole = {k: (v.full_tensor() if hasattr(v, "full_tensor") else v).detach() for k, v in model.state_dict().items()}
-    if int(os.environ.get("RANK", "0")) == 0:
-        torch.save({"weights": whole, "loss": loss.detach()}, out)
+    return whole, loss.detach()
+
+
+def main(out: str) -> None:
+    world = int(os.environ.get("WORLD_SIZE", "1"))
     if world > 1:
+        dist.init_process_group("gloo")
+    whole, loss = train(world)
+    if int(os.environ.get("RANK", "0")) == 0:
+        torch.save({"weights": whole, "loss": loss}, out)
+    if world > 1:
+        gc.collect()
+        dist.barrier()
         dist.destroy_process_group()
 
 
