@@ -19,7 +19,6 @@ import json
 import os
 import statistics
 import sys
-import time
 from pathlib import Path
 
 BENCH = Path(__file__).resolve().parent
@@ -102,14 +101,13 @@ def main() -> None:
         [
             "# Checkpoints to a bucket: blocking vs --async-save",
             "",
-            f"Measured {time.strftime('%Y-%m-%d %H:%M')} on {os.cpu_count()} cores, load average "
-            f"{load_before[0]:.1f} before and {load_after[0]:.1f} after; {ns.rounds} interleaved rounds, "
+            f"{harness.measured(load_before, load_after)}; {ns.rounds} interleaved rounds, "
             f"{ns.steps} optimizer steps, a checkpoint (~76 MB) every 5, to s3:// on moto's server on loopback.",
             f"`python benchmarks/bucket_save.py --rounds {ns.rounds} --steps {ns.steps}`",
             "",
             *harness.md_table(["variant", "step's wait for saves, s (median, range)", "wall s", "committed"], rows),
             "",
-            f"the step's wait, async / blocking: {ratio:.2f}x (the ledger's checkpoint part: what saves "
+            f"the step's wait, async / blocking: {ratio:.3f}x (the ledger's checkpoint part: what saves "
             "stalled training, model.pt at the end included).",
             "",
         ]

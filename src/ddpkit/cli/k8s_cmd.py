@@ -60,6 +60,11 @@ class K8sOptions:
         help="the run directory, a path in the pods (on --volume)",
         default_help="[launch] run_dir, or MOUNT/runs/JOB_NAME",
     )
+    env_secret: str | None = option(
+        help="a Secret whose keys become every pod's environment (envFrom): the credentials of a bucket "
+        "--run-dir s3://BUCKET/PREFIX (AWS_ACCESS_KEY_ID, ...), referenced, never written into the YAML",
+        metavar="SECRET",
+    )
     job_name: str | None = option(
         help="the TrainJob's name (lowercase, at most 40 characters)", default_help="[launch] job_name, or ddpkit-TIME"
     )

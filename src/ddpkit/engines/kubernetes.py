@@ -24,6 +24,7 @@ from ..config.file import FIELDS
 from ..config.launch import LaunchTable
 from ..config.values import parse_memory
 from ..errors import DdpkitError
+from ..storage.location import is_url
 from .job import job_description, run_dir_of
 from .slurm import SLURM_PLACES, config_of, placement_flags
 
@@ -73,6 +74,7 @@ class KubeJob:
     deadline_s: int | None = None  # [launch] time: the job's activeDeadlineSeconds
     config_file: str | None = None  # the --config file's name, carried by a ConfigMap
     config_text: str | None = None
+    env_secret: str | None = None  # a Secret every pod's environment comes from (envFrom): a bucket's credentials
 
     @property
     def config_map(self) -> str:
@@ -143,7 +145,8 @@ def kube_job(opts: Any, parse_train: Callable[[list[str]], Any], train_config: C
         raise DdpkitError("the pods need a container image with ddpkit installed: --image IMAGE (image in [launch])")
     nodes, gpus = job.nodes or 1, job.gpus_per_node or 0
     volume = Volume.parse(job.volume) if job.volume else None
-    run_dir = _pod_run_dir(run_dir_of(job, train.run_dir, local=False), volume, nodes, name)
+    run_dir = _bucket_run_dir(job.run_dir or train.run_dir, volume, nodes)
+    run_dir = run_dir or _pod_run_dir(run_dir_of(job, train.run_dir, local=False), volume, nodes, name)
     return KubeJob(
         name=name,
         image=job.image,
@@ -162,7 +165,21 @@ def kube_job(opts: Any, parse_train: Callable[[list[str]], Any], train_config: C
         deadline_s=job.time_limit_s,
         config_file=Path(config).name if config else None,
         config_text=Path(config).read_text() if config else None,
+        env_secret=_checked_name(opts.env_secret, "--env-secret") if getattr(opts, "env_secret", None) else None,
     )
+
+
+def _bucket_run_dir(chosen: str | None, volume: Volume | None, nodes: int) -> str | None:
+    """A bucket URL as the run directory: the pod's `ddpkit train` stages and commits it (one node:
+    a bucket run's checkpoints are committed from one node's shards); None for a path."""
+    if not is_url(chosen):
+        return None
+    if nodes > 1 or volume is not None:
+        raise DdpkitError(
+            f"--run-dir {chosen}: a bucket run folder is for a one-node job (--nodes 1, no --volume) for now; "
+            "a job on several nodes writes its run to --volume PVC"
+        )
+    return chosen
 
 
 def _pod_run_dir(chosen: str | None, volume: Volume | None, nodes: int, name: str) -> str:

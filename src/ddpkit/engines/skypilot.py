@@ -21,6 +21,7 @@ from typing import Any, Callable
 from ..config.launch import LaunchTable
 from ..config.values import parse_memory
 from ..errors import DdpkitError
+from ..storage.location import is_url
 from .job import job_description, run_dir_of
 from .slurm import config_of, train_arguments
 
@@ -107,7 +108,7 @@ def sky_task(opts: Any, job: LaunchTable, args: list[str], train_run_dir: str | 
             f"job name {name!r}: use letters, digits, '-', '_' and '.' only (SkyPilot names clusters by it)"
         )
     accelerator, gpus = accelerators(job.accelerator, job.gpus_per_node)
-    chosen = run_dir_of(job, train_run_dir, local=False)
+    chosen = _bucket_url(job.run_dir or train_run_dir, job, opts) or run_dir_of(job, train_run_dir, local=False)
     shared = opts.bucket or job.volume
     run_dir = chosen or f"{MOUNT if shared else 'runs'}/{name}-{time.strftime('%Y%m%d-%H%M%S')}"
     if not train_run_dir:
@@ -133,6 +134,19 @@ def sky_task(opts: Any, job: LaunchTable, args: list[str], train_run_dir: str | 
         recovery=opts.recovery,
         max_restarts_on_errors=opts.max_restarts_on_errors,
     )
+
+
+def _bucket_url(chosen: str | None, job: LaunchTable, opts: Any) -> str | None:
+    """A bucket URL as the run directory: the node's `ddpkit train` stages and commits it, with the
+    credentials the VM has (its cloud identity, or SkyPilot's secrets); one node only for now."""
+    if not is_url(chosen):
+        return None
+    if (job.nodes or 1) > 1 or opts.bucket or job.volume:
+        raise DdpkitError(
+            f"--run-dir {chosen}: a bucket run folder is for a one-node task without --bucket or --volume "
+            "for now; a task on several nodes mounts one (--bucket NAME) and keeps its run under it"
+        )
+    return chosen
 
 
 def accelerators(accelerator: str | None, gpus_per_node: int | None) -> tuple[str | None, int]:
@@ -177,7 +191,7 @@ def check_run_dir_shared_sky(
     in one line otherwise, unless the job says the directory is shared (--shared-run-dir: a file
     system of the image); a dry run only warns. A one-node managed job is only warned."""
     shared = (task.bucket or task.volume) and (task.run_dir == MOUNT or task.run_dir.startswith(MOUNT + "/"))
-    if shared or job.shared_run_dir:
+    if shared or job.shared_run_dir or is_url(task.run_dir):  # a bucket's run outlives the machine
         return
     where = (
         f"not under {MOUNT}, where the bucket or volume is mounted"

@@ -108,6 +108,7 @@ def _pod_spec(job: KubeJob, container: str, restart: str | None) -> dict[str, An
                 "command": job.command,
                 **({"resources": job.resources} if job.resources else {}),
                 **({"volumeMounts": mounts} if mounts else {}),
+                **({"envFrom": [{"secretRef": {"name": job.env_secret}}]} if job.env_secret else {}),
             }
         ],
     }
@@ -184,7 +185,7 @@ def k8s_command(
     """`ddpkit k8s` with its options `opts`: the YAML printed (--dry-run) or written to a file, with
     the command that starts it. `command_line` heads the YAML as a comment."""
     job = kube_job(opts, parse_train, train_config)
-    if job.volume is None:
+    if job.volume is None and "://" not in job.run_dir:  # a bucket's run outlives the pod
         print(
             f"ddpkit: warning: the run directory {job.run_dir} is on the pod's own disk: an evicted pod's "
             "checkpoints go with it (--volume PVC keeps them)",

@@ -13,6 +13,7 @@ TCPStore on the endpoint's address: a network the job trusts (README, Security).
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import os
 import shutil
@@ -180,8 +181,10 @@ def _launch(
     from torch.distributed.launcher.api import elastic_launch
 
     config, endpoint, rdzv_store = _launch_config(plan, scratch, agent_options)  # the store lives until we return
-    if plan.start_method == "fork" and callable(entrypoint) and plan.nproc_per_node > 1:
-        import_before_fork()
+    if plan.start_method == "fork" and callable(entrypoint):
+        if plan.nproc_per_node > 1:
+            import_before_fork()
+        entrypoint = with_new_process_signals(entrypoint)
     # a script's workers (ddpkit train's join before any task code runs): did any join a process group?
     watch = JoinWatch().start() if isinstance(entrypoint, str) and plan.nproc_per_node * plan.max_nodes > 1 else None
     stacks = StackCollector(hang_dir, errors, started).start() if hang_dir is not None else None
@@ -357,6 +360,25 @@ def start_method_for(requested: str, device_type: str, clean_parent: bool) -> st
     if requested != "auto":
         return requested
     return "fork" if clean_parent and device_type == "cpu" and sys.platform == "linux" else "spawn"
+
+
+def with_new_process_signals(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """`fn` run in a forked worker with the signal handlers a new process has (what a spawned worker
+    gets): torch's agent sets handlers that raise its SignalException before it starts the
+    workers, and a forked worker inherits them. Its SIGTERM from the agent (another rank failed)
+    then raised wherever the worker was, a weakref callback's 'Exception ignored in' traceback on
+    the user's terminal included. SIGTERM ends a worker; Ctrl-C raises KeyboardInterrupt."""
+
+    @functools.wraps(fn)
+    def entry(*args: Any) -> Any:
+        for name in ("SIGTERM", "SIGHUP", "SIGQUIT"):
+            sig = getattr(signal, name, None)
+            if sig is not None:
+                signal.signal(sig, signal.SIG_DFL)
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        return fn(*args)
+
+    return entry
 
 
 def import_before_fork() -> None:

@@ -60,7 +60,7 @@ class MetricsLog:
 
     def close_after_failure(self, ending: str = FAILED) -> None:
         """close(ending) on the way out of a failed run. When another rank failed too, torch's
-        agent stops this worker with SIGTERM (a SignalException) meanwhile, which would cut a
+        agent stops this worker with SIGTERM (which ends it at once) meanwhile, which would cut a
         tracker's last calls short and leave its run RUNNING: a SIGTERM is ignored until the sinks
         are closed (a tracker's wait is bounded; the agent kills the worker 30 s after its SIGTERM)."""
         if not self.sinks or threading.current_thread() is not threading.main_thread():

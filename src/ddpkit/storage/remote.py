@@ -17,10 +17,10 @@ import re
 import shutil
 import time
 import uuid
-import zlib
 from pathlib import Path, PurePosixPath
 from typing import Any, Callable, Iterable
 
+from ..util.checksum import crc32_of
 from .errors import StoreError, explained
 from .location import Remote, filesystem
 
@@ -28,17 +28,6 @@ CKPT = "checkpoints"
 MANIFEST_SUFFIX = ".manifest.json"
 REPORTS_SUFFIX = ".reports"  # checkpoints/NAME.reports/RANK.json: a rank's shards are up (sharded saves)
 FORMAT = "ddpkit-remote-checkpoint"
-_CHUNK = 8 << 20
-
-
-def crc32_of(path: Path) -> tuple[int, int]:
-    """(size, CRC-32) of a file, read once (the checksum ddpkit's checkpoints carry, integrity.py)."""
-    crc, size = 0, 0
-    with open(path, "rb", buffering=0) as f:
-        while chunk := f.read(_CHUNK):
-            crc = zlib.crc32(chunk, crc)
-            size += len(chunk)
-    return size, crc
 
 
 def order(name: str) -> tuple[int, ...]:

@@ -13,6 +13,11 @@ from conftest import REPO
 _BLOCKED = "import sys; sys.modules['s3fs'] = None; from ddpkit.cli import main; raise SystemExit(main())"
 
 
+def _env(tmp_path) -> dict[str, str]:
+    """A bare environment: no credentials, no backend settings of this machine."""
+    return {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(REPO / "src"), "HOME": str(tmp_path)}
+
+
 @pytest.mark.parametrize(
     "url, says",
     [
@@ -26,7 +31,7 @@ def test_a_url_that_cannot_be_used_is_one_line_and_no_local_folder(url, says, tm
     proc = subprocess.run(
         [sys.executable, "-c", _BLOCKED, "train", "--epochs", "1", "--quiet", "--run-dir", url],
         cwd=tmp_path,
-        env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(REPO / "src"), "HOME": str(tmp_path)},
+        env=_env(tmp_path),
         capture_output=True,
         text=True,
         timeout=120,
@@ -39,17 +44,70 @@ def test_a_url_that_cannot_be_used_is_one_line_and_no_local_folder(url, says, tm
     )
 
 
-@pytest.mark.parametrize("command", [("k8s", "--image", "img"), ("sky",), ("ray", "--dry-run", "--")])
+@pytest.mark.parametrize("command", [("sky", "--nodes", "2"), ("ray", "--dry-run", "--")])
 def test_the_engines_refuse_a_bucket_run_folder_rather_than_turn_it_into_a_path(command, tmp_path):
     proc = subprocess.run(
         [sys.executable, "-m", "ddpkit", *command, "--run-dir", "s3://ckpt/x"],
         cwd=tmp_path,
-        env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(REPO / "src"), "HOME": str(tmp_path)},
+        env=_env(tmp_path),
         capture_output=True,
         text=True,
         timeout=120,
     )
     out = (proc.stdout + proc.stderr).strip()
     assert proc.returncode == 2 and len(out.splitlines()) == 1, out
-    assert "--run-dir s3://ckpt/x: the jobs ddpkit writes do not take a bucket run folder yet" in out, out
+    assert "--run-dir s3://ckpt/x: " in out and ("not take a bucket run folder yet" in out or "one-node" in out), out
     assert not (tmp_path / "s3:").exists()
+
+
+def _k8s(*args: str, tmp_path) -> subprocess.CompletedProcess:
+    env = _env(tmp_path)
+    env["AWS_SECRET_ACCESS_KEY"] = "in-the-environment-never-in-the-yaml"
+    return subprocess.run(
+        [sys.executable, "-m", "ddpkit", "k8s", "--image", "img", "--run-dir", "s3://ckpt/x", *args, "--dry-run"],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize("kind", [(), ("--pytorchjob",)], ids=["trainjob", "pytorchjob"])
+def test_a_one_node_k8s_job_takes_a_bucket_run_folder_and_its_credentials_by_a_secret_reference(kind, tmp_path):
+    import yaml
+
+    proc = _k8s("--workers-per-node", "2", "--env-secret", "s3-creds", *kind, tmp_path=tmp_path)
+    assert proc.returncode == 0 and "warning" not in proc.stderr, proc.stderr
+    docs = list(yaml.safe_load_all(proc.stdout))
+    text = proc.stdout
+    assert "in-the-environment-never-in-the-yaml" not in text and "AWS_" not in text
+    containers = [c for c in _walk(docs, "containers") for c in c]
+    assert containers and all(c["envFrom"] == [{"secretRef": {"name": "s3-creds"}}] for c in containers), containers
+    commands = [c["command"] for c in containers if "command" in c] + list(_walk(docs, "command"))
+    assert commands and all(cmd[cmd.index("--run-dir") + 1] == "s3://ckpt/x" for cmd in commands), commands
+
+
+def test_a_k8s_job_on_several_nodes_refuses_a_bucket_run_folder(tmp_path):
+    proc = _k8s("--nodes", "2", tmp_path=tmp_path)
+    assert proc.returncode == 2 and "a bucket run folder is for a one-node job" in proc.stderr, proc.stderr
+
+
+def _walk(node, key):
+    """Every value under `key` anywhere in parsed YAML."""
+    if isinstance(node, dict):
+        for k, v in node.items():
+            if k == key:
+                yield v
+            yield from _walk(v, key)
+    elif isinstance(node, list):
+        for v in node:
+            yield from _walk(v, key)
+
+
+def test_a_one_node_skypilot_task_runs_train_on_the_bucket_url(tmp_path):
+    env = _env(tmp_path)
+    env["AWS_SECRET_ACCESS_KEY"] = "in-the-environment-never-in-the-yaml"
+    proc = subprocess.run(
+        [sys.executable, "-m", "ddpkit", "sky", "--run-dir", "s3://ckpt/x", "--dry-run"],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert proc.returncode == 0 and "warning" not in proc.stderr, proc.stderr
+    assert "ddpkit train --run-dir s3://ckpt/x --auto-resume" in proc.stdout, proc.stdout
+    assert "in-the-environment-never-in-the-yaml" not in proc.stdout and "AWS_" not in proc.stdout
