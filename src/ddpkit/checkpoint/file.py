@@ -282,14 +282,14 @@ def validate_checkpoint(ckpt: Any, path: Path, model: nn.Module, optimizer: torc
         raise DdpkitError(
             f"{path}: checkpoint version {ckpt.get('version')} is not supported (this ddpkit writes {VERSION})"
         )
-    check_signature(path, model_signature(model.state_dict()), ckpt["model"] and model_signature(ckpt["model"]))
+    check_signature(path, signature_of(model), ckpt["model"] and model_signature(ckpt["model"]))
     if not all(torch.isfinite(t).all() for t in ckpt["model"].values() if t.is_floating_point()):
         raise DdpkitError(  # a save refuses NaN/inf weights: the file was changed, its CRC-32s rewritten with it
             f"{path}: its weights hold NaN/inf, which ddpkit never saves: changed after it was written"
         )
     if optimizer is not None:
         saved_groups = ckpt["optimizer"].get("param_groups", [])
-        if [len(g["params"]) for g in saved_groups] != [len(g["params"]) for g in optimizer.param_groups]:
+        if [len(g["params"]) for g in saved_groups] != groups_of(model, optimizer):
             raise DdpkitError(
                 f"{path}: checkpoint's optimizer has different parameter groups than this task's optimizer"
             )

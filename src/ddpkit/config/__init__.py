@@ -161,6 +161,12 @@ def _training_across(cfg: RunConfig) -> None:
 def _faults_across(cfg: RunConfig) -> None:
     if cfg.resume and not cfg.run_dir:
         raise DdpkitError("--resume needs --run-dir: the run directory whose checkpoints to continue from")
+    saving = cfg.save_every or cfg.save_every_steps or cfg.save_every_minutes
+    if cfg.pp > 1 and (saving or cfg.resume):
+        raise DdpkitError(
+            f"--pp does not save or resume checkpoints yet (its stages' DCP save is not built): give --save-every 0 "
+            f"and no --save-every-steps/--save-every-minutes/--resume, or drop --pp {cfg.pp}"
+        )
 
 
 def _output_across(cfg: RunConfig) -> None:

@@ -111,6 +111,14 @@ def _check_pipeline(config: StrategyConfig) -> None:
     m = config.pp_microbatches
     if m is not None and (not isinstance(m, int) or isinstance(m, bool) or m < 1):
         raise DdpkitError(f"--pp-microbatches must be a positive number of micro-batches, got {m!r}")
+    if config.pp > 1 and config.name != "ddp":
+        raise DdpkitError(
+            f"--strategy {config.name} with --pp {config.pp} is not built (a pipeline's stages replicate over the "
+            "data-parallel ranks, as DDP does): use --strategy ddp"
+        )
+    for flag, on in (("--activation-checkpointing", config.activation_checkpointing), ("--compile", config.compile)):
+        if config.pp > 1 and on:
+            raise DdpkitError(f"{flag} with --pp is not built: drop one of them")
 
 
 def mesh_dims(

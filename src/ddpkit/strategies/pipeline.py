@@ -1,6 +1,6 @@
 """Pipeline parallel: the model cut into stages (pipeline_split.py), each pp rank holding its
 stage(s), torch.distributed.pipelining's schedule running the micro-batches through them;
-DDP over the data-parallel ranks of each stage.
+data parallel over the ranks of each stage (their gradients summed in one all-reduce).
 
 The ranks form a (pp, dp) grid, pp outermost: rank = pp_index x dp + dp_index. The ranks of
 one pipeline (one dp index) read the same batch: the first stage feeds the inputs, the last
@@ -10,9 +10,11 @@ Exactness (the same model as at one process, within rounding):
   * every rank builds the whole model from the same seed (or materialises it from meta the
     same way) before cutting it: the weights do not depend on the mesh;
   * the schedule does not scale the gradients (scale_grads=False): each micro-batch's mean
-    loss is weighted by its samples x dp / the global batch, and DDP averages over dp, so the
-    gradient is the mean over the global batch, as at one process (micro-batches counted as
-    accumulation, a short last batch too);
+    loss is weighted by its samples / the global batch, and the dp ranks of a stage sum their
+    gradients after the schedule's last backward, so the gradient is the mean over the global
+    batch, as at one process (micro-batches counted as accumulation, a short last batch too).
+    Not torch's DDP: its reducer, driven by the schedule's backward of the last micro-batch
+    only, counts each parameter twice by the second step and fails (torch 2.13);
   * the loss sums are the last stages' (the others add zeros), so the loop's sums over every
     rank are the global ones; the gradient norm is summed over the stages.
   * a batch of n samples runs as the largest count of equal micro-batches up to
@@ -27,7 +29,7 @@ from typing import Any, Callable, Iterator
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.nn.parallel import DistributedDataParallel as DDP
+from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
 from ..checkpoint import state as ckpt_state
 from ..checkpoint.file import model_signature
@@ -72,7 +74,7 @@ def _merge_into(target: nn.Module, source: nn.Module) -> None:
 
 
 class PipelineStrategy(Strategy):
-    """--pp N: the stages over the pp dim of a (pp, dp) grid, DDP over dp."""
+    """--pp N: the stages over the pp dim of a (pp, dp) grid, data parallel over dp."""
 
     name = "ddp"  # what the data-parallel ranks do
     checkpoint_kind = "sharded"  # each stage writes its part, under the whole model's names
@@ -110,9 +112,6 @@ class PipelineStrategy(Strategy):
         self.full_names = list(model.state_dict().keys())
         stages = split_model(model, self.n_stages, self.blocks, self.splits)
         self.stages = [stages[i].to(self.rt.device) for i in self.stage_ids]
-        self.wrapped = [
-            DDP(s, process_group=self.dp_group, broadcast_buffers=False) if self.dp > 1 else s for s in self.stages
-        ]
         holder = StageHolder(self.stages)
         holder.whole_signature = model_signature(model.state_dict())  # checkpoints name the whole model
         self._whole = model  # for the optimizer's groups over the whole model (setup_optimizer)
@@ -140,6 +139,8 @@ class PipelineStrategy(Strategy):
         """The task's optimizer over this rank's stages; the checkpoints count the whole model's groups."""
         whole = make_optimizer(spec, self._whole, lr)
         model.whole_groups = [len(g["params"]) for g in whole.param_groups]
+        names = {id(p): n for n, p in self._whole.named_parameters()}
+        self._whole_order = [names[id(p)] for g in whole.param_groups for p in g["params"]]  # a file's indices
         del self._whole
         return make_optimizer(spec, model, lr)
 
@@ -154,14 +155,14 @@ class PipelineStrategy(Strategy):
     # -- the schedule ----------------------------------------------------------------
     def _pipe(self, n_micro: int, size: int, train: bool = True) -> Any:
         """The schedule for `n_micro` micro-batches of `size` samples (built at first use);
-        evaluation's over the bare stages (no DDP forward: dp ranks run different counts)."""
+        evaluation's the same stages without a backward."""
         key = (n_micro, size, train)
         if key not in self._pipes:
             from torch.distributed.pipelining import PipelineStage
 
             stages = [
                 PipelineStage(m, i, self.n_stages, self.rt.device, group=self.pp_group)
-                for m, i in zip(self.wrapped if train else self.stages, self.stage_ids, strict=True)
+                for m, i in zip(self.stages, self.stage_ids, strict=True)
             ]
             self._pipes[key] = _schedule_class(self.schedule_name, n_micro, self.pp, train)(
                 stages if self.per_rank > 1 else stages[0],
@@ -189,15 +190,31 @@ class PipelineStrategy(Strategy):
                 "short last batch): use a global batch that is a multiple of dp, or drop the last batch"
             )
         n_micro = largest_divisor(n_local, self.microbatches)
-        self._weight, losses = self.dp / n_global, []
+        self._weight, losses = 1.0 / n_global, []
         with self.autocast():
             self._run(self._pipe(n_micro, n_local // n_micro), inputs, target, True, losses)
+        self._sum_over_dp()
         totals = torch.zeros(2, dtype=torch.float64, device=self.rt.device)
         loss = None
         if self.is_last:  # the micro-batches' weighted losses, back to a sum over this share's samples
             loss = torch.stack([v.detach().double() for v in losses]).sum() / self._weight
             totals[0], totals[1] = loss, float(n_local)
         return totals, steps._local_flags(loss, None, totals[1]), False
+
+    def _sum_over_dp(self) -> None:
+        """The stages' gradients summed over the dp ranks, in one all-reduce (a parameter
+        without a gradient on this rank adds zeros: every rank sends the same layout)."""
+        if self.dp == 1 or self.dp_group is None:
+            return
+        params = [p for stage in self.stages for p in stage.parameters() if p.requires_grad]
+        grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
+        flat = _flatten_dense_tensors(grads)
+        dist.all_reduce(flat, group=self.dp_group)
+        for p, summed in zip(params, _unflatten_dense_tensors(flat, grads), strict=True):
+            if p.grad is None:
+                p.grad = summed
+            else:
+                p.grad.copy_(summed)
 
     def _run(self, schedule: Any, inputs: tuple, target: torch.Tensor, train: bool, losses: list) -> Any:
         call = schedule.step if train else schedule.eval
@@ -240,7 +257,24 @@ class PipelineStrategy(Strategy):
 
     # -- checkpoints ----------------------------------------------------------------
     def load_full(self, model: nn.Module, optimizer: torch.optim.Optimizer, ckpt: dict[str, Any]) -> None:
-        raise DdpkitError("--pp resumes from sharded checkpoints only (this one is one file)")
+        """A one-file checkpoint of the whole model (one process, DDP): this rank's stages'
+        weights, and their optimizer state found by name (the file numbers the whole model's
+        parameters in its optimizer's order; this rank's optimizer numbers its own)."""
+        model.load_state_dict({k: ckpt["model"][k] for k in model.state_dict()})
+        saved = ckpt["optimizer"]
+        index_of = dict(zip(self._whole_order, (i for g in saved["param_groups"] for i in g["params"]), strict=True))
+        names = {id(p): n for n, p in model.named_parameters()}
+        state: dict[int, Any] = {}
+        groups: list[dict[str, Any]] = []
+        at = 0  # this optimizer's index of the next parameter
+        for mine, theirs in zip(optimizer.param_groups, saved["param_groups"], strict=True):
+            ids = list(range(at, at + len(mine["params"])))
+            for j, p in zip(ids, mine["params"], strict=True):
+                if index_of[names[id(p)]] in saved["state"]:
+                    state[j] = saved["state"][index_of[names[id(p)]]]
+            at += len(ids)
+            groups.append({**{k: v for k, v in theirs.items() if k != "params"}, "params": ids})
+        optimizer.load_state_dict({"state": state, "param_groups": groups})
 
     def full_state_dict(self, model: nn.Module) -> dict[str, torch.Tensor] | None:
         """Every stage's weights gathered to rank 0 (collective), in the whole model's order."""
@@ -275,20 +309,14 @@ def _inputs_target(batch: Any) -> tuple[tuple, torch.Tensor]:
 
 def pipeline_for(config: Any, rt: Runtime, task: Any) -> PipelineStrategy:
     """--pp N's strategy for `task`: what cannot run through stages refused here, in the workers
-    before the model is built (the launcher refuses the degrees the processes cannot form)."""
+    before the model is built (the launcher refuses, before any worker starts, the degrees the
+    processes cannot form and the strategies and options not built with --pp: parallel/spec.py)."""
     if config.tp > 1:
         raise DdpkitError(f"--tp {config.tp} with --pp {config.pp}: tensor x pipeline parallel is not built; drop one")
-    if config.name != "ddp":
-        raise DdpkitError(
-            f"--strategy {config.name} with --pp: the stages' data-parallel ranks run DDP; use --strategy ddp"
-        )
     if task.step is not None:
         raise DdpkitError(
             "--pp: the task's step(model, batch) cannot run through pipeline stages; give a loss_fn(output, target)"
         )
-    for what, on in (("--activation-checkpointing", config.activation_checkpointing), ("--compile", config.compile)):
-        if on:
-            raise DdpkitError(f"{what} with --pp is not built: drop one")
     return PipelineStrategy(
         rt,
         config,

@@ -57,7 +57,7 @@ def loss_fn(logits, target):
     return F.cross_entropy(logits.reshape(-1, VOCAB), target.reshape(-1))
 
 
-def build(config=None, model: str = "gpt", layers: int = 4, samples: int = 48, optimizer: str = "sgd"):
+def build(config=None, model: str = "gpt", layers: int = 4, samples: int = 48, held: int = 15, optimizer: str = "sgd"):
     torch.manual_seed(3)
     net = {
         "gpt": lambda: TinyGPT(layers),
@@ -66,13 +66,12 @@ def build(config=None, model: str = "gpt", layers: int = 4, samples: int = 48, o
         "flat": lambda: nn.Linear(T, VOCAB),
     }[model]().double()
     g = torch.Generator().manual_seed(5)
-    tokens = torch.randint(0, VOCAB, (samples + 16, T + 1), generator=g)
+    tokens = torch.randint(0, VOCAB, (samples + held, T + 1), generator=g)
     train, held = tokens[:samples], tokens[samples:]
-    make = (
-        (lambda params: torch.optim.SGD(params, lr=0.5))
-        if optimizer == "sgd"
-        else (lambda params: torch.optim.AdamW(params, lr=0.01))
-    )
+    make = {  # momentum: optimizer state that a resume at another mesh must carry over by name
+        "sgd": lambda params: torch.optim.SGD(params, lr=0.5, momentum=0.9),
+        "adamw": lambda params: torch.optim.AdamW(params, lr=0.01),
+    }[optimizer]
     return ddpkit.Task(
         model=net,
         train_set=TensorDataset(train[:, :-1], train[:, 1:]),
