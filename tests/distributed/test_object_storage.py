@@ -80,6 +80,9 @@ def test_fsdp_run_in_a_bucket_resumes_from_the_newest_committed_checkpoint_and_e
     from safetensors.torch import load_file
 
     assert max_abs_diff(load_file(str(tmp_path / "exported" / "model.safetensors")), reference) <= 1e-6
+    (listed,) = json.loads(run_ddpkit("runs", url, "--json", env=_env(s3, tmp_path)).stdout)
+    assert listed["path"] == url and listed["run"] == "fsdp" and listed["world_size"] == 2, listed
+    assert listed["resumable"] and listed["checkpoint"] == f"{url}/checkpoints/epoch-000006", listed
     run_ddpkit("plot", url, "--out", str(tmp_path / "curves.png"), env=_env(s3, tmp_path))
     assert (tmp_path / "curves.png").stat().st_size > 1000
     init = run_ddpkit(
@@ -170,3 +173,35 @@ def test_an_unusable_bucket_is_one_line_before_any_worker_starts(where, says, s3
     assert proc.returncode == 2 and time.monotonic() - start < 90, out
     assert says in out and "Traceback" not in out and len(out.splitlines()) <= 3, out
     assert not (tmp_path / "s3:").exists() and not list(tmp_path.glob("ddpkit-stage-*"))
+
+
+OWN_LOOP = str(REPO / "tests" / "distributed" / "scripts" / "own_loop_bucket.py")
+
+
+def test_an_own_loops_save_and_load_take_a_bucket_url_and_commit_by_the_manifest(s3_server, tmp_path):
+    """rt.save / rt.load with s3://: a file and a sharded folder of an FSDP model, each committed
+    by its manifest last, load back equal (into a plain and an FSDP model); no local folder 's3:'.
+    A save whose manifest is gone (killed before its commit) is not loaded: one line."""
+    s3, bucket = s3_server, s3_server.bucket("own")
+    url, out = f"s3://{bucket}/loop", tmp_path / "out"
+    run_ddpkit("launch", "--nproc", "2", OWN_LOOP, url, str(out), env=_env(s3, tmp_path), cwd=tmp_path)
+    keys = set(s3.keys(bucket, "loop/"))
+    assert {"loop/final.pt", f"loop/final.pt{MANIFEST}", f"loop/final-sharded{MANIFEST}"} <= keys, keys
+    assert {"loop/final-sharded/__0_0.distcp", "loop/final-sharded/__1_0.distcp"} <= keys, keys
+    assert not [k for k in keys if ".reports/" in k] and not (tmp_path / "s3:").exists()
+    assert not list(tmp_path.glob("ddpkit-stage-*")), "a staging folder outlived the job"
+    trained = torch.load(out / "trained.pt", weights_only=True)
+    for loaded in ("whole.pt", "sharded.pt"):
+        assert max_abs_diff(torch.load(out / loaded, weights_only=True), trained) == 0, loaded
+    saved = torch.load(io.BytesIO(s3.get(bucket, "loop/final.pt")), weights_only=True)
+    assert max_abs_diff(saved["model"], trained) == 0  # the object is the file a local save writes
+
+    s3.client.delete_object(Bucket=bucket, Key=f"loop/final.pt{MANIFEST}")  # as if killed before the commit
+    script = tmp_path / "loads.py"
+    script.write_text(
+        "import ddpkit, torch\n"
+        "with ddpkit.init(device='cpu') as rt:\n"
+        f"    rt.load('{url}/final.pt', torch.nn.Linear(8, 16))\n"
+    )
+    proc = run_ddpkit("launch", "--nproc", "1", str(script), env=_env(s3, tmp_path), check=False, timeout=120)
+    assert proc.returncode != 0 and f"{url}/final.pt: no committed save of that name" in proc.stderr, proc.stderr
