@@ -16,6 +16,7 @@ from ..config.launch import LaunchTable
 from ..config.settings import flag_spellings
 from ..errors import DdpkitError
 from . import sbatch
+from ..util.jobtoken import ensure_token_file
 from .job import check_run_dir_shared, job_description, run_dir_of
 
 # The settings that say where the workers run: SLURM's, never the job's training arguments'
@@ -74,6 +75,7 @@ def slurm_command(
         return 0
     script = Path(opts.script) if opts.script else run_dir / "job.sbatch"
     run_dir.mkdir(parents=True, exist_ok=True)  # SLURM cannot create the log file's folder
+    ensure_token_file(run_dir)  # the script names it; a job written again keeps its token
     script.parent.mkdir(parents=True, exist_ok=True)
     script.write_text(text)
     script.chmod(0o755)

@@ -14,7 +14,7 @@ from ..config import RunConfig
 from ..environments import network
 from ..errors import DdpkitError
 from ..runtime.devices import check_gpu_count, cuda_device_count
-from ..util.jobtoken import has_job_token
+from ..util.jobtoken import has_job_token, token_source
 from .elastic import LaunchPlan, start_method_for
 
 DEFAULT_MASTER_PORT = 29500
@@ -169,6 +169,8 @@ def describe(plan: LaunchPlan, backend: str, device_type: str) -> str:
         f"  threads/process    {plan.threads_per_process}",
         f"  start method       {plan.start_method}, max restarts {plan.max_restarts}",
     ]
+    if not plan.local:
+        lines.append(f"  job token          {token_source() or 'none: the stores serve anyone who reaches them'}")
     if plan.tee != "0" or plan.redirects != "0" or plan.log_dir:
         shown = f" (local ranks {plan.local_ranks_filter})" if plan.local_ranks_filter else ""
         lines.append(

@@ -47,6 +47,13 @@ def has_job_token() -> bool:
     return bool(os.environ.get(TOKEN_FILE_VAR) or os.environ.get(TOKEN_VAR, "").strip())
 
 
+def token_source() -> str | None:
+    """Where the token is read from, for the plan (never the token)."""
+    if os.environ.get(TOKEN_FILE_VAR):
+        return f"from {TOKEN_FILE_VAR} ({os.environ[TOKEN_FILE_VAR]})"
+    return f"from {TOKEN_VAR}" if has_job_token() else None
+
+
 def _derived(text: str) -> bytes:
     return hashlib.pbkdf2_hmac("sha256", text.encode(), b"ddpkit job token", _ROUNDS)
 
