@@ -205,3 +205,20 @@ def test_an_own_loops_save_and_load_take_a_bucket_url_and_commit_by_the_manifest
     )
     proc = run_ddpkit("launch", "--nproc", "1", str(script), env=_env(s3, tmp_path), check=False, timeout=120)
     assert proc.returncode != 0 and f"{url}/final.pt: no committed save of that name" in proc.stderr, proc.stderr
+
+
+def test_export_and_plot_write_their_out_url_to_the_bucket_not_to_a_local_folder(s3_server, tmp_path):
+    s3, bucket = s3_server, s3_server.bucket("outs")
+    env = _env(s3, tmp_path)
+    run_ddpkit("train", "--nproc", "1", "--epochs", "1", "--quiet", "--run-dir", "run", env=env, cwd=tmp_path)
+    out = run_ddpkit("export", "run", "--out", f"s3://{bucket}/export/wine", env=env, cwd=tmp_path).stdout
+    assert f"s3://{bucket}/export/wine" in out and "ddpkit-out-" not in out, out
+    from safetensors.torch import load
+
+    exported = load(s3.get(bucket, "export/wine/model.safetensors"))
+    assert max_abs_diff(exported, torch.load(tmp_path / "run" / "model.pt", weights_only=True)) == 0
+    again = run_ddpkit("export", "run", "--out", f"s3://{bucket}/export/wine", env=env, cwd=tmp_path, check=False)
+    assert again.returncode == 2 and "already holds objects" in again.stderr, again.stderr
+    said = run_ddpkit("plot", "run", "--out", f"s3://{bucket}/curves.png", env=env, cwd=tmp_path).stdout
+    assert said.strip() == f"wrote s3://{bucket}/curves.png" and len(s3.get(bucket, "curves.png")) > 1000
+    assert not (tmp_path / "s3:").exists() and not list(tmp_path.glob("ddpkit-out-*"))
