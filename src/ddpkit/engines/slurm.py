@@ -15,8 +15,8 @@ from ..config.file import FIELDS
 from ..config.launch import LaunchTable
 from ..config.settings import flag_spellings
 from ..errors import DdpkitError
-from . import sbatch
 from ..util.jobtoken import ensure_token_file
+from . import sbatch
 from .job import check_run_dir_shared, job_description, run_dir_of
 
 # The settings that say where the workers run: SLURM's, never the job's training arguments'
