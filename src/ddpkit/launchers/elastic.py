@@ -184,9 +184,7 @@ def _launch(
 
     config, endpoint, rdzv_store = _launch_config(plan, scratch, agent_options)  # the store lives until we return
     if plan.start_method == "fork" and callable(entrypoint):
-        if plan.nproc_per_node > 1:
-            import_before_fork()
-        entrypoint = with_new_process_signals(entrypoint)
+        entrypoint = prepared_to_fork(entrypoint, plan.nproc_per_node)
     # a script's workers (ddpkit train's join before any task code runs): did any join a process group?
     watch = JoinWatch().start() if isinstance(entrypoint, str) and plan.nproc_per_node * plan.max_nodes > 1 else None
     stacks = StackCollector(hang_dir, errors, started).start() if hang_dir is not None else None
@@ -367,6 +365,13 @@ def start_method_for(requested: str, device_type: str, clean_parent: bool) -> st
     if requested != "auto":
         return requested
     return "fork" if clean_parent and device_type == "cpu" and sys.platform == "linux" else "spawn"
+
+
+def prepared_to_fork(fn: Callable[..., Any], nproc: int) -> Callable[..., Any]:
+    """`fn` as forked workers run it, with what they share imported once beforehand."""
+    if nproc > 1:
+        import_before_fork()
+    return with_new_process_signals(fn)
 
 
 def with_new_process_signals(fn: Callable[..., Any]) -> Callable[..., Any]:
