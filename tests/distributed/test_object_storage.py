@@ -222,3 +222,29 @@ def test_export_and_plot_write_their_out_url_to_the_bucket_not_to_a_local_folder
     said = run_ddpkit("plot", "run", "--out", f"s3://{bucket}/curves.png", env=env, cwd=tmp_path).stdout
     assert said.strip() == f"wrote s3://{bucket}/curves.png" and len(s3.get(bucket, "curves.png")) > 1000
     assert not (tmp_path / "s3:").exists() and not list(tmp_path.glob("ddpkit-out-*"))
+
+
+def test_a_full_bucket_ends_the_run_in_one_line_and_the_resume_continues_from_the_last_committed(
+    s3_server, reference_run, tmp_path
+):
+    """The store fills up (a MinIO-style 507 XMinioStorageFull for every upload of the second
+    checkpoint): the run ends non-zero in one line naming the URL and the quota, the first
+    checkpoint stays committed, the second never is; freed, --resume continues exactly."""
+    s3, bucket = s3_server, s3_server.bucket("full")
+    url = f"s3://{bucket}/run"
+    s3.on_request = lambda method, path: (
+        method == "PUT" and "checkpoints/epoch-000004" in path and ("507 Insufficient Storage", "XMinioStorageFull")
+    )
+    try:
+        proc = run_ddpkit("train", *COMMON, "--epochs", "6", "--run-dir", url, env=_env(s3, tmp_path), check=False)
+    finally:
+        s3.on_request = None
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("ddpkit: error:")]
+    assert proc.returncode != 0 and "Traceback" not in proc.stderr, proc.stderr
+    assert len(errors) == 1 and url in errors[0] and "full" in errors[0] and "quota" in errors[0], proc.stderr
+    keys = s3.keys(bucket, "run/checkpoints/")
+    assert f"run/checkpoints/epoch-000002.pt{MANIFEST}" in keys and not [k for k in keys if "epoch-000004" in k], keys
+    resumed = run_ddpkit("train", *COMMON[:-1], "--epochs", "6", "--resume", "--run-dir", url, env=_env(s3, tmp_path))
+    assert f"resuming from {url}/checkpoints/epoch-000002.pt (epoch 2 done)" in resumed.stdout, resumed.stdout
+    reference = torch.load(reference_run(*COMMON, "--epochs", "6") / "model.pt", weights_only=True)
+    assert max_abs_diff(_model(s3, bucket, "run"), reference) <= 1e-6
