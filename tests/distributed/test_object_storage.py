@@ -248,3 +248,19 @@ def test_a_full_bucket_ends_the_run_in_one_line_and_the_resume_continues_from_th
     assert f"resuming from {url}/checkpoints/epoch-000002.pt (epoch 2 done)" in resumed.stdout, resumed.stdout
     reference = torch.load(reference_run(*COMMON, "--epochs", "6") / "model.pt", weights_only=True)
     assert max_abs_diff(_model(s3, bucket, "run"), reference) <= 1e-6
+
+
+def test_check_probes_a_bucket_run_folder_from_every_rank_and_leaves_no_local_folder(s3_server, tmp_path):
+    s3, bucket = s3_server, s3_server.bucket("checked")
+    env = _env(s3, tmp_path)
+    proc = run_ddpkit("check", "--nproc", "2", "--run-dir", f"s3://{bucket}/run", env=env, cwd=tmp_path, check=False)
+    row = [line for line in proc.stdout.splitlines() if "run directory" in line]
+    assert row and "OK" in row[0] and f"s3://{bucket}/run: every rank reached the bucket" in row[0], proc.stdout
+    assert not s3.keys(bucket) and not (tmp_path / "s3:").exists()  # the test objects are gone, no folder 's3:'
+    proc = run_ddpkit(
+        "check", "--nproc", "2", "--run-dir", "s3://no-such-bucket/run", env=env, cwd=tmp_path, check=False
+    )
+    row = [line for line in proc.stdout.splitlines() if "run directory" in line]
+    assert proc.returncode != 0 and row and "FAIL" in row[0] and "no such bucket 'no-such-bucket'" in row[0], (
+        proc.stdout
+    )
