@@ -164,11 +164,13 @@ def _nodes(nnodes: Any) -> int:
         return 1
 
 
-def _json(path: Path) -> Any:
+def _json(path: Path) -> dict[str, Any] | None:
+    """The file's object; None when it is missing, damaged or not an object (a crafted folder)."""
     try:
-        return json.loads(path.read_text())
+        found = json.loads(path.read_text())
     except (OSError, ValueError):
         return None
+    return found if isinstance(found, dict) else None
 
 
 def _records(path: Path) -> list[dict[str, Any]]:
