@@ -15,9 +15,10 @@ import time
 from datetime import timedelta
 from pathlib import Path
 
+import torch
 import torch.distributed as dist
 
-from conftest import REPO, assert_state_close, load_model
+from conftest import OWN_LOOP, OWN_LOOP_EPOCHS, REPO, assert_state_close, load_model
 
 WINE = ("--seed", "5", "--save-every", "2", "--epochs", "6", "--quiet")  # as test_local_attacks' reference
 RDZV_ID = "token-test"
@@ -91,3 +92,49 @@ def test_a_job_token_keeps_out_every_node_and_client_without_it(tmp_path, refere
     assert not any(token in text for text in [*outputs, *refused])
     leaked = [p for p in run_dir.rglob("*") if p.is_file() and token.encode() in p.read_bytes()]
     assert leaked == []
+
+
+def _pod(rank: int, port: int, out: Path, **env: str) -> subprocess.Popen:
+    """One pod of a PyTorchJob (or one srun task): a worker that reads its rank from the environment
+    and whose rank 0 serves the workers' TCPStore on MASTER_ADDR:MASTER_PORT."""
+    full = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
+    full = {k: v for k, v in full.items() if not k.startswith("DDPKIT_JOB_TOKEN")}
+    full.update(PYTHONPATH=str(REPO / "src"), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), WORLD_SIZE="2")
+    full.update(RANK=str(rank), **env)
+    cmd = [sys.executable, OWN_LOOP, "--epochs", OWN_LOOP_EPOCHS, "--out", str(out)]
+    return subprocess.Popen(cmd, env=full, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def test_the_workers_store_of_rank_0_serves_only_workers_with_the_token(tmp_path, own_loop_launched):
+    """No agent, no rendezvous: the workers' store alone (SLURM's tasks, a PyTorchJob's pods). A raw
+    client reads only sealed names and values; a worker without the token that claims rank 1
+    before the real one is never part of the job; the job ends at `ddpkit launch`'s model."""
+    token, port = "pod-" + os.urandom(16).hex(), _free_port()
+    rank0 = _pod(0, port, tmp_path / "pod0", DDPKIT_JOB_TOKEN=token)
+    impostor = rank1 = None
+    try:
+        # counted as one of the 2 workers rank 0's store waits for: then rank 0 forms its process group
+        store = dist.TCPStore("127.0.0.1", port, 2, False, timedelta(seconds=60))
+        deadline = time.monotonic() + 60
+        while not store.list_keys():  # until rank 0 has published its gloo address
+            assert time.monotonic() < deadline and rank0.poll() is None, "rank 0 published nothing"
+            time.sleep(0.2)
+        names = store.list_keys()
+        values = [store.get(n) for n in names]
+        impostor = _pod(1, port, tmp_path / "impostor")
+        time.sleep(3)  # it connects, writes its own address and waits
+        rank1 = _pod(1, port, tmp_path / "pod1", DDPKIT_JOB_TOKEN=token)
+        outputs = [p.communicate(timeout=120)[0] for p in (rank0, rank1)]
+        impostor_output = impostor.communicate(timeout=60)[0]  # it fails once the job's store is gone
+    finally:
+        for p in (rank0, rank1, impostor):
+            if p is not None and p.poll() is None:
+                p.kill()
+                p.communicate()
+    assert (rank0.returncode, rank1.returncode) == (0, 0), outputs
+    assert impostor.returncode != 0 and "Connection was likely closed" in impostor_output, impostor_output
+    assert names and all(n.startswith("ddpkit-sealed/") for n in names), names
+    assert not any(b"127.0.0.1" in v for v in values)
+    final = torch.load(tmp_path / "pod0" / "final.pt", weights_only=True)["model"]
+    assert_state_close(final, own_loop_launched[1]["model"], rtol=1e-6, atol=1e-7)
+    assert not any(token in text for text in outputs)

@@ -75,4 +75,15 @@ class MetricsLog:
 
 
 def read_metrics(run_dir: str | os.PathLike) -> list[dict[str, Any]]:
-    return [json.loads(line) for line in jsonl_path(run_dir).read_text().splitlines() if line.strip()]
+    """The run's records (metrics.jsonl) for a reader such as `ddpkit plot`: a line that is not a
+    JSON object with a numeric epoch (a crafted or damaged file, a line cut short by a kill) is
+    not a record and is left out."""
+    records = []
+    for line in jsonl_path(run_dir).read_text(errors="replace").splitlines():
+        try:
+            record = json.loads(line) if line.strip() else None
+        except ValueError:
+            continue
+        if isinstance(record, dict) and isinstance(record.get("epoch"), (int, float)):
+            records.append(record)
+    return records

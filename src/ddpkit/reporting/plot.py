@@ -136,9 +136,10 @@ def run_label(run_dir: str | os.PathLike) -> str:
     world = None
     for name, key in (("summary.json", "world_size"), ("config.json", "nproc")):
         try:
-            world = json.loads((run_dir / name).read_text()).get(key)
+            found = json.loads((run_dir / name).read_text())
         except (OSError, ValueError):
             continue
+        world = found.get(key) if isinstance(found, dict) else None  # a crafted file: no label from it
         if world:
             break
     name = run_dir.resolve().name

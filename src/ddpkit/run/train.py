@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import sys
 import tempfile
 import time
 import uuid
@@ -19,7 +20,7 @@ from ..launchers.elastic import run_elastic
 from ..launchers.plan import describe, make_launch_plan, resolve_nproc
 from ..launchers.report import RESUME_TRAIN
 from ..parallel.spec import check
-from ..reporting.run_state import record_failure, stopped_by
+from ..reporting.run_state import end_killed_run, record_failure, stopped_by
 from ..reporting.sinks import end_abandoned_trackers
 from ..reporting.sinks.base import FAILED, STOPPED
 from ..runtime import default_threads, resolve_device_type
@@ -80,6 +81,7 @@ def train(
     with staged(cfg) as cfg, init_from_fetched(cfg) as cfg:  # a bucket: checked now, before any worker starts
         new = _missing_folders(cfg.run_dir)
         cfg = prepare_local_run(cfg)
+        _end_killed_attempt(cfg)
         in_process = nproc == 1 and not cfg.multi_node and not cfg.rdzv_endpoint and cfg.max_restarts == 0
         with failure_recorded(cfg.run_dir, made=new):
             if in_process:
@@ -132,6 +134,15 @@ def _ended_by_signal(cfg: RunConfig, summary: dict[str, Any], world_size: int) -
     if isinstance(saved, int) and saved == summary.get("steps_done"):  # the stop's own checkpoint was written
         raise Interrupted(signum, f"stopped by {name}{_after_signal(cfg, signum, saved)}", saved)
     raise Interrupted(signum, f"stopped by {name}{_nothing_saved(cfg, signum)}")
+
+
+def _end_killed_attempt(cfg: RunConfig) -> None:
+    """A resume of a run killed without a word: the tracker runs it left running are marked KILLED
+    first (with one line), as `ddpkit runs` does; the resume then continues them."""
+    if cfg.resume or cfg.auto_resume:
+        said = end_killed_run(cfg.run_dir)
+        if said:
+            print(f"ddpkit: {said}; this resume continues it", file=sys.stderr, flush=True)
 
 
 def _print_dry_run(cfg: RunConfig, plan: Any, backend: str, nproc: int, device_type: str) -> None:

@@ -137,7 +137,8 @@ def shared_machine_traps(proc: Path = Path("/proc")) -> list[str]:
         f"other users run processes on this machine (uid {shown}): a one-node job's rendezvous and store are "
         "private files, but the connections between its workers (gloo, NCCL), and across nodes the c10d store, "
         "have no authentication in torch: anyone who reaches them can disturb the job; run jobs where the "
-        "machine's users and the network are trusted (README, Security)"
+        "machine's users and the network are trusted, and across nodes give every node a job token "
+        "(DDPKIT_JOB_TOKEN_FILE: it seals the stores, not gloo's or NCCL's connections; docs/security.md)"
     ]
 
 

@@ -7,12 +7,13 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 from pathlib import Path
 from typing import Any
 
 from ..checkpoint.headers import newest_checked
 from ..errors import DdpkitError
-from ..reporting.run_state import FAILED_FILE, run_state
+from ..reporting.run_state import FAILED_FILE, end_killed_run, run_state
 from ..reporting.summary import top_loss
 from ..storage.copy import local_run
 from ..storage.location import is_url
@@ -42,7 +43,12 @@ def main_runs(folder: str, as_json: bool) -> int:
                 run["checkpoint"] = folder.rstrip("/") + run["checkpoint"][len(str(local)) :]
             runs = [run]
     else:
-        runs = [describe_run(p) for p in run_dirs(folder)]
+        found = run_dirs(folder)
+        for path in found:  # a run killed without a word: its tracker runs end here (one line each)
+            said = end_killed_run(path)
+            if said:
+                print(f"ddpkit: {said}", file=sys.stderr, flush=True)
+        runs = [describe_run(p) for p in found]
     if as_json:
         print(json.dumps(runs, indent=2))
     elif not runs:
@@ -158,11 +164,13 @@ def _nodes(nnodes: Any) -> int:
         return 1
 
 
-def _json(path: Path) -> Any:
+def _json(path: Path) -> dict[str, Any] | None:
+    """The file's object; None when it is missing, damaged or not an object (a crafted folder)."""
     try:
-        return json.loads(path.read_text())
+        found = json.loads(path.read_text())
     except (OSError, ValueError):
         return None
+    return found if isinstance(found, dict) else None
 
 
 def _records(path: Path) -> list[dict[str, Any]]:

@@ -90,3 +90,15 @@ def test_the_token_file_is_made_private_and_refused_when_others_may_read_it(tmp_
         job_token()
     monkeypatch.setenv("DDPKIT_JOB_TOKEN", "  ")
     assert job_token() is None
+
+
+def test_the_plan_names_where_the_token_comes_from_and_a_static_rendezvous_is_refused_with_one():
+    from conftest import run_ddpkit
+
+    env = {"DDPKIT_JOB_TOKEN": "a" * 20}
+    plan = run_ddpkit("train", "--dry-run", "--nnodes", "2", "--rdzv-endpoint", "10.0.0.1:29400", env=env)
+    assert "job token          from DDPKIT_JOB_TOKEN\n" in plan.stdout and "a" * 20 not in plan.stdout
+    static = run_ddpkit(
+        "train", "--dry-run", "--nnodes", "2", "--master-addr", "10.0.0.1", "--node-rank", "1", env=env, check=False
+    )
+    assert static.returncode == 2 and "use --rdzv-endpoint HOST:PORT on every node" in static.stderr, static.stderr
