@@ -8,7 +8,7 @@ from typing import Any
 
 from ..errors import DdpkitError
 from .settings import TRAINING, Section, choice, positive, setting
-from .values import parse_task_arg
+from .values import parse_batch_size, parse_task_arg
 
 BACKENDS = ("auto", "gloo", "nccl")
 DEVICES = ("auto", "cpu", "cuda")
@@ -32,10 +32,13 @@ class Training(Section):
         factory=dict,
     )
     epochs: int = setting(100, "epochs to train")
-    batch_size: int = setting(
+    batch_size: int | str = setting(
         32,
         "batch size PER PROCESS, as in the guide; the global batch is nproc x this (with --global-batch-size: "
-        "the largest micro-batch)",
+        "the largest micro-batch); auto: the largest the memory plan fits, confirmed by one measured step "
+        "(kept on --resume)",
+        type=parse_batch_size,
+        metavar="N|auto",
     )
     global_batch_size: int | None = setting(
         None,
@@ -115,7 +118,8 @@ class Training(Section):
                 f"{type(self.task_args).__name__}"
             )
         positive("--epochs", self.epochs)
-        positive("--batch-size", self.batch_size)
+        if self.batch_size != "auto":
+            positive("--batch-size", self.batch_size)
         if self.global_batch_size is not None:
             positive("--global-batch-size", self.global_batch_size)
         positive("--eval-every", self.eval_every)
