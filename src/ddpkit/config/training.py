@@ -18,6 +18,7 @@ DATA_PLACEMENTS = ("auto", "on", "off")  # --data-on-device (data/placement.py)
 
 SEED_LIMIT = 2**31  # seed + 1 + rank (and verify's seed + 7919) stays below NumPy's 2**32
 
+
 @dataclass(frozen=True)
 class Training(Section):
     """What to train, for how long, at which batch size and learning rate, on which device."""
