@@ -16,6 +16,9 @@ LR_SCHEDULES = ("constant", "linear", "cosine", "wsd")
 DATA_PLACEMENTS = ("auto", "on", "off")  # --data-on-device (data/placement.py)
 
 
+SEED_LIMIT = 2**31  # seed + 1 + rank (and verify's seed + 7919) stays below NumPy's 2**32
+
+
 @dataclass(frozen=True)
 class Training(Section):
     """What to train, for how long, at which batch size and learning rate, on which device."""
@@ -141,6 +144,9 @@ class Training(Section):
             )
         if self.lr is not None and not self.lr > 0:
             raise DdpkitError(f"--lr must be positive, got {self.lr}")
+        if not isinstance(self.seed, int) or not 0 <= self.seed < SEED_LIMIT:
+            # NumPy takes seeds below 2**32 only, and each rank's streams are seeded from seed + 1 + rank
+            raise DdpkitError(f"--seed must be an integer from 0 to {SEED_LIMIT - 1}, got {self.seed!r}")
         if self.num_workers < 0:
             raise DdpkitError(f"--num-workers must be 0 or more, got {self.num_workers}")
         choice("--data-on-device", self.data_on_device, DATA_PLACEMENTS)
