@@ -127,3 +127,17 @@ def apply_plan(model: nn.Module, resolved: dict[str, str], tp_mesh: Any) -> None
     styles = {"colwise": ColwiseParallel, "rowwise": RowwiseParallel}
     plan = {name: styles[style]() for name, style in resolved.items() if style in styles}
     parallelize_module(model, tp_mesh, plan)
+
+
+def split_model(model: nn.Module, plan: dict[str, str] | None, tp_mesh: Any) -> None:
+    """The task's plan (or the model's own) resolved, checked and applied over `tp_mesh`: what a
+    strategy calls before it shards or replicates the model over the data-parallel ranks."""
+    from .materialize import on_meta
+
+    if on_meta(model):
+        raise DdpkitError(
+            "--tp: a model built on the meta device cannot be split yet; build it on the CPU, or drop --tp"
+        )
+    resolved = resolve_plan(model, plan_of(model, plan))
+    check_plan(model, resolved, tp_mesh.size())
+    apply_plan(model, resolved, tp_mesh)

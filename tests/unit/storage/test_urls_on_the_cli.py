@@ -111,3 +111,22 @@ def test_a_one_node_skypilot_task_runs_train_on_the_bucket_url(tmp_path):
     assert proc.returncode == 0 and "warning" not in proc.stderr, proc.stderr
     assert "ddpkit train --run-dir s3://ckpt/x --auto-resume" in proc.stdout, proc.stdout
     assert "in-the-environment-never-in-the-yaml" not in proc.stdout and "AWS_" not in proc.stdout
+
+
+@pytest.mark.parametrize("command", ["train", "launch"])
+def test_a_log_dir_url_is_refused_rather_than_turned_into_a_local_folder(command, tmp_path):
+    (tmp_path / "script.py").write_text("print('ran')\n")
+    args = ["--nproc", "2", "--log-dir", "s3://ckpt/logs"] + (
+        ["script.py"] if command == "launch" else ["--epochs", "1"]
+    )
+    proc = subprocess.run(
+        [sys.executable, "-m", "ddpkit", command, *args],
+        cwd=tmp_path,
+        env=_env(tmp_path),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    out = (proc.stdout + proc.stderr).strip()
+    assert proc.returncode == 2 and len(out.splitlines()) == 1 and "--log-dir s3://ckpt/logs: " in out, out
+    assert not (tmp_path / "s3:").exists() and "ran" not in out
