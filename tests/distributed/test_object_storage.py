@@ -80,6 +80,9 @@ def test_fsdp_run_in_a_bucket_resumes_from_the_newest_committed_checkpoint_and_e
     from safetensors.torch import load_file
 
     assert max_abs_diff(load_file(str(tmp_path / "exported" / "model.safetensors")), reference) <= 1e-6
+    (listed,) = json.loads(run_ddpkit("runs", url, "--json", env=_env(s3, tmp_path)).stdout)
+    assert listed["path"] == url and listed["run"] == "fsdp" and listed["world_size"] == 2, listed
+    assert listed["resumable"] and listed["checkpoint"] == f"{url}/checkpoints/epoch-000006", listed
     run_ddpkit("plot", url, "--out", str(tmp_path / "curves.png"), env=_env(s3, tmp_path))
     assert (tmp_path / "curves.png").stat().st_size > 1000
     init = run_ddpkit(

@@ -14,6 +14,8 @@ from ..checkpoint.headers import newest_checked
 from ..errors import DdpkitError
 from ..reporting.run_state import FAILED_FILE, run_state
 from ..reporting.summary import top_loss
+from ..storage.copy import local_run
+from ..storage.location import is_url
 
 WIDTH = 112  # the table fits a terminal this wide; long run and task names are shortened
 COLUMNS = (
@@ -33,7 +35,14 @@ RUN_FILES = ("config.json", "summary.json", "metrics.jsonl", FAILED_FILE, "check
 
 
 def main_runs(folder: str, as_json: bool) -> int:
-    runs = [describe_run(p) for p in run_dirs(folder)]
+    if is_url(folder):  # one run in a bucket: its files and newest committed checkpoint, downloaded
+        with local_run(folder, checkpoint=True) as local:
+            run = {**describe_run(local), "run": folder.rstrip("/").rsplit("/", 1)[-1], "path": folder}
+            if run["checkpoint"]:  # its place in the bucket, not in the download
+                run["checkpoint"] = folder.rstrip("/") + run["checkpoint"][len(str(local)) :]
+            runs = [run]
+    else:
+        runs = [describe_run(p) for p in run_dirs(folder)]
     if as_json:
         print(json.dumps(runs, indent=2))
     elif not runs:
