@@ -12,6 +12,10 @@
 PY ?= python3
 VENV ?= .venv
 TORCH_SPEC ?= torch==2.13.0
+# the S3 chain pinned for the tests: s3fs's aiobotocore accepts a narrow botocore, moto takes any
+# boto3, and pip left free walks back through hundreds of boto3 releases (a fresh install did not
+# resolve in 8 minutes; pinned, 30 s). The package's own s3 extra stays a range.
+TEST_PINS ?= boto3==1.43.117 botocore==1.43.117 aiobotocore==3.10.0 s3fs==2026.9.0 fsspec==2026.9.0
 PYTEST_ARGS ?=
 ARGS ?=
 BIN = $(VENV)/bin
@@ -38,7 +42,7 @@ $(CORE_STAMP): pyproject.toml Makefile
 	touch $(CORE_STAMP)
 
 $(TEST_STAMP): $(CORE_STAMP)
-	$(PIP) -e ".[$(TEST_EXTRAS)]" "$(TORCH_SPEC)"
+	$(PIP) -e ".[$(TEST_EXTRAS)]" "$(TORCH_SPEC)" $(TEST_PINS)
 	touch $(TEST_STAMP)
 
 $(SKY_STAMP): Makefile

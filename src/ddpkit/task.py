@@ -85,6 +85,11 @@ class Task:
     tokens_per_sample: int | None = None
     """The tokens one sample holds, for tokens/s (0: none). None: the length of a sample's first
     integer tensor of one dimension (token ids), if it has one."""
+    tp_plan: dict[str, str] | None = None
+    """--tp N: which modules to split, `{module-name pattern: style}` (`*` matches one name part,
+    e.g. `"blocks.*.attn.q"`), styles `colwise`, `rowwise`, `sequence_parallel` as in Hugging Face's
+    `base_model_tp_plan`. None: the model's own `base_model_tp_plan` (transformers models carry
+    one). See docs/tensor-and-pipeline-parallel.md (strategies/tensor_parallel.py)."""
 
 
 def accuracy_sum(outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:

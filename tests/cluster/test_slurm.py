@@ -73,6 +73,16 @@ def test_generated_script_trains_on_two_nodes_like_one_node(slurm, tmp_path, ref
     assert json.loads((ref / "summary.json").read_text())["grad_sync"] == "gloo"  # the same gradient path
     assert "world size   2 (2 nodes)" in log.read_text()
     assert_state_equal(load_model(run_dir), load_model(ref))
+    # the job token: made private at submit, named (not held) by the script, in no other file or output
+    token_file = run_dir / "job-token"
+    assert token_file.stat().st_mode & 0o777 == 0o600
+    assert (
+        f"token_file={token_file}\n" in script
+        and 'export DDPKIT_JOB_TOKEN_FILE="${DDPKIT_JOB_TOKEN_FILE-$token_file}"' in script
+    )
+    token = token_file.read_text().strip().encode()
+    assert len(token) >= 40 and token not in (proc.stdout + proc.stderr).encode()
+    assert [p for p in run_dir.rglob("*") if p.is_file() and p != token_file and token in p.read_bytes()] == []
 
 
 def test_two_tasks_on_one_node_sum_gradients_in_shared_memory(slurm, tmp_path, reference_run):

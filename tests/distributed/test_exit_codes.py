@@ -2,6 +2,7 @@
 143 after SIGTERM) and with one true line: a TERM in its first seconds, a backend or device that
 needs a GPU on a machine without one, --debug-collectives (torch's check of every collective)."""
 
+import json
 import os
 import signal
 import subprocess
@@ -122,3 +123,53 @@ def test_debug_collectives_is_in_force_in_every_worker_and_ddp_runs_under_it(tmp
     )  # fmt: skip
     assert [Path(f"{out}.{rank}").read_text() for rank in (0, 1)] == ["DebugLevel.DETAIL"] * 2
     assert (tmp_path / "run" / "model.pt").exists()
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.parametrize("where", ["one-worker pod", "one local process"])
+def test_a_one_worker_run_stopped_by_its_signal_saves_and_exits_by_the_signal_convention(tmp_path, where):
+    """A PyTorchJob of one worker: the operator sets RANK and WORLD_SIZE=1 and the pod runs
+    `ddpkit train` itself, as that one worker. Evicted (SIGTERM), it saves and must exit 143, not 0:
+    Kubernetes would record a success for a run that did not finish, and never start it again.
+    `ddpkit train --nproc 1` (trained in the command's own process) ends on Ctrl-C as a launch of
+    several local workers does: 130, and the same line saying what was saved."""
+    run = tmp_path / "run"
+    base = {k: v for k, v in os.environ.items() if k not in ("LOCAL_RANK", "PET_NPROC_PER_NODE")}
+    pod = {"RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port())}
+    sig, flags, env = (signal.SIGTERM, [], pod) if where == "one-worker pod" else (signal.SIGINT, ["--nproc", "1"], {})
+    args = ["train", *flags, "--epochs", "500", "--save-every", "0", "--save-on-signal", "INT,TERM"]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "ddpkit", *args, "--run-dir", str(run)],
+        env={**base, "PYTHONPATH": str(REPO / "src"), **env},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        deadline = time.monotonic() + 120
+        while not ((run / "metrics.jsonl").exists() and (run / "metrics.jsonl").read_text().count("\n") >= 2):
+            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+            time.sleep(0.05)
+        proc.send_signal(sig)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 128 + sig, (proc.returncode, out, err)
+    summary = json.loads((run / "summary.json").read_text())
+    step = summary["steps_done"]
+    assert summary["stopped_early"] and summary["checkpoint_step"] == step, summary
+    assert err.strip().splitlines()[-1] == (
+        f"ddpkit: error: stopped by {sig.name} after saving a checkpoint at step {step}: "
+        f"continue with --resume --run-dir {run}"
+    ), err
+    saved = [p.name for p in (run / "checkpoints").iterdir()]
+    assert len(saved) == 1 and saved[0].endswith(".pt"), saved  # --save-every 0: the stop's own checkpoint
+    assert "Traceback" not in err and not (run / "model.pt").exists(), err

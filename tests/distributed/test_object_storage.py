@@ -173,3 +173,94 @@ def test_an_unusable_bucket_is_one_line_before_any_worker_starts(where, says, s3
     assert proc.returncode == 2 and time.monotonic() - start < 90, out
     assert says in out and "Traceback" not in out and len(out.splitlines()) <= 3, out
     assert not (tmp_path / "s3:").exists() and not list(tmp_path.glob("ddpkit-stage-*"))
+
+
+OWN_LOOP = str(REPO / "tests" / "distributed" / "scripts" / "own_loop_bucket.py")
+
+
+def test_an_own_loops_save_and_load_take_a_bucket_url_and_commit_by_the_manifest(s3_server, tmp_path):
+    """rt.save / rt.load with s3://: a file and a sharded folder of an FSDP model, each committed
+    by its manifest last, load back equal (into a plain and an FSDP model); no local folder 's3:'.
+    A save whose manifest is gone (killed before its commit) is not loaded: one line."""
+    s3, bucket = s3_server, s3_server.bucket("own")
+    url, out = f"s3://{bucket}/loop", tmp_path / "out"
+    run_ddpkit("launch", "--nproc", "2", OWN_LOOP, url, str(out), env=_env(s3, tmp_path), cwd=tmp_path)
+    keys = set(s3.keys(bucket, "loop/"))
+    assert {"loop/final.pt", f"loop/final.pt{MANIFEST}", f"loop/final-sharded{MANIFEST}"} <= keys, keys
+    assert {"loop/final-sharded/__0_0.distcp", "loop/final-sharded/__1_0.distcp"} <= keys, keys
+    assert not [k for k in keys if ".reports/" in k] and not (tmp_path / "s3:").exists()
+    assert not list(tmp_path.glob("ddpkit-stage-*")), "a staging folder outlived the job"
+    trained = torch.load(out / "trained.pt", weights_only=True)
+    for loaded in ("whole.pt", "sharded.pt"):
+        assert max_abs_diff(torch.load(out / loaded, weights_only=True), trained) == 0, loaded
+    saved = torch.load(io.BytesIO(s3.get(bucket, "loop/final.pt")), weights_only=True)
+    assert max_abs_diff(saved["model"], trained) == 0  # the object is the file a local save writes
+
+    s3.client.delete_object(Bucket=bucket, Key=f"loop/final.pt{MANIFEST}")  # as if killed before the commit
+    script = tmp_path / "loads.py"
+    script.write_text(
+        "import ddpkit, torch\n"
+        "with ddpkit.init(device='cpu') as rt:\n"
+        f"    rt.load('{url}/final.pt', torch.nn.Linear(8, 16))\n"
+    )
+    proc = run_ddpkit("launch", "--nproc", "1", str(script), env=_env(s3, tmp_path), check=False, timeout=120)
+    assert proc.returncode != 0 and f"{url}/final.pt: no committed save of that name" in proc.stderr, proc.stderr
+
+
+def test_export_and_plot_write_their_out_url_to_the_bucket_not_to_a_local_folder(s3_server, tmp_path):
+    s3, bucket = s3_server, s3_server.bucket("outs")
+    env = _env(s3, tmp_path)
+    run_ddpkit("train", "--nproc", "1", "--epochs", "1", "--quiet", "--run-dir", "run", env=env, cwd=tmp_path)
+    out = run_ddpkit("export", "run", "--out", f"s3://{bucket}/export/wine", env=env, cwd=tmp_path).stdout
+    assert f"s3://{bucket}/export/wine" in out and "ddpkit-out-" not in out, out
+    from safetensors.torch import load
+
+    exported = load(s3.get(bucket, "export/wine/model.safetensors"))
+    assert max_abs_diff(exported, torch.load(tmp_path / "run" / "model.pt", weights_only=True)) == 0
+    again = run_ddpkit("export", "run", "--out", f"s3://{bucket}/export/wine", env=env, cwd=tmp_path, check=False)
+    assert again.returncode == 2 and "already holds objects" in again.stderr, again.stderr
+    said = run_ddpkit("plot", "run", "--out", f"s3://{bucket}/curves.png", env=env, cwd=tmp_path).stdout
+    assert said.strip() == f"wrote s3://{bucket}/curves.png" and len(s3.get(bucket, "curves.png")) > 1000
+    assert not (tmp_path / "s3:").exists() and not list(tmp_path.glob("ddpkit-out-*"))
+
+
+def test_a_full_bucket_ends_the_run_in_one_line_and_the_resume_continues_from_the_last_committed(
+    s3_server, reference_run, tmp_path
+):
+    """The store fills up (a MinIO-style 507 XMinioStorageFull for every upload of the second
+    checkpoint): the run ends non-zero in one line naming the URL and the quota, the first
+    checkpoint stays committed, the second never is; freed, --resume continues exactly."""
+    s3, bucket = s3_server, s3_server.bucket("full")
+    url = f"s3://{bucket}/run"
+    s3.on_request = lambda method, path: (
+        method == "PUT" and "checkpoints/epoch-000004" in path and ("507 Insufficient Storage", "XMinioStorageFull")
+    )
+    try:
+        proc = run_ddpkit("train", *COMMON, "--epochs", "6", "--run-dir", url, env=_env(s3, tmp_path), check=False)
+    finally:
+        s3.on_request = None
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("ddpkit: error:")]
+    assert proc.returncode != 0 and "Traceback" not in proc.stderr, proc.stderr
+    assert len(errors) == 1 and url in errors[0] and "full" in errors[0] and "quota" in errors[0], proc.stderr
+    keys = s3.keys(bucket, "run/checkpoints/")
+    assert f"run/checkpoints/epoch-000002.pt{MANIFEST}" in keys and not [k for k in keys if "epoch-000004" in k], keys
+    resumed = run_ddpkit("train", *COMMON[:-1], "--epochs", "6", "--resume", "--run-dir", url, env=_env(s3, tmp_path))
+    assert f"resuming from {url}/checkpoints/epoch-000002.pt (epoch 2 done)" in resumed.stdout, resumed.stdout
+    reference = torch.load(reference_run(*COMMON, "--epochs", "6") / "model.pt", weights_only=True)
+    assert max_abs_diff(_model(s3, bucket, "run"), reference) <= 1e-6
+
+
+def test_check_probes_a_bucket_run_folder_from_every_rank_and_leaves_no_local_folder(s3_server, tmp_path):
+    s3, bucket = s3_server, s3_server.bucket("checked")
+    env = _env(s3, tmp_path)
+    proc = run_ddpkit("check", "--nproc", "2", "--run-dir", f"s3://{bucket}/run", env=env, cwd=tmp_path, check=False)
+    row = [line for line in proc.stdout.splitlines() if "run directory" in line]
+    assert row and "OK" in row[0] and f"s3://{bucket}/run: every rank reached the bucket" in row[0], proc.stdout
+    assert not s3.keys(bucket) and not (tmp_path / "s3:").exists()  # the test objects are gone, no folder 's3:'
+    proc = run_ddpkit(
+        "check", "--nproc", "2", "--run-dir", "s3://no-such-bucket/run", env=env, cwd=tmp_path, check=False
+    )
+    row = [line for line in proc.stdout.splitlines() if "run directory" in line]
+    assert proc.returncode != 0 and row and "FAIL" in row[0] and "no such bucket 'no-such-bucket'" in row[0], (
+        proc.stdout
+    )

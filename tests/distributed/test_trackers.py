@@ -315,3 +315,58 @@ def _lines(path):
         return path.read_text().splitlines()
     except OSError:
         return []
+
+
+def _killed_while_training(run: Path, uri: str, *more: str) -> str:
+    """`ddpkit train --tracker mlflow` in one process, SIGKILLed once it has saved a checkpoint
+    and logged: nothing of it can end its MLflow run. The MLflow run's id."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "ddpkit", "train", "--nproc", "1", "--epochs", "1000", "--save-every", "1", "--quiet"]
+        + ["--run-dir", str(run), "--tracker", "mlflow", "--tracker-uri", uri, "--experiment", "ddpkit-kill9", *more],
+        env={**os.environ, **QUIET_CLIENTS, "PYTHONPATH": str(REPO / "src")},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        deadline = time.monotonic() + 120
+        while not (run / "tracker-mlflow.json").exists() or len(_lines(run / "metrics.jsonl")) < 3:
+            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+            time.sleep(0.05)
+    finally:
+        proc.kill()
+        proc.communicate()
+    return json.loads((run / "tracker-mlflow.json").read_text())["run_id"]
+
+
+@pytest.mark.slow
+def test_a_run_killed_without_a_word_has_its_mlflow_run_marked_killed_by_runs_and_by_resume(tmp_path, mlflow_uri):
+    """kill -9 of the launcher leaves the MLflow run RUNNING, as nothing of the run is left to end
+    it; the next `ddpkit runs` of its folder (its rank 0's process gone) marks it KILLED, MLflow's
+    own status, with one line, and says nothing the next time; a --resume does the same before
+    it continues that MLflow run, which then ends FINISHED."""
+    client = mlflow_client.MlflowClient(tracking_uri=mlflow_uri)
+    runs = tmp_path / "runs"
+    run_id = _killed_while_training(runs / "listed", mlflow_uri)
+    assert client.get_run(run_id).info.status == "RUNNING"
+    line = (
+        f"ddpkit: {runs / 'listed'}: killed without a word (its rank 0 is gone); "
+        "its MLflow run, left RUNNING, is marked KILLED"
+    )
+    listed = run_ddpkit("runs", str(runs), env=QUIET_CLIENTS, timeout=120)
+    assert listed.stderr.strip().splitlines() == [line], listed.stderr
+    assert client.get_run(run_id).info.status == "KILLED"
+    again = run_ddpkit("runs", str(runs), env=QUIET_CLIENTS, timeout=120)
+    assert again.stderr.strip() == "" and "listed" in again.stdout, again.stderr
+
+    resumed = runs / "resumed"
+    run_id = _killed_while_training(resumed, mlflow_uri)
+    assert client.get_run(run_id).info.status == "RUNNING"
+    steps = max(json.loads(r).get("step", 0) for r in _lines(resumed / "metrics.jsonl"))
+    proc = run_ddpkit(
+        "train", "--nproc", "1", "--epochs", "1000", "--max-steps", str(steps + 3), "--quiet", "--resume",
+        "--run-dir", str(resumed), "--tracker", "mlflow", "--tracker-uri", mlflow_uri, "--experiment", "ddpkit-kill9",
+        env=QUIET_CLIENTS, timeout=120,
+    )  # fmt: skip
+    assert f"{line.replace('listed', 'resumed')}; this resume continues it" in proc.stderr.splitlines(), proc.stderr
+    assert client.get_run(run_id).info.status == "FINISHED"

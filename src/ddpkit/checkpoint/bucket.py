@@ -59,7 +59,7 @@ def publish(run_dir: Path, checkpoint: Path, faults: Faults) -> None:
     _prune(remote, run_dir, faults)
 
 
-def _owner(file_name: str) -> int:
+def owner(file_name: str) -> int:
     """The rank that wrote a file of a sharded checkpoint: DCP's `__RANK_N.distcp`; the rest
     (.metadata, ddpkit.pt) is rank 0's."""
     m = _SHARD.match(file_name)
@@ -73,7 +73,7 @@ def publish_shards(run_dir: Path, folder: Path, faults: Faults, rank: int, world
     remote = current()
     if remote is None:
         return
-    own = sorted(p for p in folder.iterdir() if p.is_file() and _owner(p.name) == rank)
+    own = sorted(p for p in folder.iterdir() if p.is_file() and owner(p.name) == rank)
     if rank != 0:
         remote.upload_shards(folder, own, rank)
         return

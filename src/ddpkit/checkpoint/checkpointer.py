@@ -100,6 +100,7 @@ class Checkpointer:
         # The newest checkpoint whose weights this run saw finite (at its save, or once resumed
         # from): what the NaN guard may name; None until then.
         self.finite_checkpoint: str | None = None
+        self.saved_step: int | None = None  # the global step of the newest checkpoint this run wrote
 
     def _memory(self, every: int | None) -> MemorySnapshots | None:
         """Snapshots in each node's memory under a restarting agent: DDP's local rank 0 keeps its
@@ -225,6 +226,7 @@ class Checkpointer:
         elif self.rt.is_main:
             self._write_file(header, path, metric)
         self.last_save = time.monotonic()
+        self.saved_step = position.global_step
         self.finite_checkpoint = str(path if self.strategy.checkpoint_kind != "sharded" else path.with_suffix(""))
 
     def _write_file(self, header: Header, path: Path, metric: tuple[str, float] | None) -> None:

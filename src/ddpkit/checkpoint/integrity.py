@@ -23,22 +23,13 @@ from pathlib import Path
 from typing import IO, Any
 
 from ..errors import DdpkitError
+from ..util.checksum import CHUNK, crc32_of
 
-CHUNK = 8 << 20  # bytes read at a time while checking
+__all__ = ["DamagedCheckpoint", "WriteThrough", "crc32_of", "is_torch_zip", "verify_files", "verify_zip"]
 
 
 class DamagedCheckpoint(DdpkitError):
     """A file of a checkpoint is not what was written (bits changed, cut short, or missing)."""
-
-
-def crc32_of(path: str | os.PathLike) -> tuple[int, int]:
-    """(size, CRC-32) of a file, read once."""
-    crc, size = 0, 0
-    with open(path, "rb", buffering=0) as f:
-        while chunk := f.read(CHUNK):
-            crc = zlib.crc32(chunk, crc)
-            size += len(chunk)
-    return size, crc
 
 
 class WriteThrough:

@@ -132,6 +132,23 @@ def started_by_this_launch(run_dir: str | os.PathLike) -> bool:
     return _read(Path(run_dir) / MARK_FILE).get("launch") == launch
 
 
+def rank0_gone(run_dir: str | os.PathLike) -> bool:
+    """Is the world that last trained in `run_dir` known to be over: its rank 0 ran on this host and
+    no process has its pid now? False whenever that cannot be told (no mark, another host, the pid
+    taken by another process since): a live run is never taken for a dead one."""
+    mark = _read(Path(run_dir) / MARK_FILE)
+    pid = mark.get("pid")
+    if mark.get("host") != socket.gethostname() or not isinstance(pid, int) or isinstance(pid, bool) or pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except OSError:
+        pass  # alive, another user's
+    return False
+
+
 def _signature(path: Path) -> tuple[int, ...]:
     st = os.stat(path)
     return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)

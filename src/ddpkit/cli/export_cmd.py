@@ -28,7 +28,10 @@ class ExportOptions:
         "(the weights and the model's config; a transformers model)",
         metavar="safetensors|hf",
     )
-    out: str | None = option(help="the folder to write (must not exist, or be empty)", default_help="RUN_DIR/export")
+    out: str | None = option(
+        help="the folder to write (must not exist, or be empty), or a bucket URL (uploaded when complete)",
+        default_help="RUN_DIR/export",
+    )
     checkpoint: str | None = option(
         help="which weights: a checkpoint's name in RUN_DIR/checkpoints (epoch-000004), model.pt, or a path",
         metavar="NAME",
@@ -41,16 +44,19 @@ class ExportOptions:
 
 def cmd_export(ns: argparse.Namespace) -> int:
     from ..checkpoint.export import export_run
-    from ..storage.copy import local_run
+    from ..storage.copy import local_output, local_run, shown_as
     from ..storage.location import is_url
 
     if is_url(ns.run_dir) and ns.out is None:
-        raise DdpkitError(f"export {ns.run_dir}: a run in a bucket is exported to a local folder: give --out DIR")
+        raise DdpkitError(f"export {ns.run_dir}: a run in a bucket is exported to a place of its own: give --out")
     wanted = ns.checkpoint if ns.checkpoint and ns.checkpoint != "model.pt" else not ns.checkpoint
-    with local_run(ns.run_dir, wanted) as run_dir:
-        export_run(
-            run_dir, ns.format, ns.out, ns.checkpoint, ns.max_shard_size, say=lambda line: print(line, flush=True)
-        )
+    later: list[str] = []  # an --out URL is written locally, then uploaded: what was written is said after
+    say = later.append if is_url(ns.out) else (lambda line: print(line, flush=True))
+    with local_run(ns.run_dir, wanted) as run_dir, local_output(ns.out, must_be_empty=True) as out:
+        shown = shown_as(out, ns.out)
+        export_run(run_dir, ns.format, out, ns.checkpoint, ns.max_shard_size, say=lambda line: say(shown(line)))
+    for line in later:
+        print(line)
     return 0
 
 

@@ -34,16 +34,19 @@ class PlotOptions:
 
 def cmd_plot(ns: argparse.Namespace) -> int:
     from ..reporting.plot import plot_runs
-    from ..storage.copy import local_run
+    from ..storage.copy import local_output, local_run, shown_as
     from ..storage.location import is_url
 
-    if not any(is_url(d) for d in ns.run_dirs):
-        print(f"wrote {plot_runs(ns.run_dirs, ns.out, ns.label, ns.title)}")
-        return 0
-    with contextlib.ExitStack() as stack:  # a run in a bucket: its files downloaded, the picture written here
-        runs = [str(stack.enter_context(local_run(d, checkpoint=False))) for d in ns.run_dirs]
-        labels = ns.label or [str(d).rstrip("/").rsplit("/", 1)[-1] for d in ns.run_dirs]
-        print(f"wrote {plot_runs(runs, ns.out or 'curves.png', labels, ns.title)}")
+    with contextlib.ExitStack() as stack:
+        out = stack.enter_context(local_output(ns.out))  # an --out URL: written here, then uploaded
+        if not any(is_url(d) for d in ns.run_dirs):
+            wrote = plot_runs(ns.run_dirs, out, ns.label, ns.title)
+        else:  # a run in a bucket: its files downloaded, the picture written here
+            runs = [str(stack.enter_context(local_run(d, checkpoint=False))) for d in ns.run_dirs]
+            labels = ns.label or [str(d).rstrip("/").rsplit("/", 1)[-1] for d in ns.run_dirs]
+            wrote = plot_runs(runs, out or "curves.png", labels, ns.title)
+        line = shown_as(out, ns.out)(f"wrote {wrote}")
+    print(line)  # after the upload
     return 0
 
 

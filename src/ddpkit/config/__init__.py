@@ -154,8 +154,28 @@ def _training_across(cfg: RunConfig) -> None:
                 "--global-batch-size sets the accumulation itself (each share in micro-batches of at most "
                 "--batch-size): drop --accumulate"
             )
-        if cfg.nproc is not None and not cfg.multi_node:
+        if cfg.nproc is not None and not cfg.multi_node and cfg.batch_size != "auto":
             cfg.batch_plan(cfg.nproc)  # G smaller than the processes: refused before launch
+    check_batch_auto(cfg)
+
+
+def check_batch_auto(cfg: RunConfig) -> None:
+    """Refuse `--batch-size auto` where no memory plan can size it, in one line, before launch."""
+    if cfg.batch_size != "auto":
+        return
+    if cfg.strategy == "auto":
+        raise DdpkitError(
+            "--batch-size auto with --strategy auto: auto fits the micro-batch you give it; name a strategy "
+            "(--strategy ddp or fsdp) or give --batch-size"
+        )
+    from ..parallel.spec import strategy_spec
+
+    if strategy_spec(cfg.strategy).memory is None:
+        raise DdpkitError(
+            f"--batch-size auto: --strategy {cfg.strategy} has no memory plan to size it; give --batch-size"
+        )
+    if cfg.tp > 1 or cfg.pp > 1:
+        raise DdpkitError("--batch-size auto: the memory plan does not count --tp or --pp; give --batch-size")
 
 
 def _faults_across(cfg: RunConfig) -> None:

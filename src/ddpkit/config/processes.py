@@ -7,6 +7,7 @@ import re
 from dataclasses import dataclass
 
 from ..errors import DdpkitError
+from ..storage.location import is_url
 from .settings import FAULT_HANDLING, PROCESSES, Section, choice, positive, setting
 from .values import parse_nproc
 
@@ -119,6 +120,11 @@ class Processes(Section):
             raise DdpkitError(
                 "--local-ranks-filter must be local ranks separated by commas, e.g. 0,1; "
                 f"got {self.local_ranks_filter!r}"
+            )
+        if is_url(self.log_dir):  # Path() would make s3://b/x a local folder 's3:'
+            raise DdpkitError(
+                f"--log-dir {self.log_dir}: torch's agent writes the workers' log files into a folder of this "
+                "machine: give a local or shared folder (a run stored in a bucket takes --run-dir URL)"
             )
         if not (isinstance(self.monitor_interval, (int, float)) and self.monitor_interval > 0):
             raise DdpkitError(f"--monitor-interval must be a positive number of seconds, got {self.monitor_interval!r}")

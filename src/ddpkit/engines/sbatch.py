@@ -25,6 +25,7 @@ from ..config.launch import time_limit_s
 from ..config.values import parse_memory
 from ..errors import DdpkitError
 from ..util.envvars import REQUEUE_FILE_VAR, SLOW_NODES_FILE_VAR
+from ..util.jobtoken import TOKEN_FILE_NAME, TOKEN_FILE_VAR
 
 _SIGNAL = re.compile(r"^(B:|R:)?(SIG)?[A-Z0-9]+(@\d+)?$")
 _SAFE_NAME = re.compile(r"^[A-Za-z0-9_.\-]+$")
@@ -138,6 +139,11 @@ def render_sbatch(job: SlurmJob, command_line: str = "") -> str:
         'export MASTER_ADDR="$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)"',
         'export MASTER_PORT="$(( 15000 + SLURM_JOB_ID % 20000 ))"',
         f"RUN_DIR={run_dir}" + ("  # each element of the array trains in its own folder" if job.array else ""),
+        "# The job token (written by ddpkit slurm, mode 0600, never in this script): the workers' store",
+        f"# serves only tasks that hold it (docs/security.md). {TOKEN_FILE_VAR} set at submission wins;",
+        "# set empty, the job runs without a token",
+        f"token_file={q(str(Path(job.run_dir or '.') / TOKEN_FILE_NAME))}",
+        f'export {TOKEN_FILE_VAR}="${{{TOKEN_FILE_VAR}-$token_file}}"',
         "",
         f"# One task per {'GPU' if job.gpus_per_node else 'process'}: {job.nodes} node(s) x {job.ntasks_per_node} = "
         f"world size {job.nodes * job.ntasks_per_node}. Each task is one ddpkit worker and reads its",

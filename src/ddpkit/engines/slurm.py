@@ -15,6 +15,7 @@ from ..config.file import FIELDS
 from ..config.launch import LaunchTable
 from ..config.settings import flag_spellings
 from ..errors import DdpkitError
+from ..util.jobtoken import ensure_token_file
 from . import sbatch
 from .job import check_run_dir_shared, job_description, run_dir_of
 
@@ -72,11 +73,7 @@ def slurm_command(
     if opts.dry_run:
         print(text, end="")
         return 0
-    script = Path(opts.script) if opts.script else run_dir / "job.sbatch"
-    run_dir.mkdir(parents=True, exist_ok=True)  # SLURM cannot create the log file's folder
-    script.parent.mkdir(parents=True, exist_ok=True)
-    script.write_text(text)
-    script.chmod(0o755)
+    script = _write_script(Path(opts.script) if opts.script else run_dir / "job.sbatch", text, run_dir)
     if not opts.submit:
         print(f"ddpkit: wrote {script}; submit it with: sbatch {shlex.quote(str(script))}")
         return 0
@@ -88,6 +85,15 @@ def slurm_command(
     code = sbatch.wait(job_id, timeout=opts.wait_timeout, report=lambda m: print(m, flush=True))
     print(f"ddpkit: job {job_id} ended with exit status {code}; log: {log}", flush=True)
     return code
+
+
+def _write_script(script: Path, text: str, run_dir: Path) -> Path:
+    run_dir.mkdir(parents=True, exist_ok=True)  # SLURM cannot create the log file's folder
+    ensure_token_file(run_dir)  # the script names it; a job written again keeps its token
+    script.parent.mkdir(parents=True, exist_ok=True)
+    script.write_text(text)
+    script.chmod(0o755)
+    return script
 
 
 def check_placeable(job: sbatch.SlurmJob, dry_run: bool) -> None:

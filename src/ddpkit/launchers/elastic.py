@@ -7,12 +7,14 @@ private folder (0700: c10d's FileStore backend for the rendezvous, a FileStore p
 the workers, runtime/store.py), so no other local user can read or rewrite them: torch's
 TCPStore has no authentication and loopback is open to every user, and the rendezvous state
 it would hold is pickled (rewriting it ran code in the agent). Across nodes the rendezvous is a
-TCPStore on the endpoint's address: a network the job trusts (README, Security).
+TCPStore on the endpoint's address, sealed with the job token when one is set (sealed_rdzv.py);
+without one, a network the job trusts (README, Security).
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import os
 import shutil
@@ -29,6 +31,7 @@ from ..config.processes import DEFAULT_TIMEOUT_S
 from ..errors import DdpkitError, Interrupted
 from ..training.signals import stopped_note
 from ..util.envvars import AGENT_PID_VAR, AGENT_START_VAR, ERROR_DIR_VAR, SNAPSHOT_DIR_VAR, STORE_FILE_VAR
+from . import sealed_rdzv
 from .joined import NEVER_JOINED, JoinWatch
 from .report import FROM_START, RestartLine, job_failure, rendezvous_message, restarts_announced
 from .scope import scoped_environ, signal_handlers_kept, whole_line_tail
@@ -180,8 +183,8 @@ def _launch(
     from torch.distributed.launcher.api import elastic_launch
 
     config, endpoint, rdzv_store = _launch_config(plan, scratch, agent_options)  # the store lives until we return
-    if plan.start_method == "fork" and callable(entrypoint) and plan.nproc_per_node > 1:
-        import_before_fork()
+    if plan.start_method == "fork" and callable(entrypoint):
+        entrypoint = prepared_to_fork(entrypoint, plan.nproc_per_node)
     # a script's workers (ddpkit train's join before any task code runs): did any join a process group?
     watch = JoinWatch().start() if isinstance(entrypoint, str) and plan.nproc_per_node * plan.max_nodes > 1 else None
     stacks = StackCollector(hang_dir, errors, started).start() if hang_dir is not None else None
@@ -250,6 +253,11 @@ def _launch_config(plan: LaunchPlan, scratch: Path, agent_options: dict[str, Any
         endpoint, rdzv_store = _host_rendezvous_store(plan.rdzv_endpoint, plan.timeout)
         if rdzv_store is None:  # another launcher on this host bound it first: join its store, as torchrun does
             rdzv_configs["is_host"] = False
+        else:
+            sealed_rdzv.mark_store(rdzv_store, plan.rdzv_id)
+    backend = plan.rdzv_backend
+    if plan.rdzv_backend == "c10d" and not plan.local:  # across nodes: sealed with the job token, when one is set
+        backend = sealed_rdzv.register()
     if plan.rdzv_backend == "static":
         rdzv_configs["rank"] = plan.node_rank
     agent = _agent_config(agent_options or {})
@@ -259,7 +267,7 @@ def _launch_config(plan: LaunchPlan, scratch: Path, agent_options: dict[str, Any
         max_nodes=plan.max_nodes,
         nproc_per_node=plan.nproc_per_node,
         run_id=plan.rdzv_id,
-        rdzv_backend=plan.rdzv_backend,
+        rdzv_backend=backend,
         rdzv_endpoint=endpoint,
         rdzv_configs=rdzv_configs,
         rdzv_timeout=int(plan.timeout),
@@ -357,6 +365,32 @@ def start_method_for(requested: str, device_type: str, clean_parent: bool) -> st
     if requested != "auto":
         return requested
     return "fork" if clean_parent and device_type == "cpu" and sys.platform == "linux" else "spawn"
+
+
+def prepared_to_fork(fn: Callable[..., Any], nproc: int) -> Callable[..., Any]:
+    """`fn` as forked workers run it, with what they share imported once beforehand."""
+    if nproc > 1:
+        import_before_fork()
+    return with_new_process_signals(fn)
+
+
+def with_new_process_signals(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """`fn` run in a forked worker with the signal handlers a new process has (what a spawned worker
+    gets): torch's agent sets handlers that raise its SignalException before it starts the
+    workers, and a forked worker inherits them. Its SIGTERM from the agent (another rank failed)
+    then raised wherever the worker was, a weakref callback's 'Exception ignored in' traceback on
+    the user's terminal included. SIGTERM ends a worker; Ctrl-C raises KeyboardInterrupt."""
+
+    @functools.wraps(fn)
+    def entry(*args: Any) -> Any:
+        for name in ("SIGTERM", "SIGHUP", "SIGQUIT"):
+            sig = getattr(signal, name, None)
+            if sig is not None:
+                signal.signal(sig, signal.SIG_DFL)
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        return fn(*args)
+
+    return entry
 
 
 def import_before_fork() -> None:

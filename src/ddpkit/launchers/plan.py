@@ -14,6 +14,7 @@ from ..config import RunConfig
 from ..environments import network
 from ..errors import DdpkitError
 from ..runtime.devices import check_gpu_count, cuda_device_count
+from ..util.jobtoken import has_job_token, token_source
 from .elastic import LaunchPlan, start_method_for
 
 DEFAULT_MASTER_PORT = 29500
@@ -37,6 +38,11 @@ def make_launch_plan(cfg: RunConfig, nproc: int, device_type: str, clean_parent:
         local_ranks_filter=cfg.local_ranks_filter,
     )
     plan = _make_plan(cfg, common, lo, hi)
+    if plan.rdzv_backend == "static" and has_job_token():
+        raise DdpkitError(
+            "a job token seals a c10d rendezvous: with --master-addr (static) the agents' store is not sealed; "
+            "use --rdzv-endpoint HOST:PORT on every node"
+        )
     for key, value in cfg.rdzv_settings().items():  # --rdzv-conf: the user's c10d settings win
         plan.rdzv_configs[key] = (
             value.lower() in ("1", "true", "yes") if key == "is_host" else (int(value) if value.isdigit() else value)
@@ -163,6 +169,8 @@ def describe(plan: LaunchPlan, backend: str, device_type: str) -> str:
         f"  threads/process    {plan.threads_per_process}",
         f"  start method       {plan.start_method}, max restarts {plan.max_restarts}",
     ]
+    if not plan.local:
+        lines.append(f"  job token          {token_source() or 'none: the stores serve anyone who reaches them'}")
     if plan.tee != "0" or plan.redirects != "0" or plan.log_dir:
         shown = f" (local ranks {plan.local_ranks_filter})" if plan.local_ranks_filter else ""
         lines.append(

@@ -25,6 +25,7 @@ from ..errors import DdpkitError
 from ..parallel.dims import ParallelDims
 from ..runtime import Collectives, Runtime
 from ..runtime.group import RankView
+from ..storage.location import is_url
 from ..strategies import Strategy, StrategyConfig, check, strategy_for
 from ..util.envvars import TIMEOUT_VAR
 
@@ -142,10 +143,17 @@ class Session(RankView):
         into place once complete; loads at any world size. Refused with a clear error: weights
         on the meta device, an optimizer over other parameters, NaN/inf weights, and a folder
         another world saved into since this one first did (two jobs, or a split elastic job:
-        the newest owns it, as `ddpkit train`'s run directory, checkpoint/world_mark.py)."""
+        the newest owns it, as `ddpkit train`'s run directory, checkpoint/world_mark.py).
+        A bucket URL (s3://BUCKET/PREFIX/NAME, ddpkit[s3]): written locally, then committed with
+        a manifest last (ownloop/bucket.py); a sharded one on one node only."""
         whole.check_savable(model)  # refusals first: a refused save marks no folder
         if optimizer is not None:
             whole.check_optimizer_of(model, optimizer)
+        if is_url(path):  # s3://BUCKET/PREFIX/NAME: staged, then committed by a manifest written last
+            from .bucket import save_to_url
+
+            save_to_url(self, str(path), model, optimizer, sharded, extra)
+            return
         self._check_owner(path)
         if sharded:
             from ..checkpoint.sharded import save_state_dir
@@ -174,7 +182,12 @@ class Session(RankView):
 
     def load(self, path: str, model: nn.Module, optimizer: Any = None) -> dict[str, Any]:
         """Load what save() wrote (either kind) into model/optimizer on every rank, whatever
-        wraps them now (a whole file into an FSDP model, shards into a DDP one); returns the extras."""
+        wraps them now (a whole file into an FSDP model, shards into a DDP one); returns the extras.
+        A bucket URL: the committed save of that name, downloaded and checked against its manifest."""
+        if is_url(path):
+            from .bucket import load_from_url
+
+            return load_from_url(self, str(path), model, optimizer)
         if whole.saved_kind(path) == "sharded":
             from ..checkpoint.sharded import load_state_dir
 

@@ -79,6 +79,7 @@ def check(
     spec = _named(config.name, own_loop)
     check_degrees(world_size, config.tp, config.pp, local_world_size)
     _check_pipeline(config)
+    _check_tp(config)
     _check_replicate(config, spec, None if world_size is None else config.dp_world(world_size))
     if not spec.ddp_knobs:
         ddp_only = _ddp_only(config, own_loop)
@@ -102,6 +103,23 @@ def check(
         rule(config, world_size, own_loop)
     if mesh_shape is not None:
         _check_mesh(mesh_shape, None if world_size is None else config.dp_world(world_size))
+
+
+def _check_tp(config: StrategyConfig) -> None:
+    """--tp N > 1 is built with FSDP over the data-parallel ranks (a (dp_shard, tp) mesh) only."""
+    tp = config.tp
+    if tp == 1:
+        return
+    if config.name in ("ddp", "auto"):
+        raise DdpkitError(
+            f"--tp {tp} with --strategy {config.name}: torch's DDP cannot replicate a model whose Linears are split "
+            f"over the tp ranks (DTensor parameters); use --strategy fsdp --tp {tp}"
+        )
+    if config.name == "hsdp" or (config.replicate or 1) > 1:
+        raise DdpkitError(
+            f"--tp {tp} with HSDP (--strategy hsdp or --replicate R) is not built yet; use --strategy fsdp --tp {tp} "
+            "without --replicate"
+        )
 
 
 def _check_pipeline(config: StrategyConfig) -> None:

@@ -11,6 +11,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
+from ..util.textfile import read_own_text
 from .sinks import MetricSink, ResumePoint, SinkSettings, wanted_sinks
 from .sinks.base import FAILED, FINISHED, jsonl_path
 
@@ -60,7 +61,7 @@ class MetricsLog:
 
     def close_after_failure(self, ending: str = FAILED) -> None:
         """close(ending) on the way out of a failed run. When another rank failed too, torch's
-        agent stops this worker with SIGTERM (a SignalException) meanwhile, which would cut a
+        agent stops this worker with SIGTERM (which ends it at once) meanwhile, which would cut a
         tracker's last calls short and leave its run RUNNING: a SIGTERM is ignored until the sinks
         are closed (a tracker's wait is bounded; the agent kills the worker 30 s after its SIGTERM)."""
         if not self.sinks or threading.current_thread() is not threading.main_thread():
@@ -75,4 +76,15 @@ class MetricsLog:
 
 
 def read_metrics(run_dir: str | os.PathLike) -> list[dict[str, Any]]:
-    return [json.loads(line) for line in jsonl_path(run_dir).read_text().splitlines() if line.strip()]
+    """The run's records (metrics.jsonl) for a reader such as `ddpkit plot`: a line that is not a
+    JSON object with a numeric epoch (a crafted or damaged file, a line cut short by a kill) is
+    not a record and is left out."""
+    records = []
+    for line in read_own_text(jsonl_path(run_dir)).splitlines():
+        try:
+            record = json.loads(line) if line.strip() else None
+        except ValueError:
+            continue
+        if isinstance(record, dict) and isinstance(record.get("epoch"), (int, float)):
+            records.append(record)
+    return records

@@ -12,12 +12,13 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ..checkpoint.world_mark import started_by_this_launch
+from ..checkpoint.world_mark import rank0_gone, started_by_this_launch
 from ..errors import DdpkitError, RunDirTaken
-from ..util.textfile import write_text_atomic
+from ..util.textfile import read_own_text, write_text_atomic
 
 FAILED_FILE = "failed.json"
 STATES = ("finished", "stopped", "interrupted", "failed", "running?")
+TRACKER_NAMES = {"mlflow": "MLflow", "wandb": "W&B"}
 
 
 def stopped_by(error: BaseException) -> str | None:
@@ -81,6 +82,25 @@ def run_state(run_dir: str | os.PathLike) -> dict[str, Any]:
     return {"state": "running?"}
 
 
+def end_killed_run(run_dir: str | os.PathLike) -> str | None:
+    """A run killed without a word (SIGKILL of its launcher, the kernel's OOM killer) could end
+    none of the tracker runs it started, and MLflow would show it RUNNING forever. Once nothing
+    recorded its end and its rank 0 is known to be gone (world_mark.rank0_gone: its host, its
+    pid), the tracker runs it left running are marked KILLED, MLflow's status for a run stopped
+    before its end. The line that says so, or None when there was nothing to mark."""
+    if run_state(run_dir)["state"] != "running?" or not rank0_gone(run_dir):
+        return None
+    from .sinks import end_abandoned_trackers
+    from .sinks.base import STOPPED
+
+    marked = end_abandoned_trackers(run_dir, STOPPED, running_only=True)
+    if not marked:
+        return None
+    names = " and ".join(TRACKER_NAMES.get(name, name) for name in marked)
+    many = "runs" if len(marked) > 1 else "run"
+    return f"{run_dir}: killed without a word (its rank 0 is gone); its {names} {many}, left RUNNING, is marked KILLED"
+
+
 def _mtime(path: Path) -> float:
     try:
         return path.stat().st_mtime
@@ -90,6 +110,6 @@ def _mtime(path: Path) -> float:
 
 def _read(path: Path) -> Any:
     try:
-        return json.loads(path.read_text())
+        return json.loads(read_own_text(path))
     except (OSError, ValueError):
         return None

@@ -5,12 +5,14 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import sys
 import tempfile
 import time
 import uuid
 from pathlib import Path
 from typing import Any, Iterator
 
+from ..checkpoint.run_dir import refuse_linked_files
 from ..checkpoint.world_mark import started_by_this_launch
 from ..config import RunConfig
 from ..environments import DistEnv
@@ -19,12 +21,13 @@ from ..launchers.elastic import run_elastic
 from ..launchers.plan import describe, make_launch_plan, resolve_nproc
 from ..launchers.report import RESUME_TRAIN
 from ..parallel.spec import check
-from ..reporting.run_state import record_failure, stopped_by
+from ..reporting.run_state import end_killed_run, record_failure, stopped_by
 from ..reporting.sinks import end_abandoned_trackers
 from ..reporting.sinks.base import FAILED, STOPPED
 from ..runtime import default_threads, resolve_device_type
 from ..runtime.devices import workers_backend
 from ..storage.location import is_url
+from ..training.signals import ENDING_SIGNALS
 from ..util.envvars import LAUNCH_ID_VAR, LAUNCH_TIME_VAR
 from .staging import init_from_fetched, staged
 
@@ -51,6 +54,11 @@ def train(
     otherwise ddpkit starts this node's workers itself. With dry_run, print the launch plan
     and start nothing. (`_clean_parent`: the caller, the CLI, guarantees this process has run
     no torch op, so workers may be forked from it.)
+
+    A run that Ctrl-C or a TERM named in `save_on_signal` stopped raises `ddpkit.errors.Interrupted`
+    once the stop's checkpoint is written (its `saved_step`), at any nproc, one process included,
+    as a scheduler expects of a run that did not finish; another signal of `save_on_signal` (a
+    requeue's USR1) returns the summary, whose `stopped_early` is true.
     """
     cfg = (config or RunConfig()).replace(**overrides) if overrides else (config or RunConfig())
     os.environ[LAUNCH_ID_VAR] = uuid.uuid4().hex  # the run directory's mark names this launch once it starts
@@ -74,10 +82,11 @@ def train(
     with staged(cfg) as cfg, init_from_fetched(cfg) as cfg:  # a bucket: checked now, before any worker starts
         new = _missing_folders(cfg.run_dir)
         cfg = prepare_local_run(cfg)
+        _end_killed_attempt(cfg)
         in_process = nproc == 1 and not cfg.multi_node and not cfg.rdzv_endpoint and cfg.max_restarts == 0
         with failure_recorded(cfg.run_dir, made=new):
             if in_process:
-                return train_worker(cfg.as_dict())
+                return _ended_by_signal(cfg, train_worker(cfg.as_dict()), 1)
             hang_dir = Path(cfg.run_dir) / "hang"
             try:
                 results = run_elastic(
@@ -107,7 +116,34 @@ def _train_as_worker(cfg: RunConfig, env: DistEnv, dry_run: bool) -> dict[str, A
     if job and not cfg.run_dir:
         cfg = cfg.replace(run_dir=f"runs/{_task_slug(cfg.task)}-job{job}")
     with failure_recorded(cfg.run_dir if env.is_main else None):
-        return train_worker(cfg.as_dict())
+        summary = train_worker(cfg.as_dict())
+    return _ended_by_signal(cfg, summary, env.world_size)
+
+
+def _ended_by_signal(cfg: RunConfig, summary: dict[str, Any], world_size: int) -> dict[str, Any]:
+    """The summary of a run of one worker, in this process; an Interrupted (exit 128 + N, as a
+    launch of several workers ends) when a TERM or Ctrl-C stopped it: a scheduler or Kubernetes
+    must not record a success for a run that did not finish (a one-worker PyTorchJob's pod, evicted,
+    would count as done and never start again). With several workers under an outside launcher
+    (srun, torchrun, a PyTorchJob's pods) each returns as before: its launcher decides the job's
+    status, and a task that left first would get the others killed before rank 0's summary."""
+    name = summary.get("stop_signal") if isinstance(summary, dict) and summary.get("stopped_early") else None
+    if world_size != 1 or name not in ENDING_SIGNALS:
+        return summary
+    signum = signal.Signals[name]
+    saved = summary.get("checkpoint_step")
+    if isinstance(saved, int) and saved == summary.get("steps_done"):  # the stop's own checkpoint was written
+        raise Interrupted(signum, f"stopped by {name}{_after_signal(cfg, signum, saved)}", saved)
+    raise Interrupted(signum, f"stopped by {name}{_nothing_saved(cfg, signum)}")
+
+
+def _end_killed_attempt(cfg: RunConfig) -> None:
+    """A resume of a run killed without a word: the tracker runs it left running are marked KILLED
+    first (with one line), as `ddpkit runs` does; the resume then continues them."""
+    if cfg.resume or cfg.auto_resume:
+        said = end_killed_run(cfg.run_dir)
+        if said:
+            print(f"ddpkit: {said}; this resume continues it", file=sys.stderr, flush=True)
 
 
 def _print_dry_run(cfg: RunConfig, plan: Any, backend: str, nproc: int, device_type: str) -> None:
@@ -136,6 +172,12 @@ def _after_signal(cfg: RunConfig, signum: int, saved_step: int | None = None) ->
         steps = (state.get("summary") or {}).get("steps_done")
         at = f" at step {steps}" if steps is not None else ""
         return f" after saving a checkpoint{at}: continue with --resume --run-dir {run_dir}"
+    return _nothing_saved(cfg, signum)
+
+
+def _nothing_saved(cfg: RunConfig, signum: int) -> str:
+    """What a run stopped by a signal before its stop's checkpoint was written can continue from."""
+    run_dir = Path(cfg.run_dir or ".")
     checkpoints = run_dir / "checkpoints"
     name = signal.Signals(signum).name.removeprefix("SIG")
     covered = name in {n.strip().upper().removeprefix("SIG") for n in cfg.save_on_signal.split(",")}
@@ -216,6 +258,7 @@ def prepare_local_run(cfg: RunConfig) -> RunConfig:
             )
     elif (run_dir / "checkpoints").exists() or (run_dir / "model.pt").exists():
         raise DdpkitError(f"{run_dir} already holds a run: pass --resume to continue it, or choose another --run-dir")
+    refuse_linked_files(run_dir)
     try:
         run_dir.mkdir(parents=True, exist_ok=True)
         # a probe of our own: every node of a multi-node job runs this on the same folder at once

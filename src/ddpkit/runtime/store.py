@@ -17,6 +17,7 @@ import torch.distributed as dist
 
 from ..errors import DdpkitError
 from ..util.envvars import RESTART_COUNT_VAR, STORE_FILE_VAR
+from .sealed import sealed_if_token
 
 
 def make_store(env: Any, timeout: float) -> dist.Store:
@@ -24,7 +25,8 @@ def make_store(env: Any, timeout: float) -> dist.Store:
     node: a FileStore in its private folder. Otherwise rank 0 serves a TCPStore on the master
     address only (torch's default listens on every interface); under torch's elastic agent
     with a shared store (static rendezvous), every rank is a client of the agent's store,
-    as torchrun does."""
+    as torchrun does. With a job token (util/jobtoken.py) every TCPStore is seen sealed: other
+    clients of its port can neither read nor forge the keys the process group forms from."""
     wait = timedelta(seconds=timeout)
     private = os.environ.get(STORE_FILE_VAR)
     if private and env.nnodes == 1:
@@ -32,11 +34,12 @@ def make_store(env: Any, timeout: float) -> dist.Store:
     if os.environ.get("TORCHELASTIC_USE_AGENT_STORE", "").lower() == "true":
         store = dist.TCPStore(env.master_addr, env.master_port, env.world_size, False, wait)
         prefix = f"/worker/attempt_{os.environ.get(RESTART_COUNT_VAR, '0')}"  # the agent's own, string as torch sets it
-        return dist.PrefixStore(prefix, store)
+        return sealed_if_token(dist.PrefixStore(prefix, store))
     if env.rank != 0:
-        return dist.TCPStore(env.master_addr, env.master_port, env.world_size, False, wait)
+        return sealed_if_token(dist.TCPStore(env.master_addr, env.master_port, env.world_size, False, wait))
     fd = bound_listener(env.master_addr, env.master_port).detach()  # the store owns the socket now
-    return dist.TCPStore(env.master_addr, env.master_port, env.world_size, True, wait, master_listen_fd=fd)
+    server = dist.TCPStore(env.master_addr, env.master_port, env.world_size, True, wait, master_listen_fd=fd)
+    return sealed_if_token(server)
 
 
 def private_store(base: str, world_size: int, wait: timedelta) -> dist.Store:

@@ -16,6 +16,8 @@ from typing import Iterator
 from ..errors import DdpkitError
 from .location import ATTEMPTS, Remote
 
+# how stores say they are full: MinIO's XMinioStorageFull (507), Ceph's QuotaExceeded (403)
+_FULL = ("quota", "storagefull", "insufficient storage")
 _UNREACHABLE = ("EndpointConnectionError", "ConnectTimeoutError", "ConnectionClosedError", "ClientConnectorError")
 
 
@@ -37,6 +39,8 @@ def why(remote: Remote, e: BaseException, doing: str) -> str:
         )
     if "bucket does not exist" in lower or "nosuchbucket" in lower:
         return f"{remote.url}: no such bucket '{remote.bucket}'{where}; create it, or fix the URL"
+    if getattr(e, "errno", None) == errno.ENOSPC or any(w in lower for w in _FULL):  # before 403: Ceph's quota is one
+        return f"{remote.url}: the bucket is full (its quota) while {doing}: {text}; free space or raise the quota"
     if isinstance(e, PermissionError) or "access denied" in lower or "forbidden" in lower or "403" in lower:
         return (
             f"{remote.url}: access denied while {doing}{where}; check the credentials the backend finds "
@@ -47,8 +51,6 @@ def why(remote: Remote, e: BaseException, doing: str) -> str:
             f"{remote.url}: the object store kept throttling ddpkit while {doing} ({ATTEMPTS} attempts with "
             "backoff); save less often (--save-every-steps) or raise the bucket's request limit"
         )
-    if getattr(e, "errno", None) == errno.ENOSPC or "quota" in lower or "insufficient storage" in lower:
-        return f"{remote.url}: the bucket is full (its quota) while {doing}: {text}; free space or raise the quota"
     return f"{remote.url}: the object store failed while {doing}: {type(e).__name__}: {text}"
 
 

@@ -17,10 +17,10 @@ import re
 import shutil
 import time
 import uuid
-import zlib
 from pathlib import Path, PurePosixPath
 from typing import Any, Callable, Iterable
 
+from ..util.checksum import crc32_of
 from .errors import StoreError, explained
 from .location import Remote, filesystem
 
@@ -28,17 +28,6 @@ CKPT = "checkpoints"
 MANIFEST_SUFFIX = ".manifest.json"
 REPORTS_SUFFIX = ".reports"  # checkpoints/NAME.reports/RANK.json: a rank's shards are up (sharded saves)
 FORMAT = "ddpkit-remote-checkpoint"
-_CHUNK = 8 << 20
-
-
-def crc32_of(path: Path) -> tuple[int, int]:
-    """(size, CRC-32) of a file, read once (the checksum ddpkit's checkpoints carry, integrity.py)."""
-    crc, size = 0, 0
-    with open(path, "rb", buffering=0) as f:
-        while chunk := f.read(_CHUNK):
-            crc = zlib.crc32(chunk, crc)
-            size += len(chunk)
-    return size, crc
 
 
 def order(name: str) -> tuple[int, ...]:
@@ -78,11 +67,13 @@ def _checked_objects(objects: Any, what: str) -> dict[str, list[int]]:
 
 
 class RemoteRun:
-    """One run folder in a bucket (`remote`), read and written through fsspec."""
+    """One run folder in a bucket (`remote`), read and written through fsspec; its checkpoints
+    under `folder` (a run's checkpoints/; "" for an own loop's saves beside each other)."""
 
-    def __init__(self, remote: Remote, fs: Any = None) -> None:
+    def __init__(self, remote: Remote, fs: Any = None, folder: str = CKPT) -> None:
         self.remote = remote
         self.fs = fs if fs is not None else filesystem(remote)
+        self.folder = folder
 
     @property
     def url(self) -> str:
@@ -112,7 +103,7 @@ class RemoteRun:
         """The names of the committed checkpoints (their manifest is there), newest first."""
         with explained(self.remote, "listing the checkpoints"):
             try:
-                entries = self.fs.ls(self.key(CKPT), detail=False, refresh=True)
+                entries = self.fs.ls(self.key(self.folder), detail=False, refresh=True)
             except FileNotFoundError:
                 return []
         names = [PurePosixPath(e).name for e in entries]
@@ -120,14 +111,14 @@ class RemoteRun:
         return sorted(found, key=order, reverse=True)
 
     def _report_key(self, name: str, rank: int) -> str:
-        return self.key(CKPT, name + REPORTS_SUFFIX, f"{rank}.json")
+        return self.key(self.folder, name + REPORTS_SUFFIX, f"{rank}.json")
 
     def uncommit(self, name: str) -> None:
         """Before `name` is saved again: its manifest and the ranks' reports go first, so no reader
         trusts a mix of the old and the new objects."""
         with explained(self.remote, f"preparing {name}"):
             self.fs.invalidate_cache()  # a listing cached earlier in this process may predate that manifest
-            for key in (self.key(CKPT, name + MANIFEST_SUFFIX), self.key(CKPT, name + REPORTS_SUFFIX)):
+            for key in (self.key(self.folder, name + MANIFEST_SUFFIX), self.key(self.folder, name + REPORTS_SUFFIX)):
                 if self.fs.exists(key):
                     self.fs.rm(key, recursive=True)
 
@@ -137,7 +128,7 @@ class RemoteRun:
         name, sums = folder.name, {}
         with explained(self.remote, f"uploading {name}"):
             for path in files:
-                self.fs.put_file(str(path), self.key(CKPT, name, path.name))
+                self.fs.put_file(str(path), self.key(self.folder, name, path.name))
                 sums[path.name] = list(crc32_of(path))
             if rank != 0:
                 self.fs.pipe(self._report_key(name, rank), json.dumps(sums).encode())
@@ -160,7 +151,7 @@ class RemoteRun:
                 waiting.discard(rank)
             if waiting and time.monotonic() > deadline:
                 raise StoreError(
-                    f"{self.remote.url_of(self.key(CKPT, name))}: ranks {sorted(waiting)} did not report their "
+                    f"{self.remote.url_of(self.key(self.folder, name))}: ranks {sorted(waiting)} did not report their "
                     f"upload within {timeout_s:.0f} s; the checkpoint is not committed (the previous one stands)"
                 )
             if waiting:
@@ -168,13 +159,13 @@ class RemoteRun:
                 pause = min(pause * 2, 0.5)
         self._write_manifest(name, True, objects)
         with explained(self.remote, f"tidying {name}"):
-            self.fs.rm(self.key(CKPT, name + REPORTS_SUFFIX), recursive=True)
-        return self.remote.url_of(self.key(CKPT, name))
+            self.fs.rm(self.key(self.folder, name + REPORTS_SUFFIX), recursive=True)
+        return self.remote.url_of(self.key(self.folder, name))
 
     def _write_manifest(self, name: str, folder: bool, objects: dict[str, list[int]]) -> None:
         body = {"format": FORMAT, "name": name, "folder": folder, "objects": objects}
         with explained(self.remote, f"committing {name}"):
-            self.fs.pipe(self.key(CKPT, name + MANIFEST_SUFFIX), json.dumps(body, indent=1).encode())
+            self.fs.pipe(self.key(self.folder, name + MANIFEST_SUFFIX), json.dumps(body, indent=1).encode())
 
     def commit(self, local: Path, side: Iterable[tuple[Path, str]] = ()) -> str:
         """Upload the checkpoint `local` (a file, or a folder of shards) object by object, its
@@ -182,17 +173,17 @@ class RemoteRun:
         name = local.name
         files = sorted(p for p in local.rglob("*") if p.is_file()) if local.is_dir() else [local]
         objects: dict[str, list[int]] = {}
-        manifest = self.key(CKPT, name + MANIFEST_SUFFIX)
+        manifest = self.key(self.folder, name + MANIFEST_SUFFIX)
         with explained(self.remote, f"uploading {name}"):
             if self.fs.exists(manifest):  # the same name saved again: it stops existing before it changes
                 self.fs.rm(manifest)
             for path in files:
                 rel = path.relative_to(local).as_posix() if local.is_dir() else ""
-                self.fs.put_file(str(path), self.key(CKPT, name, rel) if rel else self.key(CKPT, name))
+                self.fs.put_file(str(path), self.key(self.folder, name, rel) if rel else self.key(self.folder, name))
                 objects[rel or name] = list(crc32_of(path))
         self._write_manifest(name, local.is_dir(), objects)
         self.put_files(side)
-        return self.remote.url_of(self.key(CKPT, name))
+        return self.remote.url_of(self.key(self.folder, name))
 
     def put_files(self, files: Iterable[tuple[Path, str]]) -> None:
         for path, key in files:
@@ -203,8 +194,8 @@ class RemoteRun:
     def delete(self, name: str) -> None:
         """A committed checkpoint: its manifest first (it stops existing), then its objects."""
         with explained(self.remote, f"deleting {name}"):
-            self.fs.rm(self.key(CKPT, name + MANIFEST_SUFFIX))
-            target = self.key(CKPT, name)
+            self.fs.rm(self.key(self.folder, name + MANIFEST_SUFFIX))
+            target = self.key(self.folder, name)
             if self.fs.exists(target):
                 self.fs.rm(target, recursive=True)
 
@@ -214,7 +205,7 @@ class RemoteRun:
         keep = set(self.committed())
         with explained(self.remote, "listing the checkpoints"):
             try:
-                entries = self.fs.ls(self.key(CKPT), detail=False, refresh=True)
+                entries = self.fs.ls(self.key(self.folder), detail=False, refresh=True)
             except FileNotFoundError:
                 return []
             gone = []
@@ -229,27 +220,29 @@ class RemoteRun:
     def manifest(self, name: str) -> dict[str, Any]:
         """A checkpoint's manifest, checked (plain JSON: a crafted one names data, never code)."""
         with explained(self.remote, f"reading the manifest of {name}"):
-            raw = self.fs.cat_file(self.key(CKPT, name + MANIFEST_SUFFIX))
+            raw = self.fs.cat_file(self.key(self.folder, name + MANIFEST_SUFFIX))
         try:
             body = json.loads(raw)
             if not isinstance(body, dict) or body.get("format") != FORMAT:
                 raise ValueError("not a ddpkit manifest")
         except (ValueError, TypeError) as e:
-            raise StoreError(f"{self.remote.url_of(self.key(CKPT, name))}: its manifest is unreadable: {e}") from None
-        _checked_objects(body.get("objects"), f"the manifest of {self.remote.url_of(self.key(CKPT, name))}")
+            raise StoreError(
+                f"{self.remote.url_of(self.key(self.folder, name))}: its manifest is unreadable: {e}"
+            ) from None
+        _checked_objects(body.get("objects"), f"the manifest of {self.remote.url_of(self.key(self.folder, name))}")
         return body
 
     def fetch(self, name: str, folder: Path) -> Path:
         """Download the committed checkpoint `name` into `folder` (its checkpoints/ folder) and
         check every object against its manifest; a damaged one raises, leaving nothing."""
         body = self.manifest(name)
-        url = self.remote.url_of(self.key(CKPT, name))
+        url = self.remote.url_of(self.key(self.folder, name))
         tmp = folder / f".{name}.download"
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
         try:
             for rel, (size, crc) in sorted(body["objects"].items()):
-                key = self.key(CKPT, name, rel) if body.get("folder") else self.key(CKPT, name)
+                key = self.key(self.folder, name, rel) if body.get("folder") else self.key(self.folder, name)
                 dest = tmp / rel if body.get("folder") else tmp / name
                 dest.parent.mkdir(parents=True, exist_ok=True)
                 with explained(self.remote, f"downloading {name}"):

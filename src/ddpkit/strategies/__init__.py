@@ -45,6 +45,7 @@ def make_strategy(cfg: RunConfig, rt: Runtime, task: Task) -> Strategy:
     check(config, rt.world_size, local_world_size=rt.env.local_world_size)
     _not_built_yet(config)
     strategy = strategy_for(config, rt, blocks=task.fsdp_blocks, checkpoint_blocks=task.checkpoint_blocks)
+    strategy.tp_plan = task.tp_plan
     init_from = cfg.init_from or task.init_from
     strategy.init = ModelInit(task.init_weights, str(init_from) if init_from else None, cfg.seed)
     note = strategy_spec(config.name).note
@@ -59,7 +60,7 @@ def make_strategy(cfg: RunConfig, rt: Runtime, task: Task) -> Strategy:
 
 def _not_built_yet(config: StrategyConfig) -> None:
     """The mesh's dims whose strategy this build lacks: refused, never silently trained without."""
-    for flag, n in (("--tp", config.tp), ("--pp", config.pp)):
+    for flag, n in (("--pp", config.pp),):
         if n > 1:
             raise DdpkitError(f"{flag} {n}: this ddpkit cannot split the model that way yet; drop {flag}")
 
@@ -70,7 +71,8 @@ def strategy_for(config: StrategyConfig, rt: Runtime, *, blocks: Any = None, che
     default, one replica per node: strategy_config.fsdp_mesh, hsdp_mesh).
     Activation checkpointing recomputes `checkpoint_blocks(model)`, else the blocks FSDP would shard."""
     spec = strategy_spec(config.name)
-    mesh = spec.layout(config, rt.world_size, rt.env.nnodes, rt.env.local_world_size) if spec.layout else None
+    dp = config.dp_world(rt.world_size)  # the layout is the data-parallel ranks' (tp splits within each)
+    mesh = spec.layout(config, dp, rt.env.nnodes, rt.env.local_world_size) if spec.layout else None
     return spec.factory()(rt, config, blocks=blocks, checkpoint_blocks=checkpoint_blocks or blocks, mesh_shape=mesh)
 
 

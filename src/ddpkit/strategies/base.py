@@ -46,6 +46,7 @@ class Strategy:
     name = "base"
     eval_lockstep = False  # must every rank call forward as often as the others in evaluation?
     checkpoint_kind = "file"  # "file": rank 0 writes one file; "sharded": every rank writes its shards
+    tp_plan: dict[str, str] | None = None  # the task's tensor-parallel plan (tensor_parallel.py), under --tp
 
     def __init__(
         self, rt: Runtime, config: StrategyConfig | None = None, *, checkpoint_blocks: BlocksHook | None = None

@@ -16,7 +16,11 @@ rank 0's end of run) is within FIT_FRACTION of the device wins:
 
 The order is a stated assumption, not a measurement: a run that is faster otherwise can name
 its strategy. Without an activation estimate (no batch size) only the strategies are compared.
-When nothing fits, the smallest peak is chosen and the line says to expect out-of-memory.
+When nothing fits, the line says to expect out-of-memory and names the least: the candidate
+whose own part of the peak (all but the fixed cost) is smallest, the smallest peak among equals.
+The fixed cost (torch, the modules, the data) is what no setting and no added process removes;
+compared whole, FSDP's few MiB of imports (measured, noisy) could name DDP the least on a model
+whose state FSDP quarters, and more processes, the advice, would not help DDP.
 """
 
 from __future__ import annotations
@@ -106,7 +110,7 @@ def choose(
                 if c.fits:
                     return _said(c, tried[0] if tried else None, plan, batch)
                 tried.append(c)
-    least = min(tried, key=lambda c: c.peak.total)
+    least = min(tried, key=lambda c: (c.peak.total - c.peak.fixed, c.peak.total))
     return _said(least, None, plan, batch)
 
 

@@ -36,9 +36,11 @@ from ..parallel.spec import StrategyConfig, check
 from ..runtime import Runtime
 from .base import Strategy
 from .blocks import BlocksHook, default_blocks  # noqa: F401  (default_blocks: re-exported, where it was)
+from .grad_norm import clip_global_norm_
 from .local_step import step_on_local_shards
 from .materialize import fill, on_meta
 from .optimizers import OptimizerSpec, make_optimizer, rebuild_optimizer
+from .tensor_parallel import split_model
 
 
 class FsdpStrategy(Strategy):
@@ -68,7 +70,9 @@ class FsdpStrategy(Strategy):
             check(self.config, rt.world_size, mesh_shape=mesh_shape)
         self.mesh_shape = mesh_shape or (1, rt.world_size)
         self.blocks = blocks or default_blocks
-        self._mesh: DeviceMesh | None = None
+        self._mesh: DeviceMesh | None = None  # what fully_shard shards over (the dp_shard sub-mesh under --tp)
+        self._tp_mesh: DeviceMesh | None = None
+        self.tp = rt.dims.tp
         # each sharded model's parameter names by the id of its unsharded parameters: what an
         # optimizer built before sharding holds (setup_optimizer rebuilds it over the shards)
         self._unsharded_names: weakref.WeakKeyDictionary[nn.Module, dict[int, str]] = weakref.WeakKeyDictionary()
@@ -77,7 +81,10 @@ class FsdpStrategy(Strategy):
         """1-D over every rank without replicas; else 2-D, named, which fully_shard takes as HSDP."""
         if self._mesh is None:
             replicate, shard = self.mesh_shape
-            if replicate == 1:
+            if self.tp > 1:  # (dp_shard, tp): tp innermost, consecutive ranks (parallel/dims.py)
+                mesh = init_device_mesh(self.rt.device.type, (shard, self.tp), mesh_dim_names=("dp_shard", "tp"))
+                self._mesh, self._tp_mesh = mesh["dp_shard"], mesh["tp"]
+            elif replicate == 1:
                 self._mesh = init_device_mesh(self.rt.device.type, (shard,))
             else:
                 self._mesh = init_device_mesh(
@@ -103,6 +110,8 @@ class FsdpStrategy(Strategy):
             raise DdpkitError(
                 "the task's fsdp_blocks(model) must return submodules of the model (not the model itself)"
             )
+        if self.tp > 1:  # the Linears split over the tp ranks first, then their shards sharded over dp
+            split_model(model, self.tp_plan, self._tp_mesh)
         self.checkpoint_activations(model)
         for block in blocks:
             fully_shard(block, mesh=mesh, mp_policy=mp)
@@ -124,6 +133,13 @@ class FsdpStrategy(Strategy):
             spec.state.clear()
             spec = rebuilt
         return step_on_local_shards(make_optimizer(spec, model, lr))
+
+    def clip_grad_norm_(self, model: nn.Module, max_norm: float) -> torch.Tensor:
+        """Under --tp the parameters live on two meshes (split Linears on (dp_shard, tp), the rest
+        on dp_shard), which torch's clip_grad_norm_ cannot stack: grad_norm.py's global norm."""
+        if self.tp == 1:
+            return super().clip_grad_norm_(model, max_norm)
+        return clip_global_norm_(model.parameters(), max_norm, self.rt.world_size)
 
     def autocast(self) -> ContextManager[Any]:
         return contextlib.nullcontext()  # MixedPrecisionPolicy casts inside the units
@@ -166,7 +182,7 @@ class FsdpStrategy(Strategy):
         """(this rank's shard index, the number of shards): which part of every parameter it
         holds. The mesh is (replicate, shard) over the ranks in order, so the index is the rank
         modulo the shards (HSDP's default: a node's local rank)."""
-        shards = self.mesh_shape[1]
+        shards = self.mesh_shape[1] * self.tp  # under --tp every rank holds a different piece
         return self.rt.rank % shards, shards
 
     def local_shards(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:

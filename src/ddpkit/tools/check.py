@@ -31,6 +31,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
+from ..storage.location import is_url
 from .check_report import format_check, judge
 
 PAIR_LIMIT = 16  # nodes: above this, node pairs are not measured one by one (n^2 groups)
@@ -136,7 +137,8 @@ def shared_machine_traps(proc: Path = Path("/proc")) -> list[str]:
         f"other users run processes on this machine (uid {shown}): a one-node job's rendezvous and store are "
         "private files, but the connections between its workers (gloo, NCCL), and across nodes the c10d store, "
         "have no authentication in torch: anyone who reaches them can disturb the job; run jobs where the "
-        "machine's users and the network are trusted (README, Security)"
+        "machine's users and the network are trusted, and across nodes give every node a job token "
+        "(DDPKIT_JOB_TOKEN_FILE: it seals the stores, not gloo's or NCCL's connections; docs/security.md)"
     ]
 
 
@@ -169,8 +171,10 @@ def check_worker(spec: dict[str, Any]) -> dict[str, Any]:
         }
     digest = share(store, f"{key}/digest", rank, digest)
     nodes, same = digest["nodes"], digest["same"]
+    url = spec["run_dir"] if is_url(spec["run_dir"]) else None  # a bucket: each rank checks it answers
     run_dir = Path(spec["run_dir"])
-    dirs = gather(store, f"{key}/dir", rank, world, run_dir_probe(run_dir, key, rank, world, store))
+    probe = bucket_probe(url, key, rank, world, store) if url else run_dir_probe(run_dir, key, rank, world, store)
+    dirs = gather(store, f"{key}/dir", rank, world, probe)
     barrier(store, f"{key}/clock", rank, world)
     clocks = gather(store, f"{key}/clocks", rank, world, {"time": time.time()})
     ports = port_probe(store, key, rank, world, nodes, env.master_addr)
@@ -184,13 +188,14 @@ def check_worker(spec: dict[str, Any]) -> dict[str, Any]:
             "clocks": clocks,
             "ports": ports,
             "allreduce": allreduce,
-            "run_dir_path": str(run_dir.resolve()),
+            "run_dir_path": url or str(run_dir.resolve()),
         }
         rows, ok = judge(report)
         report.update(rows=rows, ok=ok)
     ok = share(store, f"{key}/verdict", rank, report.get("ok"))  # rank 0's verdict is every rank's
     leave(store, f"{key}/left", rank, world)
-    shutil.rmtree(run_dir / f".ddpkit-check-{key}", ignore_errors=True)  # every rank: its node may see another folder
+    if url is None:
+        shutil.rmtree(run_dir / f".ddpkit-check-{key}", ignore_errors=True)  # every rank: its node may see another
     del torch
     return report if rank == 0 else {"ok": ok, "rank": rank}
 
@@ -274,6 +279,25 @@ def run_dir_probe(run_dir: Path, key: str, rank: int, world: int, store: Any) ->
     barrier(store, f"{key}/dir-written", rank, world)
     seen = sorted(int(p.name.split("-")[1]) for p in folder.glob("rank-*")) if folder.is_dir() else []
     return {"error": error, "sees": seen}
+
+
+def bucket_probe(url: str, key: str, rank: int, world: int, store: Any) -> dict[str, Any]:
+    """A run folder in a bucket: this rank reaches the store, finds the bucket and writes (and
+    deletes) a test object, as `ddpkit train` checks before its workers start. A bucket is one
+    place for every rank that reaches it."""
+    from ..errors import DdpkitError
+    from ..storage.location import Remote, parse
+    from ..storage.remote import RemoteRun
+
+    try:
+        where = parse(url)
+        assert isinstance(where, Remote)
+        RemoteRun(where).preflight()
+        error = None
+    except DdpkitError as e:
+        error = str(e)
+    barrier(store, f"{key}/dir-written", rank, world)
+    return {"error": error, "sees": list(range(world)) if error is None else []}
 
 
 def port_probe(store: Any, key: str, rank: int, world: int, nodes: list[int], master_addr: str) -> list[dict[str, Any]]:

@@ -56,7 +56,11 @@ def run_directory(report: dict[str, Any]) -> list[Row]:
     errors = [f"rank {r}: {d['error']}" for r, d in enumerate(dirs) if d.get("error")]
     blind = [r for r, d in enumerate(dirs) if len(d["sees"]) < len(facts)]
     if not errors and not blind:
+        if "://" in path:
+            return [("run directory", "OK", f"{path}: every rank reached the bucket and wrote a test object there")]
         return [("run directory", "OK", f"{path}: every rank wrote a file there and read every other rank's")]
+    if "://" in path:
+        return [("run directory", "FAIL", "; ".join(errors))]
     groups: dict[tuple[int, ...], list[int]] = {}
     for r, d in enumerate(dirs):
         groups.setdefault(tuple(d["sees"]), []).append(r)

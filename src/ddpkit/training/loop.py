@@ -316,6 +316,7 @@ class Run:
             | {
                 "grad_sync": self.strategy.grad_sync(self.model),
                 "steps_done": self.cadence.global_step,
+                "checkpoint_step": self.checkpointer.saved_step,  # what a stop by a signal may say it saved
                 "steps_planned": self.plan.total_steps,
                 "data": self.loader.data,  # where the batches were gathered: "on device" or "loader"
                 "fused_optimizer": is_fused(self.optimizer),

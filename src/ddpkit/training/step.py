@@ -5,8 +5,9 @@ Why each piece is here:
   * Micro-batches (--accumulate K): the share is cut into K contiguous parts; all but the
     last run under the strategy's no_sync, so gradients travel once per optimizer step.
   * Weights: each micro-batch's mean loss is scaled by its share of the global batch
-    (n_micro x world / n_global), so the averaged gradient is exactly the mean over the
-    global batch, as on one process, also for a short last batch. A task's step hook that
+    (n_micro x dp / n_global, dp: the data-parallel ranks the gradients are averaged over,
+    rt.dims.dp; the ranks of one tp group see the same samples), so the averaged gradient is
+    exactly the mean over the global batch, as on one process, also for a short last batch. A task's step hook that
     returns (loss_sum, count) is summed instead, and the synced gradients are divided by
     the count over every micro-batch and rank (world / global count, after the sync).
   * Agreement: (any loss not finite, any rank asked to stop, this rank's count, a timed save
@@ -138,7 +139,7 @@ class StepRunner:
         """Forward and backward of every micro-batch of this rank's share; the flags armed for
         the last backward's gradient sync. Returns ([loss sum, count], this rank's flags,
         whether the task's losses are sums)."""
-        world = self.rt.world_size
+        world = self.rt.dims.dp  # the gradients are averaged over the data-parallel ranks only
         pending = None  # non-finite losses of earlier micro-batches (no extra collective)
         totals = torch.zeros(2, dtype=torch.float64, device=self.rt.device)  # loss sum, count
         kinds: set[bool] = set()

@@ -56,3 +56,29 @@ def test_a_launch_leaves_the_process_as_it_was(tmp_path):
     )
     assert [(tmp_path / f"seen{r}").read_text() for r in (0, 1)] == ["given", "given"]  # the workers had it
     assert dict(os.environ) == before and tail_log.tail_logfile is torch_tail  # this process has it no more
+
+
+def _signal_handlers_seen() -> dict[str, str]:
+    import signal
+
+    def name(handler: object) -> str:
+        if handler is signal.SIG_DFL:
+            return "default"
+        if handler is signal.default_int_handler:
+            return "KeyboardInterrupt"
+        return getattr(handler, "__qualname__", repr(handler))
+
+    return {sig: name(signal.getsignal(getattr(signal, sig))) for sig in ("SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT")}
+
+
+@pytest.mark.parametrize("start_method", ["fork", "spawn"])
+def test_a_worker_starts_with_a_new_processs_signal_handlers_however_it_was_started(start_method):
+    """torch's agent sets handlers that raise its SignalException before it starts the workers, and
+    a forked worker inherits them: its SIGTERM from the agent (another rank failed) then raised in
+    whatever ran, e.g. a weakref callback, whose 'Exception ignored in' traceback reached the
+    user's terminal beside the one-line error. A worker starts as a spawned one does: SIGTERM ends
+    it, Ctrl-C raises KeyboardInterrupt."""
+    plan = LaunchPlan(nproc_per_node=2, start_method=start_method, timeout=60)
+    results = run_elastic(plan, _signal_handlers_seen, [])
+    expected = {"SIGTERM": "default", "SIGINT": "KeyboardInterrupt", "SIGHUP": "default", "SIGQUIT": "default"}
+    assert results == {0: expected, 1: expected}

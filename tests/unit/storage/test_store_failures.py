@@ -84,3 +84,19 @@ def test_a_runs_files_go_up_and_come_back_with_the_scores_keep_best_needs(s3_env
     back = tmp_path / "back"
     assert sorted(run.get_run_files(back)) == ["checkpoints/metrics.json", "config.json"]
     assert (back / "checkpoints" / "metrics.json").read_text() == '{"epoch-000001": 0.5}'
+
+
+@pytest.mark.parametrize(
+    "answer",
+    [("507 Insufficient Storage", "XMinioStorageFull"), ("403 Forbidden", "QuotaExceeded")],
+    ids=["minio", "ceph"],
+)
+def test_a_full_store_is_named_full_not_denied(s3_env, answer):
+    """MinIO says 507 XMinioStorageFull, Ceph's gateway 403 QuotaExceeded: both are a full
+    bucket (free space or raise the quota), not credentials to check."""
+    s3_env.bucket("quota")
+    s3_env.on_request = lambda method, path: answer if method == "PUT" else None
+    with pytest.raises(StoreError) as e:
+        RemoteRun(Remote("s3", "quota/run")).preflight()
+    line = str(e.value)
+    assert "s3://quota/run: the bucket is full (its quota)" in line and "access denied" not in line, line

@@ -13,6 +13,11 @@ from conftest import REPO
 _BLOCKED = "import sys; sys.modules['s3fs'] = None; from ddpkit.cli import main; raise SystemExit(main())"
 
 
+def _env(tmp_path) -> dict[str, str]:
+    """A bare environment: no credentials, no backend settings of this machine."""
+    return {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(REPO / "src"), "HOME": str(tmp_path)}
+
+
 @pytest.mark.parametrize(
     "url, says",
     [
@@ -26,7 +31,7 @@ def test_a_url_that_cannot_be_used_is_one_line_and_no_local_folder(url, says, tm
     proc = subprocess.run(
         [sys.executable, "-c", _BLOCKED, "train", "--epochs", "1", "--quiet", "--run-dir", url],
         cwd=tmp_path,
-        env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(REPO / "src"), "HOME": str(tmp_path)},
+        env=_env(tmp_path),
         capture_output=True,
         text=True,
         timeout=120,
@@ -44,7 +49,7 @@ def test_the_engines_refuse_a_bucket_run_folder_rather_than_turn_it_into_a_path(
     proc = subprocess.run(
         [sys.executable, "-m", "ddpkit", *command, "--run-dir", "s3://ckpt/x"],
         cwd=tmp_path,
-        env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(REPO / "src"), "HOME": str(tmp_path)},
+        env=_env(tmp_path),
         capture_output=True,
         text=True,
         timeout=120,
@@ -56,7 +61,7 @@ def test_the_engines_refuse_a_bucket_run_folder_rather_than_turn_it_into_a_path(
 
 
 def _k8s(*args: str, tmp_path) -> subprocess.CompletedProcess:
-    env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(REPO / "src"), "HOME": str(tmp_path)}
+    env = _env(tmp_path)
     env["AWS_SECRET_ACCESS_KEY"] = "in-the-environment-never-in-the-yaml"
     return subprocess.run(
         [sys.executable, "-m", "ddpkit", "k8s", "--image", "img", "--run-dir", "s3://ckpt/x", *args, "--dry-run"],
@@ -97,7 +102,7 @@ def _walk(node, key):
 
 
 def test_a_one_node_skypilot_task_runs_train_on_the_bucket_url(tmp_path):
-    env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(REPO / "src"), "HOME": str(tmp_path)}
+    env = _env(tmp_path)
     env["AWS_SECRET_ACCESS_KEY"] = "in-the-environment-never-in-the-yaml"
     proc = subprocess.run(
         [sys.executable, "-m", "ddpkit", "sky", "--run-dir", "s3://ckpt/x", "--dry-run"],
@@ -106,3 +111,22 @@ def test_a_one_node_skypilot_task_runs_train_on_the_bucket_url(tmp_path):
     assert proc.returncode == 0 and "warning" not in proc.stderr, proc.stderr
     assert "ddpkit train --run-dir s3://ckpt/x --auto-resume" in proc.stdout, proc.stdout
     assert "in-the-environment-never-in-the-yaml" not in proc.stdout and "AWS_" not in proc.stdout
+
+
+@pytest.mark.parametrize("command", ["train", "launch"])
+def test_a_log_dir_url_is_refused_rather_than_turned_into_a_local_folder(command, tmp_path):
+    (tmp_path / "script.py").write_text("print('ran')\n")
+    args = ["--nproc", "2", "--log-dir", "s3://ckpt/logs"] + (
+        ["script.py"] if command == "launch" else ["--epochs", "1"]
+    )
+    proc = subprocess.run(
+        [sys.executable, "-m", "ddpkit", command, *args],
+        cwd=tmp_path,
+        env=_env(tmp_path),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    out = (proc.stdout + proc.stderr).strip()
+    assert proc.returncode == 2 and len(out.splitlines()) == 1 and "--log-dir s3://ckpt/logs: " in out, out
+    assert not (tmp_path / "s3:").exists() and "ran" not in out

@@ -110,6 +110,20 @@ def test_when_nothing_fits_the_least_is_taken_and_said():
     assert (c.strategy, c.checkpointing, c.batch_size) == ("fsdp", True, 1)
 
 
+def test_when_nothing_fits_the_least_is_the_one_more_processes_help_not_the_one_with_fewer_imports():
+    """FSDP's modules cost a few MiB once (measured, noisy): where nothing fits, they decided the
+    advice between DDP and FSDP on a model whose state FSDP quarters. No setting removes the fixed
+    cost; the least is the one whose own part is smallest, which more processes shrink."""
+    p = make_plan(
+        Net(), lambda q: torch.optim.Adam(q), 4, "fp32", MiB, "test", default_blocks,
+        activations=None, process=ProcessCost(100 * MiB, 40 * MiB, "test"),
+    )  # fmt: skip
+    ddp, fsdp = p.peak("ddp"), p.peak("fsdp")
+    assert fsdp.total > ddp.total and fsdp.total - fsdp.fixed < ddp.total - ddp.fixed  # the case
+    c = p.choice()
+    assert not c.fits and c.strategy == "fsdp" and "the least, FSDP x4" in c.line
+
+
 def test_one_process_has_only_ddp_and_a_knob_fsdp_refuses_keeps_ddp():
     assert plan(MiB, world=1).choice().strategy == "ddp"
     base = plan(10**12)

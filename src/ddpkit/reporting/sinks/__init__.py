@@ -26,16 +26,18 @@ def wanted_sinks(settings: SinkSettings) -> list[type[MetricSink]]:
     return [cls for cls in SINKS if cls.wanted(settings)]
 
 
-def end_abandoned_trackers(run_dir: str | os.PathLike, ending: str) -> list[str]:
+def end_abandoned_trackers(run_dir: str | os.PathLike, ending: str, running_only: bool = False) -> list[str]:
     """After a run failed or was stopped and every worker is gone: mark the tracker runs its
     rank 0 left running (it was killed: a signal, out of memory) as `ending`. The names of
-    those it marked. Only trackers that started a run (their RUN_DIR/tracker-NAME.json)."""
+    those it marked. Only trackers that started a run (their RUN_DIR/tracker-NAME.json).
+    `running_only`: leave a tracker run that already ended as it is (a run killed without a
+    word, found later: its own end, if it wrote one, is the truth)."""
     return [
         cls.name
         for cls in SINKS
         if issubclass(cls, Tracker)
         and (Path(run_dir) / f"tracker-{cls.name}.json").is_file()
-        and cls.end_abandoned(Path(run_dir), ending)
+        and cls.end_abandoned(Path(run_dir), ending, running_only)
     ]
 
 

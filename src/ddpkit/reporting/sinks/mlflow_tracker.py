@@ -77,7 +77,7 @@ class MlflowSink(Tracker):
         self.client.set_terminated(self.run_id, status=STATUS[ending])
 
     @classmethod
-    def end_abandoned(cls, run_dir: Path, ending: str) -> bool:
+    def end_abandoned(cls, run_dir: Path, ending: str, running_only: bool = False) -> bool:
         try:
             kept = json.loads((Path(run_dir) / f"tracker-{cls.name}.json").read_text())
             os.environ.setdefault(MLFLOW_QUIET_VAR, "true")  # the launcher's own lines say what happened
@@ -85,7 +85,7 @@ class MlflowSink(Tracker):
             status = client.get_run(kept["run_id"]).info.status
             # rank 0 ends its run itself; stopped by torch's agent it cannot tell a signal to the
             # launcher from another rank's failure and says FAILED: a stop the launcher saw is KILLED
-            if status != "RUNNING" and not (ending == STOPPED and status == "FAILED"):
+            if status != "RUNNING" and (running_only or not (ending == STOPPED and status == "FAILED")):
                 return False
             client.set_terminated(kept["run_id"], status=STATUS[ending])
             return True

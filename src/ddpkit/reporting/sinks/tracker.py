@@ -91,10 +91,11 @@ class Tracker(MetricSink):
         """End the tracker's run, marked as `ending` says (FINISHED, STOPPED, FAILED)."""
 
     @classmethod
-    def end_abandoned(cls, run_dir: Path, ending: str) -> bool:
+    def end_abandoned(cls, run_dir: Path, ending: str, running_only: bool = False) -> bool:
         """Mark the tracker run of `run_dir` as `ending` if it is still running (or STOPPED where
-        rank 0, stopped by torch's agent, said FAILED), from outside the run (the launcher, once
-        every worker is gone); True when it did. A tracker that
+        rank 0, stopped by torch's agent, said FAILED, unless `running_only`), from outside the run
+        (the launcher, once every worker is gone; a later look at a run killed without a word);
+        True when it did. A tracker that
         cannot (its service does it itself, as W&B marks a run whose process is gone) keeps
         this default."""
         return False

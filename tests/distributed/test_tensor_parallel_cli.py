@@ -1,0 +1,64 @@
+"""`ddpkit train --tp 2 --strategy fsdp` on 4 processes, through the real CLI: a 2x2 (dp_shard, tp)
+mesh, the Linears split over the tp ranks and their pieces sharded over the dp ranks, trains
+the nanoGPT-shaped model of separate q/k/v (float64, SGD, gradient clipping active) to the
+one-process model, with the same eval loss (each eval sample counted once) and the same
+clipped norm. What is not built is refused before any worker starts, one line, exit 2."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import pytest
+import torch
+
+from conftest import REPO, load_model, run_ddpkit
+
+TASK = str(REPO / "tests" / "distributed" / "scripts" / "tp_task.py") + ":build"
+# 3 steps of a global batch of 8; clipping at 0.5 acts on every step (norms 0.83 to 0.94)
+COMMON = ["--epochs", "2", "--max-steps", "3", "--seed", "7", "--threads", "1", "--quiet", "--save-every", "0"]
+COMMON += ["--batch-size", "4", "--global-batch-size", "8", "--clip-grad-norm", "0.5"]
+
+
+def _records(run):
+    return [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if line.strip()]
+
+
+def test_fsdp_x_tp_2x2_trains_what_one_process_trains(reference_run, tmp_path):
+    one = reference_run(TASK, "--nproc", "1", *COMMON)
+    run = tmp_path / "fsdp-x-tp"
+    run_ddpkit("train", TASK, "--nproc", "4", "--tp", "2", "--strategy", "fsdp", *COMMON, "--run-dir", str(run))
+    whole, ref = load_model(run), load_model(one)  # model.pt: the whole, unsplit weights
+    assert whole.keys() == ref.keys()
+    for name, weight in ref.items():
+        assert whole[name].shape == weight.shape, name
+        assert torch.allclose(whole[name], weight, atol=1e-12, rtol=0), name
+    split, single = _records(run), _records(one)
+    assert [r["step"] for r in split] == [r["step"] for r in single]
+    for a, b in zip(split, single, strict=True):
+        assert abs(a["eval_loss"] - b["eval_loss"]) < 1e-12  # 10 eval samples, each counted once
+        assert abs(a["grad_norm"] - b["grad_norm"]) < 1e-12  # the global norm over both meshes
+        assert a["grad_norm"] > 0.5  # so clipping changed every step
+    sys.path.insert(0, str(REPO / "tests" / "unit" / "strategies"))
+    from test_tensor_parallel_plan import Gpt
+
+    torch.manual_seed(0)
+    start = Gpt().double().state_dict()
+    assert max((ref[k] - start[k]).abs().max().item() for k in start) > 1e-3  # the steps moved the weights
+
+
+@pytest.mark.parametrize(
+    ("args", "said"),
+    [
+        (("--nproc", "4", "--tp", "3"), "does not divide the 4 processes"),
+        (("--nproc", "4", "--tp", "2"), "--tp 2 with --strategy ddp: torch's DDP cannot replicate"),
+        (("--nproc", "4", "--tp", "2", "--strategy", "hsdp"), "--tp 2 with HSDP"),
+        (("--nproc", "4", "--tp", "2", "--strategy", "fsdp", "--replicate", "2"), "--tp 2 with HSDP"),
+    ],
+)
+def test_what_tp_does_not_build_is_one_line_before_any_worker(tmp_path, args, said):
+    done = run_ddpkit("train", TASK, *args, *COMMON, "--run-dir", str(tmp_path / "r"), check=False, timeout=60)
+    assert done.returncode == 2, done.stderr
+    lines = [line for line in done.stderr.splitlines() if line.strip()]
+    assert lines == [lines[0]] and lines[0].startswith("ddpkit: error: ") and said in lines[0], done.stderr
+    assert not (tmp_path / "r").exists()  # refused before any worker: no run directory written
