@@ -252,8 +252,12 @@ def run_steps(config, n_train: int) -> int | None:
         world = torch.distributed.get_world_size()
     else:
         world = int(os.environ.get("WORLD_SIZE", "1"))
+    if getattr(config, "max_steps", None):
+        return config.max_steps
+    if not isinstance(config.batch_size, int):  # --batch-size auto: chosen after the task is built
+        raise ValueError("--batch-size auto: give --max-steps (the cosine schedule's length needs the batch)")
     per_epoch = math.ceil(n_train / (config.batch_size * getattr(config, "accumulate", 1) * world))
-    return getattr(config, "max_steps", None) or config.epochs * per_epoch
+    return config.epochs * per_epoch
 
 
 # ---------------------------------------------------------------------------- the task

@@ -63,6 +63,8 @@ def test_pytorchjob_pods_are_one_job_not_two_single_runs(tmp_path, reference):
 
 
 def test_trainer_pet_variables_drive_ddpkit_launch_in_each_pod(tmp_path, reference):
+    """With a job token (what `ddpkit k8s --job-token-secret` mounts from a Secret): the operator's
+    master is met through c10d's sealed rendezvous, not the static one the token cannot seal."""
     port = _port()
     _pods(
         lambda i: [
@@ -82,6 +84,7 @@ def test_trainer_pet_variables_drive_ddpkit_launch_in_each_pod(tmp_path, referen
             "PET_NODE_RANK": str(i),
             "PET_MASTER_ADDR": "127.0.0.1",
             "PET_MASTER_PORT": str(port),
+            "DDPKIT_JOB_TOKEN": "k8s-secret-token-0123456789",
         },
         tmp_path,
     )

@@ -17,6 +17,7 @@ One rank alone failing inside an FSDP unit is a request of 40 TB, which fails wi
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import resource
@@ -143,3 +144,32 @@ def test_the_checkpoint_before_an_out_of_memory_resumes_with_a_setting_that_fits
     assert resumed.returncode == 0, _said(resumed)
     assert f"resuming from {checkpoints / newest}" in resumed.stdout + resumed.stderr
     assert "steps 4/4" in resumed.stdout
+
+
+def test_batch_size_auto_fits_under_the_limit_trains_and_a_resume_keeps_it(tmp_path: Path) -> None:
+    """Under the same limit --batch-size auto picks a micro-batch below the 1024 that fails above
+    (bounded by memory, not by the 2048 samples per process), trains, and records it; a resume
+    without the limit, where a larger one would fit, keeps it (another would change the results)."""
+    run = str(tmp_path / "run")
+    proc = _limited(*GPT, "--batch-size", "auto", "--max-steps", "2", "--run-dir", run, cwd=tmp_path)
+    assert proc.returncode == 0, _said(proc)
+    said = re.search(r"ddpkit: --batch-size auto: (\d+) per process \(bounded by memory; planned peak ", proc.stdout)
+    assert said and "measured " in proc.stdout, _said(proc)
+    chosen = int(said.group(1))
+    assert 64 <= chosen < 1024, _said(proc)
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["batch_size"] == chosen and summary["global_batch"] == 2 * chosen and summary["steps_done"] == 2
+    assert json.loads((tmp_path / "run" / "config.json").read_text())["batch_size"] == chosen
+    resumed = subprocess.run(
+        [sys.executable, "-m", "ddpkit", "train", *GPT, "--batch-size", "auto", "--max-steps", "3"]
+        + ["--run-dir", run, "--resume"],
+        cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": str(REPO / "src")},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert resumed.returncode == 0, _said(resumed)
+    assert f"ddpkit: --batch-size auto: {chosen} per process, kept from the run being resumed" in resumed.stdout
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["batch_size"] == chosen and summary["steps_done"] == 3

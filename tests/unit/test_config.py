@@ -14,6 +14,8 @@ from ddpkit import DdpkitError, RunConfig, config
         (dict(epochs=0), "--epochs must be a positive integer"),
         (dict(batch_size=0), "--batch-size"),
         (dict(lr=-1.0), "--lr must be positive"),
+        (dict(seed=-1), "--seed must be an integer from 0 to 2147483647, got -1"),
+        (dict(seed=2**32), "--seed must be an integer from 0 to 2147483647"),
         (dict(backend="mpi"), "--backend must be one of"),
         (dict(device="tpu"), "--device must be one of"),
         (dict(backend="nccl", device="cpu"), "--backend nccl needs --device cuda"),

@@ -69,9 +69,24 @@ def prepare_run_dir(
     return RunDirStart(cfg, run_dir, is_main, mark, hf, not_kept)
 
 
+OWN_FILES = ("config.json", "summary.json", "failed.json", "metrics.jsonl", "metrics.csv", "model.pt")
+
+
+def refuse_linked_files(run_dir: Path) -> None:
+    """The files a run writes in its folder are its own: one that is a symbolic link (a crafted
+    or copied folder) would have the run write through it, over a file elsewhere."""
+    for name in OWN_FILES:
+        if (run_dir / name).is_symlink():
+            raise DdpkitError(
+                f"{run_dir / name} is a symbolic link (to {os.readlink(run_dir / name)}): a run writes that "
+                "file itself; remove the link, or choose another --run-dir"
+            )
+
+
 def begin_run_dir(cfg: RunConfig, run_dir: Path, mark: WorldMark, hf: Path | None) -> None:
     """Rank 0's start of the run in `run_dir`: the folder, this world's claim, a fresh hang/,
     config.json and the Hugging Face config `hf` (hf_config.prepare). A full disk is one line."""
+    refuse_linked_files(run_dir)
     try:
         run_dir.mkdir(parents=True, exist_ok=True)
         remove_stale_temporaries(run_dir)  # what a killed save left: it may be what filled the disk

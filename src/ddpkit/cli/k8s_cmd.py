@@ -62,7 +62,8 @@ class K8sOptions:
     )
     env_secret: str | None = option(
         help="a Secret whose keys become every pod's environment (envFrom): the credentials of a bucket "
-        "--run-dir s3://BUCKET/PREFIX (AWS_ACCESS_KEY_ID, ...), referenced, never written into the YAML",
+        "--run-dir s3://BUCKET/PREFIX (AWS_ACCESS_KEY_ID, ...), a job token (DDPKIT_JOB_TOKEN); referenced, never "
+        "written into the YAML",
         metavar="SECRET",
     )
     job_name: str | None = option(

@@ -11,8 +11,9 @@ from .parser import Command
 RUNS_HELP = (
     "List the runs in a folder (default runs/): task, world size, strategy, optimizer steps done/planned, the "
     "final train and eval loss, how the run ended (finished; stopped: by a --save-on-signal signal, with a "
-    "checkpoint; interrupted: by Ctrl-C or a TERM without one; failed: with the error; running?: no end "
-    "recorded, still running or killed without a word) and whether a "
+    "checkpoint; interrupted: by Ctrl-C or a TERM without one; failed: with the error; killed: no end "
+    "recorded and its rank 0 (on this host) is gone; running?: no end recorded, still running or killed "
+    "elsewhere) and whether a "
     "checkpoint whose header loads is there to resume from."
 )
 

@@ -130,9 +130,11 @@ class RunConfig(Performance, Strategy, Output, Nodes, Faults, Processes, Trainin
     def batch_plan(self, world_size: int) -> BatchPlan:
         """The global batch and accumulation at `world_size` processes, cut among the data-parallel
         ones (world / (tp x pp): a tp group and a pipeline train one share together; refused when
-        G is smaller than them)."""
+        G is smaller than them). Before --batch-size auto has chosen (in the workers), at a
+        micro-batch of 1: only what does not depend on it is checked."""
         check_degrees(world_size, self.tp, self.pp)
-        return BatchPlan(self.batch_size, self.accumulate, self.global_batch_size, world_size // (self.tp * self.pp))
+        micro = 1 if self.batch_size == "auto" else self.batch_size
+        return BatchPlan(micro, self.accumulate, self.global_batch_size, world_size // (self.tp * self.pp))
 
     def replace(self, **changes: Any) -> RunConfig:
         return dataclasses.replace(self, **changes)
@@ -156,6 +158,26 @@ def _training_across(cfg: RunConfig) -> None:
             )
         if cfg.nproc is not None and not cfg.multi_node:
             cfg.batch_plan(cfg.nproc)  # G smaller than the processes: refused before launch
+    check_batch_auto(cfg)
+
+
+def check_batch_auto(cfg: RunConfig) -> None:
+    """Refuse `--batch-size auto` where no memory plan can size it, in one line, before launch."""
+    if cfg.batch_size != "auto":
+        return
+    if cfg.strategy == "auto":
+        raise DdpkitError(
+            "--batch-size auto with --strategy auto: auto fits the micro-batch you give it; name a strategy "
+            "(--strategy ddp or fsdp) or give --batch-size"
+        )
+    from ..parallel.spec import strategy_spec
+
+    if strategy_spec(cfg.strategy).memory is None:
+        raise DdpkitError(
+            f"--batch-size auto: --strategy {cfg.strategy} has no memory plan to size it; give --batch-size"
+        )
+    if cfg.tp > 1 or cfg.pp > 1:
+        raise DdpkitError("--batch-size auto: the memory plan does not count --tp or --pp; give --batch-size")
 
 
 def _faults_across(cfg: RunConfig) -> None:

@@ -8,12 +8,15 @@ from typing import Any
 
 from ..errors import DdpkitError
 from .settings import TRAINING, Section, choice, positive, setting
-from .values import parse_task_arg
+from .values import parse_batch_size, parse_task_arg
 
 BACKENDS = ("auto", "gloo", "nccl")
 DEVICES = ("auto", "cpu", "cuda")
 LR_SCHEDULES = ("constant", "linear", "cosine", "wsd")
 DATA_PLACEMENTS = ("auto", "on", "off")  # --data-on-device (data/placement.py)
+
+
+SEED_LIMIT = 2**31  # seed + 1 + rank (and verify's seed + 7919) stays below NumPy's 2**32
 
 
 @dataclass(frozen=True)
@@ -32,10 +35,13 @@ class Training(Section):
         factory=dict,
     )
     epochs: int = setting(100, "epochs to train")
-    batch_size: int = setting(
+    batch_size: int | str = setting(
         32,
         "batch size PER PROCESS, as in the guide; the global batch is nproc x this (with --global-batch-size: "
-        "the largest micro-batch)",
+        "the largest micro-batch); auto: the largest the memory plan fits, confirmed by one measured step "
+        "(kept on --resume)",
+        type=parse_batch_size,
+        metavar="N|auto",
     )
     global_batch_size: int | None = setting(
         None,
@@ -115,7 +121,8 @@ class Training(Section):
                 f"{type(self.task_args).__name__}"
             )
         positive("--epochs", self.epochs)
-        positive("--batch-size", self.batch_size)
+        if self.batch_size != "auto":
+            positive("--batch-size", self.batch_size)
         if self.global_batch_size is not None:
             positive("--global-batch-size", self.global_batch_size)
         positive("--eval-every", self.eval_every)
@@ -137,6 +144,9 @@ class Training(Section):
             )
         if self.lr is not None and not self.lr > 0:
             raise DdpkitError(f"--lr must be positive, got {self.lr}")
+        if not isinstance(self.seed, int) or not 0 <= self.seed < SEED_LIMIT:
+            # NumPy takes seeds below 2**32 only, and each rank's streams are seeded from seed + 1 + rank
+            raise DdpkitError(f"--seed must be an integer from 0 to {SEED_LIMIT - 1}, got {self.seed!r}")
         if self.num_workers < 0:
             raise DdpkitError(f"--num-workers must be 0 or more, got {self.num_workers}")
         choice("--data-on-device", self.data_on_device, DATA_PLACEMENTS)

@@ -112,3 +112,13 @@ class BatchPlan:
         return f"global batch {self.global_batch} fixed: {self.share(0)} per process" + (
             f" in {self.accumulate} micro-batches of at most {self.micro}" if self.accumulate > 1 else ""
         )
+
+
+def parse_batch_size(text: str | int) -> int | str:
+    """--batch-size: a number of samples, or auto (the memory plan's largest that fits)."""
+    if isinstance(text, int) or text == "auto":
+        return text
+    try:
+        return int(text)
+    except ValueError:
+        raise DdpkitError(f"--batch-size must be a positive integer or auto, got {text!r}") from None

@@ -33,6 +33,8 @@ from .slurm import SLURM_PLACES, config_of, with_config_file
 RAY_DIR = "ray"  # RUN_DIR/ray: Ray Train's own files of the run (its RunConfig's storage_path/name)
 REFUSED_FILE = "refused.txt"  # RUN_DIR/ray/refused.txt: a worker's refusal, which no restart can change
 ATTEMPT_FILE = "attempt"  # RUN_DIR/ray/attempt: how many times rank 0 has started (1 + the restarts so far)
+RAISED_FILE = "raised-{rank}.txt"  # RUN_DIR/ray/raised-R.txt: the last lines of rank R's traceback
+LAST_LINES = 12
 PLACEMENTS = {"pack": "PACK", "spread": "SPREAD", "strict_pack": "STRICT_PACK", "strict_spread": "STRICT_SPREAD"}
 
 
@@ -239,7 +241,7 @@ def submit(job: RayJob, cfg: Any, table: LaunchTable, run_dir: Path) -> None:
     if started:
         ray.init(address=job.address, log_to_driver=True, configure_logging=False)
     refused = run_dir / RAY_DIR / REFUSED_FILE
-    for left in (refused, run_dir / RAY_DIR / ATTEMPT_FILE):
+    for left in (refused, run_dir / RAY_DIR / ATTEMPT_FILE, *(run_dir / RAY_DIR).glob(RAISED_FILE.format(rank="*"))):
         left.unlink(missing_ok=True)  # an earlier run's are not this one's
     try:
         check_cluster(job, table, run_dir, ray)
@@ -321,6 +323,24 @@ def ray_worker(loop: dict[str, Any]) -> None:
             refused.parent.mkdir(parents=True, exist_ok=True)
             refused.write_text(str(e))
         raise
+    except Exception as e:
+        keep_last_lines(refused.parent / RAISED_FILE.format(rank=os.environ["RANK"]), e)
+        raise
+
+
+def keep_last_lines(path: Path, e: BaseException) -> None:
+    """The last lines of this rank's traceback, in the shared run directory: the driver shows
+    them for the rank it names (Ray's forwarding of a worker's output is best effort)."""
+    import traceback
+
+    from ..util.textfile import write_text_atomic
+
+    lines = "".join(traceback.format_exception(e)).rstrip().splitlines()[-LAST_LINES:]
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        write_text_atomic(path, "\n".join(lines) + "\n")
+    except OSError:
+        pass  # the error itself still reaches the driver
 
 
 def say_attempt(run_dir: Path, max_failures: int) -> None:
@@ -375,14 +395,25 @@ def job_error(e: BaseException, refused: Path, max_failures: int) -> DdpkitError
     restarts = f" (after {max_failures} restart(s), --max-restarts)" if max_failures else ""
     if own:
         rank = min(own)
+        above = " (its last lines are above)" if said_last_lines(refused.parent, rank) else ""
         return WorkerFailed(
-            f"worker rank {rank} raised {exception_line(own[rank])}; the other workers were stopped{restarts}"
+            f"worker rank {rank} raised {exception_line(own[rank])}; the other workers were stopped{restarts}{above}"
         )
     if died:
         rank = min(died)
         return WorkerFailed(f"worker rank {rank} died ({_death(died[rank])}); the other workers were stopped{restarts}")
     rank = min(failures)
     return WorkerFailed(f"worker rank {rank} failed: {exception_line(failures[rank])}{restarts}")
+
+
+def said_last_lines(ray_dir: Path, rank: int) -> bool:
+    """Print the last lines of rank `rank`'s traceback (keep_last_lines), where it left them."""
+    try:
+        lines = (ray_dir / RAISED_FILE.format(rank=rank)).read_text().splitlines()
+    except OSError:
+        return False
+    print(f"ddpkit: rank {rank}'s last lines:", *(f"  {line}" for line in lines), sep="\n", file=sys.stderr, flush=True)
+    return True
 
 
 def _died(failure: BaseException) -> bool:

@@ -33,7 +33,19 @@ def detect_device_memory(device_type: str, local_procs: int) -> tuple[int, str]:
     except OSError:
         pass
     procs = max(1, local_procs)
-    return total // procs, f"CPU RAM {format_bytes(total)}" + (f" / {procs} processes" if procs > 1 else "")
+    share, where = total // procs, f"CPU RAM {format_bytes(total)}" + (f" / {procs} processes" if procs > 1 else "")
+    limit = process_memory_limit()
+    if limit is not None and limit < share:  # each process's own limit (prlimit --data / --as)
+        return limit, f"this process's memory limit {format_bytes(limit)}"
+    return share, where
+
+
+def process_memory_limit() -> int | None:
+    """The smaller of this process's RLIMIT_DATA and RLIMIT_AS (None: unlimited): what a worker
+    may allocate whatever the machine has."""
+    limits = [resource.getrlimit(r)[0] for r in (resource.RLIMIT_DATA, resource.RLIMIT_AS)]
+    finite = [x for x in limits if x != resource.RLIM_INFINITY and x > 0]
+    return min(finite) if finite else None
 
 
 def device_budget(given: int | str | None, device_type: str, sharing: int) -> tuple[int, str]:

@@ -11,6 +11,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
+from ..util.textfile import read_own_text
 from .sinks import MetricSink, ResumePoint, SinkSettings, wanted_sinks
 from .sinks.base import FAILED, FINISHED, jsonl_path
 
@@ -79,7 +80,7 @@ def read_metrics(run_dir: str | os.PathLike) -> list[dict[str, Any]]:
     JSON object with a numeric epoch (a crafted or damaged file, a line cut short by a kill) is
     not a record and is left out."""
     records = []
-    for line in jsonl_path(run_dir).read_text(errors="replace").splitlines():
+    for line in read_own_text(jsonl_path(run_dir)).splitlines():
         try:
             record = json.loads(line) if line.strip() else None
         except ValueError:

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from ..errors import DdpkitError
+from ..util.textfile import read_own_text
 from .metrics import read_metrics
 
 Records = Sequence[Mapping[str, Any]]
@@ -121,6 +122,8 @@ def plot_runs(
     for i, run_dir in enumerate(run_dirs):
         if not (Path(run_dir) / "metrics.jsonl").is_file():
             raise DdpkitError(f"{run_dir} has no metrics.jsonl: give the run directories of `ddpkit train`")
+        if (Path(run_dir) / "metrics.jsonl").is_symlink():
+            raise DdpkitError(f"{run_dir}/metrics.jsonl is a symbolic link: ddpkit plots only what a run wrote itself")
         label = labels[i] if labels else run_label(run_dir)
         if label in curves:
             label = f"{label} [{run_dir}]"
@@ -136,7 +139,7 @@ def run_label(run_dir: str | os.PathLike) -> str:
     world = None
     for name, key in (("summary.json", "world_size"), ("config.json", "nproc")):
         try:
-            found = json.loads((run_dir / name).read_text())
+            found = json.loads(read_own_text(run_dir / name))
         except (OSError, ValueError):
             continue
         world = found.get(key) if isinstance(found, dict) else None  # a crafted file: no label from it

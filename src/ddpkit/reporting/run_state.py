@@ -14,7 +14,7 @@ from typing import Any
 
 from ..checkpoint.world_mark import rank0_gone, started_by_this_launch
 from ..errors import DdpkitError, RunDirTaken
-from ..util.textfile import write_text_atomic
+from ..util.textfile import read_own_text, write_text_atomic
 
 FAILED_FILE = "failed.json"
 STATES = ("finished", "stopped", "interrupted", "failed", "running?")
@@ -110,6 +110,6 @@ def _mtime(path: Path) -> float:
 
 def _read(path: Path) -> Any:
     try:
-        return json.loads(path.read_text())
+        return json.loads(read_own_text(path))
     except (OSError, ValueError):
         return None

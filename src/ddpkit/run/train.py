@@ -12,6 +12,7 @@ import uuid
 from pathlib import Path
 from typing import Any, Iterator
 
+from ..checkpoint.run_dir import refuse_linked_files
 from ..checkpoint.world_mark import started_by_this_launch
 from ..config import RunConfig
 from ..environments import DistEnv
@@ -257,6 +258,7 @@ def prepare_local_run(cfg: RunConfig) -> RunConfig:
             )
     elif (run_dir / "checkpoints").exists() or (run_dir / "model.pt").exists():
         raise DdpkitError(f"{run_dir} already holds a run: pass --resume to continue it, or choose another --run-dir")
+    refuse_linked_files(run_dir)
     try:
         run_dir.mkdir(parents=True, exist_ok=True)
         # a probe of our own: every node of a multi-node job runs this on the same folder at once

@@ -35,6 +35,7 @@ from ..runtime.devices import resolve_device_type
 from ..runtime.watchdog import HangWatchdog, start_watchdog, watched
 from ..task import Task, as_task, build_task
 from ..training.auto import resolve_auto
+from ..training.batch_auto import resolve_batch_auto
 from ..training.ledger import Ledger
 from ..training.loop import fit
 from ..training.oom import OOM_FILE, OomAdvice, OutOfMemory, oom_error
@@ -209,7 +210,7 @@ def _train(cfg: RunConfig, env: DistEnv, held: contextlib.ExitStack, given: Task
         load_what_every_worker_loads()  # by its first step anyway: counted in its fixed cost
         sharded = sharding_import_cost() if cfg.strategy == "auto" else 0  # auto weighs FSDP's modules too
         process = measure_process(task.model, rt.device.type, release, sharded)
-        cfg, chosen = resolve_auto(cfg, rt, task, process)  # --strategy auto: strategy, checkpointing, micro-batch
+        cfg, chosen = _resolved(cfg, rt, task, process, run_dir)  # --strategy auto, --batch-size auto
         # the job's mesh, which every part asks (the sampler, the loss, the strategy): parallel/dims.py
         rt.dims = mesh_dims(cfg.strategy_config(), env.world_size, env.nnodes, env.local_world_size, env.rank)
         ledger.mark("task")
@@ -247,6 +248,15 @@ def _train(cfg: RunConfig, env: DistEnv, held: contextlib.ExitStack, given: Task
     if stats["stopped_early"]:  # all written: the launcher may stop this node's workers now
         hand_over(stop, summary, env.local_rank)
     return summary
+
+
+def _resolved(cfg: RunConfig, rt: Runtime, task: Task, process: Any, run_dir: Path) -> tuple[RunConfig, str | None]:
+    """What auto decides once, the same on every rank, before the batches are planned and the
+    data loader built: --strategy auto's strategy, checkpointing and micro-batch, or the
+    micro-batch --batch-size auto fits to the run's strategy; and the line that says it."""
+    cfg, chosen = resolve_auto(cfg, rt, task, process)
+    cfg, sized = resolve_batch_auto(cfg, rt, task, process, run_dir)
+    return cfg, chosen or sized
 
 
 def _build_task(cfg: RunConfig, rt: Runtime, run_dir: Path, given: Task | None, watchdog: HangWatchdog | None) -> Task:

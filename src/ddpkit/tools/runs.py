@@ -6,17 +6,20 @@ whose every byte is as written: newer ones that are not are listed, with why).""
 from __future__ import annotations
 
 import json
+import math
 import os
 import sys
 from pathlib import Path
 from typing import Any
 
 from ..checkpoint.headers import newest_checked
+from ..checkpoint.world_mark import rank0_gone
 from ..errors import DdpkitError
 from ..reporting.run_state import FAILED_FILE, end_killed_run, run_state
 from ..reporting.summary import top_loss
 from ..storage.copy import local_run
 from ..storage.location import is_url
+from ..util.textfile import read_own_text
 
 WIDTH = 112  # the table fits a terminal this wide; long run and task names are shortened
 COLUMNS = (
@@ -85,23 +88,26 @@ def describe_run(path: Path) -> dict[str, Any]:
     summary = ended.get("summary") or {}
     records = _records(path / "metrics.jsonl")
     newest, passed = newest_checked(path)  # reads every byte of the newest checkpoints: their CRC-32s
-    world = summary.get("world_size") or (newest[1].world_size if newest else None)
-    if world is None and isinstance(config.get("nproc"), int):
+    world = _count(summary.get("world_size")) or (newest[1].world_size if newest else None)
+    if world is None and _count(config.get("nproc")):
         world = config["nproc"] * _nodes(config.get("nnodes"))
+    state = ended["state"]
+    if state == "running?" and rank0_gone(path):  # no end recorded, and its rank 0 is known to be gone
+        state = "killed"
     return {
         "run": path.name,
         "path": str(path),
-        "task": config.get("task"),
+        "task": _text(config.get("task")),
         "world_size": world,
-        "strategy": summary.get("strategy") or config.get("strategy"),
-        "steps_done": summary.get("steps_done", _last(records, "step")),
-        "steps_planned": summary.get("steps_planned") or config.get("max_steps"),
-        "epochs_done": summary.get("epochs_done", _last(records, "epoch")),
-        "train_loss": summary.get("train_loss", _last(records, "train_loss")),
-        "eval_loss": summary.get("eval_loss", _last(records, "eval_loss")),
-        "time": summary.get("time"),  # where the wall time went (the run's ledger), if it finished
-        "state": ended["state"],
-        "error": ended.get("error"),
+        "strategy": _text(summary.get("strategy")) or _text(config.get("strategy")),
+        "steps_done": _count(summary.get("steps_done", _last(records, "step"))),
+        "steps_planned": _count(summary.get("steps_planned")) or _count(config.get("max_steps")),
+        "epochs_done": _count(summary.get("epochs_done", _last(records, "epoch"))),
+        "train_loss": _number(summary.get("train_loss", _last(records, "train_loss"))),
+        "eval_loss": _number(summary.get("eval_loss", _last(records, "eval_loss"))),
+        "time": _ledger(summary.get("time")),  # where the wall time went (the run's ledger), if it finished
+        "state": state,
+        "error": _text(ended.get("error")),
         "resumable": newest is not None,
         "checkpoint": str(newest[0]) if newest else None,
         "skipped_checkpoints": passed,  # newer ones a --resume passes over: damaged, cut short, foreign
@@ -157,6 +163,30 @@ def _fit(text: str, width: int) -> str:
     return text.ljust(width) if len(text) <= width else text[: max(1, width - 2)] + ".."
 
 
+# A value of the wrong type (a crafted or damaged summary.json, config.json or metrics.jsonl) is
+# shown as missing, never as if the run had recorded it.
+def _count(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
+
+
+def _number(value: Any) -> float | None:
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    return value if ok else None
+
+
+def _text(value: Any) -> str | None:
+    return value if isinstance(value, str) else None
+
+
+def _ledger(value: Any) -> dict[str, Any] | None:
+    """The summary's time ledger, with only its finite percentages."""
+    if not isinstance(value, dict):
+        return None
+    percent = value.get("percent")
+    percent = {k: v for k, v in percent.items() if _number(v) is not None} if isinstance(percent, dict) else {}
+    return {**value, "percent": percent}
+
+
 def _nodes(nnodes: Any) -> int:
     try:
         return int(str(nnodes).split(":")[-1])
@@ -167,7 +197,7 @@ def _nodes(nnodes: Any) -> int:
 def _json(path: Path) -> dict[str, Any] | None:
     """The file's object; None when it is missing, damaged or not an object (a crafted folder)."""
     try:
-        found = json.loads(path.read_text())
+        found = json.loads(read_own_text(path))
     except (OSError, ValueError):
         return None
     return found if isinstance(found, dict) else None
@@ -176,7 +206,7 @@ def _json(path: Path) -> dict[str, Any] | None:
 def _records(path: Path) -> list[dict[str, Any]]:
     """metrics.jsonl's records; a line cut short by a crash is skipped."""
     try:
-        lines = path.read_text().splitlines()
+        lines = read_own_text(path).splitlines()
     except OSError:
         return []
     out = []

@@ -22,3 +22,11 @@ def write_text_atomic(path: str | os.PathLike, text: str) -> Path:
         Path(tmp).unlink(missing_ok=True)
         raise
     return path
+
+
+def read_own_text(path: str | os.PathLike) -> str:
+    """The text of a file a run wrote in its own folder, never through a symbolic link (a crafted
+    folder's summary.json -> a file elsewhere): a link raises OSError, read as a missing file."""
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
+    with os.fdopen(fd, errors="replace") as f:
+        return f.read()

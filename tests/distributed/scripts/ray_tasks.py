@@ -1,6 +1,7 @@
 """Tasks of the Ray tests (tests/distributed/test_ray.py): Wine in float64 trained by plain SGD
 (the same numbers whoever runs it, summation order aside); the same with a worker that kills
-its own process once, mid-run; one whose task raises."""
+its own process once, mid-run; one whose task raises on rank 1 only."""
+
 import os
 import signal
 from pathlib import Path
@@ -50,4 +51,8 @@ def sgd(config=None, kill_at=0, marker=""):
 
 
 def raises(config=None):
-    raise ValueError("the data set at /data/wine is missing")
+    """Rank 1's task fails, rank 0's does not: the rank that failed is the one named."""
+    if os.environ.get("RANK") == "1":
+        print("rank 1 looks for its data", flush=True)
+        raise ValueError("the data set at /data/wine is missing")
+    return wine(config)
