@@ -130,9 +130,11 @@ class RunConfig(Performance, Strategy, Output, Nodes, Faults, Processes, Trainin
     def batch_plan(self, world_size: int) -> BatchPlan:
         """The global batch and accumulation at `world_size` processes, cut among the data-parallel
         ones (world / (tp x pp): a tp group and a pipeline train one share together; refused when
-        G is smaller than them)."""
+        G is smaller than them). Before --batch-size auto has chosen (in the workers), at a
+        micro-batch of 1: only what does not depend on it is checked."""
         check_degrees(world_size, self.tp, self.pp)
-        return BatchPlan(self.batch_size, self.accumulate, self.global_batch_size, world_size // (self.tp * self.pp))
+        micro = 1 if self.batch_size == "auto" else self.batch_size
+        return BatchPlan(micro, self.accumulate, self.global_batch_size, world_size // (self.tp * self.pp))
 
     def replace(self, **changes: Any) -> RunConfig:
         return dataclasses.replace(self, **changes)
@@ -154,7 +156,7 @@ def _training_across(cfg: RunConfig) -> None:
                 "--global-batch-size sets the accumulation itself (each share in micro-batches of at most "
                 "--batch-size): drop --accumulate"
             )
-        if cfg.nproc is not None and not cfg.multi_node and cfg.batch_size != "auto":
+        if cfg.nproc is not None and not cfg.multi_node:
             cfg.batch_plan(cfg.nproc)  # G smaller than the processes: refused before launch
     check_batch_auto(cfg)
 

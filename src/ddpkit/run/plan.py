@@ -107,7 +107,7 @@ def run_memory_plan(cfg: RunConfig, nproc: int, nnodes: int, local_nproc: int, s
         task_args=cfg.task_args,
         replicate=cfg.replicate,
         nnodes=nnodes,
-        batch_size=cfg.batch_size,
+        batch_size=None if cfg.batch_size == "auto" else cfg.batch_size,  # auto: chosen in the run
         activation_checkpointing=cfg.activation_checkpointing,
         cpu_allocator=cfg.cpu_allocator,
         accumulate=cfg.accumulate,

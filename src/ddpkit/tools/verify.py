@@ -89,6 +89,8 @@ def verify(config: Any = None, *, steps: int = 6, _clean_parent: bool = False, *
 
 
 def _verify(cfg: Any, nproc: int, steps: int, root: Path, clean_parent: bool) -> dict[str, Any]:
+    if cfg.batch_size == "auto":
+        raise DdpkitError("ddpkit verify compares runs at one fixed batch: give --batch-size, not auto")
     setups = plan_setups(nproc, cfg.batch_size, cfg.accumulate)
     ref, user, others = setups[0], setups[1], setups[2:]
     resume_at = steps // 2 + 1  # the only checkpoint of the user's run: 2 x resume_at > steps

@@ -121,7 +121,7 @@ def _decide(
             f"--batch-size auto: not even 1 sample per process fits: {need} per rank, more than "
             f"{format_bytes(limit)} ({FIT_FRACTION:.0%} of {format_bytes(budget)}, {where}); see ddpkit plan"
         )
-    bound = "memory" if batch < cap else ("the data set" if cap < MAX_BATCH else f"the cap {MAX_BATCH}")
+    bound = _bound(cfg, batch, cap, dp)
     planned = plan.peak(cfg.strategy, None, batch).total
     with _untouched(task.model):
         batch, measured, halved = _confirmed(task, batch, limit)
@@ -130,6 +130,15 @@ def _decide(
     if halved:
         said += f"; halved {halved} time(s): the measured step did not fit"
     return batch, said
+
+
+def _bound(cfg: RunConfig, batch: int, cap: int, dp: int) -> str:
+    """What stopped the search: memory, or which of its other bounds."""
+    if batch < cap:
+        return "memory"
+    if cfg.global_batch_size is not None and cap == -(-cfg.global_batch_size // dp):
+        return "its share of --global-batch-size"
+    return "the data set" if cap < MAX_BATCH else f"the cap {MAX_BATCH}"
 
 
 def _confirmed(task: Task, batch: int, limit: float) -> tuple[int, int, int]:

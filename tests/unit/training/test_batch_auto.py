@@ -39,6 +39,10 @@ def test_the_cap_is_each_processes_share_of_the_data_or_of_the_global_batch() ->
     assert search_cap(RunConfig(batch_size="auto", global_batch_size=40), task, 4) == 10
     assert search_cap(RunConfig(batch_size="auto"), task, 1000) == 1
     assert MAX_BATCH >= 4096
+    # before the workers choose, the launcher's checks of --global-batch-size still run
+    assert RunConfig(batch_size="auto", global_batch_size=64).batch_plan(2).global_batch == 64
+    with pytest.raises(DdpkitError, match="smaller than the 4 processes"):
+        RunConfig(batch_size="auto", global_batch_size=3).batch_plan(4)
 
 
 @pytest.mark.parametrize(
