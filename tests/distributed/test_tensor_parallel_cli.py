@@ -1,7 +1,7 @@
-"""`ddpkit train --tp 2 --strategy fsdp` on 4 processes, through the real CLI: a 2x2 (dp_shard, tp)
-mesh, the Linears split over the tp ranks and their pieces sharded over the dp ranks, trains
-the nanoGPT-shaped model of separate q/k/v (float64, SGD, gradient clipping active) to the
-one-process model, with the same eval loss (each eval sample counted once) and the same
+"""`ddpkit train --tp 2` on 4 processes, through the real CLI: a 2x2 (dp_shard, tp) mesh (FSDP) and a
+(dp_replicate, tp) one (HSDP), the Linears split over the tp ranks and their pieces sharded over the
+dp ranks, train the nanoGPT-shaped model of separate q/k/v (float64, SGD, gradient clipping active)
+to the one-process model, with the same eval loss (each eval sample counted once) and the same
 clipped norm. What is not built is refused before any worker starts, one line, exit 2."""
 
 from __future__ import annotations
@@ -24,10 +24,20 @@ def _records(run):
     return [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if line.strip()]
 
 
-def test_fsdp_x_tp_2x2_trains_what_one_process_trains(reference_run, tmp_path):
+@pytest.mark.parametrize(
+    "mesh",
+    [
+        ("--strategy", "fsdp"),  # (dp_shard 2, tp 2)
+        # (dp_replicate 2, dp_shard 1, tp 2): fully_shard over the 2-D dp sub-mesh of a 3-D mesh, the
+        # replicas' gradients all-reduced (4 processes cannot hold all three dims > 1)
+        ("--strategy", "hsdp", "--replicate", "2"),
+    ],
+    ids=["fsdp-x-tp", "hsdp-x-tp"],
+)
+def test_tp_2_on_4_processes_trains_what_one_process_trains(reference_run, tmp_path, mesh):
     one = reference_run(TASK, "--nproc", "1", *COMMON)
-    run = tmp_path / "fsdp-x-tp"
-    run_ddpkit("train", TASK, "--nproc", "4", "--tp", "2", "--strategy", "fsdp", *COMMON, "--run-dir", str(run))
+    run = tmp_path / "split"
+    run_ddpkit("train", TASK, "--nproc", "4", "--tp", "2", *mesh, *COMMON, "--run-dir", str(run))
     whole, ref = load_model(run), load_model(one)  # model.pt: the whole, unsplit weights
     assert whole.keys() == ref.keys()
     for name, weight in ref.items():
@@ -52,8 +62,7 @@ def test_fsdp_x_tp_2x2_trains_what_one_process_trains(reference_run, tmp_path):
     [
         (("--nproc", "4", "--tp", "3"), "does not divide the 4 processes"),
         (("--nproc", "4", "--tp", "2"), "--tp 2 with --strategy ddp: torch's DDP cannot replicate"),
-        (("--nproc", "4", "--tp", "2", "--strategy", "hsdp"), "--tp 2 with HSDP"),
-        (("--nproc", "4", "--tp", "2", "--strategy", "fsdp", "--replicate", "2"), "--tp 2 with HSDP"),
+        (("--nproc", "4", "--tp", "2", "--strategy", "auto"), "--tp 2 with --strategy auto"),
     ],
 )
 def test_what_tp_does_not_build_is_one_line_before_any_worker(tmp_path, args, said):

@@ -106,19 +106,13 @@ def check(
 
 
 def _check_tp(config: StrategyConfig) -> None:
-    """--tp N > 1 is built with FSDP over the data-parallel ranks (a (dp_shard, tp) mesh) only."""
+    """--tp N > 1 is built with FSDP or HSDP over the data-parallel ranks (a (dp_replicate,
+    dp_shard, tp) mesh) only."""
     tp = config.tp
-    if tp == 1:
-        return
-    if config.name in ("ddp", "auto"):
+    if tp > 1 and config.name in ("ddp", "auto"):
         raise DdpkitError(
             f"--tp {tp} with --strategy {config.name}: torch's DDP cannot replicate a model whose Linears are split "
-            f"over the tp ranks (DTensor parameters); use --strategy fsdp --tp {tp}"
-        )
-    if config.name == "hsdp" or (config.replicate or 1) > 1:
-        raise DdpkitError(
-            f"--tp {tp} with HSDP (--strategy hsdp or --replicate R) is not built yet; use --strategy fsdp --tp {tp} "
-            "without --replicate"
+            f"over the tp ranks (DTensor parameters); use --strategy fsdp --tp {tp} (or hsdp)"
         )
 
 
@@ -147,14 +141,25 @@ def mesh_dims(
     out by the strategy's (replicate, shard) layout over the data-parallel ranks (FSDP, HSDP)."""
     check_degrees(world_size, config.tp, config.pp, local_world_size)
     spec = _REGISTRY.get(config.name)
-    dp = config.dp_world(world_size)
     if spec is None or spec.layout is None:
         shards = spec is not None and spec.shards
         return ParallelDims.of(world_size, tp=config.tp, pp=config.pp, shards=shards, rank=rank)
-    # a node's data-parallel ranks: its processes over tp (the pipeline's stages may span nodes)
-    local = local_world_size // config.tp if local_world_size is not None and config.pp == 1 else None
-    replicate, _ = spec.layout(config, dp, max(1, nnodes // config.pp), local)
+    replicate, _ = dp_layout(config, world_size, nnodes, local_world_size)
     return ParallelDims.of(world_size, tp=config.tp, pp=config.pp, replicate=replicate, shards=True, rank=rank)
+
+
+def dp_layout(
+    config: StrategyConfig, world_size: int, nnodes: int = 1, local_world_size: int | None = None
+) -> tuple[int, int]:
+    """The strategy's (replicate, shard) layout of the data-parallel ranks among `world_size`: its
+    layout asked about them alone, a node's share being its processes over tp (the pipeline's
+    stages may span nodes). (1, dp) for a strategy without a layout."""
+    spec = _REGISTRY.get(config.name)
+    dp = config.dp_world(world_size)
+    if spec is None or spec.layout is None:
+        return 1, dp
+    local = local_world_size // config.tp if local_world_size is not None and config.pp == 1 else None
+    return spec.layout(config, dp, max(1, nnodes // config.pp), local)
 
 
 def _named(name: str, own_loop: bool) -> StrategySpec:

@@ -14,7 +14,7 @@ from typing import Any
 
 from ..config import RunConfig
 from ..errors import DdpkitError
-from ..parallel.spec import StrategyConfig, check, strategy_spec
+from ..parallel.spec import StrategyConfig, check, dp_layout, strategy_spec
 from ..runtime import Runtime
 from ..task import Task
 from .base import Strategy
@@ -78,8 +78,8 @@ def strategy_for(config: StrategyConfig, rt: Runtime, *, blocks: Any = None, che
     default, one replica per node: strategy_config.fsdp_mesh, hsdp_mesh).
     Activation checkpointing recomputes `checkpoint_blocks(model)`, else the blocks FSDP would shard."""
     spec = strategy_spec(config.name)
-    dp = config.dp_world(rt.world_size)  # the layout is the data-parallel ranks' (tp splits within each)
-    mesh = spec.layout(config, dp, rt.env.nnodes, rt.env.local_world_size) if spec.layout else None
+    # the layout is the data-parallel ranks' (tp splits within each)
+    mesh = dp_layout(config, rt.world_size, rt.env.nnodes, rt.env.local_world_size) if spec.layout else None
     return spec.factory()(rt, config, blocks=blocks, checkpoint_blocks=checkpoint_blocks or blocks, mesh_shape=mesh)
 
 

@@ -78,12 +78,16 @@ class FsdpStrategy(Strategy):
         self._unsharded_names: weakref.WeakKeyDictionary[nn.Module, dict[int, str]] = weakref.WeakKeyDictionary()
 
     def device_mesh(self) -> DeviceMesh:
-        """1-D over every rank without replicas; else 2-D, named, which fully_shard takes as HSDP."""
+        """1-D over every rank without replicas; else 2-D, named, which fully_shard takes as HSDP.
+        Under --tp one mesh (dp_replicate, dp_shard, tp), tp innermost (consecutive ranks, within a
+        node: parallel/dims.py), of which FSDP takes the data-parallel sub-mesh, 2-D with replicas."""
         if self._mesh is None:
             replicate, shard = self.mesh_shape
-            if self.tp > 1:  # (dp_shard, tp): tp innermost, consecutive ranks (parallel/dims.py)
-                mesh = init_device_mesh(self.rt.device.type, (shard, self.tp), mesh_dim_names=("dp_shard", "tp"))
-                self._mesh, self._tp_mesh = mesh["dp_shard"], mesh["tp"]
+            if self.tp > 1:
+                names = ("dp_replicate", "dp_shard", "tp")
+                mesh = init_device_mesh(self.rt.device.type, (replicate, shard, self.tp), mesh_dim_names=names)
+                self._mesh = mesh["dp_replicate", "dp_shard"] if replicate > 1 else mesh["dp_shard"]
+                self._tp_mesh = mesh["tp"]
             elif replicate == 1:
                 self._mesh = init_device_mesh(self.rt.device.type, (shard,))
             else:
@@ -135,8 +139,8 @@ class FsdpStrategy(Strategy):
         return step_on_local_shards(make_optimizer(spec, model, lr))
 
     def clip_grad_norm_(self, model: nn.Module, max_norm: float) -> torch.Tensor:
-        """Under --tp the parameters live on two meshes (split Linears on (dp_shard, tp), the rest
-        on dp_shard), which torch's clip_grad_norm_ cannot stack: grad_norm.py's global norm."""
+        """Under --tp the parameters live on two meshes (split Linears on the whole mesh, the rest
+        on its data-parallel sub-mesh), which torch's clip_grad_norm_ cannot stack: grad_norm.py's global norm."""
         if self.tp == 1:
             return super().clip_grad_norm_(model, max_norm)
         return clip_global_norm_(model.parameters(), max_norm, self.rt.world_size)

@@ -9,7 +9,7 @@ import pytest
 from ddpkit.config import RunConfig
 from ddpkit.errors import DdpkitError
 from ddpkit.parallel.dims import ParallelDims, check_degrees
-from ddpkit.parallel.spec import StrategyConfig, check, mesh_dims
+from ddpkit.parallel.spec import StrategyConfig, check, dp_layout, mesh_dims
 
 
 def placed(dims: ParallelDims, rank: int) -> ParallelDims:
@@ -51,6 +51,8 @@ def test_one_process_and_pure_data_parallel():
 def test_mesh_dims_follows_each_strategy_layout():
     hsdp = mesh_dims(StrategyConfig(name="hsdp", tp=2), 8, nnodes=2, local_world_size=4)
     assert (hsdp.dp_replicate, hsdp.dp_shard, hsdp.tp) == (2, 2, 2)  # one replica per node, tp inside it
+    # what the strategy lays its FSDP mesh out by (strategy_for): the same, a node's 4 processes being 2 dp ranks
+    assert dp_layout(StrategyConfig(name="hsdp", tp=2), 8, 2, 4) == (2, 2)
     fsdp = mesh_dims(StrategyConfig(name="fsdp", tp=2, replicate=2), 8, rank=5)
     assert (fsdp.dp_replicate, fsdp.dp_shard, fsdp.dp_rank, fsdp.tp_rank) == (2, 2, 2, 1)
     ddp = mesh_dims(StrategyConfig(name="ddp", tp=2), 4, rank=2)
