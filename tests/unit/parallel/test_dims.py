@@ -62,8 +62,10 @@ def test_mesh_dims_follows_each_strategy_layout():
 def test_the_batch_plan_is_cut_among_the_data_parallel_ranks():
     plan = RunConfig(task="wine", strategy="fsdp", tp=2, batch_size=8).batch_plan(4)
     assert (plan.world_size, plan.global_batch) == (2, 16)  # 2 dp ranks x 8, as 2 processes of DDP
-    fixed = RunConfig(task="wine", strategy="fsdp", tp=2, pp=2, global_batch_size=10, batch_size=4).batch_plan(8)
+    fixed = RunConfig(task="wine", strategy="fsdp", tp=4, global_batch_size=10, batch_size=4).batch_plan(8)
     assert (fixed.world_size, fixed.share(0), fixed.share(1), fixed.accumulate) == (2, 5, 5, 2)
+    piped = RunConfig(task="wine", strategy="ddp", pp=2, save_every=0, global_batch_size=10, batch_size=4)
+    assert piped.batch_plan(4).world_size == 2  # 2 stages: 2 dp ranks of 4 processes
 
 
 @pytest.mark.parametrize(
@@ -82,9 +84,9 @@ def test_degrees_the_processes_cannot_form_are_one_line(world, local, tp, pp, wo
 
 
 def test_replicas_divide_the_data_parallel_ranks_not_the_world():
-    check(StrategyConfig(name="fsdp", pp=2, replicate=2), 8)  # 4 dp ranks: 2 x 2
+    check(StrategyConfig(name="fsdp", tp=2, replicate=2), 8)  # 4 dp ranks: 2 x 2
     with pytest.raises(DdpkitError, match="--replicate 4 does not divide the 2 data-parallel processes"):
-        check(StrategyConfig(name="fsdp", pp=2, replicate=4), 4)
+        check(StrategyConfig(name="fsdp", tp=2, replicate=4), 4)
 
 
 def test_pipeline_settings_are_checked():
