@@ -115,3 +115,45 @@ def test_a_transformers_llama_brings_its_own_plan():
     assert resolved["model.layers.1.self_attn.q_proj"] == "colwise"
     assert resolved["model.layers.0.mlp.down_proj"] == "rowwise"
     check_plan(model, resolved, 2)
+
+
+def _llama(**config):
+    import transformers
+
+    sizes = dict(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4)
+    return transformers.LlamaForCausalLM(transformers.LlamaConfig(**{**sizes, "num_key_value_heads": 2, **config}))
+
+
+def test_a_transformers_models_whole_plan_splits_its_embedding_and_head_too():
+    model = _llama()
+    resolved = resolve_plan(model, plan_of(model, None))
+    assert resolved["model.embed_tokens"] == "embedding_rowwise"
+    assert resolved["lm_head"] == "colwise_gather_output"  # the logits gathered whole for the loss
+    assert len(resolved) == 2 + 7 * 2
+
+
+def test_a_style_ddpkit_does_not_apply_is_named_in_one_line():
+    model = _llama()
+    model._tp_plan = {**model._tp_plan, "model.layers.*.mlp.up_proj": "packed_colwise"}
+    with pytest.raises(DdpkitError) as raised:
+        resolve_plan(model, plan_of(model, None))
+    said = str(raised.value)
+    assert "'model.layers.*.mlp.up_proj': style 'packed_colwise' is not one ddpkit applies" in said
+    assert "\n" not in said
+
+
+def test_a_split_that_would_cut_a_head_in_two_is_refused():
+    model = _llama(num_key_value_heads=1)  # k_proj and v_proj: one head of 8 features each
+    with pytest.raises(DdpkitError) as raised:
+        check_plan(model, resolve_plan(model, plan_of(model, None)), 2)
+    assert "model.layers.0.self_attn.k_proj holds 1 head(s) of 8 features" in str(raised.value)
+    check_plan(_llama(), resolve_plan(_llama(), plan_of(_llama(), None)), 2)  # 2 kv heads: one per rank
+
+
+def test_a_tied_head_split_one_way_and_its_embedding_another_is_refused():
+    model = _llama(tie_word_embeddings=True)
+    plan = {**model._tp_plan, "model.embed_tokens": "embedding_colwise"}  # the head still splits rows
+    with pytest.raises(DdpkitError, match="one tied parameter would be split two ways") as raised:
+        check_plan(model, resolve_plan(model, plan), 2)
+    assert "lm_head.weight split on dim 0" in str(raised.value)
+    check_plan(model, resolve_plan(model, plan_of(model, None)), 2)  # rows and rows: one parameter kept
