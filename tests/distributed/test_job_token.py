@@ -15,6 +15,7 @@ import time
 from datetime import timedelta
 from pathlib import Path
 
+import pytest
 import torch
 import torch.distributed as dist
 
@@ -38,9 +39,9 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _node(port: int, run_dir: Path, **env: str) -> subprocess.Popen:
+def _node(port: int, run_dir: Path, *extra: str, **env: str) -> subprocess.Popen:
     cmd = [sys.executable, "-m", "ddpkit", "train", "--nproc", "1", "--nnodes", "2", "--rdzv-id", RDZV_ID]
-    cmd += ["--rdzv-endpoint", f"127.0.0.1:{port}", "--timeout", "60", "--run-dir", str(run_dir), *WINE]
+    cmd += ["--rdzv-endpoint", f"127.0.0.1:{port}", "--timeout", "60", "--run-dir", str(run_dir), *WINE, *extra]
     full = {k: v for k, v in os.environ.items() if not k.startswith("DDPKIT_JOB_TOKEN")}
     full.update(PYTHONPATH=str(REPO / "src"), **env)
     return subprocess.Popen(cmd, env=full, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
@@ -184,3 +185,24 @@ def test_rank_0s_sealed_store_serves_the_job_for_as_long_as_the_group_lives(tmp_
                 p.communicate()
     assert [p.returncode for p in procs] == [0, 0], "\n---\n".join(outputs)
     assert "sum 2" in outputs[0], outputs[0]
+
+
+@pytest.mark.slow
+def test_hsdp_across_two_nodes_with_a_token_forms_its_mesh_and_trains(tmp_path, reference_run):
+    """The agents' store path (every SLURM job of ddpkit has a token): HSDP's device mesh forms its
+    replicate and shard groups after init, through the sealed store. It crashed with torch's 'Not
+    implemented' once the sealing wrapper was collected."""
+    port, run_dir = _free_port(), tmp_path / "run"
+    flags = ("--strategy", "hsdp", "--save-every", "0")
+    nodes = [_node(port, run_dir, *flags, DDPKIT_JOB_TOKEN="hsdp-" + "y" * 20) for _ in range(2)]
+    try:
+        outputs = [p.communicate(timeout=150)[0] for p in nodes]
+    finally:
+        for p in nodes:
+            if p.poll() is None:
+                p.kill()
+                p.communicate()
+    assert [p.returncode for p in nodes] == [0, 0], "\n---\n".join(outputs)
+    reference = load_model(reference_run("--nproc", "2", *WINE))
+    model = load_model(run_dir)  # the whole model, written once the mesh trained
+    assert {k: v.shape for k, v in model.items()} == {k: v.shape for k, v in reference.items()}
