@@ -25,7 +25,11 @@ What it shows, as a user would write it for nanoGPT-style training:
 Every size is a task argument (`--task-arg KEY=VALUE`): n_layer, n_head, n_embd,
 block_size, dropout, lr, weight_decay, warmup_steps, decay_steps, max_samples (training
 windows kept; None: all), init (eager, or meta: built on the meta device, each rank
-materialising only its part with `init_weights`; the same weights as eager). The defaults
+materialising only its part with `init_weights`; the same weights as eager), qkv (fused: one
+Linear, as nanoGPT's c_attn; separate: q, k and v, which `--tp` splits by heads, by the task's
+`tp_plan`), tie (False: the head has its own weight, which `--pp` needs):
+
+    ddpkit train examples/gpt.py:build --nproc 4 --tp 2 --strategy fsdp --task-arg qkv=separate The defaults
 are a 0.1M-parameter model that learns visibly in seconds: the first command above takes
 ~15 s on 2 CPU cores, and its eval loss falls from 4.6 (a uniform guess over the 103
 characters) to ~2.9 after epoch 1 and ~2.8 after epoch 2.
@@ -55,6 +59,8 @@ class GPTConfig:
     n_head: int = 4
     n_embd: int = 64
     dropout: float = 0.0
+    qkv: str = "fused"  # fused: one Linear, as nanoGPT's c_attn; separate: q, k and v, which --tp splits by heads
+    tie: bool = True  # the head shares the token embedding's weight (False: its own, which --pp needs)
 
 
 def residual_std(cfg: GPTConfig) -> float:
@@ -78,7 +84,11 @@ class CausalSelfAttention(nn.Module):
         super().__init__()
         assert cfg.n_embd % cfg.n_head == 0, "n_embd must be a multiple of n_head"
         self.n_head = cfg.n_head
-        self.qkv = nn.Linear(cfg.n_embd, 3 * cfg.n_embd)
+        self.head_dim = cfg.n_embd // cfg.n_head
+        if cfg.qkv == "separate":
+            self.q, self.k, self.v = (nn.Linear(cfg.n_embd, cfg.n_embd) for _ in range(3))
+        else:
+            self.qkv = nn.Linear(cfg.n_embd, 3 * cfg.n_embd)
         self.proj = nn.Linear(cfg.n_embd, cfg.n_embd)
         self.proj.init_std = residual_std(cfg)
         self.dropout = cfg.dropout
@@ -86,10 +96,12 @@ class CausalSelfAttention(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         b, t, c = x.shape
-        # (B, T, 3C) -> three (B, heads, T, C / heads)
-        q, k, v = self.qkv(x).view(b, t, 3, self.n_head, c // self.n_head).permute(2, 0, 3, 1, 4)
+        if hasattr(self, "qkv"):  # (B, T, 3C) -> three (B, heads, T, C / heads)
+            q, k, v = self.qkv(x).view(b, t, 3, self.n_head, c // self.n_head).permute(2, 0, 3, 1, 4)
+        else:  # heads viewed from the tensor: under --tp each rank's q, k, v hold its share of the heads
+            q, k, v = (p(x).view(b, t, -1, self.head_dim).transpose(1, 2) for p in (self.q, self.k, self.v))
         y = F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=self.dropout if self.training else 0.0)
-        return self.resid_drop(self.proj(y.transpose(1, 2).reshape(b, t, c)))
+        return self.resid_drop(self.proj(y.transpose(1, 2).reshape(b, t, -1)))
 
 
 class MLP(nn.Module):
@@ -129,15 +141,16 @@ class GPT(nn.Module):
         self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layer))  # one FSDP unit each
         self.ln_f = nn.LayerNorm(cfg.n_embd)
         self.head = nn.Linear(cfg.n_embd, cfg.vocab_size, bias=False)
-        self.head.weight = self.wte.weight  # weight tying: one matrix embeds and predicts
+        if cfg.tie:
+            self.head.weight = self.wte.weight  # weight tying: one matrix embeds and predicts
         self.apply(init_weights)
 
     def forward(
         self, idx: torch.Tensor, targets: torch.Tensor | None = None
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         t = idx.shape[1]
-        if t > self.cfg.block_size:
-            raise ValueError(f"sequence of {t} tokens, longer than block_size {self.cfg.block_size}")
+        # torch._assert, not an `if`: torch.fx traces it (--pp cuts the traced forward into stages)
+        torch._assert(t <= self.cfg.block_size, f"a sequence longer than block_size {self.cfg.block_size}")
         pos = torch.arange(t, device=idx.device)
         x = self.drop(self.wte(idx) + self.wpe(pos))
         for block in self.blocks:
@@ -155,6 +168,22 @@ class GPT(nn.Module):
             probs = F.softmax(logits[:, -1, :] / temperature, dim=-1)
             idx = torch.cat([idx, torch.multinomial(probs, 1)], dim=1)
         return idx
+
+
+def tp_plan(qkv: str = "fused") -> dict[str, str]:
+    """--tp N: the attention's q, k, v and the MLP's up split by columns (each rank computes its
+    share of the heads and of the hidden features), the projections after them by rows (their
+    partial outputs summed); embeddings, norms and the head stay whole on every rank. A fused qkv
+    is named as it is, and refused: a column split of it would cut across q, k and v."""
+    attention = {"blocks.*.attn.qkv": "colwise"} if qkv == "fused" else {f"blocks.*.attn.{p}": "colwise" for p in "qkv"}
+    return {
+        **attention,
+        "blocks.*.attn.proj": "rowwise",
+        "blocks.*.mlp.up": "colwise",
+        "blocks.*.mlp.proj": "rowwise",
+        "blocks.*.ln_1": "sequence_parallel",
+        "blocks.*.ln_2": "sequence_parallel",
+    }
 
 
 # ---------------------------------------------------------------------------- the data
@@ -252,6 +281,7 @@ def run_steps(config, n_train: int) -> int | None:
         world = torch.distributed.get_world_size()
     else:
         world = int(os.environ.get("WORLD_SIZE", "1"))
+    world //= getattr(config, "tp", 1) * getattr(config, "pp", 1)  # the ranks of a tp group or pipeline share samples
     if getattr(config, "max_steps", None):
         return config.max_steps
     if not isinstance(config.batch_size, int):  # --batch-size auto: chosen after the task is built
@@ -277,6 +307,8 @@ def build(
     decay_steps: int | None = None,
     max_samples: int | None = 2048,
     init: str = "eager",
+    qkv: str = "fused",
+    tie: bool = True,
 ):
     """The ddpkit task. `decay_steps` (default: the run's optimizer steps, from the
     RunConfig) is where the cosine reaches lr/10. `init=meta` builds the model on the meta
@@ -286,9 +318,11 @@ def build(
 
     if init not in ("eager", "meta"):
         raise ddpkit.DdpkitError(f"--task-arg init={init}: use eager or meta")
+    if qkv not in ("fused", "separate"):
+        raise ddpkit.DdpkitError(f"--task-arg qkv={qkv}: use fused or separate")
     train_set, eval_set, vocab = char_data(block_size, max_samples)
     with torch.device("meta" if init == "meta" else "cpu"):
-        model = GPT(GPTConfig(len(vocab), block_size, n_layer, n_head, n_embd, dropout))
+        model = GPT(GPTConfig(len(vocab), block_size, n_layer, n_head, n_embd, dropout, qkv, tie))
     decay_steps = decay_steps or run_steps(config, len(train_set)) or 1000
     schedule = warmup_cosine(warmup_steps, decay_steps)
     return ddpkit.Task(
@@ -298,6 +332,7 @@ def build(
         optimizer=lambda params: adamw_with_decay_groups(params, lr=lr, weight_decay=weight_decay),
         scheduler=lambda opt: torch.optim.lr_scheduler.LambdaLR(opt, schedule),
         init_weights=init_weights if init == "meta" else None,
+        tp_plan=tp_plan(qkv),
     )
 
 

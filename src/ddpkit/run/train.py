@@ -78,6 +78,7 @@ def train(
         return {"plan": plan}
     _check_strategy(cfg, device_type, nproc * plan.max_nodes, nproc)
     _check_task_exists(cfg)  # before the run directory is made: a task that cannot load leaves none
+    _check_split(cfg, plan.start_method)
     cfg = cfg if cfg.run_dir else cfg.replace(run_dir=str(default_run_dir(cfg)))
     with staged(cfg) as cfg, init_from_fetched(cfg) as cfg:  # a bucket: checked now, before any worker starts
         new = _missing_folders(cfg.run_dir)
@@ -289,6 +290,54 @@ def _task_slug(task: str) -> str:
     name = task.rpartition(":")[2] if ":" in task else task
     base = Path(task.rpartition(":")[0]).stem if ":" in task else ""
     return "-".join(p for p in (base, name) if p) or "task"
+
+
+def _check_split(cfg: RunConfig, start_method: str) -> None:
+    """--tp: the task built on the meta device, as the memory plan builds it, and its tensor-parallel
+    plan checked against the model before any worker starts or a run directory is made (a fused
+    q/k/v, a pattern that matches nothing, a dimension --tp does not divide: one line). In a fork of
+    this process when the workers will be forked from it (it stays as clean as they need). A task
+    that cannot be built so (it reads its weights' values) is left to its workers, which check again."""
+    if cfg.tp <= 1:
+        return
+    if start_method == "fork":
+        from .plan import _in_a_fork
+
+        said = _in_a_fork(lambda: _split_refusal(cfg), timeout=120.0)()
+    else:  # spawned workers: here, the caller's random states kept as they were
+        import random
+
+        import numpy as np
+        import torch
+
+        states = random.getstate(), np.random.get_state(), torch.get_rng_state()
+        try:
+            said = _split_refusal(cfg)
+        finally:
+            random.setstate(states[0])
+            np.random.set_state(states[1])
+            torch.set_rng_state(states[2])
+    if isinstance(said, str):
+        raise DdpkitError(said)
+
+
+def _split_refusal(cfg: RunConfig) -> str | None:
+    """What the workers would refuse in one line when they split the model, or None."""
+    from ..strategies.materialize import parameters_on_meta
+    from ..strategies.tensor_parallel import checked_plan
+    from ..task import build_task
+    from .worker import seed_everything
+
+    seed_everything(cfg.seed)
+    try:
+        with parameters_on_meta():
+            task = build_task(cfg.task, cfg)
+        checked_plan(task.model, task.tp_plan, cfg.tp)
+    except DdpkitError as e:
+        return str(e)
+    except Exception:  # not buildable on the meta device: the workers check
+        return None
+    return None
 
 
 def _check_task_exists(cfg: RunConfig) -> None:

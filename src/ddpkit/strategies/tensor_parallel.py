@@ -254,6 +254,13 @@ def split_model(model: nn.Module, plan: dict[str, str] | None, tp_mesh: Any) -> 
         raise DdpkitError(
             "--tp: a model built on the meta device cannot be split yet; build it on the CPU, or drop --tp"
         )
+    apply_plan(model, checked_plan(model, plan, tp_mesh.size()), tp_mesh)
+
+
+def checked_plan(model: nn.Module, plan: dict[str, str] | None, tp: int) -> dict[str, str]:
+    """The plan resolved against `model` and checked for `tp` ranks (each module -> its style): what
+    the launcher asks of a model built on the meta device before any worker starts, and every
+    worker again before it splits its own."""
     resolved = resolve_plan(model, plan_of(model, plan))
-    check_plan(model, resolved, tp_mesh.size())
-    apply_plan(model, resolved, tp_mesh)
+    check_plan(model, resolved, tp)
+    return resolved

@@ -35,8 +35,10 @@ def evaluate(
     sums = torch.zeros(4, dtype=torch.float64, device=rt.device)  # loss, loss count, metric, samples with a metric
     with torch.no_grad():
         for batch in strategy.eval_batches(dataset, batch_size, num_workers):
-            batch = to_device(batch, rt.device)
             n = sample_count(batch)
+            if n == 0:  # this rank's empty share: a sharded or split model still needs it in the forward
+                batch = _stand_in(dataset)  # one sample, counted nowhere (a forward of none fails `view(B, T, -1, D)`)
+            batch = to_device(batch, rt.device)
             with strategy.autocast():
                 forward = strategy.eval_forward(module, batch, n)  # None: no output on this rank (pipeline stage)
                 if forward is None:
@@ -56,6 +58,13 @@ def evaluate(
     if total[3].item() > 0:
         result[f"eval_{metric_name}"] = total[2].item() / total[3].item()
     return result
+
+
+def _stand_in(dataset: Any) -> Any:
+    """The eval set's first sample as a batch of one."""
+    from ..data.sharding import fetch_batches
+
+    return next(fetch_batches(dataset, [torch.arange(1)]))
 
 
 def _metric(metric: Callable | None, out: Any, batch: Any, loss_fn: Callable | None, step: Callable | None) -> Any:
