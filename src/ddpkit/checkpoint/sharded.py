@@ -43,7 +43,7 @@ from . import file as ckpt_io
 from .dcp_io import ChecksumWriter, check_items, folder_metadata, load_into
 from .integrity import DamagedCheckpoint, verify_files
 from .schema import Header
-from .state import unwrap
+from .state import unwrap, whole_param_groups
 
 FORMAT = "ddpkit-sharded-checkpoint"
 STATE_VERSION = 1  # rt.save(..., sharded=True) folders (training checkpoints carry checkpoint.file.VERSION)
@@ -104,7 +104,7 @@ def write_shards(
             state: dict[str, Any] = {"model": get_model_state_dict(model)}
         else:
             model_state, optim_state = get_state_dict(model, optimizer)
-            state = {"model": model_state, "optim": optim_state}
+            state = {"model": model_state, "optim": whole_param_groups(model, optim_state)}
         writer = ChecksumWriter(tmp, sync_files=True)
         with _alone_is_fine():
             dcp.save(state, storage_writer=writer, no_dist=not rt.distributed)
@@ -204,10 +204,12 @@ def check_files(path: Path, meta: dict[str, Any]) -> None:
 
 def load_dcp(path: Path, model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
     """Collective: read a sharded checkpoint into this run's model and optimizer, resharding
-    to this run's layout (FSDP at any world size, or whole tensors for DDP)."""
+    to this run's layout (FSDP at any world size, TP's split Linears, a pipeline stage's part of
+    the whole model's names, or whole tensors for DDP)."""
     model_state, optim_state = get_state_dict(model, optimizer)
     state = {"model": model_state, "optim": optim_state}
-    load_into(state, path, no_dist=not dist.is_initialized())
+    with _alone_is_fine():  # one process resuming what a mesh wrote
+        load_into(state, path, no_dist=not dist.is_initialized())
     set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
 
 
