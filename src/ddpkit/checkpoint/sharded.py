@@ -1,4 +1,4 @@
-"""Sharded checkpoints (FSDP): every rank writes its own shard, with torch.distributed.checkpoint.
+"""Sharded checkpoints (FSDP, HSDP, --tp, --pp): every rank writes its own part, with torch.distributed.checkpoint.
 
 A sharded checkpoint is the directory ``checkpoints/epoch-NNNNNN/`` (or
 ``epoch-NNNNNN-step-MMMMMM/`` after a stop between steps): DCP's ``.metadata``, one
@@ -14,7 +14,8 @@ rank 0 adds ``ddpkit.pt`` and renames the directory into place. A crash mid-save
 ``.partial`` directory that resume never reads (and the next save of that epoch removes).
 
 Loading reshards: DCP reads each rank's part of every tensor from whichever files hold it,
-so a checkpoint written by 4 ranks loads on 2, or whole into a DDP run. The run directory
+so a checkpoint written by 4 ranks loads on 2, or whole into a DDP run. Every tensor is named as in
+the whole model (a tp slice of its Linear, a pipeline stage's blocks), so any mesh reads any other's. The run directory
 must be one file system every rank sees (on several nodes: a shared one).
 """
 
