@@ -15,6 +15,7 @@ import time
 from datetime import timedelta
 from pathlib import Path
 
+import pytest
 import torch
 import torch.distributed as dist
 
@@ -38,9 +39,9 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _node(port: int, run_dir: Path, **env: str) -> subprocess.Popen:
+def _node(port: int, run_dir: Path, *extra: str, **env: str) -> subprocess.Popen:
     cmd = [sys.executable, "-m", "ddpkit", "train", "--nproc", "1", "--nnodes", "2", "--rdzv-id", RDZV_ID]
-    cmd += ["--rdzv-endpoint", f"127.0.0.1:{port}", "--timeout", "60", "--run-dir", str(run_dir), *WINE]
+    cmd += ["--rdzv-endpoint", f"127.0.0.1:{port}", "--timeout", "60", "--run-dir", str(run_dir), *WINE, *extra]
     full = {k: v for k, v in os.environ.items() if not k.startswith("DDPKIT_JOB_TOKEN")}
     full.update(PYTHONPATH=str(REPO / "src"), **env)
     return subprocess.Popen(cmd, env=full, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
@@ -131,10 +132,77 @@ def test_the_workers_store_of_rank_0_serves_only_workers_with_the_token(tmp_path
             if p is not None and p.poll() is None:
                 p.kill()
                 p.communicate()
-    assert (rank0.returncode, rank1.returncode) == (0, 0), outputs
+    assert (rank0.returncode, rank1.returncode) == (0, 0), "\n---\n".join([*outputs, impostor_output])
     assert impostor.returncode != 0 and "Connection was likely closed" in impostor_output, impostor_output
     assert names and all(n.startswith("ddpkit-sealed/") for n in names), names
     assert not any(b"127.0.0.1" in v for v in values)
     final = torch.load(tmp_path / "pod0" / "final.pt", weights_only=True)["model"]
     assert_state_close(final, own_loop_launched[1]["model"], rtol=1e-6, atol=1e-7)
     assert not any(token in text for text in outputs)
+
+
+SUBGROUP_AFTER_INIT = """
+import gc, sys
+import torch, torch.distributed as dist
+import ddpkit
+with ddpkit.init(timeout=30) as rt:
+    gc.collect()  # what the interpreter may do at any moment after init: rank 0's store must survive it
+    if rt.rank == 1:
+        import time; time.sleep(1)  # rank 0 is done with the store before rank 1 uses it again
+    group = dist.new_group([0, 1])  # a subgroup (a device mesh's dims) meets through the workers' store
+    t = torch.ones(1)
+    dist.all_reduce(t, group=group)
+    rt.print(f"sum {t.item():.0f}")
+"""
+
+
+def test_rank_0s_sealed_store_serves_the_job_for_as_long_as_the_group_lives(tmp_path):
+    """With a token, rank 0's TCPStore is held by the sealing wrapper (a Python object): torch's
+    process group keeps only its C++ part, so the store, and with it the job's meeting point, must
+    not go when the wrapper is collected after init. A subgroup formed later (every device mesh
+    does) meets through that store."""
+    token, port = "pod-" + os.urandom(16).hex(), _free_port()
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
+    env = {k: v for k, v in env.items() if not k.startswith("DDPKIT_JOB_TOKEN")}
+    env.update(PYTHONPATH=str(REPO / "src"), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), WORLD_SIZE="2")
+    env.update(DDPKIT_JOB_TOKEN=token)
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", SUBGROUP_AFTER_INIT],
+            env={**env, "RANK": str(r)},
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        for r in (0, 1)
+    ]
+    try:
+        outputs = [p.communicate(timeout=90)[0] for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.communicate()
+    assert [p.returncode for p in procs] == [0, 0], "\n---\n".join(outputs)
+    assert "sum 2" in outputs[0], outputs[0]
+
+
+@pytest.mark.slow
+def test_hsdp_across_two_nodes_with_a_token_forms_its_mesh_and_trains(tmp_path, reference_run):
+    """The agents' store path (every SLURM job of ddpkit has a token): HSDP's device mesh forms its
+    replicate and shard groups after init, through the sealed store. It crashed with torch's 'Not
+    implemented' once the sealing wrapper was collected."""
+    port, run_dir = _free_port(), tmp_path / "run"
+    flags = ("--strategy", "hsdp", "--save-every", "0")
+    nodes = [_node(port, run_dir, *flags, DDPKIT_JOB_TOKEN="hsdp-" + "y" * 20) for _ in range(2)]
+    try:
+        outputs = [p.communicate(timeout=150)[0] for p in nodes]
+    finally:
+        for p in nodes:
+            if p.poll() is None:
+                p.kill()
+                p.communicate()
+    assert [p.returncode for p in nodes] == [0, 0], "\n---\n".join(outputs)
+    reference = load_model(reference_run("--nproc", "2", *WINE))
+    model = load_model(run_dir)  # the whole model, written once the mesh trained
+    assert {k: v.shape for k, v in model.items()} == {k: v.shape for k, v in reference.items()}

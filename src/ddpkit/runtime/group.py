@@ -139,14 +139,18 @@ class Runtime(RankView):
         self.record = CollectiveRecord()
         self.collectives = Collectives(self.record)
         self._owns_group = False
+        self._store: Any = None
         if env.distributed and not dist.is_initialized():
             apply_debug_level()  # --debug-collectives in a worker forked after torch was imported, and DDP under it
             kwargs: dict[str, Any] = {}
             if device_type == "cuda":
                 kwargs["device_id"] = self.device
+            # held for the group's life: a sealed store (runtime/sealed.py) is a Python object whose C++ part
+            # is all torch keeps, and rank 0's TCPStore server inside it would go with it when collected
+            self._store = store if store is not None else make_store(env, timeout)
             dist.init_process_group(
                 self.backend,
-                store=store if store is not None else make_store(env, timeout),
+                store=self._store,
                 rank=env.rank,
                 world_size=env.world_size,
                 timeout=timedelta(seconds=timeout),
@@ -200,6 +204,7 @@ class Runtime(RankView):
             gc.collect()
             dist.destroy_process_group()
         self._owns_group = False
+        self._store = None
 
 
 def all_sum(value: torch.Tensor) -> torch.Tensor:
