@@ -105,8 +105,8 @@ class Checkpointer:
     def _memory(self, every: int | None) -> MemorySnapshots | None:
         """Snapshots in each node's memory under a restarting agent: DDP's local rank 0 keeps its
         replica; under FSDP/HSDP every rank keeps its own shards."""
-        if every == 0 or not wanted():
-            return None
+        if every == 0 or not wanted() or self.sharded and not hasattr(self.strategy, "local_shards"):
+            return None  # a pipeline's stages keep no snapshots: a restart resumes from the disk checkpoint
         run_id = os.environ["TORCHELASTIC_RUN_ID"]
         if self.sharded:
             store = _node_store(run_id, self._shards.shard)
