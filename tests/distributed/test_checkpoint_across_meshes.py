@@ -1,15 +1,16 @@
 """Checkpoints under --tp and --pp, resumed on another mesh, through the real CLI (gloo, CPU).
 
-The nanoGPT-shaped model of separate q/k/v (tp_task.py: float64, SGD with momentum, so the
+The two-block GPT of separate q/k/v (tp_task.py: float64, SGD with momentum, so the
 optimizer state must travel too) trains 12 steps of a global batch of 8 (3 an epoch, 4 epochs).
 A run stopped after 8 steps (--max-steps 8: mid-epoch, its data position in samples) and resumed
-to the end must give the uninterrupted one-process run's weights and eval losses within 1e-6:
+to the end must give the uninterrupted one-process run's weights and losses within 1e-6:
   * saved under FSDP x TP (2x2, the Linears' DTensor pieces sharded over dp), resumed under
     DDP x PP (2 pipelines of 2 stages): DCP reshards the split Linears into each stage's part;
   * saved by a 2-stage pipeline, resumed by the same pipeline, and a copy resumed under FSDP x TP.
 A stage writes its part of the model and optimizer under the whole model's names: the checkpoint
 holds every parameter and its momentum once, as a one-process run's would, with a CRC-32 for
-every file. One reference run serves both tests."""
+every file, and `ddpkit export` of a pipeline's checkpoint gives the whole weights. One reference
+run serves both tests."""
 
 from __future__ import annotations
 
@@ -99,5 +100,10 @@ def test_a_pipeline_saved_midway_resumes_on_itself_and_on_fsdp_x_tp(one_process,
     shutil.copytree(run, other)
     _train(run, *PIPELINE, "--resume")
     _same(run, one_process)
+    # ddpkit export of the pipeline's last checkpoint (read tensor by tensor): the whole model's weights
+    from safetensors.torch import load_file
+
+    run_ddpkit("export", str(run), "--checkpoint", "epoch-000004", "--out", str(tmp_path / "export"))
+    assert_state_close(load_file(str(tmp_path / "export" / "model.safetensors")), load_model(one_process), 0, TOL)
     _train(other, *FSDP_X_TP, "--resume")
     _same(other, one_process)
