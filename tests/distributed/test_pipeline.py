@@ -3,8 +3,9 @@ stages trains, under SGD with momentum and a clipped gradient norm, to the same 
 and gradient norms as one process: 2 stages under each schedule, and DDP x PP (2 pipelines of 2
 stages) at 4 processes; evaluation of an odd held-out set (uneven over the pipelines) gives the
 one-process eval loss on rank 0's report; model.pt holds every stage's weights, loadable by the
-one-process model. Checkpoints under --pp are refused in one line until the stages' DCP save is
-built. One reference run serves every comparison."""
+one-process model. What --pp does not build is refused in one line (checkpoints under --pp, and
+their resume on other meshes: test_checkpoint_across_meshes.py). One reference run serves every
+comparison."""
 
 import importlib.util
 import json
@@ -76,7 +77,8 @@ def test_what_pp_cannot_do_is_one_line_exit_2(tmp_path):
     assert "use --strategy ddp" in _refused(
         tmp_path, "--nproc", "4", "--pp", "2", "--strategy", "fsdp", "--save-every", "0"
     )
-    assert "--pp does not save or resume checkpoints yet" in _refused(tmp_path, "--nproc", "2", "--pp", "2")
+    said = _refused(tmp_path, "--nproc", "2", "--pp", "2", "--snapshot-every-steps", "2")
+    assert "--snapshot-every-steps with --pp 2: a pipeline's stages keep no snapshots" in said
     assert not (tmp_path / "r").exists()
     # in the workers, before the model trains: a model that cannot be cut
     line = _refused(tmp_path, "--nproc", "2", "--pp", "2", "--task-arg", "model=tied", "--save-every", "0")

@@ -10,10 +10,13 @@ the network. The launcher (run/staging.py) said where the bucket is.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import re
+import shutil
 from pathlib import Path
+from typing import Any
 
 from ..config.faults import Faults
 from ..storage.location import Remote, parse
@@ -23,6 +26,7 @@ from .file import CKPT_DIR
 from .retention import METRICS, kept_names, metrics_of
 
 _SHARD = re.compile(r"^__(\d+)_\d+\.distcp$")
+_NAME = re.compile(r"^epoch-\d+(-step-\d+)?(\.pt)?$")  # a checkpoint, a file or a folder of shards
 REPORT_TIMEOUT_S = 600.0  # rank 0 waits this long for the other ranks' uploads (a dead rank ends the job sooner)
 SIDE_FILES = ("config.json", "metrics.jsonl", f"{CKPT_DIR}/{METRICS}")  # uploaded with each checkpoint
 
@@ -66,16 +70,35 @@ def owner(file_name: str) -> int:
     return int(m.group(1)) if m else 0
 
 
+def shards_folder(final: Path) -> Path:
+    """Where this rank's files of the sharded checkpoint `final` are, once it is written: `final`
+    on rank 0's node; on another node of a run staged per node, the partial folder rank 0 never
+    renamed there (sharded.write_shards), whose name is not a checkpoint's for any reader. A
+    same-named folder on such a node is an older save's: it goes (the bucket's is the one)."""
+    partial = final.parent / f".{final.name}.partial"
+    if not partial.is_dir():
+        return final
+    shutil.rmtree(final, ignore_errors=True)
+    return partial
+
+
 def publish_shards(run_dir: Path, folder: Path, faults: Faults, rank: int, world_size: int) -> None:
     """Every rank: its own files of the sharded checkpoint `folder`, straight to the bucket.
     Rank 0 then waits for every rank's report and writes the manifest last (the commit), then
-    prunes the bucket as --keep-last/--keep-best say: a checkpoint is deleted only after a newer one exists."""
+    prunes the bucket as --keep-last/--keep-best say: a checkpoint is deleted only after a newer one exists.
+    Files in a partial folder (another node's, shards_folder) are deleted once uploaded: a resume
+    there fetches the committed checkpoint."""
     remote = current()
     if remote is None:
         return
     own = sorted(p for p in folder.iterdir() if p.is_file() and owner(p.name) == rank)
     if rank != 0:
-        remote.upload_shards(folder, own, rank)
+        remote.upload_shards(folder.with_name(folder.name.removeprefix(".").removesuffix(".partial")), own, rank)
+        if folder.name.endswith(".partial"):
+            for path in own:
+                path.unlink(missing_ok=True)
+            with contextlib.suppress(OSError):
+                folder.rmdir()  # the node's last rank to finish removes it
         return
     remote.commit_shards(folder, own, world_size, REPORT_TIMEOUT_S)
     remote.put_files([(run_dir / rel, rel) for rel in SIDE_FILES])
@@ -99,3 +122,47 @@ def _prune(remote: RemoteRun, run_dir: Path, faults: Faults) -> None:
         for name, stem in zip(names, stems, strict=True):
             if stem not in keep:
                 remote.delete(name)
+
+
+def several_nodes(rt: Any) -> bool:
+    """A run stored in a bucket on several nodes: each node stages it in a folder of its own,
+    so a checkpoint is read from the bucket, the one place every node sees."""
+    return current() is not None and rt.env.nnodes > 1
+
+
+def sync_for_resume(run_dir: Path, rt: Any) -> None:
+    """Rank 0 of a run on several nodes, before it picks the checkpoint to resume from: its
+    node's folder holds the newest committed checkpoint, whole, and no other. What it wrote
+    itself lacks the other nodes' shards, one whose commit never came could be fetched by no
+    other node, and the newest is fetched if rank 0 now runs on another node than the one that
+    wrote it (a damaged one is skipped in one line, the next newest fetched)."""
+    remote = current()
+    if remote is None or not rt.is_main:
+        return
+    committed = remote.committed()
+    newest = run_dir / CKPT_DIR / committed[0] if committed else None
+    whole = newest is not None and _whole_here(remote, newest)
+    folder = run_dir / CKPT_DIR
+    for path in [p for p in folder.iterdir() if _NAME.match(p.name)] if folder.is_dir() else []:
+        if not (whole and path == newest):
+            shutil.rmtree(path) if path.is_dir() else path.unlink()
+    if committed and not whole:
+        remote.fetch_newest(folder, lambda line: print(line, flush=True))
+
+
+def _whole_here(remote: RemoteRun, local: Path) -> bool:
+    """Does `local` hold every object of the committed checkpoint of its name? (their sums are
+    checked when it is read, as any checkpoint's)."""
+    if not local.is_dir():
+        return local.is_file()
+    listed = set(remote.manifest(local.name)["objects"])
+    return listed == {p.relative_to(local).as_posix() for p in local.rglob("*") if p.is_file()}
+
+
+def fetch_chosen(path: Path, rt: Any) -> None:
+    """Collective, on several nodes: the sharded checkpoint rank 0 chose (`path`, committed) is
+    whole on every node, fetched from the bucket by a node's local rank 0 where it is not."""
+    remote = current()
+    if remote is not None and rt.env.local_rank == 0 and not rt.is_main and not _whole_here(remote, path):
+        remote.fetch(path.name, path.parent)
+    rt.barrier()

@@ -105,8 +105,8 @@ class Checkpointer:
     def _memory(self, every: int | None) -> MemorySnapshots | None:
         """Snapshots in each node's memory under a restarting agent: DDP's local rank 0 keeps its
         replica; under FSDP/HSDP every rank keeps its own shards."""
-        if every == 0 or not wanted():
-            return None
+        if every == 0 or not wanted() or self.sharded and not hasattr(self.strategy, "local_shards"):
+            return None  # a pipeline's stages keep no snapshots: a restart resumes from the disk checkpoint
         run_id = os.environ["TORCHELASTIC_RUN_ID"]
         if self.sharded:
             store = _node_store(run_id, self._shards.shard)
@@ -256,7 +256,8 @@ class Checkpointer:
         if bucket.current() is None:
             return
         rank, world = self.rt.rank, self.rt.world_size
-        job = lambda: bucket.publish_shards(self.run_dir, final, self.faults, rank, world)  # noqa: E731
+        folder = bucket.shards_folder(final)  # now: the background job runs after the node's next save began
+        job = lambda: bucket.publish_shards(self.run_dir, folder, self.faults, rank, world)  # noqa: E731
         if self.writer is not None:
             self.writer.submit(job)
         else:
@@ -297,11 +298,17 @@ class Checkpointer:
         an error; otherwise (--auto-resume) none at all means a fresh start. `data_size` (None for
         a stream) and `global_batch` are this run's: an older checkpoint's place in steps is
         turned into samples only where that is exact."""
+        several = bucket.several_nodes(self.rt)  # every node stages its own copy: the bucket is the one truth
+        if several:
+            bucket.sync_for_resume(self.run_dir, self.rt)
         kind, payload, path = self._newest(self._on_disk(required) if self.rt.is_main else None)
         if kind == "error":
             raise DdpkitError(payload)
         if kind == "fresh":
             return Position()
+        if several and kind == "sharded":  # rank 0's path is in its node's staging folder
+            path = str(self.run_dir / ckpt_file.CKPT_DIR / Path(path).name)
+            bucket.fetch_chosen(Path(path), self.rt)
         header = Header.read(payload, path, data_size, global_batch)  # before loading: a refusal changes nothing
         self._check_parts(header.parts)
         if kind == "file":

@@ -1,4 +1,4 @@
-"""Sharded checkpoints (FSDP): every rank writes its own shard, with torch.distributed.checkpoint.
+"""Sharded checkpoints (FSDP, HSDP, --tp, --pp): every rank writes its own part, with torch.distributed.checkpoint.
 
 A sharded checkpoint is the directory ``checkpoints/epoch-NNNNNN/`` (or
 ``epoch-NNNNNN-step-MMMMMM/`` after a stop between steps): DCP's ``.metadata``, one
@@ -14,7 +14,8 @@ rank 0 adds ``ddpkit.pt`` and renames the directory into place. A crash mid-save
 ``.partial`` directory that resume never reads (and the next save of that epoch removes).
 
 Loading reshards: DCP reads each rank's part of every tensor from whichever files hold it,
-so a checkpoint written by 4 ranks loads on 2, or whole into a DDP run. The run directory
+so a checkpoint written by 4 ranks loads on 2, or whole into a DDP run. Every tensor is named as in
+the whole model (a tp slice of its Linear, a pipeline stage's blocks), so any mesh reads any other's. The run directory
 must be one file system every rank sees (on several nodes: a shared one).
 """
 
@@ -43,7 +44,7 @@ from . import file as ckpt_io
 from .dcp_io import ChecksumWriter, check_items, folder_metadata, load_into
 from .integrity import DamagedCheckpoint, verify_files
 from .schema import Header
-from .state import unwrap
+from .state import unwrap, whole_param_groups
 
 FORMAT = "ddpkit-sharded-checkpoint"
 STATE_VERSION = 1  # rt.save(..., sharded=True) folders (training checkpoints carry checkpoint.file.VERSION)
@@ -104,7 +105,7 @@ def write_shards(
             state: dict[str, Any] = {"model": get_model_state_dict(model)}
         else:
             model_state, optim_state = get_state_dict(model, optimizer)
-            state = {"model": model_state, "optim": optim_state}
+            state = {"model": model_state, "optim": whole_param_groups(model, optim_state)}
         writer = ChecksumWriter(tmp, sync_files=True)
         with _alone_is_fine():
             dcp.save(state, storage_writer=writer, no_dist=not rt.distributed)
@@ -204,10 +205,12 @@ def check_files(path: Path, meta: dict[str, Any]) -> None:
 
 def load_dcp(path: Path, model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
     """Collective: read a sharded checkpoint into this run's model and optimizer, resharding
-    to this run's layout (FSDP at any world size, or whole tensors for DDP)."""
+    to this run's layout (FSDP at any world size, TP's split Linears, a pipeline stage's part of
+    the whole model's names, or whole tensors for DDP)."""
     model_state, optim_state = get_state_dict(model, optimizer)
     state = {"model": model_state, "optim": optim_state}
-    load_into(state, path, no_dist=not dist.is_initialized())
+    with _alone_is_fine():  # one process resuming what a mesh wrote
+        load_into(state, path, no_dist=not dist.is_initialized())
     set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
 
 

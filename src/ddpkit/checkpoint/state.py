@@ -72,6 +72,21 @@ def optimizer_state_by_name(
     }
 
 
+def whole_param_groups(model: nn.Module, optim_state: dict[str, Any]) -> dict[str, Any]:
+    """An optimizer state keyed by name (torch's get_state_dict) whose param groups list the
+    whole model's parameters where this rank holds only a part of its layers (a pipeline stage's
+    `whole_group_names`). DCP writes one copy of an item every rank saves under one key, the
+    groups' lists included: a stage's own list would leave the other stages' parameters without
+    their group's settings on resume. The state itself stays this rank's."""
+    names = getattr(unwrap(model), "whole_group_names", None)
+    if names is None:
+        return optim_state
+    groups = optim_state["param_groups"]
+    if len(groups) != len(names):
+        raise ValueError(f"{len(groups)} optimizer param groups on this stage, {len(names)} in the whole model")
+    return {**optim_state, "param_groups": [{**g, "params": list(n)} for g, n in zip(groups, names, strict=True)]}
+
+
 def plain_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
     """The unwrapped model's weights, detached copies on the CPU."""
     return {k: v.detach().to("cpu", copy=True) for k, v in unwrap(model).state_dict().items()}

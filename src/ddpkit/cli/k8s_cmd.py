@@ -57,7 +57,8 @@ class K8sOptions:
         default_help="[launch] accelerator",
     )
     run_dir: str | None = option(
-        help="the run directory, a path in the pods (on --volume)",
+        help="the run directory: a path in the pods (on --volume), or a bucket s3://BUCKET/PREFIX (its credentials "
+        "by --env-secret)",
         default_help="[launch] run_dir, or MOUNT/runs/JOB_NAME",
     )
     env_secret: str | None = option(

@@ -18,7 +18,7 @@ activations one micro-batch of --batch-size keeps for backward, with and without
 --activation-checkpointing (one forward of the task's first samples on this CPU), the fixed
 cost of a worker (measured here) and each strategy's peak per rank; and what --strategy auto
 would choose: the strategy, activation checkpointing and micro-batch (with the --accumulate
-that keeps the global batch)."""
+that keeps the global batch). --tp/--pp: each stage's memory per rank, the bytes sent on each dim."""
 
 
 @dataclass(frozen=True)
@@ -33,10 +33,24 @@ def cmd_plan(ns: argparse.Namespace) -> int:
     from .flags import config_from
 
     nnodes = int(str(ns.nnodes).rpartition(":")[2] or 1)  # an elastic MIN:MAX: plan for MAX
-    cfg = config_from(ns, nnodes="1")  # the nodes count here only for the plan: no rendezvous to check
+    tp, pp = ns.tp, ns.pp  # the plan without them first (the columns of DDP and FSDP), then the mesh's own
+    # the nodes count here only for the plan: no rendezvous to check; what training refuses of the mesh is said
+    cfg = config_from(ns, nnodes="1", tp=1, pp=1)
     forks = start_method_for(cfg.start_method, resolve_device_type(cfg.device), clean_parent=True)
     plan = run_memory_plan(cfg, ns.nproc * nnodes if ns.nproc else ns.nproc, nnodes, ns.nproc, forks)
-    print(json.dumps(plan.as_dict(), indent=2) if ns.json else plan.format(ns.task, ns.strategy), flush=True)
+    mesh = None
+    if tp > 1 or pp > 1:
+        from ..planning.mesh import format_mesh
+        from ..run.mesh_plan import mesh_plan
+
+        world = plan.world_size
+        mesh = mesh_plan(cfg, tp, pp, world, nnodes, world // nnodes, plan.process, plan.device_memory)
+    if ns.json:
+        print(json.dumps({**plan.as_dict(), **({"mesh": mesh.as_dict()} if mesh else {})}, indent=2), flush=True)
+        return 0
+    print(plan.format(ns.task, ns.strategy), flush=True)
+    if mesh is not None:
+        print("\n" + format_mesh(mesh, ns.task), flush=True)
     return 0
 
 

@@ -49,7 +49,7 @@ class SkyOptions:
         default_help="[launch] volume",
     )
     run_dir: str | None = option(
-        help="the run directory on the nodes",
+        help="the run directory on the nodes, or a bucket s3://BUCKET/PREFIX each node's ddpkit train keeps it in",
         default_help="[launch] run_dir, or /ddpkit/JOB_NAME-TIME on a bucket or volume",
     )
     shared_run_dir: bool = option(
@@ -74,6 +74,13 @@ class SkyOptions:
         help="a setup command run once on every node, e.g. 'pip install ddpkit' (repeat for several)",
         append=True,
         metavar="COMMAND",
+    )
+    secret: list[str] | None = option(
+        help="an environment variable every node gets, its value from the shell you launch from (SkyPilot's "
+        "secrets, e.g. AWS_ACCESS_KEY_ID for a --run-dir s3://...): its name in the YAML, never its value "
+        "(repeat for several)",
+        append=True,
+        metavar="NAME",
     )
     workdir: str | None = option(help="a local folder SkyPilot copies to every node and runs the task in")
     yaml: str | None = option(help="where to write the task YAML", default_help="JOB_NAME.sky.yaml", metavar="FILE")

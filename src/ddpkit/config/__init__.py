@@ -183,11 +183,10 @@ def check_batch_auto(cfg: RunConfig) -> None:
 def _faults_across(cfg: RunConfig) -> None:
     if cfg.resume and not cfg.run_dir:
         raise DdpkitError("--resume needs --run-dir: the run directory whose checkpoints to continue from")
-    saving = cfg.save_every or cfg.save_every_steps or cfg.save_every_minutes
-    if cfg.pp > 1 and (saving or cfg.resume):
+    if cfg.pp > 1 and cfg.snapshot_every_steps:
         raise DdpkitError(
-            f"--pp does not save or resume checkpoints yet (its stages' DCP save is not built): give --save-every 0 "
-            f"and no --save-every-steps/--save-every-minutes/--resume, or drop --pp {cfg.pp}"
+            f"--snapshot-every-steps with --pp {cfg.pp}: a pipeline's stages keep no snapshots in memory (a restart "
+            "resumes from the newest disk checkpoint): give --save-every-steps instead"
         )
 
 

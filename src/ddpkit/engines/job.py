@@ -94,8 +94,9 @@ def run_dir_of(job: LaunchTable, train_run_dir: str | None, local: bool = True) 
     chosen = job.run_dir or train_run_dir
     if is_url(chosen):  # Path() would make s3://b/x a folder 's3:' in the job
         raise DdpkitError(
-            f"--run-dir {chosen}: the jobs ddpkit writes do not take a bucket run folder yet; run `ddpkit train "
-            "--run-dir URL` in one pod or VM (docs/object-storage.md's recipes), or give a shared volume"
+            f"--run-dir {chosen}: a SLURM or Ray job does not take a bucket run folder (srun or Ray starts its "
+            "workers, and a run in a bucket is staged by a `ddpkit train` that starts its node's workers itself); "
+            "give a shared folder, or run it with `ddpkit k8s` or `ddpkit sky`, which do"
         )
     return os.fspath(Path(chosen).resolve()) if chosen and local else chosen
 

@@ -145,7 +145,7 @@ def kube_job(opts: Any, parse_train: Callable[[list[str]], Any], train_config: C
         raise DdpkitError("the pods need a container image with ddpkit installed: --image IMAGE (image in [launch])")
     nodes, gpus = job.nodes or 1, job.gpus_per_node or 0
     volume = Volume.parse(job.volume) if job.volume else None
-    run_dir = _bucket_run_dir(job.run_dir or train.run_dir, volume, nodes)
+    run_dir = _bucket_run_dir(job.run_dir or train.run_dir, volume)
     run_dir = run_dir or _pod_run_dir(run_dir_of(job, train.run_dir, local=False), volume, nodes, name)
     return KubeJob(
         name=name,
@@ -169,15 +169,15 @@ def kube_job(opts: Any, parse_train: Callable[[list[str]], Any], train_config: C
     )
 
 
-def _bucket_run_dir(chosen: str | None, volume: Volume | None, nodes: int) -> str | None:
-    """A bucket URL as the run directory: the pod's `ddpkit train` stages and commits it (one node:
-    a bucket run's checkpoints are committed from one node's shards); None for a path."""
+def _bucket_run_dir(chosen: str | None, volume: Volume | None) -> str | None:
+    """A bucket URL as the run directory: every pod's `ddpkit train` stages it in the pod and
+    uploads its ranks' shards, rank 0 commits (no volume needed, on any number of nodes); the
+    credentials come from --env-secret's Secret by reference. None for a path."""
     if not is_url(chosen):
         return None
-    if nodes > 1 or volume is not None:
+    if volume is not None:
         raise DdpkitError(
-            f"--run-dir {chosen}: a bucket run folder is for a one-node job (--nodes 1, no --volume) for now; "
-            "a job on several nodes writes its run to --volume PVC"
+            f"--run-dir {chosen} and --volume {volume.claim}: a run in a bucket needs no volume; give one of them"
         )
     return chosen
 

@@ -11,6 +11,7 @@ therefore outlive the nodes: a bucket (file_mounts) or a shared volume. The CLI
 from __future__ import annotations
 
 import json
+import re
 import shlex
 import sys
 import time
@@ -55,6 +56,7 @@ class SkyTask:
     managed: bool = True
     recovery: str = "EAGER_NEXT_REGION"
     max_restarts_on_errors: int = 0
+    secrets: list[str] = field(default_factory=list)  # names only: SkyPilot takes each value from the launching shell
 
 
 def sky_command(
@@ -75,9 +77,35 @@ def sky_command(
     path = Path(opts.yaml or f"{task.name}.sky.yaml")
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(text)
-    launch = f"sky jobs launch -n {task.name}" if task.managed else f"sky launch -c {task.name}"
-    print(f"ddpkit: wrote {path}; launch it with: {launch} {shlex.quote(str(path))}")
+    print(f"ddpkit: wrote {path}; launch it with: {launch_line(task)} {shlex.quote(str(path))}")
     return 0
+
+
+def launch_line(task: SkyTask) -> str:
+    """The command that launches the task, each --secret by its name: SkyPilot reads the value
+    from the launching shell's environment then, so no value is ever in the YAML."""
+    launch = f"sky jobs launch -n {task.name}" if task.managed else f"sky launch -c {task.name}"
+    return " ".join([launch, *(f"--secret {name}" for name in task.secrets)])
+
+
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+def secret_names(given: list[str] | None) -> list[str]:
+    """--secret NAME (repeated): environment variables' names; a value is refused (it would be
+    written into the YAML)."""
+    names = []
+    for name in given or ():
+        if "=" in name:
+            raise DdpkitError(
+                f"--secret {name.partition('=')[0]}=...: give the name only; SkyPilot takes its value from the "
+                "shell you launch from (sky jobs launch --secret NAME), so it is never written into the YAML"
+            )
+        if not _ENV_NAME.match(name):
+            raise DdpkitError(f"--secret {name!r}: the name of an environment variable (letters, digits, '_')")
+        if name not in names:
+            names.append(name)
+    return names
 
 
 def sky_job_description(opts: Any, args: list[str]) -> LaunchTable:
@@ -133,18 +161,19 @@ def sky_task(opts: Any, job: LaunchTable, args: list[str], train_run_dir: str | 
         managed=not opts.unmanaged,
         recovery=opts.recovery,
         max_restarts_on_errors=opts.max_restarts_on_errors,
+        secrets=secret_names(getattr(opts, "secret", None)),
     )
 
 
 def _bucket_url(chosen: str | None, job: LaunchTable, opts: Any) -> str | None:
-    """A bucket URL as the run directory: the node's `ddpkit train` stages and commits it, with the
-    credentials the VM has (its cloud identity, or SkyPilot's secrets); one node only for now."""
+    """A bucket URL as the run directory: every node's `ddpkit train` stages it on the node and
+    uploads its ranks' shards, rank 0 commits; with the credentials the VM has (its cloud
+    identity) or the --secret names passed at launch. Nothing to mount: --bucket/--volume refused."""
     if not is_url(chosen):
         return None
-    if (job.nodes or 1) > 1 or opts.bucket or job.volume:
+    if opts.bucket or job.volume:
         raise DdpkitError(
-            f"--run-dir {chosen}: a bucket run folder is for a one-node task without --bucket or --volume "
-            "for now; a task on several nodes mounts one (--bucket NAME) and keeps its run under it"
+            f"--run-dir {chosen}: a run kept in a bucket by URL needs no mounted --bucket or --volume; give one of them"
         )
     return chosen
 
@@ -254,6 +283,8 @@ def task_config(task: SkyTask) -> dict[str, Any]:
         out["file_mounts"] = mounts
     if task.volume:
         out["volumes"] = {MOUNT: task.volume}
+    if task.secrets:
+        out["secrets"] = {name: None for name in task.secrets}  # null: resolved at launch (--secret NAME)
     if task.setup:
         out["setup"] = "\n".join(task.setup) + "\n"
     out["run"] = run_line(task) + "\n"
@@ -262,9 +293,9 @@ def task_config(task: SkyTask) -> dict[str, Any]:
 
 def render_task(task: SkyTask, command_line: str = "") -> str:
     """The task YAML: a comment that says how to launch it, then task_config()."""
-    launch = f"sky jobs launch -n {task.name} FILE" if task.managed else f"sky launch -c {task.name} FILE"
     head = [f"# written by: {command_line}"] if command_line else []
-    head.append(f"# launch: {launch}" + ("  (a managed job: recovered after a preemption or failure)" * task.managed))
+    managed = "  (a managed job: recovered after a preemption or failure)" * task.managed
+    head.append(f"# launch: {launch_line(task)} FILE{managed}")
     return "\n".join(head) + "\n" + "".join(_yaml(task_config(task), 0))
 
 

@@ -7,6 +7,12 @@ with --resume/--auto-resume the newest committed checkpoint that downloads intac
 into the staging folder (a damaged one skipped in one line) with the run's other files. The
 workers then commit each checkpoint to the bucket themselves (checkpoint/bucket.py); at the
 end the rest of the folder (model.pt, summary.json, metrics.jsonl, ...) is uploaded.
+
+On several nodes every node's launcher does all of this with a staging folder of its own: each
+rank uploads the shards it wrote from its node's folder, and only the node where rank 0 ran
+(the folder's world mark is this launch's) uploads the rest at the end; the other nodes' copies
+of the run's files are the stale ones fetched at the start. Logs (--log-dir) and hang reports
+stay on the node that wrote them.
 """
 
 from __future__ import annotations
@@ -18,6 +24,7 @@ import tempfile
 from pathlib import Path
 from typing import Iterator
 
+from ..checkpoint.world_mark import started_by_this_launch
 from ..config import RunConfig
 from ..errors import DdpkitError
 from ..storage.errors import StoreError, explained
@@ -36,11 +43,6 @@ def staged(cfg: RunConfig) -> Iterator[RunConfig]:
     if not isinstance(where, Remote):
         yield cfg
         return
-    if cfg.multi_node:  # rank 0 commits the checkpoint from its node's staging folder: it holds one node's shards
-        raise DdpkitError(
-            f"--run-dir {where.url}: a run stored in a bucket runs on one node for now (--nnodes 1); for several "
-            "nodes give a shared folder as --run-dir"
-        )
     remote = RemoteRun(where)
     remote.preflight()
     stage = Path(tempfile.mkdtemp(prefix="ddpkit-stage-"))
@@ -53,7 +55,8 @@ def staged(cfg: RunConfig) -> Iterator[RunConfig]:
             ok = True
         finally:
             os.environ.pop(RUN_URL_VAR, None)
-            _upload_rest(remote, stage, ok)
+            if not cfg.multi_node or started_by_this_launch(stage):  # rank 0's node: the others hold no run file
+                _upload_rest(remote, stage, ok)
     finally:
         shutil.rmtree(stage, ignore_errors=True)
 

@@ -11,6 +11,7 @@ before anything loads them (and loading is weights-only, as for local files).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -213,7 +214,8 @@ class RemoteRun:
                 name = PurePosixPath(entry).name
                 if name.endswith(MANIFEST_SUFFIX) or name in keep or not name.startswith("epoch-"):
                     continue
-                self.fs.rm(entry, recursive=True)
+                with contextlib.suppress(FileNotFoundError):  # another node's launcher, doing the same
+                    self.fs.rm(entry, recursive=True)
                 gone.append(name)
         return gone
 

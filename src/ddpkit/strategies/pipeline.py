@@ -140,9 +140,17 @@ class PipelineStrategy(Strategy):
         whole = make_optimizer(spec, self._whole, lr)
         model.whole_groups = [len(g["params"]) for g in whole.param_groups]
         names = {id(p): n for n, p in self._whole.named_parameters()}
-        self._whole_order = [names[id(p)] for g in whole.param_groups for p in g["params"]]  # a file's indices
+        model.whole_group_names = [[names[id(p)] for p in g["params"]] for g in whole.param_groups]  # DCP's groups
+        self._whole_order = [n for group in model.whole_group_names for n in group]  # a file's indices
         del self._whole
-        return make_optimizer(spec, model, lr)
+        mine = make_optimizer(spec, model, lr)
+        if len(mine.param_groups) != len(whole.param_groups):
+            raise DdpkitError(
+                f"--pp: the task's optimizer makes {len(mine.param_groups)} param group(s) over stage "
+                f"{self.pp_rank}'s parameters and {len(whole.param_groups)} over the whole model's: checkpoints name "
+                "each stage's parameters in the whole model's groups; make the same groups whatever parameters it gets"
+            )
+        return mine
 
     @property
     def is_first(self) -> bool:

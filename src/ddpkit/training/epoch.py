@@ -38,6 +38,9 @@ class EpochRun:
         self.steps_done = 0
         self.complete = False  # the pass ran to its end
         self.sums = torch.zeros(2, dtype=torch.float64, device=rt.device)  # loss sum, count (samples or tokens)
+        # one rank per data-parallel share adds its loss (parallel/dims.py): a tp group's ranks compute the
+        # same one, and a position's sums are of the global order's samples, whatever mesh resumes them
+        self.counts = getattr(getattr(rt, "dims", None), "counts_samples", True)
         carried = (
             (start.loss_sum, start.count_sum or float(start.samples)) if start.mid_epoch and rt.is_main else (0.0, 0.0)
         )
@@ -95,7 +98,8 @@ class EpochRun:
         self.skipped += result.skipped  # --on-nan skip: this step (host) or the one before (device)
         if result.loss_sum is None:
             return
-        self.sums += result.loss_sum
+        if self.counts:
+            self.sums += result.loss_sum
         self.progress.step(n_local, n_global, self.sums)
 
     def position(self, global_step: int) -> Position:

@@ -15,7 +15,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "unit" / "strategie
 from test_tensor_parallel_plan import PLAN, Gpt  # noqa: E402
 
 
-def build(samples: int = 16) -> Task:
+def build(samples: int = 16, momentum: float = 0.0) -> Task:
     g = torch.Generator().manual_seed(1)
     x = torch.randn(samples, 6, 32, generator=g, dtype=torch.float64)
     y = torch.randn(samples, 6, 32, generator=g, dtype=torch.float64)
@@ -25,7 +25,7 @@ def build(samples: int = 16) -> Task:
         train_set=TensorDataset(x, y),
         eval_set=TensorDataset(x[:10], y[:10]),  # 10 samples: 2 dp ranks must count each once
         loss_fn=torch.nn.functional.mse_loss,
-        optimizer=lambda params: torch.optim.SGD(params, lr=0.2),
+        optimizer=lambda params: torch.optim.SGD(params, lr=0.2, momentum=momentum),
         metric=None,
         tp_plan=PLAN,
     )

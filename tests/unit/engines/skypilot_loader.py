@@ -32,6 +32,9 @@ def describe(task):
         "workdir": task.workdir,
         "setup": task.setup,
         "run": task.run,
+        # a null secret is a reference resolved at launch (sky jobs launch --secret NAME), never a value
+        "secrets": {k: v.get_secret_value() for k, v in (task.secrets or {}).items()},
+        "secret_refs": [ref.name for ref in getattr(task, "_managed_secret_refs", [])],
     }
 
 

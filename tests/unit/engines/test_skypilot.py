@@ -218,3 +218,37 @@ def test_skypilot_s_own_loader_reads_what_ddpkit_sky_writes(tmp_path, capsys):
     )
     assert v["file_mounts"] == {"~/.ddpkit-job/job.toml": str(config)}
     assert not b["ok"] and "num_node" in b["error"] and "num_nodes" in b["error"]
+
+
+def test_a_two_node_task_keeps_its_run_in_a_bucket_with_secrets_by_name_only(tmp_path, capsys, monkeypatch):
+    """--run-dir s3://... on two nodes: each node's `ddpkit train` keeps the run at the URL (no
+    mount); --secret names what SkyPilot passes from the launching shell: SkyPilot's loader reads
+    them as references to resolve at launch, and no value of this environment is in the YAML."""
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "in-the-environment-never-in-the-yaml")
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "key-id-never-in-the-yaml")
+    args = ("--nodes", "2", "--run-dir", "s3://ckpt/runs/wine", "--secret", "AWS_ACCESS_KEY_ID")
+    path, task = _sky(tmp_path, capsys, *args, "--secret", "AWS_SECRET_ACCESS_KEY", "--", "wine", name="bucket.yaml")
+    out = capsys.readouterr().out
+    assert "sky jobs launch -n ddpkit --secret AWS_ACCESS_KEY_ID --secret AWS_SECRET_ACCESS_KEY " in out, out
+    text = path.read_text()
+    assert "never-in-the-yaml" not in text
+    assert task["secrets"] == {"AWS_ACCESS_KEY_ID": None, "AWS_SECRET_ACCESS_KEY": None} and "file_mounts" not in task
+    (loaded,) = _load_with_skypilot(tmp_path, [path])
+    assert loaded["ok"] and loaded["num_nodes"] == 2, loaded
+    assert loaded["secrets"] == {} and loaded["secret_refs"] == ["AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"], loaded
+    assert loaded["run"].strip() == "ddpkit train wine --run-dir s3://ckpt/runs/wine --auto-resume", loaded
+    assert loaded["storage"] == {} and loaded["volumes"] in (None, {}), loaded
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (("--secret", "AWS_SECRET_ACCESS_KEY=abc"), "--secret AWS_SECRET_ACCESS_KEY=...: give the name only"),
+        (("--run-dir", "s3://ckpt/x", "--bucket", "my-runs"), "needs no mounted --bucket or --volume; give one"),
+    ],
+)
+def test_a_secret_value_or_a_bucket_url_beside_a_mount_is_refused_in_one_line(tmp_path, capsys, argv, message):
+    assert main(["sky", "--yaml", str(tmp_path / "t.yaml"), *argv, "--", "wine"]) == 2
+    err = capsys.readouterr().err
+    assert message in err and len(err.strip().splitlines()) == 1 and "abc" not in err, err
+    assert not (tmp_path / "t.yaml").exists()

@@ -112,3 +112,11 @@ def test_tp_3_at_4_processes_is_one_line_and_exit_2_before_any_worker(tmp_path):
         "node; choose a --tp that divides --nproc 4"
     ]
     assert not run_dir.exists()
+
+
+def test_a_pipeline_saves_and_resumes_but_keeps_no_memory_snapshots():
+    RunConfig(task="wine", strategy="ddp", pp=2, save_every=1, save_every_steps=2, resume=True, run_dir="r")
+    RunConfig(task="wine", strategy="ddp", pp=2, snapshot_every_steps=0)  # off: nothing to refuse
+    with pytest.raises(DdpkitError, match="--snapshot-every-steps with --pp 2: a pipeline's stages keep no") as e:
+        RunConfig(task="wine", strategy="ddp", pp=2, snapshot_every_steps=2)
+    assert "\n" not in str(e.value)

@@ -44,8 +44,8 @@ def test_a_url_that_cannot_be_used_is_one_line_and_no_local_folder(url, says, tm
     )
 
 
-@pytest.mark.parametrize("command", [("sky", "--nodes", "2"), ("ray", "--dry-run", "--")])
-def test_the_engines_refuse_a_bucket_run_folder_rather_than_turn_it_into_a_path(command, tmp_path):
+@pytest.mark.parametrize("command", [("slurm", "--nodes", "2", "--dry-run", "--", "wine"), ("ray", "--dry-run", "--")])
+def test_slurm_and_ray_refuse_a_bucket_run_folder_rather_than_turn_it_into_a_path(command, tmp_path):
     proc = subprocess.run(
         [sys.executable, "-m", "ddpkit", *command, "--run-dir", "s3://ckpt/x"],
         cwd=tmp_path,
@@ -56,7 +56,8 @@ def test_the_engines_refuse_a_bucket_run_folder_rather_than_turn_it_into_a_path(
     )
     out = (proc.stdout + proc.stderr).strip()
     assert proc.returncode == 2 and len(out.splitlines()) == 1, out
-    assert "--run-dir s3://ckpt/x: " in out and ("not take a bucket run folder yet" in out or "one-node" in out), out
+    assert "--run-dir s3://ckpt/x: a SLURM or Ray job does not take a bucket run folder" in out, out
+    assert "`ddpkit k8s` or `ddpkit sky`, which do" in out, out
     assert not (tmp_path / "s3:").exists()
 
 
@@ -69,11 +70,15 @@ def _k8s(*args: str, tmp_path) -> subprocess.CompletedProcess:
     )  # fmt: skip
 
 
+@pytest.mark.parametrize("nodes", ["1", "3"])
 @pytest.mark.parametrize("kind", [(), ("--pytorchjob",)], ids=["trainjob", "pytorchjob"])
-def test_a_one_node_k8s_job_takes_a_bucket_run_folder_and_its_credentials_by_a_secret_reference(kind, tmp_path):
+def test_a_k8s_job_takes_a_bucket_run_folder_and_its_credentials_by_a_secret_reference(kind, nodes, tmp_path):
+    """On any number of nodes (each pod stages the run and uploads its shards): every pod's
+    command names the URL, every container's environment comes from the Secret by reference, and
+    no credential of the environment ddpkit ran in is in the YAML (Kubeflow's models checked it)."""
     import yaml
 
-    proc = _k8s("--workers-per-node", "2", "--env-secret", "s3-creds", *kind, tmp_path=tmp_path)
+    proc = _k8s("--nodes", nodes, "--workers-per-node", "2", "--env-secret", "s3-creds", *kind, tmp_path=tmp_path)
     assert proc.returncode == 0 and "warning" not in proc.stderr, proc.stderr
     docs = list(yaml.safe_load_all(proc.stdout))
     text = proc.stdout
@@ -82,11 +87,14 @@ def test_a_one_node_k8s_job_takes_a_bucket_run_folder_and_its_credentials_by_a_s
     assert containers and all(c["envFrom"] == [{"secretRef": {"name": "s3-creds"}}] for c in containers), containers
     commands = [c["command"] for c in containers if "command" in c] + list(_walk(docs, "command"))
     assert commands and all(cmd[cmd.index("--run-dir") + 1] == "s3://ckpt/x" for cmd in commands), commands
+    pods = sum(spec.get("replicas", 1) for spec in _walk(docs, "pytorchReplicaSpecs") for spec in spec.values())
+    assert (pods if kind else next(_walk(docs, "numNodes"))) == int(nodes), docs
+    assert not list(_walk(docs, "volumes")) and not list(_walk(docs, "persistentVolumeClaim")), docs
 
 
-def test_a_k8s_job_on_several_nodes_refuses_a_bucket_run_folder(tmp_path):
-    proc = _k8s("--nodes", "2", tmp_path=tmp_path)
-    assert proc.returncode == 2 and "a bucket run folder is for a one-node job" in proc.stderr, proc.stderr
+def test_a_k8s_job_with_a_bucket_run_folder_and_a_volume_is_refused(tmp_path):
+    proc = _k8s("--nodes", "2", "--volume", "runs", tmp_path=tmp_path)
+    assert proc.returncode == 2 and "a run in a bucket needs no volume; give one of them" in proc.stderr, proc.stderr
 
 
 def _walk(node, key):
@@ -101,11 +109,12 @@ def _walk(node, key):
             yield from _walk(v, key)
 
 
-def test_a_one_node_skypilot_task_runs_train_on_the_bucket_url(tmp_path):
+@pytest.mark.parametrize("nodes", ["1", "2"])
+def test_a_skypilot_task_runs_train_on_the_bucket_url(nodes, tmp_path):
     env = _env(tmp_path)
     env["AWS_SECRET_ACCESS_KEY"] = "in-the-environment-never-in-the-yaml"
     proc = subprocess.run(
-        [sys.executable, "-m", "ddpkit", "sky", "--run-dir", "s3://ckpt/x", "--dry-run"],
+        [sys.executable, "-m", "ddpkit", "sky", "--nodes", nodes, "--run-dir", "s3://ckpt/x", "--dry-run"],
         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120,
     )  # fmt: skip
     assert proc.returncode == 0 and "warning" not in proc.stderr, proc.stderr
