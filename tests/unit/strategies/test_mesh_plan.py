@@ -169,7 +169,7 @@ def test_a_model_tp_cannot_split_is_one_line(capsys):
     args = ["plan", str(EXAMPLES / "gpt.py") + ":build", "--nproc", "4", "--tp", "2", "--strategy", "fsdp"]
     assert main([*args, "--batch-size", "2"]) == 2
     err = capsys.readouterr().err
-    assert err.count("\n") == 1 and "has no tensor-parallel plan: give the task tp_plan" in err
+    assert err.count("\n") == 1 and "blocks.0.attn.qkv: q/k/v fused into one Linear cannot be column-split" in err
 
 
 def test_localize_resizes_what_a_tp_rank_holds():
