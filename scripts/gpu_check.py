@@ -15,7 +15,8 @@ directories' files (summary.json, model.pt, metrics.jsonl, checkpoints/) with to
 The steps, in the order they run, are STEPS below (described in gpu_check_steps.py; each goes on
 after a failed check; the table at the end says which failed):  1 env, 2 train, 3 bf16, 4 fsdp,
 5 fused, 6 compile, 7 resume, 7b resume-cnn, 8 bench, 9 fp16, 10 syncdebug, 11 sharegpu and,
-last (sized to the time left), 8b gpt. The table has an mfu column: each step's highest model
+last (sized to the time left), 8b gpt; 12 tp (a 2x2 FSDP x TP mesh on 4 shared ranks and
+benchmarks/tp_fsdp.py) only when named: `--steps 12`. The table has an mfu column: each step's highest model
 FLOPs utilisation among its ddpkit runs (summary.json's throughput.mfu; "-" where none has one),
 and for 8b ddpkit's compiled row's.
 
@@ -73,10 +74,12 @@ STEPS: list[tuple[str, str, Callable[[GpuCheck], None]]] = [
     ("9", "fp16", steps.step_fp16),
     ("10", "syncdebug", measure.step_syncdebug),
     ("11", "sharegpu", steps.step_sharegpu),
+    ("12", "tp", measure.step_tp),  # opt-in (OPT_IN): --steps 12
     ("8b", "gpt", measure.step_gpt),  # last: the measurement that adapts to the time left
 ]
+OPT_IN = ("12",)  # steps run only when --steps names them: past the default check's 8 minutes
 
-DEFAULT_STEPS = ",".join(step_id for step_id, _, _ in STEPS)
+DEFAULT_STEPS = ",".join(step_id for step_id, _, _ in STEPS if step_id not in OPT_IN)
 PROBE = """
 import torch
 n = torch.cuda.device_count() if torch.cuda.is_available() else 0

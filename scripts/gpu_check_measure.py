@@ -1,6 +1,6 @@
 """scripts/gpu_check.py's measuring steps: 8 bench (benchmarks/gpu.py), 10 syncdebug
-(scripts/sync_check.py) and 8b gpt (benchmarks/gpt_mfu.py, sized to the time left); the steps
-are described in gpu_check_steps.py."""
+(scripts/sync_check.py), 12 tp (opt-in: a 2x2 mesh on shared ranks, benchmarks/tp_fsdp.py) and 8b
+gpt (benchmarks/gpt_mfu.py, sized to the time left); the steps are described in gpu_check_steps.py."""
 
 from __future__ import annotations
 
@@ -147,3 +147,22 @@ def _add_gpt_table(c: GpuCheck, md: Path) -> None:
             f.write("\n" + md.read_text())
     else:
         shutil.copy(md, gpu_md)
+
+
+def step_tp(c: GpuCheck) -> None:
+    """12 tp (opt-in, `--steps 12`: it does not fit the default check's 8 minutes): a 2x2 mesh
+    (dp_shard 2 x tp 2) on 4 ranks sharing the device over gloo (DDPKIT_SHARE_GPU=1) trains
+    examples/tp_gpt.py, then benchmarks/tp_fsdp.py puts its tokens/s beside FSDP over the 4 ranks
+    (one round, no profile) into tp_fsdp.md. Not proved: NCCL, one GPU per rank."""
+    share, run = {"DDPKIT_SHARE_GPU": "1"}, c.runs_dir / "tp"
+    args = ["examples/tp_gpt.py:build", "--device", c.mode.dev, "--nproc", "4", "--tp", "2", "--strategy", "fsdp"]
+    if c.trained("tp-2x2", run, *args, "--batch-size", "8", "--max-steps", "10", "--save-every", "0", env=share):
+        desc = f"FSDP x TP 2x2 on 4 ranks sharing {c.mode.expect_device} over gloo"
+        c.runs_check(desc, "summary", run, "world_size=4", "backend=gloo", f"device={c.mode.expect_device}")
+    md = c.out / "tp_fsdp.md"
+    argv = ["benchmarks/tp_fsdp.py", "--device", c.mode.dev, "--size", "small", "--rounds", "1", "--steps", "20"]
+    rc = script(c, "tp-bench", [*argv, "--no-profile", "--out", str(md)], 300, {**os.environ, **share})
+    if c.check(f"benchmarks/tp_fsdp.py exits 0 (exit {rc})", holds(rc == 0)) is None:
+        show_tail(c, "tp-bench", 12)
+    _print_table(c.output("tp-bench"))
+    c.add_note("4 ranks share one device over gloo; NCCL not exercised")

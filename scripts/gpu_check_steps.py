@@ -34,6 +34,9 @@ each runs its CPU stand-in.
                2 ranks end at a 1-rank run; FSDP's sharded checkpoint of CUDA tensors holds every
                rank's CUDA RNG state and resumes at world 1 to the 1-rank run (with --cpu: the same
                runs on CPU ranks). Not proved: NCCL itself, P2P/NVLink, multi-GPU bandwidth
+  12 tp        (only with --steps 12) DDPKIT_SHARE_GPU=1: a 2x2 mesh (dp_shard x tp) on 4 ranks
+               sharing cuda:0 trains examples/tp_gpt.py; benchmarks/tp_fsdp.py: its tokens/s
+               beside FSDP over the 4 ranks -> tp_fsdp.md (gpu_check_measure.py)
   8b gpt       benchmarks/gpt_mfu.py: GPT-2 small (block 256) in ddpkit and a hand-written loop,
                bf16 + torch.compile + fused AdamW, with each row's MFU; run last, sized to the
                time left: the fp32 eager rows too when there is time, the compiled rows left

@@ -74,7 +74,14 @@ def test_a_two_node_fsdp_run_in_a_bucket_restarts_and_resumes_from_it_and_equals
         assert {f"wine/checkpoints/{name}/__{r}_0.distcp" for r in (0, 1)} <= set(keys), keys
     assert not [k for k in keys if ".reports/" in k or ".partial" in k], keys
 
-    second = _two_nodes(("--epochs", "8", "--resume", "--run-dir", url), s3.env, tmp_path, "b")
+    puts: list[str] = []
+    s3.on_request = lambda method, path: method == "PUT" and puts.append(path) and False
+    try:
+        second = _two_nodes(("--epochs", "8", "--resume", "--run-dir", url), s3.env, tmp_path, "b")
+    finally:
+        s3.on_request = None
+    # the run's other files come from rank 0's node alone: the other node's copies (fetched at the start) stay there
+    assert sum(p.endswith("/wine/summary.json") for p in puts) == 1, puts
     assert f"resuming from {url}/checkpoints/epoch-000004 (epoch 4 done)" in "\n".join(second), second
     summary = json.loads(s3.get(bucket, "wine/summary.json"))  # rank 0's node's, not the other's stale copy
     assert summary["run_dir"] == url and summary["steps_done"] == 72 and summary["world_size"] == 2, summary

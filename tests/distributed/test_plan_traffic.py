@@ -1,5 +1,5 @@
 """`ddpkit plan --tp/--pp` predicts what each rank sends per step on each mesh dim: at 4 processes on
-two 2x2 meshes (FSDP x TP, DDP x PP) the plan's bytes are within 10% of what the collectives
+three meshes (FSDP x TP 2x2, HSDP x TP 2x1x2, DDP x PP 2x2) the plan's bytes are within 10% of what the collectives
 recorder (runtime/traffic.py) counts on every rank in steps 2 and 3 of a real `ddpkit train` of
 the same task (examples/tp_gpt.py, tiny), dim by dim, by the same ring rules; nothing else sends
 more than the step's small agreement over the whole world."""
@@ -19,10 +19,12 @@ COMMON = ["--nproc", "4", "--batch-size", "4"]
 MESHES = {
     # dp_shard 2 x tp 2: tp all-reduces of activations, FSDP's gathers and reduce-scatter of tp-local shards
     "fsdp-x-tp": ["--tp", "2", "--strategy", "fsdp"],
+    # dp_replicate 2 x dp_shard 1 x tp 2: HSDP's all-reduce of the (whole) gradient shards between replicas
+    "hsdp-x-tp": ["--tp", "2", "--strategy", "hsdp", "--replicate", "2"],
     # pp 2 x dp_replicate 2: 2 micro-batches of 2 between the stages, the stages' gradients all-reduced
     "ddp-x-pp": ["--pp", "2", "--strategy", "ddp"],
 }
-EXPECTED = {"fsdp-x-tp": {"tp", "dp_shard"}, "ddp-x-pp": {"pp", "dp_replicate"}}
+EXPECTED = {"fsdp-x-tp": {"tp", "dp_shard"}, "hsdp-x-tp": {"tp", "dp_replicate"}, "ddp-x-pp": {"pp", "dp_replicate"}}
 
 
 @pytest.mark.slow

@@ -170,3 +170,13 @@ def test_gpu_check_on_a_cpu_reports_the_gpt_rows_and_an_mfu_column_in_at_most_8_
     assert rows["8b"][2] == "PASS" and rows["8b"][4].endswith("%"), rows["8b"]
     assert "ddpkit-fast" in (out / "gpu.md").read_text() and "| MFU |" in (out / "gpu.md").read_text()
     assert "ddpkit-fast" in (out / "gpu_check.log").read_text()  # the benchmark's own logs, merged
+
+
+def test_the_tp_step_is_opt_in_and_runs_a_2x2_mesh_on_shared_ranks(gpu_check):
+    """Step 12 (a 2x2 FSDP x TP mesh on 4 ranks sharing the device, benchmarks/tp_fsdp.py) runs only
+    when --steps names it: the default check stays within its 8 minutes."""
+    program, _, measure = gpu_check
+    assert ("12", "tp", measure.step_tp) in program.STEPS and "12" not in program.DEFAULT_STEPS.split(",")
+    step = inspect.getsource(measure.step_tp)
+    assert '"--nproc", "4", "--tp", "2", "--strategy", "fsdp"' in step and '{"DDPKIT_SHARE_GPU": "1"}' in step
+    assert '"benchmarks/tp_fsdp.py", "--device", c.mode.dev' in step

@@ -34,6 +34,10 @@ def cmd_plan(ns: argparse.Namespace) -> int:
 
     nnodes = int(str(ns.nnodes).rpartition(":")[2] or 1)  # an elastic MIN:MAX: plan for MAX
     tp, pp = ns.tp, ns.pp  # the plan without them first (the columns of DDP and FSDP), then the mesh's own
+    if ns.nproc:  # a mesh the processes cannot form: one line before anything is built
+        from ..parallel.dims import check_degrees
+
+        check_degrees(ns.nproc * nnodes, tp, pp, ns.nproc)
     # the nodes count here only for the plan: no rendezvous to check; what training refuses of the mesh is said
     cfg = config_from(ns, nnodes="1", tp=1, pp=1)
     forks = start_method_for(cfg.start_method, resolve_device_type(cfg.device), clean_parent=True)

@@ -179,3 +179,16 @@ def test_localize_resizes_what_a_tp_rank_holds():
     localize(model, {"0": "colwise", "1": "rowwise"}, 8)
     assert model[0].weight.shape == (32, 64) and model[0].bias.shape == (32,)
     assert model[1].weight.shape == (64, 32) and model[1].bias.shape == (64,)  # a rowwise bias stays whole
+
+
+def test_a_mesh_the_processes_cannot_form_is_one_line_before_any_plan(capsys):
+    from ddpkit.cli import main
+
+    task = str(EXAMPLES / "tp_gpt.py") + ":build"
+    assert main(["plan", task, "--nproc", "4", "--tp", "3", "--batch-size", "2"]) == 2
+    captured = capsys.readouterr()
+    assert (
+        captured.out == ""
+        and captured.err.count("\n") == 1
+        and "--tp 3 does not divide the 4 processes" in captured.err
+    )
