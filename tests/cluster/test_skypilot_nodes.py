@@ -32,6 +32,9 @@ def test_the_run_line_on_two_skypilot_nodes_trains_the_single_node_model(two_nod
     shim.chmod(0o755)
     ips = "\n".join(node.ip for node in two_nodes.nodes)
     variables = {"SKYPILOT_NODE_IPS": ips, "SKYPILOT_NUM_NODES": "2", "SKYPILOT_NUM_GPUS_PER_NODE": "0"}
+    # the task's secret, as SkyPilot hands it to every node (the launch line made it)
+    assert task["secrets"] == {"DDPKIT_JOB_TOKEN": None}, task
+    variables["DDPKIT_JOB_TOKEN"] = "sky-" + os.urandom(16).hex()
     runs = two_nodes.run_all(
         [
             (
@@ -53,6 +56,9 @@ def test_the_run_line_on_two_skypilot_nodes_trains_the_single_node_model(two_nod
     )
     logs = "\n\n".join(f"--- {r.node.name} rc={r.returncode} timed_out={r.timed_out}\n{r.output}" for r in runs)
     assert all(r.returncode == 0 for r in runs), logs
+    # met through the sealed c10d rendezvous on node 0's address, not the static one
+    config = json.loads((run_dir / "config.json").read_text())
+    assert (config["rdzv_endpoint"], config["master_addr"]) == (f"{two_nodes.nodes[0].ip}:29500", None), config
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["world_size"] == 2 and summary["nnodes"] == 2, summary
     reference = reference_run("--nproc", "2", "--quiet", *TRAIN)

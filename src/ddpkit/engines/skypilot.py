@@ -23,6 +23,7 @@ from ..config.launch import LaunchTable
 from ..config.values import parse_memory
 from ..errors import DdpkitError
 from ..storage.location import is_url
+from ..util.jobtoken import TOKEN_VAR
 from .job import job_description, run_dir_of
 from .slurm import config_of, train_arguments
 
@@ -83,9 +84,13 @@ def sky_command(
 
 def launch_line(task: SkyTask) -> str:
     """The command that launches the task, each --secret by its name: SkyPilot reads the value
-    from the launching shell's environment then, so no value is ever in the YAML."""
+    from the launching shell's environment then, so no value is ever in the YAML. A job of
+    several nodes gets a fresh job token, made in that shell for that launch only."""
     launch = f"sky jobs launch -n {task.name}" if task.managed else f"sky launch -c {task.name}"
-    return " ".join([launch, *(f"--secret {name}" for name in task.secrets)])
+    maker = [f"{TOKEN_VAR}=$(python3 -c 'import secrets; print(secrets.token_urlsafe(32))')"] * (
+        TOKEN_VAR in task.secrets
+    )
+    return " ".join([*maker, launch, *(f"--secret {name}" for name in task.secrets)])
 
 
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -161,7 +166,7 @@ def sky_task(opts: Any, job: LaunchTable, args: list[str], train_run_dir: str | 
         managed=not opts.unmanaged,
         recovery=opts.recovery,
         max_restarts_on_errors=opts.max_restarts_on_errors,
-        secrets=secret_names(getattr(opts, "secret", None)),
+        secrets=secret_names([*(getattr(opts, "secret", None) or ()), *[TOKEN_VAR] * ((job.nodes or 1) > 1)]),
     )
 
 

@@ -3,7 +3,9 @@ SKYPILOT_NODE_RANK (this node's index), SKYPILOT_NODE_IPS (every node's address,
 node 0's first), SKYPILOT_NUM_NODES and SKYPILOT_NUM_GPUS_PER_NODE. It places nodes, not
 workers: `ddpkit train` (or `ddpkit launch`) on each node starts that node's workers itself, and
 reads these variables as the defaults of its flags (`launcher_defaults`): --nnodes, --node-rank,
---master-addr (node 0) and --nproc (the node's GPUs, or 1). So the task's `run` line is the same
+--master-addr (node 0) and --nproc (the node's GPUs, or 1); with a job token (DDPKIT_JOB_TOKEN,
+one of the task's `secrets`, which `ddpkit sky` writes for several nodes) --rdzv-endpoint on
+node 0's address instead, the c10d rendezvous the token seals. So the task's `run` line is the same
 on every node, with no per-node variable in it (what `ddpkit sky` writes, engines/skypilot.py).
 
 A script started alone (`python train.py`) where these name several nodes or GPUs would train
@@ -15,6 +17,7 @@ from __future__ import annotations
 from typing import Any, Mapping
 
 from ..errors import DdpkitError
+from ..util.jobtoken import TOKEN_FILE_VAR, TOKEN_VAR
 from .base import Environ, Environment, env_int
 
 NODE_RANK = "SKYPILOT_NODE_RANK"
@@ -105,9 +108,21 @@ def node_defaults(e: Environ) -> dict[str, str]:
             "run the command from the task's `run` section, where SkyPilot sets both"
         )
     out = {"nnodes": str(nodes), "node_rank": str(rank), "nproc": str(_gpus(e))}
-    if nodes > 1:
+    if nodes > 1 and _has_token(e):
+        # a job token seals c10d's store only (the static rendezvous cannot be sealed, and is refused
+        # with one): node 0's address is the endpoint, node 0 hosts it, the rendezvous assigns node ranks
+        out.pop("node_rank")
+        out["rdzv_endpoint"] = f"{ips[0]}:{DEFAULT_PORT}"
+    elif nodes > 1:
         out["master_addr"] = ips[0]
     return out
+
+
+DEFAULT_PORT = "29500"  # torchrun's port
+
+
+def _has_token(e: Environ) -> bool:
+    return bool(e.get(TOKEN_FILE_VAR) or e.get(TOKEN_VAR, "").strip())
 
 
 def _gpus(e: Environ) -> int:

@@ -44,7 +44,9 @@ def test_a_managed_job_on_two_gpu_nodes_with_its_run_dir_on_a_bucket(tmp_path, c
         ),
         *("--max-restarts-on-errors", "2", "--", "wine", "--epochs", "3"),
     )
-    assert capsys.readouterr().out == f"ddpkit: wrote {path}; launch it with: sky jobs launch -n wine-big {path}\n"
+    maker = "DDPKIT_JOB_TOKEN=$(python3 -c 'import secrets; print(secrets.token_urlsafe(32))')"  # two nodes: sealed
+    launch = f"{maker} sky jobs launch -n wine-big --secret DDPKIT_JOB_TOKEN {path}"
+    assert capsys.readouterr().out == f"ddpkit: wrote {path}; launch it with: {launch}\n"
     assert task["name"] == "wine-big" and task["num_nodes"] == 2
     assert task["resources"] == {
         "cloud": "aws",
@@ -88,7 +90,7 @@ def test_the_launch_table_describes_the_job_and_the_flags_win(tmp_path, capsys):
     _, task = _sky(tmp_path, capsys, *flags, "--config", str(config), "--", "wine")
     assert (task["name"], task["num_nodes"], task["resources"]["accelerators"]) == ("exp2", 3, "H100:8")
     assert "job_recovery" not in task["resources"] and task["resources"]["cloud"] == "kubernetes"  # a plain task
-    assert "launch it with: sky launch -c exp2" in capsys.readouterr().out
+    assert "sky launch -c exp2 --secret DDPKIT_JOB_TOKEN" in capsys.readouterr().out
 
 
 def test_a_cpu_task_on_one_node_is_warned_that_a_recovery_starts_over(tmp_path, capsys):
@@ -229,13 +231,17 @@ def test_a_two_node_task_keeps_its_run_in_a_bucket_with_secrets_by_name_only(tmp
     args = ("--nodes", "2", "--run-dir", "s3://ckpt/runs/wine", "--secret", "AWS_ACCESS_KEY_ID")
     path, task = _sky(tmp_path, capsys, *args, "--secret", "AWS_SECRET_ACCESS_KEY", "--", "wine", name="bucket.yaml")
     out = capsys.readouterr().out
-    assert "sky jobs launch -n ddpkit --secret AWS_ACCESS_KEY_ID --secret AWS_SECRET_ACCESS_KEY " in out, out
+    assert (
+        "sky jobs launch -n ddpkit --secret AWS_ACCESS_KEY_ID --secret AWS_SECRET_ACCESS_KEY --secret DDPKIT_JOB_TOKEN "
+        in out
+    )
+    secrets = ["AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "DDPKIT_JOB_TOKEN"]  # the token: two nodes
     text = path.read_text()
     assert "never-in-the-yaml" not in text
-    assert task["secrets"] == {"AWS_ACCESS_KEY_ID": None, "AWS_SECRET_ACCESS_KEY": None} and "file_mounts" not in task
+    assert task["secrets"] == dict.fromkeys(secrets) and "file_mounts" not in task
     (loaded,) = _load_with_skypilot(tmp_path, [path])
     assert loaded["ok"] and loaded["num_nodes"] == 2, loaded
-    assert loaded["secrets"] == {} and loaded["secret_refs"] == ["AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"], loaded
+    assert loaded["secrets"] == {} and loaded["secret_refs"] == secrets, loaded
     assert loaded["run"].strip() == "ddpkit train wine --run-dir s3://ckpt/runs/wine --auto-resume", loaded
     assert loaded["storage"] == {} and loaded["volumes"] in (None, {}), loaded
 
@@ -252,3 +258,20 @@ def test_a_secret_value_or_a_bucket_url_beside_a_mount_is_refused_in_one_line(tm
     err = capsys.readouterr().err
     assert message in err and len(err.strip().splitlines()) == 1 and "abc" not in err, err
     assert not (tmp_path / "t.yaml").exists()
+
+
+def test_a_multi_node_task_is_sealed_by_a_job_token_made_at_launch(tmp_path, capsys, monkeypatch):
+    """Two nodes: DDPKIT_JOB_TOKEN is one of the task's secrets (by name), and the launch line makes
+    a fresh one in the launching shell for that launch only; SkyPilot's loader reads it as a
+    reference. One node needs none."""
+    monkeypatch.setenv("DDPKIT_JOB_TOKEN", "a-token-of-this-shell-never-in-the-yaml")
+    path, task = _sky(tmp_path, capsys, "--nodes", "2", "--shared-run-dir", "--", "wine", name="two.yaml")
+    out = capsys.readouterr().out
+    assert task["secrets"] == {"DDPKIT_JOB_TOKEN": None}, task
+    assert "never-in-the-yaml" not in path.read_text()
+    maker = "DDPKIT_JOB_TOKEN=$(python3 -c 'import secrets; print(secrets.token_urlsafe(32))') "
+    assert f"{maker}sky jobs launch -n ddpkit --secret DDPKIT_JOB_TOKEN " in out, out
+    (loaded,) = _load_with_skypilot(tmp_path, [path])
+    assert loaded["ok"] and loaded["secret_refs"] == ["DDPKIT_JOB_TOKEN"], loaded
+    _, one = _sky(tmp_path, capsys, "--", "wine", name="one.yaml")
+    assert "secrets" not in one and "DDPKIT_JOB_TOKEN" not in capsys.readouterr().out

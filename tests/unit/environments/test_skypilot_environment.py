@@ -88,3 +88,14 @@ def test_ddpkit_env_names_skypilot_its_variables_and_node_0_as_master():
     assert "SKYPILOT_NODE_IPS=10.0.0.7 10.0.0.9" in text
     assert report["network"]["master_addr"] == "10.0.0.7"
     assert report["network"]["master_source"] == "the first of SKYPILOT_NODE_IPS"
+
+
+def test_with_a_job_token_the_nodes_meet_through_the_sealed_c10d_rendezvous_on_node_0():
+    """The static rendezvous (--master-addr) cannot be sealed, and a token refuses it: with
+    DDPKIT_JOB_TOKEN (SkyPilot passes `secrets` as environment variables) node 0's address is
+    the c10d endpoint instead, and the rendezvous assigns the node ranks."""
+    sealed = {**NODE1, "DDPKIT_JOB_TOKEN": "t" * 43}
+    assert node_defaults(sealed) == {"nnodes": "2", "nproc": "8", "rdzv_endpoint": "10.0.0.7:29500"}
+    assert node_defaults({**NODE1, "DDPKIT_JOB_TOKEN_FILE": "/run/token"})["rdzv_endpoint"] == "10.0.0.7:29500"
+    assert "rdzv_endpoint" not in node_defaults({**NODE1, "DDPKIT_JOB_TOKEN": "  "})  # empty: no token
+    assert node_defaults({**CPU_NODE, "DDPKIT_JOB_TOKEN": "t" * 43}) == node_defaults(CPU_NODE)  # one node: none
