@@ -13,6 +13,8 @@ from typing import Any, Mapping, Protocol
 
 from ..errors import DdpkitError
 
+DEFAULT_PORT = "29500"  # torchrun's --master-port default: where a node without a port of its own meets
+
 Environ = Mapping[str, str]
 
 

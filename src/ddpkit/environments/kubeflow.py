@@ -17,8 +17,8 @@ from __future__ import annotations
 from typing import Any, Mapping
 
 from ..errors import DdpkitError
-from ..util.jobtoken import TOKEN_FILE_VAR, TOKEN_VAR
-from .base import Environ, Environment
+from ..util.jobtoken import has_job_token
+from .base import DEFAULT_PORT, Environ, Environment
 
 # RunConfig field <- torchrun's flag (PET_<FLAG>), as torchrun's argparse `env` action reads them.
 PET_FIELDS = {
@@ -67,7 +67,7 @@ class Kubeflow(Environment):
         c10d rendezvous on it instead of the static one: only c10d's store is sealed with the token
         (the pod whose address it is hosts it; node ranks are assigned at the rendezvous)."""
         found = {name: e[f"PET_{flag}"] for name, flag in PET_FIELDS.items() if e.get(f"PET_{flag}")}
-        if "master_addr" in found and "rdzv_endpoint" not in found and _has_token(e):
+        if "master_addr" in found and "rdzv_endpoint" not in found and has_job_token(e):
             found["rdzv_endpoint"] = f"{found.pop('master_addr')}:{found.pop('master_port', DEFAULT_PORT)}"
             found.pop("node_rank", None)
         return found
@@ -137,13 +137,6 @@ def check_nothing_missing(e: Environ) -> None:
             f"WORLD_SIZE={world} is set but not RANK: this process cannot know its place in the job; "
             "start it with `ddpkit launch` / torchrun, or set RANK, MASTER_ADDR and MASTER_PORT"
         )
-
-
-DEFAULT_PORT = "29500"  # torchrun's --master-port default
-
-
-def _has_token(e: Environ) -> bool:
-    return bool(e.get(TOKEN_FILE_VAR) or e.get(TOKEN_VAR, "").strip())
 
 
 def _nproc(e: Environ) -> int:

@@ -17,8 +17,8 @@ from __future__ import annotations
 from typing import Any, Mapping
 
 from ..errors import DdpkitError
-from ..util.jobtoken import TOKEN_FILE_VAR, TOKEN_VAR
-from .base import Environ, Environment, env_int
+from ..util.jobtoken import has_job_token
+from .base import DEFAULT_PORT, Environ, Environment, env_int
 
 NODE_RANK = "SKYPILOT_NODE_RANK"
 NODE_IPS = "SKYPILOT_NODE_IPS"
@@ -108,7 +108,7 @@ def node_defaults(e: Environ) -> dict[str, str]:
             "run the command from the task's `run` section, where SkyPilot sets both"
         )
     out = {"nnodes": str(nodes), "node_rank": str(rank), "nproc": str(_gpus(e))}
-    if nodes > 1 and _has_token(e):
+    if nodes > 1 and has_job_token(e):
         # a job token seals c10d's store only (the static rendezvous cannot be sealed, and is refused
         # with one): node 0's address is the endpoint, node 0 hosts it, the rendezvous assigns node ranks
         out.pop("node_rank")
@@ -116,13 +116,6 @@ def node_defaults(e: Environ) -> dict[str, str]:
     elif nodes > 1:
         out["master_addr"] = ips[0]
     return out
-
-
-DEFAULT_PORT = "29500"  # torchrun's port
-
-
-def _has_token(e: Environ) -> bool:
-    return bool(e.get(TOKEN_FILE_VAR) or e.get(TOKEN_VAR, "").strip())
 
 
 def _gpus(e: Environ) -> int:

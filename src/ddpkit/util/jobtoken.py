@@ -17,6 +17,7 @@ import os
 import secrets
 import stat
 from pathlib import Path
+from typing import Mapping
 
 from ..errors import DdpkitError
 
@@ -42,9 +43,10 @@ def job_token() -> bytes | None:
     return _derived(text)
 
 
-def has_job_token() -> bool:
-    """Whether a token is set (without reading it)."""
-    return bool(os.environ.get(TOKEN_FILE_VAR) or os.environ.get(TOKEN_VAR, "").strip())
+def has_job_token(environ: Mapping[str, str] | None = None) -> bool:
+    """Whether a token is set in `environ` (this process's environment by default), without reading it."""
+    e = os.environ if environ is None else environ
+    return bool(e.get(TOKEN_FILE_VAR) or e.get(TOKEN_VAR, "").strip())
 
 
 def token_source() -> str | None:
