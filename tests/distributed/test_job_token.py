@@ -95,15 +95,27 @@ def test_a_job_token_keeps_out_every_node_and_client_without_it(tmp_path, refere
     assert leaked == []
 
 
-def _pod(rank: int, port: int, out: Path, **env: str) -> subprocess.Popen:
+def _pod(rank: int, port: int, out: Path, *cmd: str, **env: str) -> subprocess.Popen:
     """One pod of a PyTorchJob (or one srun task): a worker that reads its rank from the environment
-    and whose rank 0 serves the workers' TCPStore on MASTER_ADDR:MASTER_PORT."""
+    and whose rank 0 serves the workers' TCPStore on MASTER_ADDR:MASTER_PORT; the own loop's
+    example unless `cmd` names another program."""
     full = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
     full = {k: v for k, v in full.items() if not k.startswith("DDPKIT_JOB_TOKEN")}
     full.update(PYTHONPATH=str(REPO / "src"), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), WORLD_SIZE="2")
     full.update(RANK=str(rank), **env)
-    cmd = [sys.executable, OWN_LOOP, "--epochs", OWN_LOOP_EPOCHS, "--out", str(out)]
+    cmd = cmd or (sys.executable, OWN_LOOP, "--epochs", OWN_LOOP_EPOCHS, "--out", str(out))
     return subprocess.Popen(cmd, env=full, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def _finished(procs: list[subprocess.Popen], timeout: float) -> list[str]:
+    """Every process's output once it ended (any still running after `timeout` is killed)."""
+    try:
+        return [p.communicate(timeout=timeout)[0] for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.communicate()
 
 
 def test_the_workers_store_of_rank_0_serves_only_workers_with_the_token(tmp_path, own_loop_launched):
@@ -162,27 +174,9 @@ def test_rank_0s_sealed_store_serves_the_job_for_as_long_as_the_group_lives(tmp_
     not go when the wrapper is collected after init. A subgroup formed later (every device mesh
     does) meets through that store."""
     token, port = "pod-" + os.urandom(16).hex(), _free_port()
-    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
-    env = {k: v for k, v in env.items() if not k.startswith("DDPKIT_JOB_TOKEN")}
-    env.update(PYTHONPATH=str(REPO / "src"), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), WORLD_SIZE="2")
-    env.update(DDPKIT_JOB_TOKEN=token)
-    procs = [
-        subprocess.Popen(
-            [sys.executable, "-c", SUBGROUP_AFTER_INIT],
-            env={**env, "RANK": str(r)},
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-        )
-        for r in (0, 1)
-    ]
-    try:
-        outputs = [p.communicate(timeout=90)[0] for p in procs]
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.communicate()
+    program = (sys.executable, "-c", SUBGROUP_AFTER_INIT)
+    procs = [_pod(r, port, tmp_path, *program, DDPKIT_JOB_TOKEN=token) for r in (0, 1)]
+    outputs = _finished(procs, timeout=90)
     assert [p.returncode for p in procs] == [0, 0], "\n---\n".join(outputs)
     assert "sum 2" in outputs[0], outputs[0]
 
@@ -195,13 +189,7 @@ def test_hsdp_across_two_nodes_with_a_token_forms_its_mesh_and_trains(tmp_path, 
     port, run_dir = _free_port(), tmp_path / "run"
     flags = ("--strategy", "hsdp", "--save-every", "0")
     nodes = [_node(port, run_dir, *flags, DDPKIT_JOB_TOKEN="hsdp-" + "y" * 20) for _ in range(2)]
-    try:
-        outputs = [p.communicate(timeout=150)[0] for p in nodes]
-    finally:
-        for p in nodes:
-            if p.poll() is None:
-                p.kill()
-                p.communicate()
+    outputs = _finished(nodes, timeout=150)
     assert [p.returncode for p in nodes] == [0, 0], "\n---\n".join(outputs)
     reference = load_model(reference_run("--nproc", "2", *WINE))
     model = load_model(run_dir)  # the whole model, written once the mesh trained
