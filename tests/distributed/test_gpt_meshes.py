@@ -51,48 +51,27 @@ def test_each_2x2_mesh_trains_what_one_process_trains(reference_run, tmp_path, m
     assert summary["world_size"] == 4
 
 
-def test_a_fused_qkv_under_tp_is_one_line_before_any_worker(tmp_path):
+def _refused(tmp_path, task: str, tp: str, timeout: int) -> list[str]:
+    """`ddpkit train TASK --nproc 4 --tp TP --strategy fsdp`: exit 2, its non-empty lines on stderr,
+    and no run directory (refused in the launcher, before any worker)."""
+    run = tmp_path / "r"
     done = run_ddpkit(
-        "train",
-        GPT,
-        "--nproc",
-        "4",
-        "--tp",
-        "2",
-        "--strategy",
-        "fsdp",
-        *COMMON,
-        "--run-dir",
-        str(tmp_path / "r"),
-        check=False,
-        timeout=120,
-    )
+        "train", task, "--nproc", "4", "--tp", tp, "--strategy", "fsdp", *COMMON, "--run-dir", str(run),
+        check=False, timeout=timeout,
+    )  # fmt: skip
     assert done.returncode == 2, done.stderr
-    lines = [line for line in done.stderr.splitlines() if line.strip()]
+    assert not run.exists()
+    return [line for line in done.stderr.splitlines() if line.strip()]
+
+
+def test_a_fused_qkv_under_tp_is_one_line_before_any_worker(tmp_path):
+    lines = _refused(tmp_path, GPT, "2", timeout=120)
     assert lines == [
         "ddpkit: error: blocks.0.attn.qkv: q/k/v fused into one Linear cannot be column-split by heads: "
         "split it or give tp_plan"
-    ], done.stderr
-    assert not (tmp_path / "r").exists()  # refused in the launcher: no run directory, no worker
+    ], lines
 
 
 def test_tp_3_at_4_processes_is_one_line(tmp_path):
-    done = run_ddpkit(
-        "train",
-        TASK,
-        "--nproc",
-        "4",
-        "--tp",
-        "3",
-        "--strategy",
-        "fsdp",
-        *COMMON,
-        "--run-dir",
-        str(tmp_path / "r"),
-        check=False,
-        timeout=60,
-    )
-    assert done.returncode == 2, done.stderr
-    lines = [line for line in done.stderr.splitlines() if line.strip()]
-    assert len(lines) == 1 and "--tp 3" in lines[0] and "does not divide the 4 processes" in lines[0], done.stderr
-    assert not (tmp_path / "r").exists()
+    lines = _refused(tmp_path, TASK, "3", timeout=60)
+    assert len(lines) == 1 and "--tp 3" in lines[0] and "does not divide the 4 processes" in lines[0], lines
